@@ -1,0 +1,330 @@
+"""HubClient: the DumbDiLoCo synchronization bus over a Transport, with retries and idempotent commits.
+
+Repository layout: global/model.safetensors, global/step_count.json and global/manifest.json are
+always written in one commit; deltas/<node>/step-<n>-base-<b>.safetensors are one commit each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from ._files import atomic_write_bytes
+from .tensors import DeltaRef, delta_path, from_safetensors_bytes, parse_delta_ref, to_safetensors_bytes
+from .transport import FilesystemTransport, HfApiTransport, NotFound, StaleParent, Transport, TransportError
+
+LOGGER = logging.getLogger("speedtronic_diloco.hub")
+GLOBAL_MODEL = "global/model.safetensors"
+GLOBAL_METADATA = "global/step_count.json"
+GLOBAL_MANIFEST = "global/manifest.json"
+# The Hub rejects very large commits; consumed deltas beyond this are deleted by later rounds.
+MAX_DELETIONS_PER_COMMIT = 50
+COLLABORATOR_WARNING = (
+    "huggingface_hub has no API to grant a user write access to a repository, so "
+    "distributed.collaborators cannot be applied. Create the repository under an organisation the "
+    "workers belong to, and give each worker a fine-grained token with write access to that repository."
+)
+
+
+class HubError(RuntimeError):
+    """A Hub operation failed permanently (bad request, conflict, corrupt data)."""
+
+
+class HubUnavailable(HubError):
+    """A Hub operation kept failing transiently until the retry budget ran out."""
+
+
+@dataclass(frozen=True)
+class GlobalMetadata:
+    """The published global/step_count.json, plus the revision it was read at."""
+
+    outer_step: int
+    updated_at: str
+    model_file: str = GLOBAL_MODEL
+    sha256: str | None = None
+    publish_id: str | None = None
+    revision: str | None = None
+
+    @classmethod
+    def from_dict(cls, value: Mapping[str, Any], *, revision: str | None = None) -> GlobalMetadata:
+        """Return metadata parsed from JSON; raise HubError when it is malformed."""
+        try:
+            return cls(outer_step=int(value["outer_step"]), updated_at=str(value.get("updated_at", "")),
+                       model_file=str(value.get("model_file", GLOBAL_MODEL)), sha256=value.get("sha256"),
+                       publish_id=value.get("publish_id"), revision=revision)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise HubError(f"{GLOBAL_METADATA} is malformed ({exc!r}): {dict(value)!r:.200}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form (the revision is where it was read, not part of the file)."""
+        return {"outer_step": self.outer_step, "updated_at": self.updated_at, "model_file": self.model_file,
+                "sha256": self.sha256, "publish_id": self.publish_id}
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class HubClient:
+    """A small retrying client for the DiLoCo repository over any Transport."""
+
+    def __init__(self, repo_id: str, *, token: str | None = None, cache_dir: str | os.PathLike[str] | None = None,
+                 api: Any | None = None, retry_initial: float = 1.0, retry_max: float = 60.0,
+                 retry_attempts: int = 6, sleeper: Callable[[float], None] = time.sleep,
+                 transport: Transport | None = None, endpoint: str | None = None,
+                 logger: logging.Logger | None = None) -> None:
+        if not retry_initial > 0 or retry_max < retry_initial or retry_attempts < 1:
+            raise ValueError(f"bad retry settings: retry_initial={retry_initial} (> 0), retry_max={retry_max} "
+                             f"(>= retry_initial), retry_attempts={retry_attempts} (>= 1)")
+        self.repo_id = repo_id
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self.transport: Transport = transport or HfApiTransport(repo_id, token=token, endpoint=endpoint,
+                                                                cache_dir=cache_dir, api=api)
+        self.retry_initial, self.retry_max, self.retry_attempts = retry_initial, retry_max, retry_attempts
+        self.sleeper = sleeper
+        self.logger = logger or LOGGER
+
+    def __repr__(self) -> str:  # the token lives only inside the transport's HTTP client
+        return f"HubClient({self.repo_id!r}, transport={self.transport!r})"
+
+    @property
+    def api(self) -> Any:
+        """Return the underlying HfApi (None for a filesystem transport)."""
+        return getattr(self.transport, "api", None)
+
+    def _retry(self, operation: str, callback: Callable[[], Any]) -> Any:
+        """Run callback, retrying transient failures with exponential backoff."""
+        delay = self.retry_initial
+        for attempt in range(1, self.retry_attempts + 1):
+            try:
+                return callback()
+            except TransportError as exc:
+                if not exc.transient:
+                    raise
+                if attempt == self.retry_attempts:
+                    raise HubUnavailable(f"{operation} on {self.repo_id} failed {attempt} times; last error: {exc}") from None
+                self.logger.warning("%s failed (attempt %d/%d), retrying in %.2fs: %s",
+                                    operation, attempt, self.retry_attempts, delay, exc)
+                self.sleeper(delay)
+                delay = min(delay * 2, self.retry_max)
+        raise AssertionError("unreachable")
+
+    def _call(self, operation: str, callback: Callable[[], Any]) -> Any:
+        """Like _retry, with permanent transport errors (other than NotFound) turned into HubError."""
+        try:
+            return self._retry(operation, callback)
+        except (NotFound, HubError):
+            raise
+        except TransportError as exc:
+            raise HubError(f"{operation} on {self.repo_id} failed: {exc}") from None
+
+    # -- plain file operations -----------------------------------------------------------------
+    def create_repo(self, *, private: bool = True) -> None:
+        """Create the repository if it does not exist yet."""
+        self._call("create_repo", lambda: self.transport.create_repo(private=private))
+
+    def add_collaborator(self, username: str, permission: str = "write") -> bool:
+        """Warn that write access cannot be granted through the API; always return False."""
+        warnings.warn(f"{COLLABORATOR_WARNING} (requested: {username!r} with {permission!r})", stacklevel=2)
+        self.logger.warning("cannot grant %s access to %r: %s", permission, username, COLLABORATOR_WARNING)
+        return False
+
+    def head(self) -> str:
+        """Return the current head revision."""
+        return self._call("head", self.transport.head)
+
+    def list_files(self, revision: str | None = None) -> list[str]:
+        """Return every file path at revision (default: the head)."""
+        return self._call("list_files", lambda: self.transport.list_files(revision or self.transport.head()))
+
+    def file_exists(self, remote_path: str) -> bool:
+        """Return whether remote_path exists at the head."""
+        return remote_path in self.list_files()
+
+    def read_bytes(self, remote_path: str, revision: str | None = None) -> bytes:
+        """Return the contents of remote_path at revision (default: the head); raise HubError when absent."""
+        try:
+            return self._call(f"read {remote_path}",
+                              lambda: self.transport.read(remote_path, revision or self.transport.head()))
+        except NotFound as exc:
+            raise HubError(f"{remote_path} not found in {self.repo_id}: {exc}") from None
+
+    def _commit(self, operation: str, files: Mapping[str, bytes], *, already_done: Callable[[], bool]) -> None:
+        """Commit files; a retry first checks already_done, so a commit whose response was lost is not redone."""
+        state = {"retrying": False}
+
+        def attempt() -> None:
+            if state["retrying"] and already_done():
+                return
+            state["retrying"] = True
+            self.transport.commit(files, [], message=operation)
+
+        self._call(operation, attempt)
+
+    def upload(self, local_path: str | os.PathLike[str], remote_path: str) -> None:
+        """Upload one local file to remote_path (idempotent under retries)."""
+        self.upload_bytes(Path(local_path).read_bytes(), remote_path)
+
+    def upload_bytes(self, data: bytes, remote_path: str) -> None:
+        """Upload bytes to remote_path (idempotent under retries)."""
+        self._commit(f"upload {remote_path}", {remote_path: data},
+                     already_done=lambda: self._holds(remote_path, data))
+
+    def _holds(self, remote_path: str, data: bytes) -> bool:
+        try:
+            return self.transport.read(remote_path, self.transport.head()) == data
+        except NotFound:
+            return False
+
+    def download(self, remote_path: str, local_path: str | os.PathLike[str] | None = None) -> Path:
+        """Download remote_path at the head into local_path (default: under cache_dir) atomically."""
+        if local_path is None:
+            if self.cache_dir is None:
+                raise ValueError("download needs local_path when the client has no cache_dir")
+            local_path = self.cache_dir / self.repo_id.replace("/", "--") / remote_path
+        return atomic_write_bytes(Path(local_path), self.read_bytes(remote_path))
+
+    def read_json(self, remote_path: str, *, default: Any = None, revision: str | None = None) -> Any:
+        """Return parsed JSON at remote_path, or default when the file does not exist."""
+        try:
+            raw = self._call(f"read {remote_path}",
+                             lambda: self.transport.read(remote_path, revision or self.transport.head()))
+        except NotFound:
+            return default
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise HubError(f"{remote_path} in {self.repo_id} is not JSON: {exc}") from None
+
+    def write_json(self, remote_path: str, value: Any) -> None:
+        """Write value as JSON to remote_path."""
+        self.upload_bytes(json.dumps(value, sort_keys=True).encode(), remote_path)
+
+    # -- DiLoCo layout ------------------------------------------------------------------------
+    def global_metadata(self) -> GlobalMetadata | None:
+        """Return the published metadata with the revision it was read at, or None before the first publish."""
+        def read() -> GlobalMetadata | None:
+            revision = self.transport.head()
+            try:
+                raw = self.transport.read(GLOBAL_METADATA, revision)
+            except NotFound:
+                return None
+            try:
+                return GlobalMetadata.from_dict(json.loads(raw), revision=revision)
+            except ValueError as exc:
+                raise HubError(f"{GLOBAL_METADATA} is not JSON: {exc}") from None
+
+        return self._call("global_metadata", read)
+
+    def read_manifest(self, metadata: GlobalMetadata) -> dict[str, Any]:
+        """Return global/manifest.json at the metadata's revision (empty when absent)."""
+        return self.read_json(GLOBAL_MANIFEST, default={}, revision=metadata.revision)
+
+    def download_global_state(self, metadata: GlobalMetadata | None = None) -> dict[str, torch.Tensor]:
+        """Return the global model pinned to the metadata's revision, checked against its sha256."""
+        metadata = metadata or self.global_metadata()
+        if metadata is None:
+            raise HubError(f"{self.repo_id} has no published global model yet")
+        data = self.read_bytes(metadata.model_file, revision=metadata.revision)
+        if metadata.sha256 is not None and hashlib.sha256(data).hexdigest() != metadata.sha256:
+            raise HubError(f"{metadata.model_file} at {metadata.revision} does not match its published sha256")
+        return from_safetensors_bytes(data)
+
+    def download_global(self, local_path: str | os.PathLike[str], metadata: GlobalMetadata | None = None) -> Path:
+        """Download the global model (pinned like download_global_state) to local_path."""
+        metadata = metadata or self.global_metadata()
+        if metadata is None:
+            raise HubError(f"{self.repo_id} has no published global model yet")
+        return atomic_write_bytes(Path(local_path), self.read_bytes(metadata.model_file, revision=metadata.revision))
+
+    def publish_global(self, state: Mapping[str, torch.Tensor], *, outer_step: int,
+                       work_dir: str | os.PathLike[str] | None = None, updated_at: str | None = None,
+                       metadata_extra: dict[str, str] | None = None, consumed: list[str] | tuple = ()) -> GlobalMetadata:
+        """Publish model, step_count.json and manifest in one compare-and-swap commit; delete consumed deltas."""
+        del work_dir  # 2.0 staged files on disk; contents now travel from memory
+        model = to_safetensors_bytes(state, metadata={"outer_step": str(outer_step), **(metadata_extra or {})})
+        metadata = GlobalMetadata(outer_step, updated_at or _utc_now(), GLOBAL_MODEL,
+                                  hashlib.sha256(model).hexdigest(), uuid.uuid4().hex)
+        manifest = {"outer_step": outer_step, "publish_id": metadata.publish_id, "processed": list(consumed),
+                    "files": {GLOBAL_MODEL: {"sha256": metadata.sha256, "size": len(model)}}}
+        files = {GLOBAL_MODEL: model, GLOBAL_METADATA: json.dumps(metadata.to_dict()).encode(),
+                 GLOBAL_MANIFEST: json.dumps(manifest).encode()}
+        consumed_set = set(consumed)
+
+        def attempt() -> str:
+            while True:  # a stale parent only means a worker committed a delta meanwhile: rebase
+                head = self.transport.head()
+                try:
+                    current = GlobalMetadata.from_dict(json.loads(self.transport.read(GLOBAL_METADATA, head)))
+                except NotFound:
+                    current = None
+                if current is not None and current.publish_id == metadata.publish_id:
+                    return head  # an earlier attempt succeeded but its response was lost
+                if current is not None and current.outer_step >= outer_step:
+                    raise HubError(f"{self.repo_id} already holds outer step {current.outer_step} >= {outer_step} "
+                                   "from another publisher: is a second master running?")
+                stale = [p for p in self.transport.list_files(head) if p in consumed_set]
+                try:
+                    return self.transport.commit(files, stale[:MAX_DELETIONS_PER_COMMIT],
+                                                 message=f"outer step {outer_step}", parent=head)
+                except StaleParent:
+                    continue
+
+        revision = self._call(f"publish outer step {outer_step}", attempt)
+        return GlobalMetadata(**{**metadata.__dict__, "revision": revision})
+
+    def upload_delta(self, state: Mapping[str, torch.Tensor], *, node_id: str, local_step: int,
+                     base_outer_step: int, work_dir: str | os.PathLike[str] | None = None,
+                     metadata: dict[str, str] | None = None) -> str:
+        """Upload one node delta at its deterministic path and return the path (safe to retry)."""
+        del work_dir  # 2.0 staged files on disk; contents now travel from memory
+        path = delta_path(node_id, local_step, base_outer_step)
+        header = {"node_id": node_id, "local_step": str(local_step), "base_outer_step": str(base_outer_step)}
+        self.upload_bytes(to_safetensors_bytes(state, metadata={**(metadata or {}), **header}), path)
+        return path
+
+    def delta_paths(self) -> list[str]:
+        """Return every delta path at the head."""
+        return [p for p in self.list_files() if parse_delta_ref(p) is not None]
+
+    def delta_refs(self) -> list[DeltaRef]:
+        """Return every delta at the head, parsed from its path."""
+        return [ref for ref in map(parse_delta_ref, self.list_files()) if ref is not None]
+
+
+def build_hub_client(section: Any, *, logger: logging.Logger | None = None,
+                     sleeper: Callable[[float], None] = time.sleep) -> HubClient:
+    """Return a HubClient for a distributed config section (duck-typed; transport "hub" or "filesystem")."""
+    transport_name = getattr(section, "transport", "hub") or "hub"
+    repo_id = getattr(section, "repo_id", None)
+    endpoint = getattr(section, "endpoint", None)
+    if not repo_id:
+        raise ValueError("distributed.repo_id is required when distributed.enabled is true (e.g. 'my-org/run-1')")
+    retry = {"retry_initial": float(getattr(section, "retry_initial", 1.0)),
+             "retry_max": float(getattr(section, "retry_max", 60.0)),
+             "retry_attempts": int(getattr(section, "retry_attempts", 6))}
+    if transport_name == "filesystem":
+        if not endpoint:
+            raise ValueError("distributed.endpoint must name a shared folder when distributed.transport is 'filesystem'")
+        transport: Transport = FilesystemTransport(Path(endpoint) / repo_id)
+    elif transport_name == "hub":
+        transport = HfApiTransport(repo_id, token=getattr(section, "token", None), endpoint=endpoint,
+                                   cache_dir=getattr(section, "cache_dir", None))
+    else:
+        raise ValueError(f"distributed.transport={transport_name!r} is not supported: use 'hub' or 'filesystem'")
+    return HubClient(repo_id, transport=transport, cache_dir=getattr(section, "cache_dir", None),
+                     sleeper=sleeper, logger=logger, **retry)
+
+
+HubTransport = HubClient

@@ -1,0 +1,212 @@
+"""The transport interface and its two backends: the Hugging Face Hub and a shared folder.
+
+A transport stores a versioned file tree. Every write is one commit whose files appear together
+(readers pin a revision, so they never see half a commit), and a commit can require that the head
+is still `parent` (compare-and-swap).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Any, Mapping, Protocol
+
+from ._files import atomic_write_bytes
+
+
+class TransportError(RuntimeError):
+    """A transport operation failed; `transient` says whether retrying can help."""
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class NotFound(TransportError):
+    """The file, revision or repository does not exist."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=False)
+
+
+class StaleParent(TransportError):
+    """A commit's parent is no longer the head (another writer committed first)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=False)
+
+
+class Transport(Protocol):
+    """What HubClient needs from a storage backend."""
+
+    def create_repo(self, *, private: bool) -> None: ...
+    def head(self) -> str: ...
+    def list_files(self, revision: str) -> list[str]: ...
+    def read(self, path: str, revision: str) -> bytes: ...
+    def commit(self, files: Mapping[str, bytes], deletions: list[str], *, message: str,
+               parent: str | None = None) -> str: ...
+
+
+def _classify_http(exc: Exception) -> TransportError:
+    """Map a huggingface_hub / HTTP-library exception onto NotFound, StaleParent or TransportError."""
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    name = type(exc).__name__
+    text = f"{name}: {exc}".splitlines()[0][:300]
+    if status == 412:
+        return StaleParent(text)
+    if status == 404 or name in {"EntryNotFoundError", "RepositoryNotFoundError", "RevisionNotFoundError",
+                                 "RemoteEntryNotFoundError"}:
+        return NotFound(text)
+    if status is not None:
+        return TransportError(text, transient=status in {408, 425, 429} or status >= 500)
+    # No response at all: connection refused/reset/dropped, timeouts, protocol errors.
+    return TransportError(text, transient=True)
+
+
+class HfApiTransport:
+    """A Hub model repository through huggingface_hub.HfApi (any endpoint: hf.co or a local server)."""
+
+    def __init__(self, repo_id: str, *, token: str | None = None, endpoint: str | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None, api: Any | None = None) -> None:
+        if api is None:
+            from huggingface_hub import HfApi
+
+            api = HfApi(endpoint=endpoint, token=token)
+        self.api = api
+        self.repo_id = repo_id
+        self._token = token
+        self.cache_dir = cache_dir
+
+    def __repr__(self) -> str:  # never show the token
+        return f"HfApiTransport({self.repo_id!r}, endpoint={getattr(self.api, 'endpoint', None)!r})"
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raise _classify_http(exc) from None
+
+    def create_repo(self, *, private: bool) -> None:
+        self._call(self.api.create_repo, self.repo_id, private=private, exist_ok=True, repo_type="model")
+
+    def head(self) -> str:
+        return self._call(self.api.repo_info, self.repo_id, revision="main").sha
+
+    def list_files(self, revision: str) -> list[str]:
+        return list(self._call(self.api.list_repo_files, self.repo_id, revision=revision))
+
+    def read(self, path: str, revision: str) -> bytes:
+        local = self._call(self.api.hf_hub_download, self.repo_id, path, revision=revision,
+                           cache_dir=self.cache_dir)
+        return Path(local).read_bytes()
+
+    def commit(self, files: Mapping[str, bytes], deletions: list[str], *, message: str,
+               parent: str | None = None) -> str:
+        from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+        operations: list[Any] = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=data) for p, data in files.items()]
+        operations += [CommitOperationDelete(path_in_repo=p) for p in deletions]
+        info = self._call(self.api.create_commit, self.repo_id, operations=operations, commit_message=message,
+                          parent_commit=parent)
+        return info.oid
+
+
+_REF_RE = re.compile(r"^\d{12}$")
+
+
+class FilesystemTransport:
+    """A versioned file tree in a shared folder (NFS, Lustre, local disk) with atomic commits.
+
+    Layout under root: objects/<sha256> (file contents), commits/<oid>.json (a full path -> object
+    map), refs/<sequence> (one file per commit, created with os.link so exactly one writer wins a
+    sequence number even on NFS). The head is the highest sequence number.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"FilesystemTransport({str(self.root)!r})"
+
+    def _refs(self) -> list[str]:
+        try:
+            return sorted(n for n in os.listdir(self.root / "refs") if _REF_RE.match(n))
+        except FileNotFoundError:
+            raise NotFound(f"no repository at {self.root}: run create_repo first") from None
+
+    def create_repo(self, *, private: bool) -> None:
+        for sub in ("objects", "commits", "refs"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        if not self._refs():
+            self._link_ref(0, self._write_commit({}, parent=None, message="initial commit"))
+
+    def head(self) -> str:
+        refs = self._refs()
+        if not refs:
+            raise NotFound(f"repository at {self.root} has no commits: run create_repo first")
+        return (self.root / "refs" / refs[-1]).read_text().strip()
+
+    def _tree(self, revision: str) -> dict[str, str]:
+        path = self.root / "commits" / f"{revision}.json"
+        if not re.fullmatch(r"[0-9a-f]{40}", revision) or not path.exists():
+            if revision == "main":
+                return self._tree(self.head())
+            raise NotFound(f"revision {revision!r} not found in {self.root}")
+        return json.loads(path.read_text())["tree"]
+
+    def list_files(self, revision: str) -> list[str]:
+        return sorted(self._tree(revision))
+
+    def read(self, path: str, revision: str) -> bytes:
+        tree = self._tree(revision)
+        if path not in tree:
+            raise NotFound(f"{path} not found at revision {revision}")
+        data = (self.root / "objects" / tree[path]).read_bytes()
+        if hashlib.sha256(data).hexdigest() != tree[path]:
+            raise TransportError(f"object for {path} is corrupt on disk", transient=True)
+        return data
+
+    def _write_commit(self, tree: dict[str, str], *, parent: str | None, message: str) -> str:
+        oid = uuid.uuid4().hex + uuid.uuid4().hex[:8]
+        atomic_write_bytes(self.root / "commits" / f"{oid}.json",
+                           json.dumps({"tree": tree, "parent": parent, "message": message}).encode())
+        return oid
+
+    def _link_ref(self, sequence: int, oid: str) -> bool:
+        """Claim refs/<sequence> for oid; return False when another writer claimed it first."""
+        tmp = self.root / "refs" / f".{oid}.tmp"
+        atomic_write_bytes(tmp, oid.encode())
+        try:
+            os.link(tmp, self.root / "refs" / f"{sequence:012d}")
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def commit(self, files: Mapping[str, bytes], deletions: list[str], *, message: str,
+               parent: str | None = None) -> str:
+        for data in files.values():
+            digest = hashlib.sha256(data).hexdigest()
+            target = self.root / "objects" / digest
+            if not target.exists():
+                atomic_write_bytes(target, data)
+        while True:
+            refs = self._refs()
+            head = (self.root / "refs" / refs[-1]).read_text().strip()
+            if parent is not None and parent != head:
+                raise StaleParent(f"parent {parent} is not the head {head}")
+            tree = dict(self._tree(head))
+            for path in deletions:
+                tree.pop(path, None)
+            tree.update({p: hashlib.sha256(d).hexdigest() for p, d in files.items()})
+            oid = self._write_commit(tree, parent=head, message=message)
+            if self._link_ref(int(refs[-1]) + 1, oid):
+                return oid
+            # Lost the race for the sequence number: rebase onto the new head (or fail the CAS).
+            (self.root / "commits" / f"{oid}.json").unlink(missing_ok=True)

@@ -1,0 +1,156 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speedtronic_diloco.hub import HubClient
+from speedtronic_diloco.outer import MasterOuterLoop, NesterovOuterOptimizer
+from speedtronic_diloco.tensors import delta_path, to_safetensors_bytes
+from speedtronic_diloco.transport import FilesystemTransport
+
+
+@pytest.mark.parametrize("lr,momentum", [(0.7, 0.9), (0.3, 0.0), (1.0, 0.5)])
+def test_nesterov_outer_optimizer_matches_torch_sgd(lr, momentum):
+    gen = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(5, 3, generator=gen), "b": torch.randn(3, generator=gen)}
+    params = {k: torch.nn.Parameter(v.clone()) for k, v in state.items()}
+    reference = torch.optim.SGD(list(params.values()), lr=lr, momentum=momentum, nesterov=momentum > 0)
+    ours = NesterovOuterOptimizer(state, lr, momentum)
+    for _ in range(6):
+        delta = {k: torch.randn(v.shape, generator=gen) for k, v in state.items()}
+        for k, p in params.items():
+            p.grad = delta[k].clone()
+        reference.step()
+        ours.step(state, delta)
+        for k in state:
+            assert torch.equal(state[k], params[k].detach()), k
+    for k in state:
+        if momentum > 0:  # torch keeps no buffer without momentum
+            assert torch.equal(ours.state_dict()[k], reference.state[params[k]]["momentum_buffer"])
+
+
+def test_nesterov_rejects_bad_hyperparameters_and_state():
+    with pytest.raises(ValueError, match="outer_lr"):
+        NesterovOuterOptimizer({"w": torch.zeros(1)}, 0.0)
+    with pytest.raises(ValueError, match="outer_momentum"):
+        NesterovOuterOptimizer({"w": torch.zeros(1)}, 0.7, 1.0)
+    opt = NesterovOuterOptimizer({"w": torch.zeros(2)}, 0.7)
+    with pytest.raises(ValueError, match="does not match"):
+        opt.load_state_dict({"w": torch.zeros(3)})
+
+
+def test_integer_buffers_are_not_updated():
+    state = {"w": torch.zeros(2), "n": torch.tensor([4])}
+    opt = NesterovOuterOptimizer(state, 0.5, 0.9)
+    opt.step(state, {"w": torch.ones(2)})
+    assert torch.equal(state["n"], torch.tensor([4])) and torch.equal(state["w"], torch.full((2,), -0.95))
+
+
+def _master(tmp_path, state, **kwargs):
+    hub = HubClient("org/run", transport=FilesystemTransport(tmp_path / "repo"), sleeper=lambda s: None)
+    hub.create_repo()
+    return hub, MasterOuterLoop(hub, state, node_state_dir=tmp_path / "master", **kwargs)
+
+
+def test_sync_once_applies_each_delta_once_and_persists_ledger(tmp_path):
+    state = {"w": torch.zeros(3)}
+    hub, loop = _master(tmp_path, state, outer_lr=1.0, outer_momentum=0.0)
+    loop.recover()
+    assert hub.global_metadata().outer_step == 0
+    hub.upload_delta({"w": torch.ones(3)}, node_id="a", local_step=5, base_outer_step=0)
+    hub.upload_delta({"w": torch.full((3,), 3.0)}, node_id="b", local_step=5, base_outer_step=0)
+    assert loop.sync_once() == 1
+    assert torch.equal(loop.snapshot()[1]["w"], torch.full((3,), -2.0))  # mean delta 2, lr 1
+    assert hub.delta_paths() == []  # consumed deltas are deleted in the publishing commit
+    assert hub.global_metadata().outer_step == 1
+    # A retried upload whose first response was lost re-creates the same path: it is not applied again.
+    hub.upload_delta({"w": torch.ones(3)}, node_id="a", local_step=5, base_outer_step=0)
+    assert loop.sync_once() == 1
+    restarted = MasterOuterLoop(hub, state, node_state_dir=tmp_path / "master", outer_lr=1.0, outer_momentum=0.0)
+    assert restarted.outer_step == 1 and delta_path("a", 5, 0) in restarted.processed_filenames
+    assert torch.equal(restarted.snapshot()[1]["w"], torch.full((3,), -2.0))
+
+
+def test_invalid_and_stale_deltas_are_skipped_with_reasons(tmp_path, caplog):
+    state = {"w": torch.zeros(3)}
+    events = []
+    hub, loop = _master(tmp_path, state, outer_lr=1.0, outer_momentum=0.0, staleness_limit=0,
+                        events=lambda e, p: events.append((e, p)))
+    loop.recover()
+    hub.upload_bytes(b"\x80\x04not safetensors", delta_path("bad", 1, 0))
+    hub.upload_delta({"w": torch.ones(4)}, node_id="shape", local_step=1, base_outer_step=0)
+    hub.upload_delta({"w": torch.tensor([1.0, float("nan"), 0.0])}, node_id="nan", local_step=1, base_outer_step=0)
+    hub.upload_delta({"w": torch.ones(3, dtype=torch.float64)}, node_id="dtype", local_step=1, base_outer_step=0)
+    hub.upload_bytes(to_safetensors_bytes({"w": torch.zeros(3), "x": torch.zeros(400_000)}),
+                     delta_path("huge", 1, 0))
+    hub.upload_delta({"w": torch.ones(3)}, node_id="good", local_step=1, base_outer_step=0)
+    assert loop.sync_once() == 1
+    assert torch.equal(loop.snapshot()[1]["w"], -torch.ones(3))
+    assert loop.counters["skipped_invalid"] == 5 and loop.counters["applied"] == 1
+    hub.upload_delta({"w": torch.ones(3)}, node_id="late", local_step=2, base_outer_step=0)
+    hub.upload_delta({"w": torch.ones(3)}, node_id="future", local_step=2, base_outer_step=9)
+    assert loop.sync_once() == 1
+    assert loop.counters["skipped_stale"] == 1 and loop.counters["skipped_invalid"] == 6
+    text = caplog.text
+    for reason in ["not a valid safetensors", "shape", "non-finite", "dtype", "implausible size", "stale", "ahead"]:
+        assert reason in text
+    assert events and events[-1][0] == "diloco/outer_round" and events[-1][1]["skipped"] == 2
+
+
+def test_failed_publish_is_resent_before_the_next_round(tmp_path):
+    state = {"w": torch.zeros(2)}
+    hub, loop = _master(tmp_path, state, outer_lr=1.0, outer_momentum=0.0)
+    loop.recover()
+    hub.upload_delta({"w": torch.ones(2)}, node_id="a", local_step=1, base_outer_step=0)
+    original = hub.transport.commit
+    hub.transport.commit = lambda *a, **k: (_ for _ in ()).throw(__import__(
+        "speedtronic_diloco.transport", fromlist=["x"]).TransportError("down", transient=True))
+    assert loop.sync_once() == 1
+    assert hub.global_metadata().outer_step == 0 and loop.counters["publish_failures"] == 1
+    hub.transport.commit = original
+    loop.sync_once()
+    assert hub.global_metadata().outer_step == 1
+
+
+def test_recover_adopts_newer_global_and_its_ledger(tmp_path):
+    state = {"w": torch.zeros(2)}
+    hub, loop = _master(tmp_path, state, outer_lr=1.0)
+    loop.recover()
+    hub.upload_delta({"w": torch.ones(2)}, node_id="a", local_step=1, base_outer_step=0)
+    loop.sync_once()
+    # The master's local disk is lost: a fresh master adopts the Hub copy and its ledger.
+    fresh = MasterOuterLoop(hub, state, node_state_dir=tmp_path / "other", outer_lr=1.0)
+    fresh.recover()
+    assert fresh.outer_step == 1 and delta_path("a", 1, 0) in fresh.processed_filenames
+    assert torch.equal(fresh.snapshot()[1]["w"], loop.snapshot()[1]["w"])
+
+
+def test_master_state_file_for_another_model_is_rejected(tmp_path):
+    hub, loop = _master(tmp_path, {"w": torch.zeros(2)})
+    loop.recover()
+    with pytest.raises(ValueError, match="does not match the model"):
+        MasterOuterLoop(hub, {"w": torch.zeros(5)}, node_state_dir=tmp_path / "master")
+
+
+def test_bad_loop_settings_are_rejected(tmp_path):
+    hub = HubClient("org/run", transport=FilesystemTransport(tmp_path), sleeper=lambda s: None)
+    with pytest.raises(ValueError, match="staleness_limit"):
+        MasterOuterLoop(hub, {"w": torch.zeros(1)}, node_state_dir=tmp_path, staleness_limit=-1)
+    with pytest.raises(ValueError, match="poll_interval"):
+        MasterOuterLoop(hub, {"w": torch.zeros(1)}, node_state_dir=tmp_path, poll_interval=0)
+
+
+def test_thread_runs_rounds_and_restarts(tmp_path):
+    state = {"w": torch.zeros(2)}
+    rounds = []
+    hub, loop = _master(tmp_path, state, poll_interval=0.01, on_global_update=lambda s, n: rounds.append(n))
+    loop.recover()
+    for attempt in range(2):
+        loop.start()
+        hub.upload_delta({"w": torch.ones(2)}, node_id="a", local_step=attempt + 1, base_outer_step=attempt)
+        for _ in range(500):
+            if hub.global_metadata().outer_step == attempt + 1:
+                break
+            __import__("time").sleep(0.01)
+        loop.stop()
+    assert rounds == [0, 1, 2]

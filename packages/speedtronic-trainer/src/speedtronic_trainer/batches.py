@@ -1,0 +1,121 @@
+"""The batch and model-output protocol of the trainer: forward calls, losses and token counts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+def move_batch(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """Return the batch with every tensor moved to `device`, preserving dict/tuple/list structure."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, Mapping):
+        return {k: move_batch(v, device, non_blocking) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(move_batch(v, device, non_blocking) for v in batch)
+    return batch
+
+
+def call_model(model: Any, batch: Any) -> Any:
+    """Call the model with a dict batch as keywords, or a tuple/list batch as (inputs, labels)."""
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return model(batch[0], batch[1])
+    raise TypeError(
+        f"unsupported batch of type {type(batch).__name__}: the trainer needs a dict (called as model(**batch)) "
+        "or a tuple/list of at least two items (called as model(batch[0], batch[1]))"
+    )
+
+
+def batch_labels(batch: Any) -> torch.Tensor | None:
+    """Return the labels of a batch: its 'labels' entry, or the second item of a tuple/list."""
+    if isinstance(batch, Mapping):
+        labels = batch.get("labels")
+    elif isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        labels = batch[1]
+    else:
+        labels = None
+    return labels if isinstance(labels, torch.Tensor) else None
+
+
+def batch_size_and_tokens(batch: Any) -> tuple[int, int]:
+    """Return (samples, input tokens) of a batch from tensor shapes alone (no device sync)."""
+    if isinstance(batch, Mapping):
+        inputs = batch.get("input_ids")
+        if not isinstance(inputs, torch.Tensor):
+            inputs = next((v for v in batch.values() if isinstance(v, torch.Tensor)), None)
+    elif isinstance(batch, (tuple, list)) and batch:
+        inputs = batch[0]
+    else:
+        inputs = None
+    if not isinstance(inputs, torch.Tensor) or inputs.dim() == 0:
+        return 1, 0
+    return int(inputs.shape[0]), int(inputs.numel())
+
+
+def valid_label_count(batch: Any) -> int | None:
+    """Return how many label positions are not IGNORE_INDEX, or None when the batch has no labels."""
+    labels = batch_labels(batch)
+    if labels is None or labels.is_floating_point():
+        return None
+    return int((labels != IGNORE_INDEX).sum())
+
+
+def _loss_from_logits(logits: torch.Tensor, batch: Any) -> torch.Tensor:
+    labels = batch_labels(batch)
+    if labels is None:
+        raise ValueError("the model returned logits but the batch has no labels ('labels' key or second item)")
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"logits of shape {tuple(logits.shape)} do not match labels of shape {tuple(labels.shape)}; "
+            "labels must already be shifted, one next-token label per input position"
+        )
+    # float(): cross entropy in half precision loses accuracy for large vocabularies.
+    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+
+def loss_from_output(output: Any, batch: Any) -> torch.Tensor:
+    """Return the scalar loss of any supported model output form (loss, mapping, tuple, logits)."""
+    if isinstance(output, torch.Tensor):
+        if output.dim() != 0:
+            raise ValueError(
+                f"the model returned a tensor of shape {tuple(output.shape)}; a bare tensor is read as the loss "
+                "and must be a scalar (return {'logits': ...} to have the trainer compute the loss)"
+            )
+        return output
+    if isinstance(output, Mapping):
+        if output.get("loss") is not None:
+            return loss_from_output(output["loss"], batch)
+        if isinstance(output.get("logits"), torch.Tensor):
+            return _loss_from_logits(output["logits"], batch)
+        raise ValueError(f"the model returned a mapping without 'loss' or 'logits' (keys: {sorted(output)})")
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        first = output[0]
+        if first.dim() == 0:
+            return first
+        if first.dim() == 3:
+            return _loss_from_logits(first, batch)
+        raise ValueError(f"the model's first output has shape {tuple(first.shape)}; expected a scalar loss "
+                         "or 3-D logits [batch, sequence, vocab]")
+    raise TypeError(
+        f"unsupported model output of type {type(output).__name__}: return a scalar loss, a mapping with "
+        "'loss' or 'logits', or a tuple/list whose first item is a loss or 3-D logits"
+    )
+
+
+__all__ = [
+    "IGNORE_INDEX",
+    "batch_labels",
+    "batch_size_and_tokens",
+    "call_model",
+    "loss_from_output",
+    "move_batch",
+    "valid_label_count",
+]

@@ -1,0 +1,188 @@
+"""Atomic local checkpoint storage and discovery, plus RNG capture for exact resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from speedtronic_systems.atomic import atomic_json_dump, atomic_torch_save
+
+_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+LATEST_POINTER = "latest"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, truncated, corrupt or not loadable with weights_only=True."""
+
+
+class CheckpointManager:
+    """Manage local step_<n>.pt checkpoints and a latest pointer."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        every_steps: int = 500,
+        keep_last: int | None = 3,
+        enabled: bool = True,
+    ) -> None:
+        if every_steps <= 0:
+            raise ValueError(f"checkpoint every_steps must be a positive integer, got {every_steps!r}")
+        if keep_last is not None and keep_last <= 0:
+            raise ValueError(f"checkpoint keep_last must be positive or None (keep all), got {keep_last!r}")
+        self.directory = Path(directory)
+        self.every_steps = every_steps
+        self.keep_last = keep_last
+        self.enabled = enabled
+
+    @classmethod
+    def from_config(cls, section: Any, output_dir: str | os.PathLike[str] = ".") -> CheckpointManager:
+        """Build a manager from a CheckpointConfig-like section; relative directories sit under output_dir."""
+        directory = Path(section.directory)
+        if not directory.is_absolute():
+            directory = Path(output_dir) / directory
+        return cls(directory, every_steps=section.every_steps, keep_last=section.keep_last, enabled=section.enabled)
+
+    def should_save(self, step: int) -> bool:
+        """Return True when `step` is a positive exact multiple of the interval and saving is enabled."""
+        return self.enabled and step > 0 and step % self.every_steps == 0
+
+    def path_for(self, step: int) -> Path:
+        """Return the file path of the checkpoint for `step`."""
+        return self.directory / f"step_{step}.pt"
+
+    def save(self, step: int, state: dict[str, Any]) -> Path:
+        """Write `state` atomically, then move the latest pointer to it and prune old files."""
+        path = self.path_for(step)
+        atomic_torch_save(state, path)
+        # The pointer moves only after the checkpoint file is complete on disk.
+        atomic_json_dump({"step": step, "file": path.name}, self.directory / LATEST_POINTER)
+        self.prune()
+        return path
+
+    def latest_path(self) -> Path | None:
+        """Return the checkpoint the latest pointer names, else the highest-numbered file, else None."""
+        pointer = self.directory / LATEST_POINTER
+        if pointer.is_file():
+            try:
+                target = self.directory / json.loads(pointer.read_text())["file"]
+            except (ValueError, KeyError, TypeError):
+                target = None  # a damaged pointer is not fatal: the step files are the truth
+            if target is not None and target.is_file():
+                return target
+        paths = self._checkpoint_paths()
+        return paths[-1] if paths else None
+
+    def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Load one checkpoint with weights_only=True, raising CheckpointError naming a bad file."""
+        path = Path(path)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"checkpoint {path} does not exist") from exc
+        except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, zip errors...
+            raise CheckpointError(
+                f"checkpoint {path} is corrupt, truncated or holds objects that weights_only=True refuses "
+                f"({type(exc).__name__}: {exc}); delete it to resume from an older checkpoint"
+            ) from exc
+        if not isinstance(state, dict):
+            raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, expected a state dict")
+        return state
+
+    def load_latest(self) -> dict[str, Any] | None:
+        """Load the newest valid checkpoint, warning about each unreadable newer one; None when there is none."""
+        latest = self.latest_path()
+        if latest is None:
+            return None
+        candidates = [latest] + [p for p in reversed(self._checkpoint_paths()) if p != latest]
+        failures: list[str] = []
+        for path in candidates:
+            try:
+                state = self.load(path)
+            except CheckpointError as exc:
+                failures.append(str(exc))
+                warnings.warn(f"{exc}; falling back to an older checkpoint", RuntimeWarning, stacklevel=2)
+                continue
+            state.setdefault("checkpoint_path", str(path))
+            return state
+        raise CheckpointError(f"no loadable checkpoint in {self.directory}: " + "; ".join(failures))
+
+    def _checkpoint_paths(self) -> list[Path]:
+        """Return step_<n>.pt files sorted by step, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := _STEP_FILE.match(p.name))]
+        return [p for _, p in sorted(found)]
+
+    def prune(self) -> None:
+        """Delete all but the newest keep_last checkpoints, never the one the latest pointer names."""
+        if self.keep_last is None:
+            return
+        keep = self.latest_path()
+        for path in self._checkpoint_paths()[: -self.keep_last]:
+            if path != keep:
+                path.unlink(missing_ok=True)
+
+    def copy_to(self, destination: str | os.PathLike[str]) -> Path:
+        """Copy the latest checkpoint to `destination` (a file path, or an existing folder) and return the copy."""
+        source = self.latest_path()
+        if source is None:
+            raise CheckpointError(f"no checkpoint to copy in {self.directory}")
+        destination = Path(destination)
+        if destination.is_dir():
+            destination = destination / source.name
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, destination)
+        return destination
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Return Python, NumPy, torch CPU and CUDA RNG states in a form torch.load(weights_only=True) accepts."""
+    # NumPy's legacy state holds an ndarray, which weights_only loading refuses; store it as a tensor.
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any] | None) -> None:
+    """Restore RNG states captured by capture_rng_state; missing parts are left untouched."""
+    if not state:
+        return
+    if "python" in state:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "numpy" in state:
+        np_state = state["numpy"]
+        keys = np_state["keys"].numpy().astype(np.uint32)
+        np.random.set_state((np_state["kind"], keys, np_state["pos"], np_state["has_gauss"], np_state["cached_gaussian"]))
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        cuda_states = state["cuda"][: torch.cuda.device_count()]
+        for index, cuda_state in enumerate(cuda_states):
+            torch.cuda.set_rng_state(cuda_state, index)
+
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointManager",
+    "atomic_json_dump",
+    "atomic_torch_save",
+    "capture_rng_state",
+    "restore_rng_state",
+]

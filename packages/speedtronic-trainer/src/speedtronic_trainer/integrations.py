@@ -1,0 +1,80 @@
+"""Optional logging integrations (TensorBoard, Weights & Biases), imported only when constructed."""
+
+from __future__ import annotations
+
+import numbers
+from pathlib import Path
+from typing import Any
+
+
+def _scalars(payload: dict[str, Any]) -> dict[str, float]:
+    """Return the numeric entries of a payload; counters and strings are not plotted."""
+    return {k: float(v) for k, v in payload.items()
+            if isinstance(v, numbers.Real) and not isinstance(v, bool) and k != "step"}
+
+
+def _missing(package: str, extra: str) -> ImportError:
+    return ImportError(f"{package} is not installed; install it with `pip install speedtronic-trainer[{extra}]` "
+                       f"or remove it from logging.hooks")
+
+
+class WandbHook:
+    """Log every event's numeric fields to a Weights & Biases run (mode, dir, ... pass through to wandb.init)."""
+
+    def __init__(self, project: str | None = None, **settings: Any) -> None:
+        try:
+            import wandb
+        except ImportError as exc:
+            raise _missing("wandb", "wandb") from exc
+        self._wandb = wandb
+        self.run = wandb.init(project=project, **settings)
+
+    def on_event(self, event: str, payload: dict[str, Any]) -> None:
+        """Log the payload's scalars under `<event>/<name>` at the payload's step."""
+        scalars = {f"{event}/{k}": v for k, v in _scalars(payload).items()}
+        if scalars:
+            self.run.log(scalars, step=payload.get("step"))
+
+    def close(self) -> None:
+        """Finish the run, flushing offline files."""
+        self.run.finish()
+
+
+class TensorboardHook:
+    """Write every event's numeric fields as TensorBoard scalars under `<event>/<name>`."""
+
+    def __init__(self, log_dir: str = "runs") -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise _missing("tensorboard", "tensorboard") from exc
+        self.log_dir = str(log_dir)
+        self.writer = SummaryWriter(log_dir=self.log_dir)
+
+    def on_event(self, event: str, payload: dict[str, Any]) -> None:
+        """Add the payload's scalars at the payload's step."""
+        step = payload.get("step")
+        for name, value in _scalars(payload).items():
+            self.writer.add_scalar(f"{event}/{name}", value, global_step=step)
+
+    def close(self) -> None:
+        """Flush and close the event file."""
+        self.writer.close()
+
+
+_FACTORIES = {"tensorboard": lambda log_dir: TensorboardHook(str(Path(log_dir) / "tensorboard")),
+              "wandb": lambda log_dir: WandbHook(dir=str(log_dir))}
+
+
+def hooks_from_names(names: list[str], *, log_dir: str = "runs") -> list[Any]:
+    """Build the hooks named in `logging.hooks` (tensorboard, wandb), with files under log_dir."""
+    hooks = []
+    for name in names:
+        factory = _FACTORIES.get(str(name).lower())
+        if factory is None:
+            raise ValueError(f"logging.hooks: unknown hook {name!r}; choose from {sorted(_FACTORIES)}")
+        hooks.append(factory(log_dir))
+    return hooks
+
+
+__all__ = ["TensorboardHook", "WandbHook", "hooks_from_names"]

@@ -1,0 +1,54 @@
+"""Per-step training metrics: throughput, model FLOPs utilization and memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from speedtronic_systems.precision import PrecisionPlan, device_peak_flops
+
+from speedtronic_trainer.profiling import memory_usage_bytes
+
+
+def model_flops_per_token(model: Any) -> float | None:
+    """Return the model's training FLOPs per token from its flops_per_token() method, or None."""
+    method = getattr(model, "flops_per_token", None)
+    if not callable(method):
+        return None
+    try:
+        value = float(method())
+    except Exception:  # MFU is a nicety; a model whose estimate fails still trains
+        return None
+    return value if value > 0 else None
+
+
+class StepMetrics:
+    """Build the train_step record: loss, lr, grad norm, tokens/s, samples/s, step time, MFU, memory."""
+
+    def __init__(self, model: Any, device: torch.device, precision: PrecisionPlan) -> None:
+        self.flops_per_token = model_flops_per_token(model)
+        self.peak_flops = device_peak_flops(device, precision.dtype) if self.flops_per_token else None
+
+    def record(self, *, step: int, loss: float, lr: float, grad_norm: float | None, samples: int, tokens: int,
+               step_time: float) -> dict[str, Any]:
+        """Return the metrics of one optimizer step."""
+        tokens_per_s = tokens / step_time if step_time > 0 else 0.0
+        record: dict[str, Any] = {
+            "step": step,
+            "loss": loss,
+            "lr": float(lr),
+            "tokens_per_s": tokens_per_s,
+            "samples_per_s": samples / step_time if step_time > 0 else 0.0,
+            "step_time_s": step_time,
+        }
+        if grad_norm is not None:
+            record["grad_norm"] = grad_norm
+        if self.flops_per_token and self.peak_flops:
+            record["mfu"] = self.flops_per_token * tokens_per_s / self.peak_flops
+        memory = memory_usage_bytes()
+        if memory is not None:
+            record["memory_bytes"] = memory
+        return record
+
+
+__all__ = ["StepMetrics", "model_flops_per_token"]

@@ -1,0 +1,54 @@
+"""A tqdm progress bar shown only in an interactive terminal."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+
+def progress_enabled(setting: Any, stream: TextIO | None = None) -> bool:
+    """Return whether to draw a bar: `auto`/None means only when the stream is a terminal."""
+    if isinstance(setting, str):
+        lowered = setting.strip().lower()
+        if lowered not in {"auto", "true", "false", "on", "off"}:
+            raise ValueError(f"logging.progress must be auto, true or false, got {setting!r}")
+        setting = None if lowered == "auto" else lowered in {"true", "on"}
+    if setting is False:
+        return False
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    return bool(callable(isatty) and isatty())
+
+
+class ProgressBar:
+    """Show step, loss, tokens/s and ETA; a no-op when disabled."""
+
+    def __init__(self, *, total: int, initial: int, enabled: bool, stream: TextIO | None = None) -> None:
+        self._bar = None
+        if enabled:
+            from tqdm import tqdm  # only paid for in an interactive terminal
+
+            self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
+                             file=sys.stderr if stream is None else stream)
+
+    @property
+    def active(self) -> bool:
+        """Return True while a bar is drawn."""
+        return self._bar is not None
+
+    def update(self, step: int, loss: float | None, tokens_per_s: float) -> None:
+        """Advance to `step` and show the latest loss and throughput."""
+        if self._bar is None:
+            return
+        self._bar.update(step - self._bar.n)
+        self._bar.set_postfix(loss=f"{loss:.4f}" if loss is not None else "-", tok_s=f"{tokens_per_s:,.0f}",
+                              refresh=False)
+
+    def close(self) -> None:
+        """Remove the bar."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+__all__ = ["ProgressBar", "progress_enabled"]

@@ -1,0 +1,464 @@
+"""Architecture-neutral training loop."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Protocol
+
+import torch
+from speedtronic_systems.precision import PrecisionPlan, autocast_context, make_grad_scaler
+
+from speedtronic_trainer.batches import batch_size_and_tokens, call_model, loss_from_output, move_batch, valid_label_count
+from speedtronic_trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from speedtronic_trainer.data_position import BatchStream
+from speedtronic_trainer.metrics import StepMetrics
+from speedtronic_trainer.preemption import StopSignal
+from speedtronic_trainer.profiling import MetricLogger
+from speedtronic_trainer.progress import ProgressBar, progress_enabled
+from speedtronic_trainer.settings import TrainerSettings
+
+CHECKPOINT_FORMAT = 1
+# A "skip" policy that keeps meeting non-finite losses is a diverged run, not a bad batch.
+MAX_CONSECUTIVE_SKIPS = 50
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or gradient norm was NaN/inf and the policy is `stop` (or too many steps were skipped)."""
+
+
+class SyncCoordinator(Protocol):
+    def start(self) -> None: ...
+    def after_optimizer_step(self, model: Any, step: int) -> bool | None: ...
+    def stop(self) -> None: ...
+    def state_dict(self) -> dict[str, Any] | None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class TrainResult:
+    """What one fit() call did; steps/samples/tokens are the trainer's absolute counters at the end."""
+
+    steps: int
+    samples: int
+    tokens: int
+    final_loss: float | None
+    elapsed_s: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+    steps_run: int = 0
+    skipped_steps: int = 0
+    stopped_by: str | None = None  # the signal name when SIGTERM/SIGINT ended the run early
+    checkpoint: Path | None = None  # the last checkpoint this fit wrote
+
+
+@dataclass
+class _AutoPrecision:
+    mode: str = "auto"
+    dtype: str | None = None
+
+
+def _checkpoint_config(config: Any) -> Any:
+    """Return the config as plain data with secrets redacted, or None when it cannot be redacted."""
+    to_dict = getattr(config, "to_dict", None)
+    return to_dict(redact_secrets=True) if callable(to_dict) else None
+
+
+class Trainer:
+    """Train a user-provided module with optional local or distributed sync.
+
+    The model receives a batch dictionary as keywords, or the first two items of a tuple/list batch as
+    (inputs, labels). It may return a scalar loss, a mapping with loss or logits, or a tuple whose first
+    item is a loss or 3-D logits.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        dataloader: Iterable[Any],
+        *,
+        device: torch.device | str,
+        config: Any | None = None,
+        scheduler: Any | None = None,
+        precision: PrecisionPlan | None = None,
+        logger: MetricLogger | None = None,
+        checkpoint_manager: CheckpointManager | None = None,
+        coordinator: SyncCoordinator | None = None,
+        max_steps: int | None = None,
+        start_step: int = 0,
+        shape_report: Any | None = None,
+        eval_dataloader: Iterable[Any] | None = None,
+        settings: TrainerSettings | None = None,
+    ) -> None:
+        self.config = config
+        self.settings = settings if settings is not None else TrainerSettings.from_config(config)
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.optimizer = optimizer
+        self.dataloader = dataloader
+        self.eval_dataloader = eval_dataloader
+        self.scheduler = scheduler
+        self.logger = logger if logger is not None else MetricLogger()
+        self.checkpoint_manager = checkpoint_manager
+        self.coordinator = coordinator
+        self.max_steps = max_steps if max_steps is not None else self.settings.max_steps
+        self.step = start_step
+        self.samples = 0
+        self.tokens = 0
+        self.skipped_steps = 0
+        self.precision = precision if precision is not None else self._resolve_precision()
+        self.scaler = make_grad_scaler(self.precision)
+        self.shape_report = shape_report
+        self._stream = BatchStream(dataloader)
+        self._compiled: Any | None = None
+        self._compiled_ok = False
+        self._stage_scheduler: Any | None = None
+        self._metrics = StepMetrics(self.model, self.device, self.precision)
+        self._non_blocking = self.device.type == "cuda"
+        self._configure_features()
+
+    def _resolve_precision(self) -> PrecisionPlan:
+        from speedtronic_systems.precision import resolve_precision
+
+        return resolve_precision(getattr(self.config, "precision", None) or _AutoPrecision(), self.device)
+
+    def accumulation_steps(self) -> int:
+        """Return how many microbatches make one optimizer update."""
+        return self.settings.accumulation_steps
+
+    # ----------------------------------------------------------------------------------- features
+
+    def _configure_features(self) -> None:
+        if self.settings.gradient_checkpointing:
+            self._enable_gradient_checkpointing()
+        if self.shape_report is None and self.settings.shape_validation and self.config is not None:
+            from speedtronic_systems.shapes import validate_startup_shapes
+
+            self.shape_report = validate_startup_shapes(self.config, self.model, self.device, self.precision,
+                                                        logger=self.logger)
+        if self.settings.ooo_backprop:
+            self._setup_ooo_backprop()
+        if self.settings.compile:
+            self._enable_compile()
+
+    def _enable_gradient_checkpointing(self) -> None:
+        hook = getattr(self.model, "set_gradient_checkpointing", None)
+        if not callable(hook):
+            self.logger.warning("gradient_checkpointing is on but %s has no set_gradient_checkpointing(enabled) "
+                                "hook; training without it", type(self.model).__name__)
+            return
+        try:
+            hook(True)
+        except Exception as exc:  # a capability, not a requirement: degrade and say so
+            self.logger.warning("set_gradient_checkpointing(True) failed (%s: %s); training without it",
+                                type(exc).__name__, exc)
+
+    def _setup_ooo_backprop(self) -> None:
+        from speedtronic_systems.scheduling import StageStreamScheduler
+
+        self._stage_scheduler = StageStreamScheduler(self.model, self.device, num_streams=self.settings.ooo_streams,
+                                                     logger=self.logger)
+
+    def _enable_compile(self) -> None:
+        try:
+            self._compiled = torch.compile(self.model)
+        except Exception as exc:
+            self.logger.warning("torch.compile failed (%s: %s); training eagerly", type(exc).__name__, exc)
+            self._compiled = None
+
+    # --------------------------------------------------------------------------------- forward
+
+    def _forward(self, batch: Any) -> torch.Tensor:
+        """Return the microbatch loss, falling back to eager once if the compiled model fails on first use."""
+        if self._compiled is not None:
+            try:
+                with autocast_context(self.precision, self.device):
+                    loss = loss_from_output(call_model(self._compiled, batch), batch)
+                self._compiled_ok = True
+                return loss
+            except Exception as exc:
+                if self._compiled_ok:
+                    raise  # the compiled path worked before: this is a model or data error
+                self.logger.warning("compiled model failed on first run (%s: %s); training eagerly",
+                                    type(exc).__name__, exc)
+                self._compiled = None
+        with autocast_context(self.precision, self.device):
+            return loss_from_output(call_model(self.model, batch), batch)
+
+    # ------------------------------------------------------------------------------------ step
+
+    def _microbatch_weights(self, microbatches: list[Any]) -> list[float]:
+        """Return each microbatch's share of the update: its valid-label share when labels exist, else 1/k."""
+        counts = [valid_label_count(b) for b in microbatches]
+        if any(c is None for c in counts):
+            return [1.0 / len(microbatches)] * len(microbatches)
+        total = sum(counts)  # type: ignore[arg-type]
+        # With no valid label in the whole step the loss is undefined; NaN weights route it to the policy.
+        return [c / total if total else math.nan for c in counts]  # type: ignore[operator]
+
+    def _train_step(self) -> tuple[float, float | None, int, int]:
+        """Run one optimizer update; return (loss, grad norm, samples, tokens), or loss=nan when skipped."""
+        microbatches = [next(self._stream) for _ in range(self.settings.accumulation_steps)]
+        weights = self._microbatch_weights(microbatches)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self._stage_scheduler is not None:
+            self._stage_scheduler.begin()
+        step_loss: torch.Tensor | None = None
+        samples = tokens = 0
+        try:
+            for batch, weight in zip(microbatches, weights):
+                n, t = batch_size_and_tokens(batch)
+                samples, tokens = samples + n, tokens + t
+                if weight == 0.0:
+                    continue  # every label ignored: no contribution, and its mean loss would be NaN
+                batch = move_batch(batch, self.device, self._non_blocking)
+                loss = self._forward(batch) * weight
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+                step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+        finally:
+            if self._stage_scheduler is not None:
+                self._stage_scheduler.finish()
+        loss_value = float(step_loss) if step_loss is not None else math.nan
+        if not math.isfinite(loss_value):
+            return loss_value, None, samples, tokens
+        grad_norm = self._clip_gradients()
+        if grad_norm is not None and not math.isfinite(grad_norm) and self.scaler is None:
+            # Without a scaler nothing else would catch inf/NaN gradients before they reach the weights.
+            return math.nan, grad_norm, samples, tokens
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        return loss_value, grad_norm, samples, tokens
+
+    def _clip_gradients(self) -> float | None:
+        if self.settings.grad_clip is None:
+            return None
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+        return float(torch.nn.utils.clip_grad_norm_(params, self.settings.grad_clip))
+
+    def _handle_nonfinite(self, loss: float, grad_norm: float | None, consecutive: int) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.skipped_steps += 1
+        what = f"loss={loss}" if not math.isfinite(loss) else f"grad_norm={grad_norm}"
+        hint = ("lower the learning rate, set optimizer.grad_clip, check the data for fully ignored labels, "
+                "or set run.nonfinite_loss: skip to skip such updates")
+        if self.settings.nonfinite_loss == "stop":
+            raise NonFiniteLossError(f"non-finite {what} at step {self.step + 1}; stopped without updating the "
+                                     f"weights or writing a checkpoint ({hint})")
+        if consecutive >= MAX_CONSECUTIVE_SKIPS:
+            raise NonFiniteLossError(f"{consecutive} consecutive non-finite updates up to step {self.step + 1}; "
+                                     f"the run has diverged ({hint})")
+        self.logger.emit("nonfinite_skip", {"step": self.step + 1, "loss": loss, "skipped_steps": self.skipped_steps})
+
+    def _reset_inner_optimizer_if_needed(self, requested: Any) -> None:
+        if not (requested and self.settings.reset_inner_optimizer):
+            return
+        reset = getattr(self.optimizer, "reset_state", None)
+        if callable(reset):
+            reset()
+        else:
+            self.optimizer.state.clear()
+
+    # -------------------------------------------------------------------------------- evaluation
+
+    @torch.no_grad()
+    def evaluate(self, max_batches: int | None = None) -> float | None:
+        """Return the validation loss (mean over valid labels) over up to max_batches eval batches."""
+        if self.eval_dataloader is None:
+            return None
+        limit = max_batches if max_batches is not None else self.settings.eval_steps
+        was_training = self.model.training
+        self.model.eval()
+        total = weight = 0.0
+        try:
+            for index, batch in enumerate(self.eval_dataloader):
+                if limit is not None and index >= limit:
+                    break
+                count = valid_label_count(batch)
+                if count == 0:
+                    continue
+                loss = float(loss_from_output(call_model(self.model, move_batch(batch, self.device)), batch))
+                share = float(count) if count is not None else 1.0
+                total, weight = total + loss * share, weight + share
+        finally:
+            self.model.train(was_training)
+        return total / weight if weight else None
+
+    def _maybe_evaluate(self) -> float | None:
+        every = self.settings.eval_every
+        if self.eval_dataloader is None or every is None or self.step % every != 0:
+            return None
+        val_loss = self.evaluate()
+        if val_loss is not None:
+            self.logger.emit("eval", {"step": self.step, "val_loss": val_loss})
+        return val_loss
+
+    # ------------------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return everything a checkpoint holds for an exact resume."""
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "step": self.step,
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "skipped_steps": self.skipped_steps,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "rng": capture_rng_state(),
+            "data": self._stream.state_dict(),
+            "config": _checkpoint_config(self.config),
+            "coordinator": self.coordinator.state_dict() if self.coordinator is not None else None,
+        }
+
+    def _checkpoint(self, *, force: bool = False) -> Path | None:
+        manager = self.checkpoint_manager
+        if manager is None or not manager.enabled:
+            return None
+        if not (force or manager.should_save(self.step)):
+            return None
+        path = manager.save(self.step, self.state_dict())
+        self.logger.emit("checkpoint", {"step": self.step, "path": str(path)})
+        return path
+
+    def resume(self, state: dict[str, Any] | None) -> None:
+        """Restore a checkpoint state (from CheckpointManager.load_latest); None warns and starts fresh."""
+        if state is None:
+            self.logger.warning("resume requested but no checkpoint was found; starting from step %d", self.step)
+            return
+        missing = [key for key in ("step", "model", "optimizer") if key not in state]
+        if missing:
+            raise ValueError(f"checkpoint state lacks {missing}; it was not written by this trainer")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        if self.coordinator is not None and state.get("coordinator") is not None:
+            self.coordinator.load_state_dict(state["coordinator"])
+        self.step = int(state["step"])
+        self.samples = int(state.get("samples", 0))
+        self.tokens = int(state.get("tokens", 0))
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        if state.get("data") is not None:
+            self._stream.load_state_dict(state["data"])
+        restore_rng_state(state.get("rng"))
+        self.logger.info("resumed at step %d from %s", self.step, state.get("checkpoint_path", "a state dict"))
+
+    def resume_latest(self) -> bool:
+        """Resume from the checkpoint manager's newest valid checkpoint; return whether one was loaded."""
+        if self.checkpoint_manager is None:
+            raise ValueError("resume_latest() needs a checkpoint_manager")
+        state = self.checkpoint_manager.load_latest()
+        self.resume(state)
+        return state is not None
+
+    # -------------------------------------------------------------------------------------- fit
+
+    def _target(self, max_steps: int | None) -> int:
+        requested = max_steps if max_steps is not None else self.max_steps
+        if requested is None:
+            raise ValueError("no step target: pass max_steps to Trainer(...) or fit(...), or set run.max_steps")
+        if requested <= 0:
+            raise ValueError(f"max_steps must be a positive absolute step target, got {requested!r}")
+        return max(self.step, int(requested))
+
+    def fit(self, max_steps: int | None = None) -> TrainResult:
+        """Train until the absolute step target; return what was done."""
+        target = self._target(max_steps)
+        started = time.perf_counter()
+        first_step, first_tokens, first_samples = self.step, self.tokens, self.samples
+        if target == self.step:
+            return TrainResult(self.step, self.samples, self.tokens, None, 0.0)
+        final_loss: float | None = None
+        val_loss: float | None = None
+        last_path: Path | None = None
+        stopped_by: str | None = None
+        consecutive_skips = 0
+        self.model.train()
+        bar = ProgressBar(total=target, initial=self.step, enabled=progress_enabled(self.settings.progress))
+        console_metrics = self.logger.console_metrics
+        self.logger.console_metrics = console_metrics and not bar.active
+        if self.coordinator is not None:
+            self.coordinator.start()
+        try:
+            with StopSignal(enabled=True) as stop:
+                while self.step < target:
+                    step_started = time.perf_counter()
+                    loss, grad_norm, samples, tokens = self._train_step()
+                    if math.isnan(loss) or not math.isfinite(loss):
+                        consecutive_skips += 1
+                        self._handle_nonfinite(loss, grad_norm, consecutive_skips)
+                        continue
+                    consecutive_skips = 0
+                    if self.scheduler is not None:
+                        self.scheduler.step()
+                    self.step += 1
+                    self.samples += samples
+                    self.tokens += tokens
+                    if self.coordinator is not None:
+                        self._reset_inner_optimizer_if_needed(
+                            self.coordinator.after_optimizer_step(self.model, self.step))
+                    final_loss = loss
+                    step_time = time.perf_counter() - step_started
+                    if self.logger.wants_step(self.step):
+                        self.logger.emit("train_step", self._metrics.record(
+                            step=self.step, loss=loss, lr=self.optimizer.param_groups[0]["lr"],
+                            grad_norm=grad_norm, samples=samples, tokens=tokens, step_time=step_time))
+                    bar.update(self.step, loss, tokens / step_time if step_time > 0 else 0.0)
+                    evaluated = self._maybe_evaluate()
+                    val_loss = evaluated if evaluated is not None else val_loss
+                    last_path = self._checkpoint() or last_path
+                    if stop.received:
+                        stopped_by = stop.received
+                        break
+            if stopped_by is not None:
+                saved_now = last_path is not None and last_path == self._path_for_current()
+                if self.settings.save_on_signal and not saved_now:
+                    last_path = self._checkpoint(force=True) or last_path
+                self.logger.warning("%s received: stopped at step %d", stopped_by, self.step)
+            elif self.settings.save_final and self.step > first_step and not (
+                    self.checkpoint_manager is not None and self.checkpoint_manager.should_save(self.step)):
+                last_path = self._checkpoint(force=True) or last_path
+        finally:
+            bar.close()
+            self.logger.console_metrics = console_metrics
+            if self.coordinator is not None:
+                self.coordinator.stop()
+        elapsed = time.perf_counter() - started
+        tokens_run = self.tokens - first_tokens
+        metrics = {"tokens_per_s": tokens_run / elapsed if elapsed > 0 else 0.0,
+                   "samples_per_s": (self.samples - first_samples) / elapsed if elapsed > 0 else 0.0}
+        if val_loss is not None:
+            metrics["val_loss"] = val_loss
+        self.logger.emit("fit_end", {"step": self.step, "final_loss": final_loss, "elapsed_s": elapsed, **metrics})
+        return TrainResult(self.step, self.samples, self.tokens, final_loss, elapsed, metrics,
+                           steps_run=self.step - first_step, skipped_steps=self.skipped_steps,
+                           stopped_by=stopped_by, checkpoint=last_path)
+
+    train = fit
+
+    def _path_for_current(self) -> Path | None:
+        manager = self.checkpoint_manager
+        return manager.path_for(self.step) if manager is not None else None
+
+    def close(self) -> None:
+        """Release the stage-stream scheduler's hooks; the trainer can still fit eagerly afterwards."""
+        if self._stage_scheduler is not None:
+            self._stage_scheduler.dispose()
+            self._stage_scheduler = None
+
+
+TrainingEngine = Trainer
+SpeedtronicTrainer = Trainer
+
+__all__ = ["NonFiniteLossError", "SpeedtronicTrainer", "SyncCoordinator", "TrainResult", "Trainer", "TrainingEngine"]

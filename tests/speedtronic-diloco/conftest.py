@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+import pytest
+
+from speedtronic_diloco.hub import HubClient
+from speedtronic_diloco.testing.hub_server import HubServer
+from speedtronic_diloco.transport import HfApiTransport
+
+TOKEN = "hf_test_SECRET_token_value"
+
+
+@pytest.fixture
+def server():
+    with HubServer() as running:
+        yield running
+
+
+@pytest.fixture
+def hub(server, tmp_path):
+    """A HubClient driving the real huggingface_hub HfApi against the loopback server."""
+    transport = HfApiTransport("org/run", token=TOKEN, endpoint=server.url, cache_dir=tmp_path / "hf-cache")
+    client = HubClient("org/run", transport=transport, retry_initial=0.01, retry_max=0.02, sleeper=lambda s: None)
+    client.create_repo()
+    return client

@@ -1,0 +1,495 @@
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from trainer_testkit import RecordingHook, TinyLM, TokenDataset, make_config, make_loader
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+import speedtronic_trainer.trainer as trainer_module
+from speedtronic_trainer import CheckpointManager, MetricLogger, NonFiniteLossError, Trainer, TrainerSettings
+
+
+def make_trainer(model=None, loader=None, *, accumulation=1, lr=0.1, optimizer=None, logger=None, **kwargs):
+    model = model or TinyLM()
+    optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=lr)
+    settings = kwargs.pop("settings", None) or TrainerSettings(accumulation_steps=accumulation,
+                                                               **kwargs.pop("settings_kwargs", {}))
+    logger = logger or MetricLogger(stream=io.StringIO(), hooks=[RecordingHook()])
+    return Trainer(model, optimizer, loader if loader is not None else make_loader(), device="cpu", settings=settings, logger=logger,
+                   **kwargs)
+
+
+def full_batch_loss(model, samples):
+    inputs = torch.stack([s["input_ids"] for s in samples])
+    labels = torch.stack([s["labels"] for s in samples])
+    logits = model(inputs)["logits"]
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+
+
+def hook_of(trainer) -> RecordingHook:
+    return trainer.logger.hooks[0]
+
+
+# ---------------------------------------------------------------------------- accumulation
+
+
+@pytest.mark.parametrize("ignore_every", [0, 4])
+def test_accumulated_update_equals_full_batch_update(ignore_every):
+    torch.manual_seed(0)
+    dataset = TokenDataset(n=8, ignore_every=ignore_every)
+    reference = TinyLM()
+    model = TinyLM()
+    model.load_state_dict(reference.state_dict())
+    trainer = make_trainer(model, make_loader(dataset, batch_size=2), accumulation=4)
+    result = trainer.fit(1)
+
+    expected_loss = full_batch_loss(reference, [dataset[i] for i in range(8)])
+    expected_loss.backward()
+    with torch.no_grad():
+        for p in reference.parameters():
+            p -= 0.1 * p.grad
+    for trained, manual in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(trained, manual, rtol=1e-5, atol=1e-6)
+    # the reported loss is the mean over the whole step's valid tokens
+    assert result.final_loss == pytest.approx(expected_loss.item(), rel=1e-5)
+
+
+def test_token_weighting_differs_from_mean_of_microbatch_means():
+    """With uneven ignored labels, averaging per-microbatch means is the Hugging Face 2024 bug; we do not."""
+    dataset = TokenDataset(n=4, ignore_every=6)
+    torch.manual_seed(0)
+    model = TinyLM()
+    naive = sum(full_batch_loss(model, [dataset[i], dataset[i + 1]]) for i in (0, 2)) / 2
+    correct = full_batch_loss(model, [dataset[i] for i in range(4)])
+    assert not math.isclose(naive.item(), correct.item(), rel_tol=1e-4)  # the data really is uneven
+    result = make_trainer(model, make_loader(dataset, batch_size=2), accumulation=2, lr=0.0).fit(1)
+    assert result.final_loss == pytest.approx(correct.item(), rel=1e-6)
+
+
+def test_microbatch_with_every_label_ignored_contributes_nothing():
+    class AllIgnoredFirst(TokenDataset):
+        def __getitem__(self, i):
+            item = super().__getitem__(i)
+            if i < 2:
+                item["labels"][:] = -100
+            return item
+
+    dataset = AllIgnoredFirst(n=4)
+    model = TinyLM()
+    expected = full_batch_loss(model, [dataset[2], dataset[3]]).item()
+    result = make_trainer(model, make_loader(dataset, batch_size=2), accumulation=2, lr=0.0).fit(1)
+    assert result.final_loss == pytest.approx(expected, rel=1e-6)
+    assert result.samples == 4  # the ignored microbatch was still consumed and counted
+
+
+# ------------------------------------------------------------------------------ step targets
+
+
+def test_step_targets_are_absolute():
+    trainer = make_trainer()
+    first = trainer.fit(3)
+    assert (first.steps, first.steps_run) == (3, 3)
+    assert first.final_loss is not None
+    again = trainer.fit(2)  # already past the target
+    assert again.final_loss is None and again.steps == 3 and again.steps_run == 0
+    more = trainer.fit(5)
+    assert (more.steps, more.steps_run) == (5, 2)
+    assert more.samples == 10 and more.tokens == 10 * 6
+
+
+def test_start_step_counts_toward_the_target():
+    result = make_trainer(start_step=900).fit(903)
+    assert result.steps_run == 3 and result.steps == 903
+
+
+def test_missing_or_bad_target_is_a_clear_error():
+    with pytest.raises(ValueError, match="no step target"):
+        make_trainer().fit()
+    with pytest.raises(ValueError, match="positive"):
+        make_trainer().fit(0)
+
+
+def test_target_from_config_run_max_steps():
+    config = make_config(run={"max_steps": 2})
+    model = TinyLM()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), make_loader(), device="cpu",
+                      config=config, logger=MetricLogger(stream=io.StringIO()))
+    assert trainer.fit().steps == 2
+
+
+def test_loader_cycles_past_one_epoch():
+    result = make_trainer(loader=make_loader(TokenDataset(n=4), batch_size=2)).fit(7)
+    assert result.steps == 7 and result.samples == 14
+
+
+def test_exhausted_one_shot_iterator_is_reported():
+    batches = iter([next(iter(make_loader()))])
+    with pytest.raises(ValueError, match="exhausted"):
+        make_trainer(loader=batches).fit(2)
+
+
+# ----------------------------------------------------------------------------- batch forms
+
+
+class PairModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 1)
+
+    def forward(self, x, y):
+        return F.mse_loss(self.linear(x).squeeze(-1), y)
+
+
+def test_tuple_batches_call_model_with_inputs_and_labels():
+    data = TensorDataset(torch.randn(8, 3), torch.randn(8))
+    model = PairModel()
+    before = model.linear.weight.detach().clone()
+    result = make_trainer(model, DataLoader(data, batch_size=4)).fit(2)
+    assert result.samples == 8 and math.isfinite(result.final_loss)
+    assert not torch.equal(before, model.linear.weight)
+
+
+def test_unsupported_batch_form_is_a_clear_error():
+    with pytest.raises(TypeError, match="unsupported batch"):
+        make_trainer(loader=[torch.zeros(2, 3)]).fit(1)
+
+
+# ----------------------------------------------------------------------------- coordinator
+
+
+class FakeCoordinator:
+    def __init__(self, reset_at: set[int] = frozenset()) -> None:
+        self.calls: list[tuple] = []
+        self.reset_at = reset_at
+        self.optimizer = None
+
+    def start(self):
+        self.calls.append(("start",))
+
+    def after_optimizer_step(self, model, step):
+        self.calls.append(("step", step))
+        return step in self.reset_at
+
+    def stop(self):
+        self.calls.append(("stop",))
+
+    def state_dict(self):
+        return {"steps_seen": torch.tensor(len(self.calls))}
+
+    def load_state_dict(self, state):
+        self.calls.append(("load", int(state["steps_seen"])))
+
+
+def test_coordinator_lifecycle_is_restarted_by_every_fit():
+    coordinator = FakeCoordinator()
+    trainer = make_trainer(coordinator=coordinator, accumulation=2)
+    trainer.fit(2)
+    trainer.fit(3)
+    assert coordinator.calls == [("start",), ("step", 1), ("step", 2), ("stop",), ("start",), ("step", 3), ("stop",)]
+
+
+def test_coordinator_stopped_even_when_training_fails():
+    coordinator = FakeCoordinator()
+    with pytest.raises(TypeError):
+        make_trainer(coordinator=coordinator, loader=[torch.zeros(1)]).fit(1)
+    assert coordinator.calls[-1] == ("stop",)
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_truthy_coordinator_result_resets_inner_optimizer(reset):
+    model = TinyLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    trainer = make_trainer(model, optimizer=optimizer, coordinator=FakeCoordinator(reset_at={2}),
+                           settings=TrainerSettings(reset_inner_optimizer=reset))
+    trainer.fit(1)
+    assert len(optimizer.state) > 0
+    trainer.fit(2)
+    assert (len(optimizer.state) == 0) is reset
+
+
+# --------------------------------------------------------------------------- compile, features
+
+
+def test_compile_construction_failure_falls_back_to_eager(monkeypatch):
+    def broken(*_a, **_k):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    stream = io.StringIO()
+    trainer = make_trainer(logger=MetricLogger(stream=stream), settings=TrainerSettings(compile=True))
+    assert trainer.fit(2).steps == 2
+    assert stream.getvalue().count("torch.compile failed") == 1
+
+
+def test_compile_first_run_failure_retries_eagerly_and_logs_once(monkeypatch):
+    calls = []
+
+    def fails_when_called(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("inductor exploded")
+
+    monkeypatch.setattr(torch, "compile", lambda model: fails_when_called)
+    stream = io.StringIO()
+    trainer = make_trainer(logger=MetricLogger(stream=stream), settings=TrainerSettings(compile=True))
+    result = trainer.fit(3)
+    assert result.steps == 3 and math.isfinite(result.final_loss)
+    assert len(calls) == 1
+    assert stream.getvalue().count("compiled model failed on first run") == 1
+
+
+def test_compiled_model_is_used_when_it_works(monkeypatch):
+    used = []
+
+    def fake_compile(model):
+        def run(*args, **kwargs):
+            used.append(1)
+            return model(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    make_trainer(settings=TrainerSettings(compile=True)).fit(2)
+    assert len(used) == 2
+
+
+def test_gradient_checkpointing_uses_the_model_hook_or_warns():
+    class WithHook(TinyLM):
+        enabled = None
+
+        def set_gradient_checkpointing(self, enabled):
+            self.enabled = enabled
+
+    model = WithHook()
+    make_trainer(model, settings=TrainerSettings(gradient_checkpointing=True))
+    assert model.enabled is True
+    stream = io.StringIO()
+    make_trainer(logger=MetricLogger(stream=stream), settings=TrainerSettings(gradient_checkpointing=True))
+    assert "no set_gradient_checkpointing" in stream.getvalue()
+
+
+def test_gradient_clipping_reports_the_norm():
+    trainer = make_trainer(settings=TrainerSettings(grad_clip=1e-3), lr=0.0)
+    trainer.fit(1)
+    norms = hook_of(trainer).values("train_step", "grad_norm")
+    assert len(norms) == 1 and norms[0] > 1e-3  # the pre-clip norm is reported
+    grads = torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
+    assert grads.norm().item() == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_grad_scaler_path_steps_and_checkpoints_scaler(monkeypatch, tmp_path):
+    monkeypatch.setattr(trainer_module, "make_grad_scaler", lambda plan: torch.amp.GradScaler("cpu", init_scale=4.0))
+    model = TinyLM()
+    before = model.head.weight.detach().clone()
+    trainer = make_trainer(model, checkpoint_manager=CheckpointManager(tmp_path, every_steps=2),
+                           settings=TrainerSettings(grad_clip=10.0))
+    result = trainer.fit(2)
+    assert not torch.equal(before, model.head.weight)
+    assert math.isfinite(hook_of(trainer).values("train_step", "grad_norm")[0])
+    state = CheckpointManager(tmp_path).load_latest()
+    assert state["scaler"]["scale"] == trainer.scaler.get_scale()
+    assert result.checkpoint == tmp_path / "step_2.pt"
+
+
+# -------------------------------------------------------------------------------- non-finite
+
+
+class NaNAtCall(TinyLM):
+    def __init__(self, bad_calls):
+        super().__init__()
+        self.bad_calls, self.calls = set(bad_calls), 0
+
+    def forward(self, input_ids, labels=None, **_):
+        self.calls += 1
+        out = super().forward(input_ids)
+        if self.calls in self.bad_calls:
+            out["logits"] = out["logits"] * float("nan")
+        return out
+
+
+def test_nonfinite_stop_policy_raises_without_checkpoint(tmp_path):
+    model = NaNAtCall({3})
+    manager = CheckpointManager(tmp_path, every_steps=1)
+    trainer = make_trainer(model, checkpoint_manager=manager, settings=TrainerSettings(nonfinite_loss="stop"))
+    with pytest.raises(NonFiniteLossError, match="step 3"):
+        trainer.fit(5)
+    assert trainer.step == 2
+    assert sorted(p.name for p in tmp_path.glob("step_*.pt")) == ["step_1.pt", "step_2.pt"]
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_nonfinite_skip_policy_skips_and_counts():
+    model = NaNAtCall({2})
+    trainer = make_trainer(model, settings=TrainerSettings(nonfinite_loss="skip"))
+    result = trainer.fit(3)
+    assert result.steps == 3 and result.skipped_steps == 1
+    assert model.calls == 4  # one extra batch replaced the skipped update
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert hook_of(trainer).values("nonfinite_skip", "step") == [2]
+
+
+def test_skip_policy_gives_up_on_a_diverged_run():
+    model = NaNAtCall(set(range(1, 1000)))
+    with pytest.raises(NonFiniteLossError, match="consecutive"):
+        make_trainer(model, settings=TrainerSettings(nonfinite_loss="skip")).fit(2)
+
+
+def test_bad_nonfinite_policy_is_rejected():
+    with pytest.raises(ValueError, match="run.nonfinite_loss"):
+        TrainerSettings(nonfinite_loss="ignore")
+
+
+# ------------------------------------------------------------------------------- checkpoints
+
+
+def test_checkpoint_contents(tmp_path):
+    class Config:
+        def to_dict(self, redact_secrets=False):
+            return {"distributed": {"token": "***" if redact_secrets else "hf_secret"}}
+
+    model = TinyLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (s + 1))
+    trainer = make_trainer(model, optimizer=optimizer, scheduler=scheduler, coordinator=FakeCoordinator(),
+                           checkpoint_manager=CheckpointManager(tmp_path, every_steps=2), accumulation=2,
+                           settings=None, settings_kwargs={})
+    trainer.config = Config()
+    trainer.fit(2)
+    state = CheckpointManager(tmp_path).load_latest()
+    assert {"model", "optimizer", "scheduler", "scaler", "step", "samples", "tokens", "rng", "data", "config",
+            "coordinator"} <= state.keys()
+    assert state["step"] == 2 and state["samples"] == 8 and state["tokens"] == 48
+    assert state["config"] == {"distributed": {"token": "***"}}
+    assert state["scheduler"]["last_epoch"] == 2
+    assert state["data"]["consumed"] == 4
+    assert "hf_secret" not in (tmp_path / "step_2.pt").read_bytes().decode("latin-1")
+
+
+def test_final_checkpoint_saved_off_interval(tmp_path):
+    trainer = make_trainer(checkpoint_manager=CheckpointManager(tmp_path, every_steps=4, keep_last=None))
+    result = trainer.fit(5)
+    assert sorted(p.name for p in tmp_path.glob("step_*.pt")) == ["step_4.pt", "step_5.pt"]
+    assert result.checkpoint == tmp_path / "step_5.pt"
+    assert trainer.fit(5).checkpoint is None  # a fit that runs no step writes nothing
+
+
+def test_final_checkpoint_can_be_turned_off(tmp_path):
+    trainer = make_trainer(checkpoint_manager=CheckpointManager(tmp_path, every_steps=4),
+                           settings=TrainerSettings(save_final=False))
+    trainer.fit(5)
+    assert [p.name for p in tmp_path.glob("step_*.pt")] == ["step_4.pt"]
+
+
+def test_disabled_manager_writes_nothing(tmp_path):
+    make_trainer(checkpoint_manager=CheckpointManager(tmp_path, every_steps=1, enabled=False)).fit(3)
+    assert not list(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------ exact resume
+
+
+def build_run(tmp_path, *, every_steps=3, dataset=None, batch_size=2):
+    torch.manual_seed(123)
+    model = TinyLM(dropout=0.3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 3))
+    loader = make_loader(dataset or TokenDataset(n=10), batch_size=batch_size, shuffle=True)
+    return make_trainer(model, loader, optimizer=optimizer, scheduler=scheduler, accumulation=2,
+                        checkpoint_manager=CheckpointManager(tmp_path, every_steps=every_steps))
+
+
+def test_exact_resume_reproduces_losses_bit_for_bit(tmp_path):
+    uninterrupted = build_run(tmp_path / "a")
+    uninterrupted.fit(7)
+    expected = hook_of(uninterrupted).values("train_step", "loss")
+
+    first = build_run(tmp_path / "b")
+    first.fit(3)  # stops mid-epoch: 10 samples, 4 per step
+    torch.manual_seed(999)  # a fresh process would not share the first run's RNG state
+    resumed = build_run(tmp_path / "b")
+    assert resumed.resume_latest()
+    resumed.fit(7)
+    got = hook_of(first).values("train_step", "loss") + hook_of(resumed).values("train_step", "loss")
+    assert got == expected
+    for a, b in zip(uninterrupted.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+
+
+class CountingStream(IterableDataset):
+    """An iterable dataset with its own resumable position, as the built-in datasets provide."""
+
+    def __init__(self, n: int = 40) -> None:
+        self.n, self.position = n, 0
+        self.data = TokenDataset(n=n)
+
+    def __iter__(self):
+        while self.position < self.n:
+            item = self.data[self.position]
+            self.position += 1
+            yield item
+        self.position = 0
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+
+
+def test_exact_resume_uses_a_stateful_dataset_position(tmp_path):
+    def run(path):
+        torch.manual_seed(5)
+        model = TinyLM()
+        return make_trainer(model, DataLoader(CountingStream(), batch_size=2), accumulation=2,
+                            optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
+                            checkpoint_manager=CheckpointManager(path, every_steps=2))
+
+    whole = run(tmp_path / "a")
+    whole.fit(5)
+    first = run(tmp_path / "b")
+    first.fit(2)
+    assert CheckpointManager(tmp_path / "b").load_latest()["data"]["source"]["state"] == {"position": 8}
+    resumed = run(tmp_path / "b")
+    resumed.resume_latest()
+    resumed.fit(5)
+    assert (hook_of(first).values("train_step", "loss") + hook_of(resumed).values("train_step", "loss")
+            == hook_of(whole).values("train_step", "loss"))
+
+
+def test_resume_without_checkpoint_warns_and_starts_fresh(tmp_path):
+    stream = io.StringIO()
+    trainer = make_trainer(logger=MetricLogger(stream=stream), checkpoint_manager=CheckpointManager(tmp_path))
+    assert trainer.resume_latest() is False
+    assert "no checkpoint was found" in stream.getvalue() and trainer.step == 0
+
+
+def test_resume_rejects_foreign_state():
+    with pytest.raises(ValueError, match="lacks"):
+        make_trainer().resume({"weights": {}})
+
+
+# -------------------------------------------------------------------------------- validation
+
+
+def test_validation_loss_every_eval_every_steps():
+    eval_loader = make_loader(TokenDataset(n=8), batch_size=2)
+    trainer = make_trainer(eval_dataloader=eval_loader, settings=TrainerSettings(eval_every=2, eval_steps=1))
+    result = trainer.fit(5)
+    steps = hook_of(trainer).values("eval", "step")
+    assert steps == [2, 4]
+    assert result.metrics["val_loss"] == hook_of(trainer).values("eval", "val_loss")[-1]
+    one_batch = full_batch_loss(trainer.model.eval(), [eval_loader.dataset[i] for i in range(2)]).item()
+    assert trainer.evaluate() == pytest.approx(one_batch, rel=1e-6)  # eval_steps=1 limits it to one batch
+    assert trainer.evaluate(max_batches=4) != pytest.approx(one_batch, rel=1e-6)
+
+
+def test_train_step_metrics_cadence_and_fields():
+    trainer = make_trainer(logger=MetricLogger(stream=io.StringIO(), every_steps=2, hooks=[RecordingHook()]))
+    trainer.fit(4)
+    records = [p for e, p in hook_of(trainer).events if e == "train_step"]
+    assert [r["step"] for r in records] == [2, 4]
+    assert {"loss", "lr", "tokens_per_s", "samples_per_s", "step_time_s", "mfu"} <= records[0].keys()
+    assert records[0]["lr"] == 0.1

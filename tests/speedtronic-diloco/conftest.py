@@ -10,6 +10,12 @@ TOKEN = "hf_test_SECRET_token_value"
 
 
 @pytest.fixture
+def token():
+    """A fake Hub token that must never appear in logs, reprs or errors."""
+    return TOKEN
+
+
+@pytest.fixture
 def server():
     with HubServer() as running:
         yield running

@@ -72,6 +72,14 @@ class GlobalMetadata:
                 "sha256": self.sha256, "publish_id": self.publish_id}
 
 
+def check_repo_path(path: str) -> str:
+    """Return path when it is a relative repository path without '..' segments, else raise ValueError."""
+    parts = path.split("/")
+    if not path or path.startswith("/") or "\\" in path or any(p in {"", ".", ".."} for p in parts):
+        raise ValueError(f"repository path {path!r} must be relative, use '/' separators and contain no '.' or '..'")
+    return path
+
+
 def _utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -124,8 +132,6 @@ class HubClient:
         """Like _retry, with permanent transport errors (other than NotFound) turned into HubError."""
         try:
             return self._retry(operation, callback)
-        except (NotFound, HubError):
-            raise
         except TransportError as exc:
             raise HubError(f"{operation} on {self.repo_id} failed: {exc}") from None
 
@@ -154,11 +160,7 @@ class HubClient:
 
     def read_bytes(self, remote_path: str, revision: str | None = None) -> bytes:
         """Return the contents of remote_path at revision (default: the head); raise HubError when absent."""
-        try:
-            return self._call(f"read {remote_path}",
-                              lambda: self.transport.read(remote_path, revision or self.transport.head()))
-        except NotFound as exc:
-            raise HubError(f"{remote_path} not found in {self.repo_id}: {exc}") from None
+        return self._call(f"read {remote_path}", lambda: self.transport.read(remote_path, revision or self.transport.head()))
 
     def _commit(self, operation: str, files: Mapping[str, bytes], *, already_done: Callable[[], bool]) -> None:
         """Commit files; a retry first checks already_done, so a commit whose response was lost is not redone."""
@@ -178,6 +180,7 @@ class HubClient:
 
     def upload_bytes(self, data: bytes, remote_path: str) -> None:
         """Upload bytes to remote_path (idempotent under retries)."""
+        check_repo_path(remote_path)
         self._commit(f"upload {remote_path}", {remote_path: data},
                      already_done=lambda: self._holds(remote_path, data))
 
@@ -197,10 +200,14 @@ class HubClient:
 
     def read_json(self, remote_path: str, *, default: Any = None, revision: str | None = None) -> Any:
         """Return parsed JSON at remote_path, or default when the file does not exist."""
-        try:
-            raw = self._call(f"read {remote_path}",
-                             lambda: self.transport.read(remote_path, revision or self.transport.head()))
-        except NotFound:
+        def read() -> bytes | None:
+            try:
+                return self.transport.read(remote_path, revision or self.transport.head())
+            except NotFound:
+                return None
+
+        raw = self._call(f"read {remote_path}", read)
+        if raw is None:
             return default
         try:
             return json.loads(raw)

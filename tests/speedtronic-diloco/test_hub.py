@@ -1,0 +1,174 @@
+"""HubClient over the real HfApi against the loopback server, and over the shared-folder transport."""
+
+from __future__ import annotations
+
+import json
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from speedtronic_diloco.hub import (
+    GLOBAL_MANIFEST, GLOBAL_METADATA, GLOBAL_MODEL, GlobalMetadata, HubClient, HubError, HubUnavailable,
+    build_hub_client,
+)
+from speedtronic_diloco.tensors import delta_path
+from speedtronic_diloco.transport import FilesystemTransport, HfApiTransport
+
+
+@pytest.fixture(params=["hub", "filesystem"])
+def any_hub(request, tmp_path):
+    """The same client contract over both transports."""
+    if request.param == "hub":
+        return request.getfixturevalue("hub")
+    client = HubClient("org/run", transport=FilesystemTransport(tmp_path / "shared" / "org" / "run"),
+                       sleeper=lambda s: None)
+    client.create_repo()
+    return client
+
+
+def _commits(server):
+    import urllib.request
+
+    return json.loads(urllib.request.urlopen(server.url + "/_test/log").read())
+
+
+def test_file_operations(any_hub, tmp_path):
+    any_hub.create_repo()  # idempotent
+    assert any_hub.read_json("cfg.json", default={"none": 1}) == {"none": 1}
+    any_hub.write_json("cfg.json", {"a": [1, 2]})
+    assert any_hub.read_json("cfg.json") == {"a": [1, 2]} and any_hub.file_exists("cfg.json")
+    source = tmp_path / "x.bin"
+    source.write_bytes(b"payload")
+    any_hub.upload(source, "folder/x.bin")
+    assert any_hub.download("folder/x.bin", tmp_path / "out.bin").read_bytes() == b"payload"
+    with pytest.raises(HubError, match="folder/missing.bin"):
+        any_hub.read_bytes("folder/missing.bin")
+    any_hub.write_json("bad.json", None)
+    any_hub.upload_bytes(b"{not json", "bad.json")
+    with pytest.raises(HubError, match="not JSON"):
+        any_hub.read_json("bad.json")
+
+
+def test_publish_is_one_commit_and_readers_pin_the_revision(any_hub):
+    assert any_hub.global_metadata() is None
+    first = any_hub.publish_global({"w": torch.zeros(3)}, outer_step=0)
+    any_hub.upload_delta({"w": torch.ones(3)}, node_id="n1", local_step=10, base_outer_step=0)
+    seen = any_hub.global_metadata()
+    assert seen.outer_step == 0 and seen.revision is not None and seen.sha256 == first.sha256
+    second = any_hub.publish_global({"w": torch.full((3,), 2.0)}, outer_step=1,
+                                    consumed=[delta_path("n1", 10, 0)])
+    # The metadata read before the second publish still downloads the model it describes.
+    assert torch.equal(any_hub.download_global_state(seen)["w"], torch.zeros(3))
+    latest = any_hub.global_metadata()
+    assert latest.outer_step == 1 and latest.revision == second.revision
+    assert torch.equal(any_hub.download_global_state()["w"], torch.full((3,), 2.0))
+    assert any_hub.delta_paths() == []  # consumed in the publishing commit
+    assert any_hub.read_manifest(latest)["processed"] == [delta_path("n1", 10, 0)]
+    with pytest.raises(HubError, match="second master"):
+        any_hub.publish_global({"w": torch.zeros(3)}, outer_step=1)
+
+
+def test_publish_writes_model_metadata_and_manifest_together(hub, server):
+    hub.publish_global({"w": torch.zeros(2)}, outer_step=0)
+    last = _commits(server)[-1]
+    assert sorted(last["added"]) == sorted([GLOBAL_MODEL, GLOBAL_METADATA, GLOBAL_MANIFEST])
+
+
+def test_upload_retry_after_a_lost_response_commits_once(hub, server):
+    server.faults.add("lost", method="POST", path="/commit/")
+    path = hub.upload_delta({"w": torch.ones(2)}, node_id="n", local_step=3, base_outer_step=0)
+    assert hub.delta_paths() == [path]
+    assert [c["added"] for c in _commits(server)].count([path]) == 1
+
+
+def test_publish_retry_after_lost_response_and_stale_parent(hub, server):
+    hub.publish_global({"w": torch.zeros(2)}, outer_step=0)
+    server.faults.add("stale", method="POST", path="/commit/")
+    server.faults.add("lost", method="POST", path="/commit/")
+    meta = hub.publish_global({"w": torch.ones(2)}, outer_step=1)
+    assert hub.global_metadata().publish_id == meta.publish_id
+    publishes = [c for c in _commits(server) if GLOBAL_MODEL in c["added"]]
+    assert len(publishes) == 2  # step 0 and step 1, the retried one not duplicated
+
+
+def test_transient_failures_back_off_then_succeed_or_give_up(server, tmp_path, token):
+    sleeps = []
+    client = HubClient("org/run", transport=HfApiTransport("org/run", endpoint=server.url, token=token,
+                                                           cache_dir=tmp_path),
+                       retry_initial=0.5, retry_max=1.5, retry_attempts=4, sleeper=sleeps.append)
+    client.create_repo()
+    server.faults.add("503", method="POST", path="/commit/", times=2)
+    client.write_json("a.json", 1)
+    assert client.read_json("a.json") == 1 and sleeps == [0.5, 1.0]
+    sleeps.clear()
+    server.faults.add("500", method="POST", path="/commit/", times=10)
+    with pytest.raises(HubUnavailable, match="failed 4 times"):
+        client.write_json("b.json", 2)
+    assert sleeps == [0.5, 1.0, 1.5]
+
+
+def test_permanent_errors_are_not_retried(server, tmp_path):
+    sleeps = []
+    client = HubClient("org/absent", transport=HfApiTransport("org/absent", endpoint=server.url, cache_dir=tmp_path),
+                       sleeper=sleeps.append)
+    with pytest.raises(HubError, match="org/absent"):
+        client.write_json("a.json", 1)  # 404 RepoNotFound: retrying cannot help
+    assert sleeps == []
+
+
+@pytest.mark.parametrize("path", ["../escape", "/abs", "a//b", "a/./b", ""])
+def test_unsafe_repository_paths_are_rejected(any_hub, path):
+    with pytest.raises(ValueError, match="repository path"):
+        any_hub.upload_bytes(b"x", path)
+
+
+def test_sha_mismatch_is_refused(any_hub):
+    meta = any_hub.publish_global({"w": torch.zeros(2)}, outer_step=0)
+    forged = GlobalMetadata(**{**meta.__dict__, "sha256": "0" * 64})
+    with pytest.raises(HubError, match="sha256"):
+        any_hub.download_global_state(forged)
+
+
+def test_malformed_metadata_is_a_clear_error(any_hub):
+    any_hub.write_json(GLOBAL_METADATA, {"updated_at": "x"})
+    with pytest.raises(HubError, match="malformed"):
+        any_hub.global_metadata()
+
+
+def test_token_never_logged_or_shown(server, tmp_path, caplog, token):
+    caplog.set_level(logging.DEBUG)
+    client = HubClient("org/run", transport=HfApiTransport("org/run", endpoint=server.url, token=token,
+                                                           cache_dir=tmp_path),
+                       retry_initial=0.01, retry_max=0.01, retry_attempts=2, sleeper=lambda s: None)
+    client.create_repo()
+    server.faults.add("503", method="POST", path="/commit/", times=5)
+    with pytest.raises(HubUnavailable) as info:
+        client.write_json("a.json", 1)
+    assert token not in caplog.text and token not in str(info.value)
+    assert token not in repr(client) and token not in repr(client.transport)
+
+
+def test_add_collaborator_warns_instead_of_pretending(any_hub):
+    with pytest.warns(UserWarning, match="organisation"):
+        assert any_hub.add_collaborator("alice") is False
+
+
+def test_build_hub_client_from_a_config_section(tmp_path, server, token):
+    fs = build_hub_client(SimpleNamespace(transport="filesystem", endpoint=str(tmp_path), repo_id="org/run",
+                                          retry_attempts=2))
+    fs.create_repo()
+    assert (tmp_path / "org" / "run" / "refs").is_dir() and fs.retry_attempts == 2
+    hub = build_hub_client(SimpleNamespace(repo_id="org/run", endpoint=server.url, token=token,
+                                           cache_dir=str(tmp_path / "c")))
+    hub.create_repo()
+    assert hub.list_files() == [".gitattributes"]
+    with pytest.raises(ValueError, match="distributed.repo_id"):
+        build_hub_client(SimpleNamespace(repo_id=None))
+    with pytest.raises(ValueError, match="distributed.endpoint"):
+        build_hub_client(SimpleNamespace(repo_id="a/b", transport="filesystem"))
+    with pytest.raises(ValueError, match="distributed.transport"):
+        build_hub_client(SimpleNamespace(repo_id="a/b", transport="s3"))
+    with pytest.raises(ValueError, match="retry"):
+        HubClient("a/b", transport=fs.transport, retry_initial=2.0, retry_max=1.0)

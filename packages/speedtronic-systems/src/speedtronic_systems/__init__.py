@@ -1,0 +1,57 @@
+"""speedtronic-systems: device and precision resolution, startup shape checks, CUDA stage streams, atomic files."""
+
+from __future__ import annotations
+
+from speedtronic_systems.__about__ import __version__
+from speedtronic_systems.atomic import atomic_json_dump, atomic_torch_save, atomic_write, atomic_write_bytes
+from speedtronic_systems.precision import (
+    DeviceError,
+    PrecisionError,
+    PrecisionPlan,
+    autocast_context,
+    available_devices,
+    cpu_bf16_supported,
+    device_peak_flops,
+    make_grad_scaler,
+    parameter_count,
+    resolve_device,
+    resolve_precision,
+    supports_fused_adamw,
+)
+from speedtronic_systems.scheduling import StageInfo, StageStreamScheduler
+from speedtronic_systems.shapes import (
+    ShapeConfigError,
+    ShapeProfile,
+    ShapeReport,
+    ShapeWarning,
+    resolve_shape_profile,
+    validate_startup_shapes,
+)
+
+__all__ = [
+    "DeviceError",
+    "PrecisionError",
+    "PrecisionPlan",
+    "ShapeConfigError",
+    "ShapeProfile",
+    "ShapeReport",
+    "ShapeWarning",
+    "StageInfo",
+    "StageStreamScheduler",
+    "__version__",
+    "atomic_json_dump",
+    "atomic_torch_save",
+    "atomic_write",
+    "atomic_write_bytes",
+    "autocast_context",
+    "available_devices",
+    "cpu_bf16_supported",
+    "device_peak_flops",
+    "make_grad_scaler",
+    "parameter_count",
+    "resolve_device",
+    "resolve_precision",
+    "resolve_shape_profile",
+    "supports_fused_adamw",
+    "validate_startup_shapes",
+]

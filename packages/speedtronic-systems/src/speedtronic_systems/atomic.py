@@ -1,0 +1,117 @@
+"""Atomic file writes: a reader sees the old file or the complete new one, never a torn one."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Any, Callable
+
+import torch
+
+
+def _open_anonymous(folder: Path) -> int | None:
+    """Return a descriptor of an unnamed file in `folder` (Linux O_TMPFILE), or None where unsupported.
+
+    An unnamed file vanishes with its process, so even a SIGKILL mid-write leaves no temp litter.
+    """
+    flag = getattr(os, "O_TMPFILE", None)
+    if flag is None or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(folder, flag | os.O_WRONLY, 0o666)  # the kernel applies the umask, as for open()
+    except OSError:  # the filesystem does not support unnamed files (e.g. some network mounts)
+        return None
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Persist the folder entry that os.replace changed (a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on a folder; the data itself is already synced
+        pass
+    finally:
+        os.close(fd)
+
+
+def _link_anonymous(fd: int, path: Path) -> str:
+    """Give the unnamed file behind `fd` a fresh hidden name beside `path`; return that name."""
+    # linkat cannot replace an existing name, so link under a fresh name and rename that. A folder
+    # descriptor makes Python call linkat(AT_SYMLINK_FOLLOW), which resolves the /proc link to the file.
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        while True:
+            name = f".{path.name}.{os.urandom(6).hex()}.tmp"
+            try:
+                os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=folder, follow_symlinks=True)
+                return str(path.parent / name)
+            except FileExistsError:
+                continue
+    finally:
+        os.close(folder)
+
+
+def _publish(fd: int, temp_name: str | None, path: Path) -> None:
+    """Give the written file its final name with one atomic rename (`temp_name` None: unnamed file)."""
+    if temp_name is None:
+        temp_name = _link_anonymous(fd, path)
+    try:
+        os.replace(temp_name, path)
+    except BaseException:
+        _unlink_quietly(temp_name)
+        raise
+
+
+def _unlink_quietly(name: str) -> None:
+    try:
+        os.unlink(name)
+    except FileNotFoundError:
+        pass
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]) -> Path:
+    """Write `path` through `write(file)` atomically and durably; on any failure the old file stays."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp_name = _open_anonymous(path.parent), None
+    if fd is None:
+        fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        _publish(fd, temp_name, path)
+    except BaseException:
+        if temp_name is not None:
+            _unlink_quietly(temp_name)
+        raise
+    finally:
+        os.close(fd)
+    _fsync_folder(path.parent)
+    return path
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write `data` to `path` atomically; return the path."""
+    return atomic_write(path, lambda handle: handle.write(data))
+
+
+def atomic_json_dump(value: Any, path: str | os.PathLike[str], *, indent: int | None = 2,
+                     sort_keys: bool = True) -> Path:
+    """Write `value` as JSON to `path` atomically; return the path. Serializes before touching the disk."""
+    text = json.dumps(value, indent=indent, sort_keys=sort_keys)
+    return atomic_write_bytes(path, (text + "\n").encode("utf-8"))
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> Path:
+    """torch.save `obj` to `path` atomically; return the path."""
+    return atomic_write(path, lambda handle: torch.save(obj, handle))
+
+
+__all__ = ["atomic_json_dump", "atomic_torch_save", "atomic_write", "atomic_write_bytes"]

@@ -1,0 +1,338 @@
+"""Hardware capability detection and mixed-precision helpers."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+MODES = ("auto", "bf16", "fp16", "fp32")
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+# Fallback reasons already logged in this process: a run that resolves precision many times
+# (trainer, runtime, benchmarks) says each one once.
+_logged_fallbacks: set[tuple[str, str, str]] = set()
+
+
+class DeviceError(ValueError):
+    """A requested device is malformed or not present on this machine."""
+
+
+class PrecisionError(ValueError):
+    """A precision section names an unknown mode or dtype."""
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """The resolved precision of a run: what autocast and the GradScaler will do on `device_type`."""
+
+    mode: str  # the resolved mode: "bf16", "fp16" or "fp32" (never "auto")
+    dtype: torch.dtype
+    use_scaler: bool
+    autocast_enabled: bool
+    device_type: str
+
+    def is_mixed_precision(self) -> bool:
+        """Return True when forward passes run under a lower-precision autocast."""
+        return self.autocast_enabled
+
+
+# ----------------------------------------------------------------------------- capability queries
+# Small module-level functions so tests can fake a CUDA or MPS machine with monkeypatch.
+
+
+def _cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def _cuda_device_count() -> int:
+    return torch.cuda.device_count()
+
+
+def _mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
+
+
+def _cuda_bf16_supported() -> bool:
+    return bool(torch.cuda.is_bf16_supported())
+
+
+def _cuda_device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device)
+
+
+def cpu_bf16_supported() -> bool:
+    """Return True when PyTorch reports native BF16 matmul support on this CPU (AVX512-BF16/AMX via oneDNN)."""
+    probe = getattr(getattr(torch.ops, "mkldnn", None), "_is_mkldnn_bf16_supported", None)
+    if probe is None or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return bool(probe())
+    except Exception:  # an unusual build without the op: treat BF16 as emulated, i.e. unsupported
+        return False
+
+
+# ------------------------------------------------------------------------------------------ device
+
+
+def resolve_device(requested: str | torch.device | None = "auto") -> torch.device:
+    """Return the torch.device for "auto" (CUDA, then MPS, then CPU), "cpu", "cuda", "cuda:N" or "mps"."""
+    if requested is None:
+        requested = "auto"
+    text = str(requested).strip().lower()
+    if text == "auto":
+        if _cuda_available():
+            return torch.device("cuda")
+        if _mps_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError) as exc:
+        raise DeviceError(f"device {requested!r} is not a device name; use auto, cpu, cuda, cuda:N or mps") from exc
+    if device.type == "cpu":
+        return device
+    if device.type == "cuda":
+        if not _cuda_available():
+            raise DeviceError(f"device {requested!r} requested but CUDA is not available; "
+                              f"available: {', '.join(available_devices())}")
+        count = _cuda_device_count()
+        if device.index is not None and device.index >= count:
+            raise DeviceError(f"device {requested!r} requested but only {count} CUDA device(s) exist; "
+                              f"available: {', '.join(available_devices())}")
+        return device
+    if device.type == "mps":
+        if not _mps_available():
+            raise DeviceError(f"device {requested!r} requested but MPS is not available; "
+                              f"available: {', '.join(available_devices())}")
+        return device
+    raise DeviceError(f"device {requested!r} is not supported; use auto, cpu, cuda, cuda:N or mps")
+
+
+def available_devices() -> list[str]:
+    """Return the device names this machine can run on, e.g. ["cpu", "cuda:0", "cuda:1"]."""
+    names = ["cpu"]
+    if _cuda_available():
+        names += [f"cuda:{i}" for i in range(_cuda_device_count())]
+    if _mps_available():
+        names.append("mps")
+    return names
+
+
+# --------------------------------------------------------------------------------------- precision
+
+
+def _read_section(section: Any) -> tuple[str, str | None]:
+    """Return (mode, dtype) from a precision section, its string shorthand, or None (auto)."""
+    if section is None:
+        return "auto", None
+    if isinstance(section, str):
+        mode, dtype = section, None
+    elif isinstance(section, dict):
+        mode, dtype = section.get("mode", "auto"), section.get("dtype")
+    else:
+        mode, dtype = getattr(section, "mode", "auto"), getattr(section, "dtype", None)
+    mode = "auto" if mode is None else str(mode).strip().lower()
+    if mode not in MODES:
+        raise PrecisionError(f"precision.mode must be one of {', '.join(MODES)}; got {mode!r}")
+    if dtype is not None:
+        dtype = str(dtype).strip().lower()
+        if dtype not in DTYPES:
+            raise PrecisionError(f"precision.dtype must be one of {', '.join(DTYPES)} or null; got {dtype!r}")
+    return mode, dtype
+
+
+def _plan(mode: str, device_type: str) -> PrecisionPlan:
+    mixed = mode != "fp32"
+    return PrecisionPlan(mode=mode, dtype=DTYPES[mode], use_scaler=mode == "fp16" and device_type == "cuda",
+                         autocast_enabled=mixed, device_type=device_type)
+
+
+def _fallback(requested: str, device_type: str, reason: str, resolved: str) -> PrecisionPlan:
+    """Log (once per process) why `requested` became `resolved`, and return the resolved plan."""
+    key = (requested, device_type, reason)
+    if key not in _logged_fallbacks:
+        _logged_fallbacks.add(key)
+        logger.warning("precision %s on %s falls back to %s: %s", requested, device_type, resolved, reason)
+    return _plan(resolved, device_type)
+
+
+def resolve_precision(config: Any, device: torch.device | str) -> PrecisionPlan:
+    """Resolve a precision section against the actual device.
+
+    The explicit mode wins, except that an explicit unsupported mixed mode falls back to a safe mode
+    rather than making a run unusable.
+    """
+    mode, dtype = _read_section(config)
+    device_type = torch.device(device).type
+    if mode == "auto":
+        return _resolve_auto(dtype, device_type)
+    if mode == "fp32":
+        return _plan("fp32", device_type)
+    if device_type == "cuda":
+        if mode == "bf16" and not _cuda_bf16_supported():
+            return _fallback("bf16", device_type, "this CUDA device does not support BF16", "fp32")
+        return _plan(mode, device_type)
+    if device_type == "cpu":
+        if mode == "fp16":
+            return _fallback("fp16", device_type, "FP16 autocast on CPU is slow and has no GradScaler", "fp32")
+        if not cpu_bf16_supported():
+            return _fallback("bf16", device_type, "PyTorch reports no native BF16 support on this CPU "
+                             "(needs AVX512-BF16/AMX); BF16 would be emulated and slower", "fp32")
+        return _plan("bf16", device_type)
+    if device_type == "mps":
+        return _fallback(mode, device_type, "mixed precision is not supported on MPS", "fp32")
+    return _fallback(mode, device_type, f"mixed precision is not supported on device type {device_type!r}",
+                     "fp32")
+
+
+def _resolve_auto(dtype: str | None, device_type: str) -> PrecisionPlan:
+    """Apply auto's rules: CUDA BF16, else CUDA FP16 + GradScaler, else FP32; `dtype` steers CUDA only."""
+    if device_type != "cuda":
+        if dtype in ("bf16", "fp16"):
+            return _fallback(f"auto (dtype {dtype})", device_type,
+                             "auto precision is FP32 on CPU and MPS; set precision.mode to request BF16", "fp32")
+        return _plan("fp32", device_type)
+    preferred = dtype or "bf16"
+    if preferred == "bf16" and not _cuda_bf16_supported():
+        return _fallback("auto (bf16)", device_type, "this CUDA device does not support BF16", "fp16")
+    return _plan(preferred, device_type)
+
+
+def autocast_context(plan: PrecisionPlan, device: torch.device | str | None = None) -> AbstractContextManager:
+    """Return the autocast context for a plan, or a no-op context when the plan is FP32."""
+    if not plan.autocast_enabled:
+        return nullcontext()
+    device_type = torch.device(device).type if device is not None else plan.device_type
+    return torch.autocast(device_type=device_type, dtype=plan.dtype)
+
+
+def make_grad_scaler(plan: PrecisionPlan) -> torch.amp.GradScaler | None:
+    """Return a GradScaler when the plan needs one (CUDA FP16), else None."""
+    if not plan.use_scaler:
+        return None
+    return torch.amp.GradScaler(plan.device_type)
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_adamw_probe(device: str) -> bool:
+    param = torch.zeros(1, device=device, requires_grad=True)
+    param.grad = torch.ones_like(param)
+    torch.optim.AdamW([param], lr=1e-3, fused=True).step()
+    return True
+
+
+def supports_fused_adamw(device: torch.device | str) -> bool:
+    """Return True when a fused AdamW can be built and stepped on `device` (probed once per device)."""
+    try:
+        return _fused_adamw_probe(str(torch.device(device)))
+    except Exception:  # the fused kernel is a speed-up, never a requirement
+        return False
+
+
+def parameter_count(model: torch.nn.Module, *, trainable_only: bool = False) -> int:
+    """Return the number of (shared-once) parameters in `model`, optionally only those requiring grad."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+# ------------------------------------------------------------------------------------ peak FLOPs
+
+# Dense (no sparsity) matmul peaks in FLOP/s from the vendors' datasheets: (BF16, FP16, FP32).
+# FP32 is the non-tensor-core rate, since PyTorch's default matmul precision does not use TF32.
+# Longer names first: the first substring match of the device name wins.
+PEAK_FLOPS: tuple[tuple[str, tuple[float | None, float, float]], ...] = (
+    ("H200", (989e12, 989e12, 67e12)),
+    ("H100 PCIe", (756e12, 756e12, 51e12)),
+    ("H100", (989e12, 989e12, 67e12)),
+    ("A100", (312e12, 312e12, 19.5e12)),
+    ("L40S", (362e12, 362e12, 91.6e12)),
+    ("L4", (121e12, 121e12, 30.3e12)),
+    ("RTX 4090", (165e12, 165e12, 82.6e12)),
+    ("A10G", (70e12, 70e12, 31.2e12)),
+    ("V100", (None, 125e12, 15.7e12)),
+    ("T4", (None, 65e12, 8.1e12)),
+)
+
+
+def _dtype_of(dtype: torch.dtype | str | None) -> torch.dtype:
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return DTYPES[str(dtype).lower()]
+    except KeyError:
+        raise PrecisionError(f"dtype must be one of {', '.join(DTYPES)} or a torch.dtype; got {dtype!r}") from None
+
+
+def device_peak_flops(device: torch.device | str, dtype: torch.dtype | str | None = torch.float32) -> float | None:
+    """Return the dense matmul peak FLOP/s for MFU: a datasheet value for known GPUs, else a measured probe."""
+    device = torch.device(device)
+    resolved = _dtype_of(dtype)
+    if device.type == "cuda":
+        name = _cuda_device_name(device)
+        for key, peaks in PEAK_FLOPS:
+            if key.lower() in name.lower():
+                peak = peaks[(torch.bfloat16, torch.float16, torch.float32).index(resolved)]
+                if peak is not None:
+                    return peak
+                break  # the GPU lacks this dtype in hardware: measure what emulation achieves
+    try:
+        return measured_matmul_flops(str(device), resolved)
+    except Exception as exc:  # MFU is reporting only; a device that cannot run the probe reports none
+        logger.warning("peak FLOPs probe on %s (%s) failed: %s; MFU will not be reported", device, resolved, exc)
+        return None
+
+
+def _synchronizer(device: str) -> Any:
+    """Return a function that waits for queued kernels on `device` (asynchronous on CUDA and MPS)."""
+    if device.startswith("cuda"):
+        return torch.cuda.synchronize
+    if device.startswith("mps"):
+        return torch.mps.synchronize
+    return lambda: None
+
+
+@functools.lru_cache(maxsize=None)
+def measured_matmul_flops(device: str, dtype: torch.dtype, size: int = 512, repeats: int = 8) -> float:
+    """Return the best FLOP/s of a few square `size` matmuls on `device` (measured once per process)."""
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    synchronize = _synchronizer(device)
+    torch.matmul(a, b)  # warm-up: first calls pay for kernel selection and allocation
+    synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size**3 / max(best, 1e-9)
+
+
+__all__ = [
+    "DTYPES",
+    "DeviceError",
+    "MODES",
+    "PEAK_FLOPS",
+    "PrecisionError",
+    "PrecisionPlan",
+    "autocast_context",
+    "available_devices",
+    "cpu_bf16_supported",
+    "device_peak_flops",
+    "make_grad_scaler",
+    "measured_matmul_flops",
+    "parameter_count",
+    "resolve_device",
+    "resolve_precision",
+    "supports_fused_adamw",
+]

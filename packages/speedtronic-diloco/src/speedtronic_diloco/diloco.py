@@ -1,0 +1,441 @@
+"""DumbDiLoCoCoordinator: the trainer's SyncCoordinator for DiLoCo over a HubClient.
+
+Each local optimizer step calls after_optimizer_step. At an inner boundary (local_step %
+inner_steps == 0) the pseudo-gradient baseline - current goes to a bounded background upload lane,
+and a newer global model, fetched in the background, is installed - always on the training thread
+and only at a boundary, so no local step is ever thrown away. The master additionally runs a
+MasterOuterLoop thread that aggregates every node's deltas (its own included).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .hub import GlobalMetadata, HubClient, HubError, build_hub_client
+from .outer import MasterOuterLoop
+from .settings import DistributedSettings
+from .tensors import compute_pseudo_gradient, cpu_state_dict
+
+LOGGER = logging.getLogger("speedtronic_diloco.diloco")
+_STOP = object()
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """What one boundary did."""
+
+    pushed: bool
+    loaded_global: bool
+    outer_step: int
+
+
+@dataclass(frozen=True)
+class DeltaUploadJob:
+    """Immutable CPU snapshot dispatched to the asynchronous uploader."""
+
+    step: int
+    base_outer_step: int
+    generation: int
+    delta: dict[str, torch.Tensor]
+    target_state: dict[str, torch.Tensor]
+
+    def to_state(self) -> dict[str, Any]:
+        """Return a checkpointable form (tensors and ints only)."""
+        return {"step": self.step, "base_outer_step": self.base_outer_step, "delta": self.delta}
+
+
+@dataclass(frozen=True)
+class GlobalCandidate:
+    """A newer global model waiting for the training thread."""
+
+    outer_step: int
+    state: dict[str, torch.Tensor]
+
+
+class DumbDiLoCoCoordinator:
+    """Coordinate local inner loops and a Hub-backed outer loop (implements SyncCoordinator)."""
+
+    def __init__(self, config: Any, model: torch.nn.Module, *, hub: HubClient | None = None,
+                 state_dir: str | Path | None = None, logger: logging.Logger | None = None,
+                 events: Callable[[str, dict[str, Any]], None] | Any | None = None) -> None:
+        self.settings = DistributedSettings.from_config(config, state_dir=state_dir)
+        self._section = getattr(config, "distributed", config)
+        self.model = model
+        self.hub = hub
+        self.logger = logger or LOGGER
+        self.events = events
+        self.master: MasterOuterLoop | None = None
+        self.counters = {"uploads": 0, "upload_failures": 0, "uploads_skipped": 0, "globals_installed": 0,
+                         "bytes_uploaded": 0}
+        self._local_step = 0
+        self._last_global_step = -1  # -1: no global installed yet, so no base to compute deltas against
+        self._generation = 0
+        self._baseline: dict[str, torch.Tensor] | None = None
+        # Failed asynchronous uploads: the baseline already moved past them, so their work rides
+        # along with the next delta instead (cumulative retry).
+        self._carry: DeltaUploadJob | None = None
+        self._prepared: dict[str, Any] | None = None
+        self._prepared_pending: DeltaUploadJob | None = None  # restored upload, sent once the lanes run
+        self._lock = threading.Lock()
+        self._candidate: GlobalCandidate | None = None
+        self._results: queue.Queue[tuple[DeltaUploadJob, bool]] = queue.Queue()
+        self._uploads: queue.Queue[Any] | None = None
+        self._inflight: DeltaUploadJob | None = None
+        self._threads: list[threading.Thread] = []
+        self._stop_event = threading.Event()
+        self._last_poll = 0.0
+        self._started = False
+
+    # -- read-only views ---------------------------------------------------------------------
+    @property
+    def local_step(self) -> int:
+        """Return the last local step seen."""
+        return self._local_step
+
+    @property
+    def last_global_step(self) -> int:
+        """Return the outer step of the global model last installed (-1 before the first)."""
+        return self._last_global_step
+
+    @property
+    def outer_step(self) -> int:
+        """Return the newest outer step known to this node."""
+        master = self.master.outer_step if self.master is not None else -1
+        return max(self._last_global_step, master)
+
+    def _emit_event(self, event: str, payload: dict[str, Any]) -> None:
+        sink = getattr(self.events, "on_event", self.events)
+        if sink is None:
+            return
+        try:
+            sink(event, {"node_id": self.settings.node_id, **payload})
+        except Exception:  # metric hooks never break training (spec/02 failure table)
+            self.logger.warning("metric hook failed for %s", event, exc_info=True)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Connect, recover or publish the global model, install it and start the I/O lanes."""
+        if self._started:
+            return
+        if self.hub is None:
+            self.hub = build_hub_client(self._section, logger=self.logger)
+        self._apply_prepared_state()
+        if self.settings.role == "master":
+            self._start_master()
+        if self._last_global_step < 0:
+            self._wait_for_first_global()
+        if self._baseline is None:
+            self._baseline = cpu_state_dict(self.model.state_dict())
+        self._stop_event.clear()
+        if self.settings.async_delta_upload:
+            self._uploads = queue.Queue(maxsize=self.settings.delta_upload_queue_size)
+            self._spawn("diloco-upload", self._upload_worker)
+        if self.settings.async_global_poll:
+            self._spawn("diloco-poll", self._poll_worker)
+        self._started = True
+        self._last_poll = time.monotonic()
+        self._send_prepared_pending()
+
+    def _send_prepared_pending(self) -> None:
+        if self._prepared_pending is not None:
+            job, self._prepared_pending = self._prepared_pending, None
+            self._send(job)
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=f"{name}-{self.settings.node_id}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _start_master(self) -> None:
+        assert self.hub is not None
+        self.hub.create_repo(private=True)
+        for user in self.settings.collaborators:
+            self.hub.add_collaborator(user)
+        if self.master is None:
+            self.master = MasterOuterLoop(
+                self.hub, self.model.state_dict(), node_state_dir=self.settings.state_dir / "outer",
+                outer_lr=self.settings.outer_lr, outer_momentum=self.settings.outer_momentum,
+                poll_interval=self.settings.poll_interval, staleness_limit=self.settings.staleness_limit,
+                on_global_update=self._on_outer_update, events=self._emit_event, logger=self.logger)
+        self.master.recover()
+        self.master.start()
+
+    def _wait_for_first_global(self) -> None:
+        """Install the published global model; a worker waits for the master to publish one."""
+        deadline = time.monotonic() + self.settings.start_timeout
+        while True:
+            candidate = self._take_candidate() or self._fetch_global_candidate()
+            if candidate is not None:
+                self._install_state(candidate)
+                return
+            if time.monotonic() >= deadline:
+                self.logger.warning("no global model in %s after %.0fs; training locally and uploading no "
+                                    "deltas until one is installed", self.hub.repo_id if self.hub else "?",
+                                    self.settings.start_timeout)
+                return
+            time.sleep(min(self.settings.poll_interval, 1.0))
+
+    def stop(self) -> None:
+        """Stop the lanes (waiting up to delta_upload_shutdown_timeout for a queued upload) and the master."""
+        if not self._started:
+            return
+        self._stop_event.set()
+        if self._uploads is not None:
+            try:
+                self._uploads.put(_STOP, timeout=self.settings.delta_upload_shutdown_timeout)
+            except queue.Full:
+                pass
+        deadline = time.monotonic() + self.settings.delta_upload_shutdown_timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                self.logger.warning("%s still busy after the shutdown timeout; its job stays pending in "
+                                    "the coordinator state and is re-sent on resume", thread.name)
+        self._threads = [t for t in self._threads if t.is_alive()]
+        self._collect_upload_results()
+        if self.master is not None:
+            self.master.stop()
+        self._started = False
+
+    # -- the training-thread callback --------------------------------------------------------
+    def after_optimizer_step(self, model: torch.nn.Module, step: int) -> bool:
+        """Handle a local step; return whether the inner optimizer should be reset."""
+        self.model = model
+        self._local_step = step
+        self._collect_upload_results()
+        if step % self.settings.inner_steps != 0:
+            self._maybe_poll_global()
+            return False
+        result = self.sync_boundary(step)
+        return (result.pushed or result.loaded_global) and self.settings.reset_inner_optimizer
+
+    def sync_boundary(self, step: int) -> SyncResult:
+        """Dispatch this boundary's delta, then install a newer global model if one is ready."""
+        pushed = self._dispatch_delta(step)
+        if not self.settings.async_global_poll:
+            self._stage(self._fetch_global_candidate())
+        candidate = self._take_candidate()
+        if candidate is not None:
+            self._install_state(candidate)
+        return SyncResult(pushed, candidate is not None, self.outer_step)
+
+    def _dispatch_delta(self, step: int) -> bool:
+        if self._last_global_step < 0 or self._baseline is None:
+            self.logger.warning("local step %d: no global model installed yet, so no delta is sent", step)
+            return False
+        current = cpu_state_dict(self.model.state_dict())
+        delta = compute_pseudo_gradient(self._baseline, current)
+        base = self._last_global_step
+        carry = self._carry
+        if carry is not None:
+            delta = {k: v.add(carry.delta[k]) for k, v in delta.items()}
+            base = min(base, carry.base_outer_step)
+        if self._send(DeltaUploadJob(step, base, self._generation, delta, current)):
+            self._carry = None
+            return True
+        return False
+
+    def _send(self, job: DeltaUploadJob) -> bool:
+        """Upload (sync) or enqueue (async) a job; on success the baseline moves to its target."""
+        if self._uploads is None:
+            ok = self._upload(job)
+        else:
+            try:
+                self._uploads.put(job, block=self.settings.delta_upload_overflow == "block")
+                ok = True
+            except queue.Full:
+                ok = False
+        if ok:
+            # Moving the baseline at dispatch, not at acknowledgement, keeps the next delta from
+            # repeating this one's work while it is still in flight.
+            if job.target_state:
+                self._baseline = job.target_state
+            return True
+        if self._uploads is not None:
+            self.counters["uploads_skipped"] += 1
+            self.logger.warning("upload lane full at local step %d: delta skipped; the next one is cumulative",
+                                job.step)
+            self._emit_event("diloco/upload_skipped", {"local_step": job.step})
+        return False
+
+    def _upload(self, job: DeltaUploadJob) -> bool:
+        """Upload one job (any thread); report the outcome to the training thread."""
+        assert self.hub is not None
+        try:
+            path = self.hub.upload_delta(job.delta, node_id=self.settings.node_id, local_step=job.step,
+                                         base_outer_step=job.base_outer_step)
+            ok = True
+        except HubError as exc:
+            self.logger.warning("delta upload for local step %d failed: %s", job.step, exc)
+            ok, path = False, None
+        if self._uploads is not None:
+            self._results.put((job, ok))
+        else:
+            self._count_result(job, ok)
+        if ok:
+            self._emit_event("diloco/upload", {"local_step": job.step, "base_outer_step": job.base_outer_step,
+                                               "path": path})
+        return ok
+
+    def _upload_worker(self) -> None:
+        assert self._uploads is not None
+        while True:
+            job = self._uploads.get()
+            if job is _STOP:
+                return
+            with self._lock:
+                self._inflight = job
+            try:
+                self._upload(job)
+            finally:
+                with self._lock:
+                    self._inflight = None
+
+    def _collect_upload_results(self) -> None:
+        """Account for finished asynchronous uploads (training thread only)."""
+        while True:
+            try:
+                job, ok = self._results.get_nowait()
+            except queue.Empty:
+                return
+            self._count_result(job, ok)
+            if not ok:  # the baseline already moved past it: its work rides with the next delta
+                carry = self._carry
+                if carry is not None:
+                    job = DeltaUploadJob(job.step, min(job.base_outer_step, carry.base_outer_step), job.generation,
+                                         {k: v.add(carry.delta[k]) for k, v in job.delta.items()}, {})
+                self._carry = job
+
+    def _count_result(self, job: DeltaUploadJob, ok: bool) -> None:
+        if ok:
+            self.counters["uploads"] += 1
+            self.counters["bytes_uploaded"] += sum(t.numel() * t.element_size() for t in job.delta.values())
+        else:
+            self.counters["upload_failures"] += 1
+            self._emit_event("diloco/upload_failed", {"local_step": job.step})
+
+    # -- global model ------------------------------------------------------------------------
+    def _fetch_global_candidate(self) -> GlobalCandidate | None:
+        """Return a newer published global model (pinned to its metadata's revision), or None."""
+        if self.hub is None:
+            return None
+        try:
+            metadata: GlobalMetadata | None = self.hub.global_metadata()
+            known = max(self._last_global_step, self._candidate.outer_step if self._candidate else -1)
+            if metadata is None or metadata.outer_step <= known:
+                return None
+            return GlobalCandidate(metadata.outer_step, self.hub.download_global_state(metadata))
+        except HubError as exc:
+            self.logger.warning("global poll failed, training continues: %s", exc)
+            return None
+
+    def _stage(self, candidate: GlobalCandidate | None) -> None:
+        if candidate is None:
+            return
+        with self._lock:
+            if self._candidate is None or candidate.outer_step > self._candidate.outer_step:
+                self._candidate = candidate
+
+    def _take_candidate(self) -> GlobalCandidate | None:
+        with self._lock:
+            candidate, self._candidate = self._candidate, None
+        if candidate is not None and candidate.outer_step <= self._last_global_step:
+            return None
+        return candidate
+
+    def _on_outer_update(self, state: dict[str, torch.Tensor], outer_step: int) -> None:
+        """Master thread callback: stage the freshly published global for the training thread."""
+        self._stage(GlobalCandidate(outer_step, state))
+
+    def _install_state(self, candidate: GlobalCandidate) -> None:
+        """Load a global model into the module and make it the new baseline (training thread)."""
+        with torch.no_grad():
+            own = self.model.state_dict()
+            missing = sorted(set(own) - set(candidate.state))
+            if missing:
+                raise HubError(f"global model at outer step {candidate.outer_step} lacks {missing[:5]}: "
+                               "the repository belongs to a different model")
+            for name, tensor in own.items():
+                tensor.copy_(candidate.state[name])
+        self._baseline = cpu_state_dict(candidate.state)
+        self._last_global_step = candidate.outer_step
+        self._generation += 1
+        self.counters["globals_installed"] += 1
+        self.logger.info("installed global model at outer step %d", candidate.outer_step)
+        self._emit_event("diloco/global_installed", {"outer_step": candidate.outer_step,
+                                                     "local_step": self._local_step})
+
+    def _maybe_poll_global(self) -> None:
+        """Synchronous mode only: a time-based poll between boundaries (async mode has its own lane)."""
+        if self.settings.async_global_poll or time.monotonic() - self._last_poll < self.settings.poll_interval:
+            return
+        self._last_poll = time.monotonic()
+        self._stage(self._fetch_global_candidate())
+
+    def _poll_worker(self) -> None:
+        while not self._stop_event.wait(self.settings.poll_interval):
+            self._stage(self._fetch_global_candidate())
+
+    # -- checkpoint state ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Return checkpointable state: counters, baseline and any upload not yet acknowledged (no token)."""
+        with self._lock:
+            waiting = [self._inflight] if self._inflight is not None else []
+        if self._uploads is not None:
+            waiting += [job for job in list(self._uploads.queue) if isinstance(job, DeltaUploadJob)]
+        pending = self._carry or (waiting[0] if waiting else None)
+        return {"node_id": self.settings.node_id, "local_step": self._local_step,
+                "last_global_step": self._last_global_step,
+                "baseline": cpu_state_dict(self._baseline) if self._baseline is not None else None,
+                "pending_upload": pending.to_state() if pending is not None else None,
+                "counters": dict(self.counters),
+                "master": self.master.state_dict() if self.master is not None else None}
+
+    def prepare_state(self, state: dict[str, Any]) -> None:
+        """Stage resume state before startup performs any remote refresh."""
+        self._prepared = dict(state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore checkpointed state now if started, else at start()."""
+        self.prepare_state(state)
+        if self._started:
+            self._apply_prepared_state()
+            self._send_prepared_pending()
+
+    def _apply_prepared_state(self) -> None:
+        state, self._prepared = self._prepared, None
+        if not state:
+            return
+        if state.get("node_id") not in (None, self.settings.node_id):
+            self.logger.warning("checkpoint was written by node %r, resuming as %r", state["node_id"],
+                                self.settings.node_id)
+        self._local_step = int(state.get("local_step", 0))
+        self._last_global_step = int(state.get("last_global_step", -1))
+        if state.get("baseline") is not None:
+            self._baseline = cpu_state_dict(state["baseline"])
+        self.counters.update(state.get("counters") or {})
+        self._restore_pending_upload(state.get("pending_upload"))
+        if self.master is not None and state.get("master"):
+            self.master.load_state_dict(state["master"])
+
+    def _restore_pending_upload(self, pending: dict[str, Any] | None) -> None:
+        """Re-send an upload that was in flight at checkpoint time (same name: harmless if it had landed)."""
+        if pending is None:
+            return
+        # The checkpointed baseline already excludes this delta (it moved at dispatch), so re-sending
+        # it cannot double count; failing again carries it into the next delta.
+        self._prepared_pending = DeltaUploadJob(int(pending["step"]), int(pending["base_outer_step"]),
+                                                self._generation, cpu_state_dict(pending["delta"]), {})
+
+
+DumbDiLoCo = DumbDiLoCoCoordinator
+
+__all__ = ["DeltaUploadJob", "DumbDiLoCo", "DumbDiLoCoCoordinator", "GlobalCandidate", "SyncResult"]

@@ -1,0 +1,292 @@
+"""DumbDiLoCoCoordinator against the loopback Hub server with the real huggingface_hub client."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from types import SimpleNamespace
+from typing import Any, Protocol, runtime_checkable
+
+import pytest
+import torch
+
+from speedtronic_diloco.diloco import DumbDiLoCoCoordinator
+from speedtronic_diloco.hub import HubClient
+from speedtronic_diloco.tensors import delta_path, from_safetensors_bytes, parse_delta_ref
+from speedtronic_diloco.transport import HfApiTransport, TransportError
+
+TRUE_W = torch.tensor([[1.5, -2.0, 0.5, 3.0]])
+
+
+@runtime_checkable
+class SyncCoordinator(Protocol):  # the trainer's protocol (spec/02), restated: the trainer is never imported
+    def start(self) -> None: ...
+    def after_optimizer_step(self, model: Any, step: int) -> bool | None: ...
+    def stop(self) -> None: ...
+    def state_dict(self) -> dict[str, Any] | None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def section(**overrides):
+    values = dict(role="worker", node_id="w1", inner_steps=4, poll_interval=3600.0, outer_lr=0.7,
+                  outer_momentum=0.9, repo_id="org/run", token="hf_SECRET_in_config", async_delta_upload=False,
+                  async_global_poll=False, delta_upload_queue_size=1, delta_upload_overflow="skip",
+                  delta_upload_shutdown_timeout=5.0, start_timeout=0.0, staleness_limit=2)
+    values.update(overrides)
+    return SimpleNamespace(**values)
+
+
+def client(server, tmp_path, name, **kwargs):
+    transport = HfApiTransport("org/run", endpoint=server.url, cache_dir=tmp_path / f"cache-{name}")
+    return HubClient("org/run", transport=transport, retry_initial=0.01, retry_max=0.01,
+                     sleeper=lambda s: None, **kwargs)
+
+
+def model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Linear(4, 1, bias=False)
+
+
+def node(server, tmp_path, name, seed=0, **overrides):
+    net = model(seed)
+    role = "master" if name == "master" else "worker"
+    coordinator = DumbDiLoCoCoordinator(section(role=role, node_id=name, **overrides), net,
+                                        hub=client(server, tmp_path, name), state_dir=tmp_path / "state" / name)
+    return coordinator, net, torch.optim.AdamW(net.parameters(), lr=0.05)
+
+
+def train(coordinator, net, opt, steps, seed):
+    gen = torch.Generator().manual_seed(seed)
+    resets = []
+    for _ in range(steps):
+        x = torch.randn(16, 4, generator=gen)
+        loss = torch.nn.functional.mse_loss(net(x), x @ TRUE_W.T)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        step = coordinator.local_step + 1
+        if coordinator.after_optimizer_step(net, step):
+            opt.state.clear()
+            resets.append(step)
+    return resets
+
+
+def held_out_loss(state):
+    gen = torch.Generator().manual_seed(99)
+    x = torch.randn(256, 4, generator=gen)
+    return float(torch.nn.functional.mse_loss(x @ state["weight"].T, x @ TRUE_W.T))
+
+
+def server_log(server):
+    return json.loads(urllib.request.urlopen(server.url + "/_test/log").read())
+
+
+def test_coordinator_satisfies_the_trainer_protocol(server, tmp_path):
+    coordinator, _, _ = node(server, tmp_path, "master")
+    assert isinstance(coordinator, SyncCoordinator)
+
+
+def test_rounds_with_master_and_two_workers_apply_every_delta_once(server, tmp_path):
+    master, master_net, master_opt = node(server, tmp_path, "master")
+    master.start()
+    workers = [node(server, tmp_path, f"w{i}", seed=i + 1) for i in range(2)]
+    for coordinator, net, _ in workers:
+        coordinator.start()  # installs the master's initial global
+        assert coordinator.last_global_step == 0 and torch.equal(net.weight, master_net.weight)
+    initial = held_out_loss(master.master.snapshot()[1])
+    for round_index in range(4):
+        for seed, (coordinator, net, opt) in enumerate(workers + [(master, master_net, master_opt)]):
+            train(coordinator, net, opt, 4, seed=100 * round_index + seed)
+        master.master.sync_once()
+    outer_step, state = master.master.snapshot()
+    assert outer_step >= 3
+    assert held_out_loss(state) < 0.5 * initial
+    for coordinator, _, _ in workers:  # every worker installed newer global versions at boundaries
+        assert coordinator.counters["globals_installed"] >= 3 and coordinator.last_global_step >= 2
+    uploaded = {p for c in server_log(server) for p in c["added"] if parse_delta_ref(p)}
+    processed = master.master.processed_filenames
+    assert uploaded and uploaded <= processed | set(master.hub.delta_paths())
+    assert master.master.counters["applied"] == len(uploaded & processed)  # each applied exactly once
+    for coordinator, _, _ in workers + [(master, None, None)]:
+        coordinator.stop()
+
+
+def test_synchronous_delta_mode_remains_available(server, tmp_path):
+    master, _, _ = node(server, tmp_path, "master")
+    master.start()
+    worker, net, opt = node(server, tmp_path, "w1")
+    worker.start()
+    baseline = {k: v.clone() for k, v in net.state_dict().items()}
+    assert train(worker, net, opt, 4, seed=1) == [4]  # uploaded at the boundary: reset requested
+    data = worker.hub.read_bytes(delta_path("w1", 4, 0))
+    assert torch.allclose(from_safetensors_bytes(data)["weight"], baseline["weight"] - net.weight.detach())
+    assert worker.counters["uploads"] == 1
+    master.stop()
+
+
+def test_async_delta_dispatch_does_not_block_training(server, tmp_path):
+    master, _, _ = node(server, tmp_path, "master")
+    master.start()
+    worker, net, opt = node(server, tmp_path, "w1", async_delta_upload=True, inner_steps=2)
+    gate = threading.Event()
+    worker.start()
+    original = worker.hub.transport.commit
+    worker.hub.transport.commit = lambda *a, **k: (gate.wait(30), original(*a, **k))[1]
+    train(worker, net, opt, 2, seed=1)  # boundary 2: dispatched, upload blocked in the lane
+    train(worker, net, opt, 2, seed=2)  # boundary 4: the queue (size 1) holds it
+    train(worker, net, opt, 2, seed=3)  # boundary 6: lane full -> skipped, not blocked
+    assert worker.counters["uploads_skipped"] == 1 and worker.counters["uploads"] == 0
+    assert worker.state_dict()["pending_upload"]["step"] == 2
+    gate.set()
+    worker.stop()
+    assert worker.counters["uploads"] == 2
+    paths = worker.hub.delta_paths()
+    assert delta_path("w1", 2, 0) in paths and delta_path("w1", 4, 0) in paths
+    master.stop()
+
+
+def test_async_delta_failure_keeps_baseline_for_cumulative_retry(server, tmp_path):
+    master, _, _ = node(server, tmp_path, "master")
+    master.start()
+    worker, net, opt = node(server, tmp_path, "w1", async_delta_upload=True)
+    worker.hub.retry_attempts = 1
+    worker.start()
+    baseline = {k: v.clone() for k, v in net.state_dict().items()}
+    server.faults.add("503", method="POST", path="/commit/", times=1)
+    train(worker, net, opt, 4, seed=1)
+    worker.stop()  # drains the lane: the upload failed
+    assert worker.counters["upload_failures"] == 1 and worker.hub.delta_paths() == []
+    worker.start()  # restart after stop
+    train(worker, net, opt, 4, seed=2)
+    worker.stop()
+    data = worker.hub.read_bytes(delta_path("w1", 8, 0))
+    cumulative = baseline["weight"] - net.weight.detach()  # both rounds of work, against the old baseline
+    assert torch.allclose(from_safetensors_bytes(data)["weight"], cumulative, atol=1e-6)
+    master.stop()
+
+
+def test_async_global_poll_installs_on_training_thread_at_a_boundary(server, tmp_path):
+    master, master_net, master_opt = node(server, tmp_path, "master")
+    master.start()
+    events = []
+    worker, net, opt = node(server, tmp_path, "w1", async_global_poll=True, poll_interval=0.01, inner_steps=3)
+    worker.events = lambda event, payload: events.append((event, threading.get_ident(), payload))
+    worker.start()
+    train(master, master_net, master_opt, 4, seed=5)
+    master.master.sync_once()  # outer step 1 published
+    for _ in range(300):
+        if worker._candidate is not None:
+            break
+        threading.Event().wait(0.01)
+    assert worker._candidate is not None and worker.last_global_step == 0  # fetched, not installed yet
+    train(worker, net, opt, 2, seed=1)
+    assert worker.last_global_step == 0  # mid-round: local steps are never thrown away
+    train(worker, net, opt, 1, seed=2)
+    assert worker.last_global_step == 1
+    installs = [e for e in events if e[0] == "diloco/global_installed"]
+    assert installs and all(ident == threading.get_ident() for _, ident, _ in installs)
+    published = master.hub.download_global_state()
+    assert torch.equal(net.weight.detach(), published["weight"])
+    worker.stop()
+    master.stop()
+
+
+def test_prepared_resume_restores_pending_upload_without_double_counting(server, tmp_path):
+    master, _, _ = node(server, tmp_path, "master")
+    master.start()
+    worker, net, opt = node(server, tmp_path, "w1", async_delta_upload=True)
+    worker.start()
+    gate = threading.Event()
+    original = worker.hub.transport.commit
+    worker.hub.transport.commit = lambda *a, **k: (gate.wait(30), original(*a, **k))[1]
+    train(worker, net, opt, 4, seed=1)
+    checkpoint = worker.state_dict()
+    assert checkpoint["pending_upload"]["step"] == 4
+    assert "hf_SECRET_in_config" not in repr(checkpoint)
+    model_state = {k: v.clone() for k, v in net.state_dict().items()}
+    worker.settings = worker.settings.__class__(**{**worker.settings.__dict__, "delta_upload_shutdown_timeout": 0.0})
+    worker.stop()  # the process "dies" with the upload still stuck
+    gate.set()
+    resumed, net2, opt2 = node(server, tmp_path, "w1", async_delta_upload=True)
+    net2.load_state_dict(model_state)
+    resumed.prepare_state(checkpoint)
+    resumed.start()
+    train(resumed, net2, opt2, 4, seed=2)
+    resumed.stop()
+    first = from_safetensors_bytes(resumed.hub.read_bytes(delta_path("w1", 4, 0)))["weight"]
+    second = from_safetensors_bytes(resumed.hub.read_bytes(delta_path("w1", 8, 0)))["weight"]
+    assert torch.allclose(second, model_state["weight"] - net2.weight.detach(), atol=1e-6)  # only new work
+    assert not torch.allclose(first, second)
+    master.stop()
+
+
+def test_worker_without_a_global_model_trains_but_sends_nothing(server, tmp_path, caplog):
+    worker, net, opt = node(server, tmp_path, "w1")
+    worker.hub.create_repo()
+    worker.start()
+    train(worker, net, opt, 4, seed=1)
+    assert worker.hub.delta_paths() == [] and "no global model" in caplog.text
+    worker.stop()
+
+
+def test_failed_delta_after_a_global_install_is_carried_forward(server, tmp_path):
+    master, master_net, master_opt = node(server, tmp_path, "master")
+    master.start()
+    worker, net, opt = node(server, tmp_path, "w1", async_delta_upload=True)
+    worker.hub.retry_attempts = 1
+    worker.start()
+    gate = threading.Event()
+    original = worker.hub.transport.commit
+
+    def failing_commit(*args, **kwargs):
+        gate.wait(30)
+        raise TransportError("injected outage", transient=True)
+
+    worker.hub.transport.commit = failing_commit
+    train(master, master_net, master_opt, 4, seed=3)
+    master.master.sync_once()
+    train(worker, net, opt, 4, seed=1)  # boundary: delta queued (its upload blocked), then global 1 installed
+    assert worker.last_global_step == 1
+    failed = worker.state_dict()["pending_upload"]["delta"]["weight"].clone()
+    gate.set()
+    worker.stop()
+    assert worker.counters["upload_failures"] == 1
+    worker.hub.transport.commit = original
+    worker.start()
+    installed = {k: v.clone() for k, v in net.state_dict().items()}
+    train(worker, net, opt, 4, seed=2)
+    worker.stop()
+    path = [p for p in worker.hub.delta_paths() if "/w1/" in p][0]
+    ref = parse_delta_ref(path)
+    assert ref.local_step == 8 and ref.base_outer_step == 0  # the carried delta keeps its older base
+    sent = from_safetensors_bytes(worker.hub.read_bytes(path))["weight"]
+    assert torch.allclose(sent, failed + installed["weight"] - net.weight.detach(), atol=1e-6)
+    master.stop()
+
+
+def test_events_reach_a_metric_logger_object(server, tmp_path):
+    class Logger:
+        def __init__(self):
+            self.events = []
+
+        def on_event(self, event, payload):
+            self.events.append(event)
+
+    sink = Logger()
+    master, net, opt = node(server, tmp_path, "master")
+    master.events = sink
+    master.start()
+    train(master, net, opt, 4, seed=1)
+    master.master.sync_once()
+    assert {"diloco/global_installed", "diloco/upload", "diloco/outer_round"} <= set(sink.events)
+    master.stop()
+
+
+def test_token_never_in_logs_or_state(server, tmp_path, caplog):
+    caplog.set_level("DEBUG")
+    master, net, opt = node(server, tmp_path, "master")
+    master.start()
+    train(master, net, opt, 4, seed=1)
+    assert "hf_SECRET_in_config" not in caplog.text + repr(master.state_dict()) + repr(master.hub)
+    master.stop()

@@ -154,6 +154,7 @@ def _module_metadata(model: nn.Module) -> list[tuple[str, int]]:
     """Return (name, width) for the GEMM dimensions of every Linear and Embedding layer in `model`."""
     dims: list[tuple[str, int]] = []
     for name, module in model.named_modules():
+        name = name or "model"  # the root module has an empty name
         if isinstance(module, nn.Linear):
             dims += [(f"{name}.in_features", module.in_features), (f"{name}.out_features", module.out_features)]
         elif isinstance(module, nn.Embedding):

@@ -1,0 +1,297 @@
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import pytest
+import torch
+from speedtronic_systems import precision
+from speedtronic_systems.precision import (
+    DeviceError,
+    PrecisionError,
+    autocast_context,
+    device_peak_flops,
+    make_grad_scaler,
+    parameter_count,
+    resolve_device,
+    resolve_precision,
+    supports_fused_adamw,
+)
+
+LOGGER = "speedtronic_systems.precision"
+
+
+@dataclass
+class Section:
+    mode: str = "auto"
+    dtype: str | None = None
+
+
+def fallbacks(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
+
+
+# ----------------------------------------------------------------------------------- resolve_device
+
+
+def test_auto_device_prefers_cuda_then_mps_then_cpu(fake_cuda, monkeypatch):
+    assert resolve_device("auto") == torch.device("cuda")
+    monkeypatch.setattr(precision, "_cuda_available", lambda: False)
+    monkeypatch.setattr(precision, "_mps_available", lambda: True)
+    assert resolve_device() == torch.device("mps")
+    monkeypatch.setattr(precision, "_mps_available", lambda: False)
+    assert resolve_device(None) == torch.device("cpu")
+
+
+def test_explicit_devices_resolve_when_present(fake_cuda):
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(" CUDA ") == torch.device("cuda")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert resolve_device(torch.device("cuda", 0)) == torch.device("cuda", 0)
+
+
+def test_missing_cuda_names_what_is_available(bare_cpu):
+    with pytest.raises(DeviceError, match=r"'cuda'.*CUDA is not available; available: cpu$"):
+        resolve_device("cuda")
+
+
+def test_cuda_index_past_the_device_count_is_rejected(fake_cuda):
+    with pytest.raises(DeviceError, match=r"only 2 CUDA device\(s\).*available: cpu, cuda:0, cuda:1"):
+        resolve_device("cuda:2")
+
+
+def test_missing_mps_is_rejected(bare_cpu):
+    with pytest.raises(DeviceError, match="MPS is not available"):
+        resolve_device("mps")
+
+
+@pytest.mark.parametrize("bad", ["gpu", "cuda:x", "", "meta"])
+def test_unknown_device_names_are_rejected_with_the_accepted_forms(bad, bare_cpu):
+    with pytest.raises(DeviceError, match="use auto, cpu, cuda, cuda:N or mps"):
+        resolve_device(bad)
+
+
+# --------------------------------------------------------------------------------- precision rules
+
+
+def test_auto_on_cuda_with_bf16_is_bf16_without_scaler(fake_cuda, caplog):
+    plan = resolve_precision(Section(), "cuda")
+    assert (plan.mode, plan.dtype, plan.autocast_enabled, plan.use_scaler) == ("bf16", torch.bfloat16, True, False)
+    assert plan.is_mixed_precision() and fallbacks(caplog) == []
+
+
+def test_auto_on_cuda_without_bf16_is_fp16_with_scaler_and_says_why(fake_cuda, caplog):
+    fake_cuda["bf16"] = False
+    plan = resolve_precision(Section(), "cuda")
+    assert (plan.mode, plan.dtype, plan.use_scaler) == ("fp16", torch.float16, True)
+    assert fallbacks(caplog) == ["precision auto (bf16) on cuda falls back to fp16: "
+                                 "this CUDA device does not support BF16"]
+
+
+@pytest.mark.parametrize("device", ["cpu", "mps"])
+def test_auto_on_cpu_and_mps_is_fp32(device, caplog):
+    plan = resolve_precision(Section(), device)
+    assert (plan.mode, plan.autocast_enabled, plan.use_scaler, plan.device_type) == ("fp32", False, False, device)
+    assert fallbacks(caplog) == []
+
+
+def test_auto_dtype_steers_cuda_only(fake_cuda, caplog):
+    assert resolve_precision(Section(dtype="fp16"), "cuda").mode == "fp16"
+    assert resolve_precision(Section(dtype="fp32"), "cuda").mode == "fp32"
+    assert resolve_precision(Section(dtype="bf16"), "cpu").mode == "fp32"
+    assert fallbacks(caplog) == ["precision auto (dtype bf16) on cpu falls back to fp32: auto precision is FP32 "
+                                 "on CPU and MPS; set precision.mode to request BF16"]
+
+
+def test_explicit_mode_wins_over_dtype(fake_cuda):
+    assert resolve_precision(Section(mode="fp32", dtype="bf16"), "cuda").mode == "fp32"
+    assert resolve_precision(Section(mode="fp16", dtype="bf16"), "cuda").mode == "fp16"
+
+
+def test_explicit_bf16_on_cuda(fake_cuda, caplog):
+    assert resolve_precision("bf16", "cuda").dtype == torch.bfloat16
+    fake_cuda["bf16"] = False
+    plan = resolve_precision("bf16", "cuda:0")
+    assert (plan.mode, plan.autocast_enabled) == ("fp32", False)
+    assert fallbacks(caplog) == ["precision bf16 on cuda falls back to fp32: this CUDA device does not support BF16"]
+
+
+def test_explicit_fp16_on_cuda_uses_a_scaler(fake_cuda):
+    plan = resolve_precision({"mode": "fp16"}, "cuda")
+    assert (plan.mode, plan.dtype, plan.use_scaler, plan.autocast_enabled) == ("fp16", torch.float16, True, True)
+
+
+def test_explicit_fp16_on_cpu_falls_back_to_fp32(caplog):
+    plan = resolve_precision("fp16", "cpu")
+    assert (plan.mode, plan.use_scaler, plan.autocast_enabled) == ("fp32", False, False)
+    assert len(fallbacks(caplog)) == 1 and "fp16 on cpu falls back to fp32" in fallbacks(caplog)[0]
+
+
+def test_explicit_bf16_on_cpu_is_used_when_the_cpu_supports_it(monkeypatch, caplog):
+    monkeypatch.setattr(precision, "cpu_bf16_supported", lambda: True)
+    plan = resolve_precision("bf16", "cpu")
+    assert (plan.mode, plan.dtype, plan.autocast_enabled, plan.use_scaler) == ("bf16", torch.bfloat16, True, False)
+    assert fallbacks(caplog) == []
+
+
+def test_explicit_bf16_on_cpu_without_support_falls_back_with_a_warning(monkeypatch, caplog):
+    monkeypatch.setattr(precision, "cpu_bf16_supported", lambda: False)
+    plan = resolve_precision("bf16", "cpu")
+    assert (plan.mode, plan.autocast_enabled) == ("fp32", False)
+    assert fallbacks(caplog) == ["precision bf16 on cpu falls back to fp32: PyTorch reports no native BF16 support "
+                                 "on this CPU (needs AVX512-BF16/AMX); BF16 would be emulated and slower"]
+
+
+def test_cpu_bf16_capability_follows_what_pytorch_reports(monkeypatch):
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True, raising=False)
+    assert precision.cpu_bf16_supported() is torch.backends.mkldnn.is_available()
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False, raising=False)
+    assert precision.cpu_bf16_supported() is False
+
+    def broken() -> bool:
+        raise RuntimeError("no such op")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", broken, raising=False)
+    assert precision.cpu_bf16_supported() is False
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp16"])
+def test_mixed_precision_on_mps_falls_back_to_fp32(mode, caplog):
+    plan = resolve_precision(mode, "mps")
+    assert (plan.mode, plan.device_type) == ("fp32", "mps")
+    assert fallbacks(caplog) == [f"precision {mode} on mps falls back to fp32: mixed precision is not supported on MPS"]
+
+
+def test_each_fallback_is_logged_once(caplog):
+    for _ in range(3):
+        resolve_precision("fp16", "cpu")
+    resolve_precision("fp16", "mps")  # a different reason is a new line
+    assert len(fallbacks(caplog)) == 2
+
+
+def test_fp32_is_fp32_everywhere(fake_cuda):
+    for device in ("cpu", "cuda", "mps"):
+        plan = resolve_precision(Section(mode="FP32"), device)
+        assert (plan.mode, plan.dtype, plan.autocast_enabled, plan.use_scaler) == ("fp32", torch.float32, False, False)
+
+
+def test_missing_section_and_null_mode_mean_auto(fake_cuda):
+    assert resolve_precision(None, "cuda").mode == "bf16"
+    assert resolve_precision(Section(mode=None), "cuda").mode == "bf16"  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("section", "message"), [
+    ("fp8", r"precision.mode must be one of auto, bf16, fp16, fp32; got 'fp8'"),
+    (Section(mode="half"), r"precision.mode .* got 'half'"),
+    (Section(dtype="float64"), r"precision.dtype must be one of bf16, fp16, fp32 or null; got 'float64'"),
+])
+def test_bad_sections_name_the_field_and_value(section, message):
+    with pytest.raises(PrecisionError, match=message):
+        resolve_precision(section, "cpu")
+
+
+# -------------------------------------------------------------------------------- autocast & scaler
+
+
+def test_autocast_context_is_a_noop_for_fp32():
+    plan = resolve_precision("fp32", "cpu")
+    with autocast_context(plan, "cpu"):
+        assert not torch.is_autocast_enabled("cpu")
+        out = torch.ones(2, 2) @ torch.ones(2, 2)
+    assert out.dtype == torch.float32
+
+
+def test_autocast_context_runs_cpu_matmuls_in_bf16_when_planned(monkeypatch):
+    monkeypatch.setattr(precision, "cpu_bf16_supported", lambda: True)
+    plan = resolve_precision("bf16", "cpu")
+    with autocast_context(plan):  # the plan's device type is the default
+        out = torch.ones(4, 4) @ torch.ones(4, 4)
+    assert out.dtype == torch.bfloat16
+    assert (torch.ones(4, 4) @ torch.ones(4, 4)).dtype == torch.float32
+
+
+@pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled, but CUDA is not available")
+def test_grad_scaler_only_for_cuda_fp16(fake_cuda):
+    assert make_grad_scaler(resolve_precision("bf16", "cuda")) is None
+    assert make_grad_scaler(resolve_precision("fp32", "cpu")) is None
+    scaler = make_grad_scaler(resolve_precision("fp16", "cuda"))
+    assert isinstance(scaler, torch.amp.GradScaler)
+
+
+# ------------------------------------------------------------------------------------ capabilities
+
+
+def test_fused_adamw_probe_matches_a_real_fused_step_and_degrades(monkeypatch):
+    precision._fused_adamw_probe.cache_clear()
+    param = torch.nn.Parameter(torch.zeros(3))
+    param.grad = torch.ones(3)
+    try:
+        torch.optim.AdamW([param], fused=True).step()
+        works = True
+    except Exception:
+        works = False
+    assert supports_fused_adamw("cpu") is works
+
+    def no_fused(*args, **kwargs):
+        raise RuntimeError("fused=True requires CUDA")
+
+    precision._fused_adamw_probe.cache_clear()
+    monkeypatch.setattr(torch.optim, "AdamW", no_fused)
+    assert supports_fused_adamw(torch.device("cpu")) is False
+    precision._fused_adamw_probe.cache_clear()
+
+
+def test_parameter_count_counts_shared_weights_once():
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=True)
+    head.weight = emb.weight  # tied
+    model = torch.nn.ModuleDict({"emb": emb, "head": head})
+    assert parameter_count(model) == 10 * 4 + 10
+    head.bias.requires_grad_(False)
+    assert parameter_count(model, trainable_only=True) == 40
+
+
+# ------------------------------------------------------------------------------------- peak FLOPs
+
+
+@pytest.mark.parametrize(("name", "dtype", "expected"), [
+    ("NVIDIA H200", torch.bfloat16, 989e12),
+    ("NVIDIA H100 80GB HBM3", "bf16", 989e12),
+    ("NVIDIA H100 PCIe", torch.float16, 756e12),
+    ("NVIDIA A100-SXM4-40GB", torch.float32, 19.5e12),
+    ("NVIDIA L4", "fp16", 121e12),
+])
+def test_known_gpus_use_their_datasheet_peak(fake_cuda, name, dtype, expected):
+    fake_cuda["name"] = name
+    assert device_peak_flops("cuda", dtype) == expected
+
+
+def test_unknown_gpus_and_missing_dtypes_are_measured(fake_cuda, monkeypatch):
+    calls = []
+    monkeypatch.setattr(precision, "measured_matmul_flops", lambda device, dtype: calls.append((device, dtype)) or 1e12)
+    fake_cuda["name"] = "Some Future GPU"
+    assert device_peak_flops("cuda:0", torch.bfloat16) == 1e12
+    fake_cuda["name"] = "Tesla V100-SXM2-16GB"  # no BF16 in hardware: the table has no number
+    assert device_peak_flops("cuda:0", "bf16") == 1e12
+    assert calls == [("cuda:0", torch.bfloat16)] * 2
+
+
+def test_cpu_peak_is_a_measured_positive_rate():
+    precision.measured_matmul_flops.cache_clear()
+    peak = device_peak_flops("cpu", torch.float32)
+    assert peak is not None and peak > 0
+    assert device_peak_flops("cpu") == peak  # measured once per process, then cached
+
+
+def test_a_failing_probe_reports_no_peak(monkeypatch, caplog):
+    def broken(device, dtype):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(precision, "measured_matmul_flops", broken)
+    assert device_peak_flops("cpu", torch.float32) is None
+    assert "MFU will not be reported" in caplog.text
+
+
+def test_bad_peak_dtype_is_rejected():
+    with pytest.raises(PrecisionError, match="dtype must be one of bf16, fp16, fp32 or a torch.dtype; got 'int8'"):
+        device_peak_flops("cpu", "int8")

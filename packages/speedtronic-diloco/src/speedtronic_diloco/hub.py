@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ._files import atomic_write_bytes
+from speedtronic_systems.atomic import atomic_write_bytes
 from .tensors import DeltaRef, delta_path, from_safetensors_bytes, parse_delta_ref, to_safetensors_bytes
 from .transport import FilesystemTransport, HfApiTransport, NotFound, StaleParent, Transport, TransportError
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from ._files import atomic_write_bytes
+from speedtronic_systems.atomic import atomic_write_bytes
 from .hub import HubClient, HubError
 from .tensors import (
     DeltaRef,

@@ -13,6 +13,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load as _load_bytes
 from safetensors.torch import save as _save_bytes
+from speedtronic_systems.atomic import atomic_write_bytes
 
 DELTA_PREFIX = "deltas"
 # deltas/<node_id>/step-<local_step>-base-<base_outer_step>.safetensors: every field a delta needs
@@ -82,8 +83,6 @@ def floating_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
 def save_safetensors(state: Mapping[str, torch.Tensor], path: str | os.PathLike[str], *,
                      metadata: dict[str, str] | None = None) -> None:
     """Write state as safetensors atomically; tied or shared tensors are stored as separate copies."""
-    from ._files import atomic_write_bytes
-
     atomic_write_bytes(Path(path), to_safetensors_bytes(state, metadata=metadata))
 
 

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
-from ._files import atomic_write_bytes
+from speedtronic_systems.atomic import atomic_write_bytes
 
 
 class TransportError(RuntimeError):

@@ -290,3 +290,25 @@ def test_token_never_in_logs_or_state(server, tmp_path, caplog):
     train(master, net, opt, 4, seed=1)
     assert "hf_SECRET_in_config" not in caplog.text + repr(master.state_dict()) + repr(master.hub)
     master.stop()
+
+
+def test_shared_folder_transport_from_config(tmp_path):
+    shared = tmp_path / "nfs"
+    nodes = []
+    for name, seed in [("master", 0), ("w1", 1)]:
+        net = model(seed)
+        cfg = SimpleNamespace(run=SimpleNamespace(output_dir=str(tmp_path / name)),
+                              distributed=section(role="master" if name == "master" else "worker", node_id=name,
+                                                  transport="filesystem", endpoint=str(shared)))
+        coordinator = DumbDiLoCoCoordinator(cfg, net)
+        coordinator.start()
+        nodes.append((coordinator, net, torch.optim.AdamW(net.parameters(), lr=0.05)))
+    (master, _, _), (worker, net, opt) = nodes
+    assert (shared / "org" / "run" / "refs").is_dir()
+    assert (tmp_path / "master" / ".speedtronic" / "diloco" / "master" / "outer" / "outer_state.safetensors").exists()
+    train(worker, net, opt, 4, seed=1)
+    assert master.master.sync_once() == 1
+    train(worker, net, opt, 4, seed=2)
+    assert worker.last_global_step == 1
+    for coordinator, _, _ in nodes:
+        coordinator.stop()

@@ -1,0 +1,159 @@
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from speedtronic_systems import atomic
+from speedtronic_systems.atomic import atomic_json_dump, atomic_torch_save, atomic_write, atomic_write_bytes
+
+
+class Unpicklable:
+    """Raises while torch.save is halfway through writing the archive."""
+
+    def __reduce__(self):
+        raise RuntimeError("cannot serialize this")
+
+
+@pytest.fixture(params=["unnamed", "named"])
+def temp_kind(request, monkeypatch):
+    """Run each test with Linux unnamed temp files and with the portable named-temp fallback."""
+    if request.param == "named":
+        monkeypatch.setattr(atomic, "_open_anonymous", lambda folder: None)
+    elif atomic._open_anonymous is None or not hasattr(os, "O_TMPFILE"):
+        pytest.skip("no O_TMPFILE on this platform")
+    return request.param
+
+
+def test_bytes_are_written_and_replaced(tmp_path, temp_kind):
+    target = tmp_path / "nested" / "state.bin"
+    assert atomic_write_bytes(target, b"one") == target
+    atomic_write_bytes(str(target), b"two")
+    assert target.read_bytes() == b"two"
+    assert os.listdir(target.parent) == ["state.bin"]
+
+
+@pytest.mark.skipif(not hasattr(os, "O_TMPFILE"), reason="unnamed temp files are Linux-only")
+def test_new_unnamed_files_get_the_usual_permissions(tmp_path):
+    # (the named fallback uses mkstemp, whose files are private, 0600, by design)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    atomic_write_bytes(tmp_path / "f", b"x")
+    assert (tmp_path / "f").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_json_round_trips_and_bad_values_never_touch_the_disk(tmp_path, temp_kind):
+    target = tmp_path / "latest.json"
+    atomic_json_dump({"step": 3, "file": "ckpt-3.pt"}, target)
+    assert json.loads(target.read_text()) == {"file": "ckpt-3.pt", "step": 3}
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        atomic_json_dump({"step": object()}, target)
+    assert json.loads(target.read_text())["step"] == 3
+    assert os.listdir(tmp_path) == ["latest.json"]
+
+
+def test_torch_save_round_trips_with_weights_only_load(tmp_path, temp_kind):
+    target = tmp_path / "ckpt.pt"
+    state = {"model": {"w": torch.arange(6.0).reshape(2, 3)}, "step": 7}
+    atomic_torch_save(state, target)
+    loaded = torch.load(target, weights_only=True)
+    assert loaded["step"] == 7 and torch.equal(loaded["model"]["w"], state["model"]["w"])
+
+
+def test_exception_mid_serialization_keeps_the_old_file_and_leaves_no_litter(tmp_path, temp_kind):
+    target = tmp_path / "ckpt.pt"
+    atomic_torch_save({"step": 1}, target)
+    before = target.read_bytes()
+    # A large tensor first, so bytes are already written when the bad object raises.
+    with pytest.raises(RuntimeError, match="cannot serialize this"):
+        atomic_torch_save({"big": torch.zeros(1 << 18), "bad": Unpicklable()}, target)
+    assert target.read_bytes() == before
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_failure_during_the_rename_keeps_the_old_file(tmp_path, temp_kind, monkeypatch):
+    target = tmp_path / "state.json"
+    atomic_json_dump([1], target)
+
+    def refuse(src, dst):
+        raise PermissionError("read-only target")
+
+    monkeypatch.setattr(atomic.os, "replace", refuse)
+    with pytest.raises(PermissionError):
+        atomic_json_dump([2], target)
+    assert json.loads(target.read_text()) == [1]
+    assert os.listdir(tmp_path) == ["state.json"]
+
+
+def test_writer_errors_propagate_unchanged(tmp_path, temp_kind):
+    def boom(handle):
+        handle.write(b"partial")
+        raise KeyboardInterrupt  # even a BaseException cleans up
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(tmp_path / "x", boom)
+    assert os.listdir(tmp_path) == []
+
+
+def test_folder_fsync_tolerates_folders_that_cannot_be_synced(tmp_path, monkeypatch):
+    real_fsync = os.fsync
+    calls = []
+
+    def picky_fsync(fd):
+        calls.append(fd)
+        if len(calls) > 1:  # the file syncs; the folder refuses
+            raise OSError(22, "Invalid argument")
+        real_fsync(fd)
+
+    monkeypatch.setattr(atomic.os, "fsync", picky_fsync)
+    atomic_write_bytes(tmp_path / "x", b"data")
+    assert (tmp_path / "x").read_bytes() == b"data" and len(calls) == 2
+
+
+KILLED_WRITER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from speedtronic_systems import atomic
+    if sys.argv[2] == "named":
+        atomic._open_anonymous = lambda folder: None
+
+    def slow(handle):
+        handle.write(b"N" * 65536)
+        handle.flush()
+        Path(sys.argv[1] + ".started").with_name("started").write_text("1")
+        time.sleep(60)  # killed here, mid-write
+
+    atomic.atomic_write(sys.argv[1], slow)
+""")
+
+
+def test_a_killed_writer_keeps_the_old_file(tmp_path, temp_kind):
+    work = tmp_path / "work"
+    work.mkdir()
+    target = work / "state.bin"
+    atomic_write_bytes(target, b"previous")
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(target), temp_kind])
+    try:
+        for _ in range(600):  # wait (event-driven, not timed) until the child is mid-write
+            if (work / "started").exists() or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the writer exited before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert target.read_bytes() == b"previous"
+    leftovers = sorted(set(os.listdir(work)) - {"state.bin", "started"})
+    if temp_kind == "unnamed":
+        assert leftovers == []  # an unnamed file dies with its process
+    else:
+        # The portable fallback cannot clean up after SIGKILL: its temp is hidden and never read as state.
+        assert len(leftovers) == 1 and leftovers[0].startswith(".state.bin.") and leftovers[0].endswith(".tmp")

@@ -1,0 +1,39 @@
+"""Speedtronic optimizers: Muon, Muon+, cautious wrapping, hybrid routing and LR schedules."""
+
+from __future__ import annotations
+
+from .__about__ import __version__
+from .adamw import make_adamw
+from .build import build_optimizer, build_v2_optimizer
+from .cautious import CautiousOptimizer
+from .hybrid import HybridOptimizer
+from .muon import Muon
+from .newton_schulz import COEFFICIENT_SETS, newton_schulz, post_polar_normalize
+from .routing import ParameterRouting, route_parameters
+from .schedules import (
+    lr_lambda,
+    build_lr_scheduler,
+    warmup_constant,
+    warmup_cosine,
+    warmup_stable_decay,
+)
+
+__all__ = [
+    "COEFFICIENT_SETS",
+    "CautiousOptimizer",
+    "HybridOptimizer",
+    "Muon",
+    "ParameterRouting",
+    "__version__",
+    "build_lr_scheduler",
+    "build_optimizer",
+    "build_v2_optimizer",
+    "lr_lambda",
+    "make_adamw",
+    "newton_schulz",
+    "post_polar_normalize",
+    "route_parameters",
+    "warmup_constant",
+    "warmup_cosine",
+    "warmup_stable_decay",
+]

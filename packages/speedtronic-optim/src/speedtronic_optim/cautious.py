@@ -1,0 +1,81 @@
+"""C-Optim's cautious masking (arXiv 2411.16085) as a wrapper around any optimizer."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.optim import Optimizer
+
+from .facade import init_facade
+
+
+class CautiousOptimizer(Optimizer):
+    """Composable cautious wrapper around a Speedtronic/native optimizer.
+
+    After the base step, entries of the observed update that do not descend along the current
+    gradient are reverted, and the kept entries are scaled by numel / (kept + 1) (C-Optim's rule).
+    """
+
+    def __init__(self, base: Optimizer) -> None:
+        if not isinstance(base, Optimizer):
+            raise TypeError(f"CautiousOptimizer wraps a torch.optim.Optimizer; got {type(base).__name__}")
+        init_facade(self)
+        self.base = base
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        """The base optimizer's live groups."""
+        return self.base.param_groups
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        """The base optimizer's state."""
+        return self.base.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        """The base optimizer's defaults."""
+        return self.base.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.base.defaults = value
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Evaluate ``closure`` once, step the base optimizer, then mask misaligned update entries."""
+        loss = None
+        if closure is not None:
+            # Called here, not by the base, so the snapshot below sees this step's gradients.
+            with torch.enable_grad():
+                loss = closure()
+        snapshot = [
+            (param, param.detach().clone(), param.grad)
+            for group in self.param_groups
+            for param in group["params"]
+            if param.grad is not None
+        ]
+        self.base.step()
+        for param, before, grad in snapshot:
+            delta = param.detach() - before
+            keep = (delta * grad < 0).to(delta.dtype)  # moves against the gradient: a descent entry
+            scale = keep.numel() / (keep.sum() + 1)
+            param.copy_(before.add_(delta.mul_(keep).mul_(scale)))
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear gradients through the base optimizer."""
+        self.base.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the base optimizer's state dict (the wrapper keeps no state of its own)."""
+        return self.base.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load the base optimizer's state."""
+        self.base.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group to the base optimizer."""
+        self.base.add_param_group(param_group)

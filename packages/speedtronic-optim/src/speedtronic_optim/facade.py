@@ -1,0 +1,34 @@
+"""Set up an Optimizer subclass that delegates its groups and state to other optimizers."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from torch.optim import Optimizer
+
+
+def init_facade(optimizer: Optimizer) -> None:
+    """Give ``optimizer`` the hook tables Optimizer.__init__ would, without owning any parameters."""
+    # Optimizer.__init__ would assign state/param_groups, which facades expose as live views instead.
+    for name in (
+        "_optimizer_step_pre_hooks",
+        "_optimizer_step_post_hooks",
+        "_optimizer_state_dict_pre_hooks",
+        "_optimizer_state_dict_post_hooks",
+        "_optimizer_load_state_dict_pre_hooks",
+        "_optimizer_load_state_dict_post_hooks",
+    ):
+        setattr(optimizer, name, OrderedDict())
+    optimizer._patch_step_function()
+
+
+def check_keys(state_dict: dict[str, Any], expected: set[str], owner: str) -> None:
+    """Raise a clear error when a state dict was not saved by an optimizer of the same layout."""
+    if not isinstance(state_dict, dict) or set(state_dict) != expected:
+        found = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
+        raise ValueError(
+            f"{owner}.load_state_dict expected keys {sorted(expected)} but got {found}; the checkpoint was "
+            "saved with a different optimizer setup (Muon/Muon+/cautious state is not interchangeable "
+            "with AdamW-only state): start a new run or migrate the checkpoint"
+        )

@@ -1,0 +1,94 @@
+"""One optimizer facade over Muon (hidden matrices) and AdamW (everything else)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.optim import Optimizer
+
+from .adamw import make_adamw
+from .facade import check_keys, init_facade
+from .muon import Muon
+
+
+class HybridOptimizer(Optimizer):
+    """One optimizer facade combining Muon matrices and AdamW parameters.
+
+    ``param_groups`` lists the children's own group dicts (Muon's first), so an LR scheduler drives
+    both. ``muon_adjust_lr`` defaults to ``"match_rms_adamw"`` so one learning rate suits both branches.
+    """
+
+    def __init__(
+        self,
+        muon_params: Sequence[torch.Tensor],
+        adamw_params: Sequence[torch.Tensor],
+        *,
+        muon_lr: float,
+        adamw_lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        fused: bool | None = False,
+        muon_momentum: float = 0.95,
+        muon_ns_steps: int = 5,
+        muon_norm_eps: float = 1e-8,
+        muon_plus: bool = False,
+        muon_adjust_lr: str = "match_rms_adamw",
+    ) -> None:
+        muon_params, adamw_params = list(muon_params), list(adamw_params)
+        if not muon_params and not adamw_params:
+            raise ValueError("HybridOptimizer got no parameters: both muon_params and adamw_params are empty")
+        init_facade(self)
+        self.defaults = {"lr": muon_lr, "weight_decay": weight_decay}
+        # An empty child would make torch raise "empty parameter list"; leave it out instead.
+        self.muon = (
+            Muon(
+                muon_params, lr=muon_lr, momentum=muon_momentum, ns_steps=muon_ns_steps,
+                weight_decay=weight_decay, norm_eps=muon_norm_eps, muon_plus=muon_plus,
+                adjust_lr=muon_adjust_lr,
+            )
+            if muon_params
+            else None
+        )
+        self.adamw = (
+            make_adamw(adamw_params, lr=adamw_lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
+            if adamw_params
+            else None
+        )
+
+    @property
+    def children(self) -> dict[str, Optimizer]:
+        """The non-empty child optimizers by name."""
+        return {name: child for name, child in (("muon", self.muon), ("adamw", self.adamw)) if child is not None}
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        """The children's live group dicts."""
+        return [group for child in self.children.values() for group in child.param_groups]
+
+    @property
+    def state(self) -> dict[torch.Tensor, Any]:  # type: ignore[override]
+        """Merged per-parameter state of both children (the children own it)."""
+        return {param: value for child in self.children.values() for param, value in child.state.items()}
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Evaluate ``closure`` once, then step Muon and AdamW; returns the closure's loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for child in self.children.values():
+            child.step()
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return {"muon": ..., "adamw": ...} for the children present."""
+        return {name: child.state_dict() for name, child in self.children.items()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state saved by a HybridOptimizer with the same branches."""
+        check_keys(state_dict, set(self.children), "HybridOptimizer")
+        for name, child in self.children.items():
+            child.load_state_dict(state_dict[name])

@@ -1,0 +1,117 @@
+"""Pure-PyTorch Muon (and Muon+) for 2-D hidden matrices."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+from torch.optim import Optimizer
+
+from .newton_schulz import Coefficients, match_polar_scale, orthogonalize, post_polar_normalize
+
+ADJUST_LR = ("original", "match_rms_adamw", "none")
+
+
+def adjusted_lr(lr: float, rule: str, shape: torch.Size) -> float:
+    """Return the per-matrix learning rate: reference sqrt(max(1, rows/cols)) or AdamW-RMS 0.2*sqrt(max)."""
+    rows, cols = shape[-2], shape[-1]
+    if rule == "original":
+        return lr * math.sqrt(max(1.0, rows / cols))
+    if rule == "match_rms_adamw":
+        return lr * 0.2 * math.sqrt(max(rows, cols))
+    return lr
+
+
+class Muon(Optimizer):
+    """A pure-PyTorch Muon optimizer for routed 2-D parameter groups.
+
+    Same update as ``torch.optim.Muon``: EMA momentum ``buf.lerp_(grad, 1 - momentum)``, Nesterov
+    ``grad.lerp(buf, momentum)``, Newton–Schulz in bf16, decoupled weight decay
+    ``p *= 1 - lr * weight_decay`` (unscaled lr), then ``p -= adjusted_lr * update``.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        lr: float = 3e-4,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        weight_decay: float = 0.0,
+        eps: float = 1e-7,
+        norm_eps: float = 1e-8,
+        muon_plus: bool = False,
+        *,
+        adjust_lr: str = "original",
+        normalize_mode: str = "row_col",
+        ns_coefficients: str | Sequence[Coefficients] = "reference",
+        ns_method: str = "auto",
+    ) -> None:
+        if not lr >= 0.0:
+            raise ValueError(f"Muon lr must be >= 0; got {lr}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"Muon momentum must be in [0, 1); got {momentum}")
+        if weight_decay < 0.0:
+            raise ValueError(f"Muon weight_decay must be >= 0; got {weight_decay}")
+        if ns_steps < 1:
+            raise ValueError(f"Muon ns_steps must be >= 1; got {ns_steps}")
+        if adjust_lr not in ADJUST_LR:
+            raise ValueError(f"Muon adjust_lr {adjust_lr!r} is not one of {ADJUST_LR}")
+        defaults = dict(
+            lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, weight_decay=weight_decay,
+            eps=eps, norm_eps=norm_eps, muon_plus=muon_plus, adjust_lr=adjust_lr,
+            normalize_mode=normalize_mode, ns_coefficients=ns_coefficients, ns_method=ns_method,
+        )
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group after checking every parameter is a 2-D matrix."""
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        for index, param in enumerate(params):
+            if param.ndim != 2:
+                raise ValueError(
+                    f"Muon only optimizes 2-D matrices; parameter {index} of the group has shape "
+                    f"{tuple(param.shape)}. Route biases, norms, embeddings and other tensors to AdamW "
+                    "(route_parameters does this)."
+                )
+        super().add_param_group({**param_group, "params": params})
+
+    def _direction(self, param: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+        grad = param.grad
+        if grad.is_sparse:
+            raise RuntimeError(
+                f"Muon does not support sparse gradients (parameter of shape {tuple(param.shape)}); "
+                "use dense gradients, e.g. nn.Embedding(sparse=False), or route it to AdamW"
+            )
+        state = self.state[param]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(grad, memory_format=torch.preserve_format)
+        buf = state["momentum_buffer"]
+        buf.lerp_(grad, 1 - group["momentum"])
+        return grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Take one Muon step; returns the closure's loss (closure called once) or None."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, weight_decay = group["lr"], group["weight_decay"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                update = orthogonalize(
+                    self._direction(param, group), group["ns_steps"], group["eps"],
+                    coefficients=group["ns_coefficients"], method=group["ns_method"],
+                )
+                if group["muon_plus"]:
+                    update = post_polar_normalize(update, mode=group["normalize_mode"], eps=group["norm_eps"])
+                    update = match_polar_scale(update, eps=group["norm_eps"])
+                if weight_decay:
+                    param.mul_(1 - lr * weight_decay)
+                param.add_(update, alpha=-adjusted_lr(lr, group["adjust_lr"], param.shape))
+        return loss

@@ -1,0 +1,85 @@
+"""Role-aware routing of a model's parameters to Muon or AdamW."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+ROLE_ATTRIBUTE = "_speedtronic_optimizer_role"
+ROLES = ("muon", "adamw")
+_HEAD_NAMES = ("lm_head", "head", "output", "embed", "wte", "wpe", "classifier", "unembed")
+
+
+@dataclass
+class ParameterRouting:
+    """Deterministic parameter ownership for the hybrid optimizer."""
+
+    muon: list[torch.Tensor] = field(default_factory=list)
+    adamw: list[torch.Tensor] = field(default_factory=list)
+    skipped: list[torch.Tensor] = field(default_factory=list)
+    muon_names: list[str] = field(default_factory=list)
+    adamw_names: list[str] = field(default_factory=list)
+    skipped_names: list[str] = field(default_factory=list)
+
+
+def _is_embedding_or_head(name: str, module: nn.Module) -> bool:
+    if isinstance(module, nn.Embedding | nn.EmbeddingBag):
+        return True
+    leaf = name.rsplit(".", 1)[-1].lower()
+    return any(leaf == key or leaf.startswith(key) for key in _HEAD_NAMES)
+
+
+def _role_override(module: nn.Module, qualified: str) -> str | None:
+    role = getattr(module, ROLE_ATTRIBUTE, None)
+    if role is not None and role not in ROLES:
+        raise ValueError(f"{qualified}.{ROLE_ATTRIBUTE} = {role!r}; use 'muon' or 'adamw'")
+    return role
+
+
+def route_parameters(model: nn.Module) -> ParameterRouting:
+    """Split trainable parameters: hidden nn.Linear weights to Muon, everything else to AdamW, frozen ones skipped.
+
+    Each parameter appears once even when tied (its first owner decides; a tie with an embedding
+    always sends it to AdamW). ``module._speedtronic_optimizer_role = "muon" | "adamw"`` overrides.
+    """
+    routing = ParameterRouting()
+    roles: dict[int, str] = {}
+    order: list[tuple[str, torch.Tensor]] = []
+    for module_name, module in model.named_modules():
+        override = _role_override(module, module_name or "<root>")
+        for param_name, param in module.named_parameters(recurse=False):
+            qualified = f"{module_name}.{param_name}" if module_name else param_name
+            if not param.requires_grad:
+                if id(param) not in roles:
+                    roles[id(param)] = "skipped"
+                    order.append((qualified, param))
+                continue
+            if override is not None:
+                role = override
+            elif (
+                isinstance(module, nn.Linear)
+                and param_name == "weight"
+                and param.ndim == 2
+                and not _is_embedding_or_head(module_name, module)
+            ):
+                role = "muon"
+            else:
+                role = "adamw"
+            if id(param) not in roles:
+                roles[id(param)] = role
+                order.append((qualified, param))
+            elif role == "adamw" and override is None and roles[id(param)] == "muon":
+                # A head tied to an embedding is an embedding: never orthogonalize it.
+                roles[id(param)] = "adamw"
+    for qualified, param in order:
+        role = roles[id(param)]
+        if role == "muon" and param.ndim != 2:
+            raise ValueError(
+                f"{qualified} has shape {tuple(param.shape)} but is routed to Muon, which needs 2-D matrices; "
+                f"set {ROLE_ATTRIBUTE} = 'adamw' on its module"
+            )
+        getattr(routing, role).append(param)
+        getattr(routing, f"{role}_names").append(qualified)
+    return routing

@@ -104,13 +104,15 @@ class Muon(Optimizer):
             for param in group["params"]:
                 if param.grad is None:
                     continue
-                update = orthogonalize(
+                polar = orthogonalize(
                     self._direction(param, group), group["ns_steps"], group["eps"],
                     coefficients=group["ns_coefficients"], method=group["ns_method"],
                 )
+                update = polar
                 if group["muon_plus"]:
-                    update = post_polar_normalize(update, mode=group["normalize_mode"], eps=group["norm_eps"])
-                    update = match_polar_scale(update, eps=group["norm_eps"])
+                    # Same size as the plain Muon update, so Muon and Muon+ share one learning rate.
+                    update = post_polar_normalize(polar, mode=group["normalize_mode"], eps=group["norm_eps"])
+                    update = match_polar_scale(update, polar, eps=group["norm_eps"])
                 if weight_decay:
                     param.mul_(1 - lr * weight_decay)
                 param.add_(update, alpha=-adjusted_lr(lr, group["adjust_lr"], param.shape))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
@@ -147,8 +146,8 @@ def post_polar_normalize(update: torch.Tensor, *, mode: str = "row_col", eps: fl
 
     ``mode`` is one of none, row, col, row_col (rows then columns) and col_row. A ``row_col`` result
     has unit columns, so its Frobenius norm is sqrt(cols), larger than an orthogonal factor's
-    sqrt(min(rows, cols)) for a wide matrix; :class:`Muon` rescales it back to the plain Muon size
-    (see :func:`match_polar_scale`) so Muon and Muon+ share one learning rate.
+    sqrt(min(rows, cols)) for a wide matrix; :class:`Muon` rescales it to the norm of the polar
+    estimate it came from (:func:`match_polar_scale`) so Muon and Muon+ share one learning rate.
     """
     if mode not in NORMALIZE_MODES:
         raise ValueError(f"unknown post_polar_normalize mode {mode!r}; use one of {NORMALIZE_MODES}")
@@ -160,8 +159,8 @@ def post_polar_normalize(update: torch.Tensor, *, mode: str = "row_col", eps: fl
     return result.to(update.dtype)
 
 
-def match_polar_scale(update: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Return ``update`` rescaled to Frobenius norm sqrt(min(rows, cols)), an orthogonal factor's norm."""
-    target = math.sqrt(min(update.size(-2), update.size(-1)))
+def match_polar_scale(update: torch.Tensor, reference: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Return ``update`` rescaled to the Frobenius norm of ``reference`` (per matrix)."""
+    target = torch.linalg.vector_norm(reference.float(), dim=(-2, -1), keepdim=True)
     norm = torch.linalg.vector_norm(update.float(), dim=(-2, -1), keepdim=True)
     return (update.float() * (target / (norm + eps))).to(update.dtype)

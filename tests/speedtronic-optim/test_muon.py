@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from speedtronic_optim import Muon
+from speedtronic_optim.muon import adjusted_lr
+
+
+def _run(optimizer_factory, shape: tuple[int, int], steps: int = 4) -> torch.Tensor:
+    torch.manual_seed(10)
+    param = torch.nn.Parameter(torch.randn(*shape))
+    target = torch.randn(*shape)
+    optimizer = optimizer_factory([param])
+    for _ in range(steps):
+        optimizer.zero_grad()
+        # A non-linear loss so each step sees a different gradient.
+        ((param - target) ** 2 * (1 + param.tanh())).sum().backward()
+        optimizer.step()
+    return param.detach()
+
+
+@pytest.mark.parametrize("shape", [(48, 20), (20, 48), (32, 32)])
+@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize("adjust", ["original", "match_rms_adamw"])
+def test_matches_torch_muon(shape: tuple[int, int], nesterov: bool, adjust: str) -> None:
+    settings = dict(lr=0.02, momentum=0.9, nesterov=nesterov, weight_decay=0.05, eps=1e-7, ns_steps=5)
+    theirs = _run(lambda p: torch.optim.Muon(p, adjust_lr_fn=adjust, **settings), shape)
+    ours = _run(lambda p: Muon(p, adjust_lr=adjust, ns_method="standard", **settings), shape)
+    start = _run(lambda p: torch.optim.SGD(p, lr=0.0), shape)
+    assert (theirs - start).abs().max() > 0.01  # the steps are real
+    torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=0)
+
+
+@pytest.mark.parametrize("shape", [(64, 20), (20, 64)])
+def test_gram_path_tracks_torch_muon(shape: tuple[int, int]) -> None:
+    settings = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, ns_steps=5)
+    theirs = _run(lambda p: torch.optim.Muon(p, **settings), shape)
+    ours = _run(lambda p: Muon(p, ns_method="gram", **settings), shape)
+    start = _run(lambda p: torch.optim.SGD(p, lr=0.0), shape)
+    relative = (ours - theirs).norm() / (theirs - start).norm()
+    assert relative < 0.05
+
+
+def test_adjusted_lr_rules() -> None:
+    assert adjusted_lr(0.1, "original", torch.Size([40, 10])) == pytest.approx(0.2)
+    assert adjusted_lr(0.1, "original", torch.Size([10, 40])) == pytest.approx(0.1)
+    assert adjusted_lr(0.1, "match_rms_adamw", torch.Size([10, 400])) == pytest.approx(0.1 * 0.2 * 20)
+    assert adjusted_lr(0.1, "none", torch.Size([10, 400])) == 0.1
+
+
+def test_muon_plus_changes_direction_but_keeps_size() -> None:
+    plain = _run(lambda p: Muon(p, lr=0.02, ns_method="standard"), (16, 48), steps=1)
+    plus = _run(lambda p: Muon(p, lr=0.02, muon_plus=True, ns_method="standard"), (16, 48), steps=1)
+    start = _run(lambda p: torch.optim.SGD(p, lr=0.0), (16, 48))
+    step_plain, step_plus = plain - start, plus - start
+    assert not torch.allclose(step_plain, step_plus, atol=1e-4)
+    assert math.isclose(step_plus.norm().item(), step_plain.norm().item(), rel_tol=1e-3)
+
+
+def test_weight_decay_is_decoupled_and_uses_unscaled_lr() -> None:
+    param = torch.nn.Parameter(torch.ones(8, 2))
+    optimizer = Muon([param], lr=0.1, weight_decay=0.5)
+    param.grad = torch.zeros(8, 2)  # zero gradient: only the decay acts
+    optimizer.step()
+    torch.testing.assert_close(param.detach(), torch.full((8, 2), 1 - 0.1 * 0.5))
+
+
+def test_rejects_non_matrix_parameters_naming_the_shape() -> None:
+    with pytest.raises(ValueError, match=r"\(7,\)"):
+        Muon([torch.nn.Parameter(torch.zeros(7))])
+    optimizer = Muon([torch.nn.Parameter(torch.zeros(3, 3))])
+    with pytest.raises(ValueError, match=r"\(2, 3, 4\)"):
+        optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2, 3, 4))]})
+
+
+def test_rejects_sparse_gradient() -> None:
+    param = torch.nn.Parameter(torch.zeros(4, 3))
+    optimizer = Muon([param])
+    param.grad = torch.zeros(4, 3).to_sparse()
+    with pytest.raises(RuntimeError, match="sparse"):
+        optimizer.step()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [({"lr": -1.0}, "lr"), ({"momentum": 1.0}, "momentum"), ({"weight_decay": -0.1}, "weight_decay"),
+     ({"ns_steps": 0}, "ns_steps"), ({"adjust_lr": "moonshot"}, "adjust_lr")],
+)
+def test_bad_hyperparameters(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Muon([torch.nn.Parameter(torch.zeros(2, 2))], **kwargs)
+
+
+def test_closure_called_once_and_loss_returned() -> None:
+    param = torch.nn.Parameter(torch.randn(4, 6))
+    optimizer = Muon([param])
+    calls = []
+
+    def closure() -> torch.Tensor:
+        calls.append(1)
+        optimizer.zero_grad()
+        loss = (param**2).sum()
+        loss.backward()
+        return loss
+
+    assert optimizer.step(closure) is not None and len(calls) == 1
+
+
+def test_state_dict_round_trip() -> None:
+    torch.manual_seed(10)
+    param = torch.nn.Parameter(torch.randn(12, 20))
+    optimizer = Muon([param], lr=0.02)
+    param.grad = torch.randn(12, 20)
+    optimizer.step()
+    saved = copy.deepcopy(optimizer.state_dict())  # load_state_dict would alias the live buffers
+    clone = torch.nn.Parameter(param.detach().clone())
+    restored = Muon([clone], lr=0.02)
+    restored.load_state_dict(saved)
+    grad = torch.randn(12, 20)
+    param.grad, clone.grad = grad, grad.clone()
+    optimizer.step()
+    restored.step()
+    torch.testing.assert_close(clone, param)
+    torch.testing.assert_close(
+        restored.state[clone]["momentum_buffer"], optimizer.state[param]["momentum_buffer"]
+    )

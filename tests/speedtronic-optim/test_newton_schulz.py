@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from speedtronic_optim import newton_schulz, post_polar_normalize
+from speedtronic_optim.newton_schulz import match_polar_scale, orthogonalize
+
+
+def _svals(x: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.svdvals(x.float())
+
+
+@pytest.mark.parametrize("shape", [(96, 40), (40, 96), (64, 200), (200, 64)])
+@pytest.mark.parametrize("method", ["standard", "gram", "auto"])
+def test_reference_singular_values_in_band(shape: tuple[int, int], method: str) -> None:
+    torch.manual_seed(sum(shape))
+    s = _svals(newton_schulz(torch.randn(*shape), method=method))
+    assert s.min() >= 0.66 and s.max() <= 1.16, (s.min(), s.max())
+
+
+def test_output_is_near_polar_factor() -> None:
+    torch.manual_seed(1)
+    g = torch.randn(48, 128)
+    u, _, vh = torch.linalg.svd(g, full_matrices=False)
+    polar = u @ vh
+    out = newton_schulz(g, steps=5)
+    cosine = (out * polar).sum() / (out.norm() * polar.norm())
+    assert cosine > 0.97
+
+
+def test_polar_express_converges_closer_than_reference() -> None:
+    torch.manual_seed(2)
+    g = torch.randn(64, 160)
+    ref = _svals(newton_schulz(g, steps=6))
+    pe = _svals(newton_schulz(g, steps=6, coefficients="polar_express"))
+    assert (pe - 1).abs().max() < 0.01 < (ref - 1).abs().max()
+
+
+def test_purity_shape_and_dtype_kept() -> None:
+    g = torch.randn(30, 50)
+    before = g.clone()
+    out = newton_schulz(g)
+    assert torch.equal(g, before)
+    assert out.shape == g.shape and out.dtype == g.dtype
+    assert out.data_ptr() != g.data_ptr()
+    bf = g.bfloat16()
+    bf_before = bf.clone()
+    newton_schulz(bf)
+    assert torch.equal(bf, bf_before)
+
+
+def test_scale_invariance() -> None:
+    torch.manual_seed(3)
+    g = torch.randn(40, 72)
+    a = newton_schulz(g, dtype=torch.float32)
+    b = newton_schulz(g * 1000.0, dtype=torch.float32)
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["standard", "gram"])
+def test_zero_input_gives_zero(method: str) -> None:
+    out = newton_schulz(torch.zeros(12, 20), method=method)
+    assert torch.isfinite(out).all() and torch.count_nonzero(out) == 0
+
+
+def test_batched_matches_per_matrix() -> None:
+    torch.manual_seed(4)
+    g = torch.randn(2, 3, 24, 40)
+    out = newton_schulz(g, dtype=torch.float32)
+    for i in range(2):
+        for j in range(3):
+            torch.testing.assert_close(out[i, j], newton_schulz(g[i, j], dtype=torch.float32), atol=1e-4, rtol=1e-4)
+
+
+def test_tall_is_transpose_of_wide() -> None:
+    g = torch.randn(20, 50)
+    torch.testing.assert_close(newton_schulz(g.T.contiguous(), dtype=torch.float32), newton_schulz(g, dtype=torch.float32).T)
+
+
+def test_gram_and_standard_agree() -> None:
+    torch.manual_seed(5)
+    g = torch.randn(32, 128)
+    a = orthogonalize(g, method="standard", dtype=torch.float32)
+    b = orthogonalize(g, method="gram", dtype=torch.float32)
+    torch.testing.assert_close(a, b, atol=2e-3, rtol=2e-3)
+
+
+def test_custom_coefficients_and_errors() -> None:
+    g = torch.randn(8, 12)
+    torch.testing.assert_close(
+        newton_schulz(g, coefficients=[(3.4445, -4.7750, 2.0315)]), newton_schulz(g, coefficients="reference")
+    )
+    with pytest.raises(ValueError, match="coefficients"):
+        newton_schulz(g, coefficients="fastest")
+    with pytest.raises(ValueError, match=r"\(a, b, c\)"):
+        newton_schulz(g, coefficients=[(1.0, 2.0)])
+    with pytest.raises(ValueError, match="method"):
+        newton_schulz(g, method="svd")
+    with pytest.raises(ValueError, match="shape"):
+        newton_schulz(torch.randn(5))
+    with pytest.raises(ValueError, match="steps"):
+        newton_schulz(g, steps=-1)
+
+
+@pytest.mark.parametrize("mode", ["row", "col", "row_col", "col_row"])
+def test_post_polar_normalize_unit_norms(mode: str) -> None:
+    torch.manual_seed(6)
+    u = torch.randn(10, 30)
+    before = u.clone()
+    out = post_polar_normalize(u, mode=mode)
+    assert torch.equal(u, before)
+    last_axis = -2 if mode in ("col", "row_col") else -1
+    norms = out.norm(dim=last_axis)
+    torch.testing.assert_close(norms, torch.ones_like(norms), atol=1e-5, rtol=0)
+
+
+def test_post_polar_normalize_none_and_errors() -> None:
+    u = torch.randn(4, 6)
+    torch.testing.assert_close(post_polar_normalize(u, mode="none"), u)
+    with pytest.raises(ValueError, match="mode"):
+        post_polar_normalize(u, mode="diag")
+    with pytest.raises(ValueError, match="shape"):
+        post_polar_normalize(torch.randn(3))
+    assert torch.count_nonzero(post_polar_normalize(torch.zeros(3, 5))) == 0
+
+
+def test_row_col_is_larger_than_muon_and_match_scale_fixes_it() -> None:
+    torch.manual_seed(7)
+    polar = newton_schulz(torch.randn(16, 64), dtype=torch.float32)
+    normalized = post_polar_normalize(polar)
+    assert normalized.norm() > 1.5 * polar.norm()  # sqrt(64) vs about sqrt(16)
+    rescaled = match_polar_scale(normalized, polar)
+    assert math.isclose(rescaled.norm().item(), polar.norm().item(), rel_tol=1e-4)
+    torch.testing.assert_close(rescaled / rescaled.norm(), normalized / normalized.norm())

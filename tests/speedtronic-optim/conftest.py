@@ -49,3 +49,20 @@ def loss_of(model: TinyLM, seed: int = 0) -> torch.Tensor:
 def tiny_lm() -> TinyLM:
     torch.manual_seed(0)
     return TinyLM()
+
+
+@pytest.fixture
+def make_lm():
+    """Factory for fresh TinyLM instances (test modules cannot import conftest under importlib mode)."""
+
+    def make(tied: bool = False) -> TinyLM:
+        torch.manual_seed(0)
+        return TinyLM(tied=tied)
+
+    return make
+
+
+@pytest.fixture
+def lm_loss():
+    """The deterministic training loss of a TinyLM for a given seed."""
+    return loss_of

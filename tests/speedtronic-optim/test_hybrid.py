@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from speedtronic_optim import HybridOptimizer, build_lr_scheduler, route_parameters
+
+
+def _hybrid(model: torch.nn.Module, **overrides) -> HybridOptimizer:
+    routing = route_parameters(model)
+    settings = dict(muon_lr=0.02, adamw_lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    settings.update(overrides)
+    return HybridOptimizer(routing.muon, routing.adamw, **settings)
+
+
+def test_both_branches_update_and_scheduler_drives_both(tiny_lm, lm_loss) -> None:
+    optimizer = _hybrid(tiny_lm)
+    scheduler = build_lr_scheduler(
+        optimizer, SimpleNamespace(name="constant", warmup_steps=4, max_steps=10, min_lr_ratio=0.0)
+    )
+    before = {n: p.detach().clone() for n, p in tiny_lm.named_parameters()}
+    lm_loss(tiny_lm).backward()
+    optimizer.step()
+    scheduler.step()
+    assert not torch.equal(before["blocks.0.qkv.weight"], tiny_lm.blocks[0].qkv.weight)
+    assert not torch.equal(before["wte.weight"], tiny_lm.wte.weight)
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    assert lrs == pytest.approx([0.02 * 0.5, 1e-3 * 0.5])
+    assert optimizer.muon.param_groups[0]["lr"] == pytest.approx(0.01)
+    assert set(optimizer.state) == {p for p in tiny_lm.parameters()}
+
+
+def test_closure_called_once(tiny_lm, lm_loss) -> None:
+    optimizer = _hybrid(tiny_lm)
+    calls = []
+
+    def closure() -> torch.Tensor:
+        calls.append(1)
+        optimizer.zero_grad()
+        loss = lm_loss(tiny_lm)
+        loss.backward()
+        return loss
+
+    assert isinstance(optimizer.step(closure), torch.Tensor) and calls == [1]
+
+
+def test_all_linear_model_builds_no_empty_adamw() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4, bias=False))
+    optimizer = _hybrid(model)
+    assert optimizer.adamw is None and set(optimizer.children) == {"muon"}
+    with pytest.raises(ValueError, match="no parameters"):
+        HybridOptimizer([], [], muon_lr=1.0, adamw_lr=1.0, betas=(0.9, 0.9), eps=1e-8, weight_decay=0.0)
+
+
+def test_state_dict_round_trip_continues_identically(tiny_lm, lm_loss) -> None:
+    optimizer = _hybrid(tiny_lm)
+    lm_loss(tiny_lm).backward()
+    optimizer.step()
+    twin = copy.deepcopy(tiny_lm)
+    twin_optimizer = _hybrid(twin)
+    twin_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    for model, opt in ((tiny_lm, optimizer), (twin, twin_optimizer)):
+        opt.zero_grad()
+        lm_loss(model, seed=1).backward()
+        opt.step()
+    for a, b in zip(tiny_lm.parameters(), twin.parameters()):
+        torch.testing.assert_close(a, b)
+    assert twin_optimizer.param_groups[0] is twin_optimizer.muon.param_groups[0]
+
+
+def test_load_rejects_adamw_only_state(tiny_lm, lm_loss) -> None:
+    optimizer = _hybrid(tiny_lm)
+    adamw_only = torch.optim.AdamW(tiny_lm.parameters()).state_dict()
+    with pytest.raises(ValueError, match="different optimizer setup"):
+        optimizer.load_state_dict(adamw_only)

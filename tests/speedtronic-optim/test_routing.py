@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from speedtronic_optim import route_parameters
+
+
+def _names(model: nn.Module, params: list[torch.Tensor]) -> set[str]:
+    lookup = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+    return {lookup[id(p)] for p in params}
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_small_transformer_routing(tied: bool, make_lm) -> None:
+    model = make_lm(tied=tied)
+    routing = route_parameters(model)
+    expected_muon = {f"blocks.{i}.{name}.weight" for i in range(2) for name in ("qkv", "proj", "fc")}
+    assert set(routing.muon_names) == expected_muon == _names(model, routing.muon)
+    assert "wte.weight" in routing.adamw_names and "ln_f.weight" in routing.adamw_names
+    assert "blocks.0.qkv.bias" in routing.adamw_names and "blocks.0.ln.bias" in routing.adamw_names
+    assert ("lm_head.weight" in routing.adamw_names) is (not tied)
+    all_ids = [id(p) for p in routing.muon + routing.adamw]
+    trainable = {id(p) for p in model.parameters()}
+    assert len(all_ids) == len(set(all_ids)) and set(all_ids) == trainable
+    assert all(p.ndim == 2 for p in routing.muon)
+
+
+def test_tied_head_first_never_goes_to_muon() -> None:
+    class HeadFirst(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.decoder = nn.Linear(4, 10, bias=False)  # a hidden-looking Linear sharing the embedding
+            self.tok = nn.Embedding(10, 4)
+            self.decoder.weight = self.tok.weight
+
+    routing = route_parameters(HeadFirst())
+    assert routing.muon == [] and len(routing.adamw) == 1
+
+
+def test_overrides_and_frozen(make_lm) -> None:
+    model = make_lm()
+    model.blocks[0].fc._speedtronic_optimizer_role = "adamw"
+    model.lm_head._speedtronic_optimizer_role = "muon"
+    model.blocks[1].proj.weight.requires_grad_(False)
+    routing = route_parameters(model)
+    assert "blocks.0.fc.weight" in routing.adamw_names and "blocks.0.fc.weight" not in routing.muon_names
+    assert "lm_head.weight" in routing.muon_names
+    assert routing.skipped_names == ["blocks.1.proj.weight"]
+    assert all(p.requires_grad for p in routing.muon + routing.adamw)
+
+
+def test_custom_matrix_parameter_defaults_to_adamw() -> None:
+    class Custom(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.matrix = nn.Parameter(torch.zeros(4, 4))
+
+    routing = route_parameters(Custom())
+    assert routing.adamw_names == ["matrix"] and routing.muon == []
+
+
+def test_bad_override_and_non_matrix_muon_override(make_lm) -> None:
+    model = make_lm()
+    model.blocks[0]._speedtronic_optimizer_role = "sgd"
+    with pytest.raises(ValueError, match="blocks.0._speedtronic_optimizer_role"):
+        route_parameters(model)
+    model = make_lm()
+    model.ln_f._speedtronic_optimizer_role = "muon"
+    with pytest.raises(ValueError, match=r"ln_f.weight has shape \(16,\)"):
+        route_parameters(model)

@@ -7,7 +7,7 @@ import logging
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -136,7 +136,7 @@ def _read_section(section: Any) -> tuple[str, str | None]:
         return "auto", None
     if isinstance(section, str):
         mode, dtype = section, None
-    elif isinstance(section, dict):
+    elif isinstance(section, Mapping):
         mode, dtype = section.get("mode", "auto"), section.get("dtype")
     else:
         mode, dtype = getattr(section, "mode", "auto"), getattr(section, "dtype", None)

@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+import json
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from speedtronic_trainer import CheckpointError, CheckpointManager, capture_rng_state, restore_rng_state
+
+
+def state(step: int) -> dict:
+    return {"step": step, "weights": torch.full((3,), float(step))}
+
+
+def test_should_save_only_on_exact_positive_interval():
+    manager = CheckpointManager("unused", every_steps=3)
+    assert [s for s in range(10) if manager.should_save(s)] == [3, 6, 9]
+    assert not CheckpointManager("unused", every_steps=3, enabled=False).should_save(3)
+
+
+def test_bad_arguments_are_rejected_with_the_field_name():
+    with pytest.raises(ValueError, match="every_steps"):
+        CheckpointManager("x", every_steps=0)
+    with pytest.raises(ValueError, match="keep_last"):
+        CheckpointManager("x", keep_last=0)
+
+
+def test_save_writes_step_file_and_latest_pointer(tmp_path):
+    manager = CheckpointManager(tmp_path / "ckpt", every_steps=1)
+    path = manager.save(4, state(4))
+    assert path == manager.path_for(4) == tmp_path / "ckpt" / "step_4.pt"
+    assert json.loads((tmp_path / "ckpt" / "latest").read_text()) == {"step": 4, "file": "step_4.pt"}
+    assert manager.latest_path() == path
+    loaded = manager.load_latest()
+    assert loaded["step"] == 4 and torch.equal(loaded["weights"], state(4)["weights"])
+    assert loaded["checkpoint_path"] == str(path)
+    assert not [p for p in (tmp_path / "ckpt").iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_pointer_wins_over_file_order_and_damaged_pointer_falls_back(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=None)
+    manager.save(10, state(10))
+    manager.save(2, state(2))  # e.g. a rewind: the pointer, not the highest number, is the truth
+    assert manager.load_latest()["step"] == 2
+    (tmp_path / "latest").write_text("{not json")
+    assert manager.latest_path() == tmp_path / "step_10.pt"
+
+
+def test_prune_keeps_the_newest_and_the_pointed_file(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    for step in (1, 2, 3, 4):
+        manager.save(step, state(step))
+    assert sorted(p.name for p in tmp_path.glob("step_*.pt")) == ["step_3.pt", "step_4.pt"]
+    unlimited = CheckpointManager(tmp_path, keep_last=None)
+    unlimited.save(5, state(5))
+    unlimited.prune()
+    assert len(list(tmp_path.glob("step_*.pt"))) == 3
+
+
+def test_load_latest_is_none_without_checkpoints(tmp_path):
+    assert CheckpointManager(tmp_path / "missing").load_latest() is None
+    assert CheckpointManager(tmp_path / "missing").latest_path() is None
+
+
+def test_truncated_latest_raises_naming_the_file_and_resume_falls_back(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=None)
+    manager.save(1, state(1))
+    path = manager.save(2, state(2))
+    path.write_bytes(path.read_bytes()[:40])  # a preempted copy, truncated
+    with pytest.raises(CheckpointError, match="step_2.pt"):
+        manager.load(path)
+    with pytest.warns(RuntimeWarning, match="step_2.pt"):
+        loaded = manager.load_latest()
+    assert loaded["step"] == 1
+
+
+def test_every_checkpoint_corrupt_is_an_error(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, state(1)).write_bytes(b"garbage")
+    with pytest.warns(RuntimeWarning), pytest.raises(CheckpointError, match="no loadable checkpoint"):
+        manager.load_latest()
+
+
+class NotATensor:
+    pass
+
+
+def test_loading_is_weights_only(tmp_path):
+    path = tmp_path / "step_1.pt"
+    torch.save({"step": 1, "payload": NotATensor()}, path)  # pickled code would run on an unsafe load
+    with pytest.raises(CheckpointError, match="weights_only"):
+        CheckpointManager(tmp_path).load(path)
+
+
+def test_copy_to_file_or_folder(tmp_path):
+    manager = CheckpointManager(tmp_path / "ckpt")
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        manager.copy_to(tmp_path / "out.pt")
+    manager.save(3, state(3))
+    (tmp_path / "export").mkdir()
+    assert manager.copy_to(tmp_path / "export") == tmp_path / "export" / "step_3.pt"
+    copied = manager.copy_to(tmp_path / "deep" / "final.pt")
+    assert torch.load(copied, weights_only=True)["step"] == 3
+
+
+def test_from_config_roots_relative_directory_under_output_dir(tmp_path):
+    section = SimpleNamespace(directory="checkpoints", every_steps=7, keep_last=None, enabled=False)
+    manager = CheckpointManager.from_config(section, output_dir=tmp_path)
+    assert (manager.directory, manager.every_steps, manager.keep_last, manager.enabled) == (
+        tmp_path / "checkpoints", 7, None, False)
+    section.directory = str(tmp_path / "abs")
+    assert CheckpointManager.from_config(section, output_dir="elsewhere").directory == tmp_path / "abs"
+
+
+def draw() -> tuple:
+    return random.random(), float(np.random.rand()), float(np.random.randn()), torch.rand(3).tolist()
+
+
+def test_rng_round_trip_through_a_weights_only_file(tmp_path):
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    np.random.randn()  # leaves a cached gaussian in NumPy's state
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, {"rng": capture_rng_state()})
+    expected = draw()
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    restore_rng_state(manager.load_latest()["rng"])
+    assert draw() == expected
+
+
+def test_restore_rng_ignores_missing_state():
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    restore_rng_state(None)
+    restore_rng_state({})
+    assert torch.equal(before, torch.get_rng_state())

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from speedtronic_trainer import MetricLogger, on_event
+
+
+def test_on_event_wraps_a_function_as_a_hook_object():
+    seen = []
+
+    def record(event, payload):
+        seen.append((event, payload["step"]))
+
+    hook = on_event(record)
+    MetricLogger(stream=io.StringIO(), hooks=[hook]).emit("train_step", {"step": 4})
+    assert seen == [("train_step", 4)]
+
+
+def test_failing_wrapped_function_is_named_in_the_warning():
+    def flaky_sink(event, payload):
+        raise OSError("disk full")
+
+    stream = io.StringIO()
+    MetricLogger(stream=stream, hooks=[on_event(flaky_sink)]).emit("eval", {"step": 1})
+    assert "flaky_sink" in stream.getvalue() and "disk full" in stream.getvalue()
+
+
+def test_on_event_rejects_non_callables():
+    with pytest.raises(TypeError, match="callable"):
+        on_event("not a function")

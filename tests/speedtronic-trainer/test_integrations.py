@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import importlib.util
+import io
+
+import pytest
+import torch
+from trainer_testkit import TinyLM, make_loader
+
+from speedtronic_trainer import MetricLogger, TensorboardHook, Trainer, TrainerSettings, WandbHook, hooks_from_names
+
+HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
+HAS_WANDB = importlib.util.find_spec("wandb") is not None
+
+
+def train_with(hook, steps=3):
+    model = TinyLM()
+    logger = MetricLogger(stream=io.StringIO(), hooks=[hook])
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), make_loader(), device="cpu",
+                      logger=logger, settings=TrainerSettings())
+    trainer.fit(steps)
+    logger.close()
+    return trainer
+
+
+@pytest.mark.skipif(not HAS_TENSORBOARD, reason="tensorboard not installed (pip install speedtronic-trainer[tensorboard])")
+def test_tensorboard_hook_writes_event_files_that_read_back(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    hook = TensorboardHook(str(tmp_path / "tb"))
+    train_with(hook)
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    losses = events.Scalars("train_step/loss")
+    assert [e.step for e in losses] == [1, 2, 3]
+    assert all(e.value > 0 for e in losses)
+    assert "train_step/tokens_per_s" in events.Tags()["scalars"]
+    assert "fit_end/tokens_per_s" in events.Tags()["scalars"]
+
+
+@pytest.mark.skipif(not HAS_WANDB, reason="wandb not installed (pip install speedtronic-trainer[wandb])")
+def test_wandb_hook_runs_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    hook = WandbHook(project="speedtronic-test", mode="offline", dir=str(tmp_path))
+    train_with(hook)
+    run_dirs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(run_dirs) == 1 and list(run_dirs[0].glob("*.wandb"))
+
+
+def test_missing_library_names_the_extra(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_optional(name, *args, **kwargs):
+        if name in {"wandb", "torch.utils.tensorboard"}:
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_optional)
+    with pytest.raises(ImportError, match=r"speedtronic-trainer\[wandb\]"):
+        WandbHook()
+    with pytest.raises(ImportError, match=r"speedtronic-trainer\[tensorboard\]"):
+        TensorboardHook()
+
+
+def test_hooks_from_names_rejects_unknown_names():
+    assert hooks_from_names([]) == []
+    with pytest.raises(ValueError, match="unknown hook 'mlflow'"):
+        hooks_from_names(["mlflow"])
+
+
+@pytest.mark.skipif(not HAS_TENSORBOARD, reason="tensorboard not installed (pip install speedtronic-trainer[tensorboard])")
+def test_hooks_from_names_builds_tensorboard_under_log_dir(tmp_path):
+    (hook,) = hooks_from_names(["TensorBoard"], log_dir=str(tmp_path))
+    assert isinstance(hook, TensorboardHook) and hook.log_dir == str(tmp_path / "tensorboard")
+    hook.close()

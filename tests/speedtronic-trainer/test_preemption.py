@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from speedtronic_trainer.preemption import StopSignal
+
+CHILD = textwrap.dedent("""
+    import io, json, sys, time
+    from pathlib import Path
+    sys.path.insert(0, {kit!r})
+    import torch
+    from trainer_testkit import TinyLM, make_loader
+    from speedtronic_trainer import CheckpointManager, MetricLogger, Trainer, TrainerSettings
+
+    ready = Path({ready!r})
+
+    def pace(event, payload):
+        if event == "train_step":
+            if payload["step"] == 2:
+                ready.write_text("go")
+            time.sleep(0.02)  # keep the run alive until the parent's signal lands
+
+    model = TinyLM()
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), make_loader(), device="cpu",
+                      logger=MetricLogger(stream=io.StringIO(), hooks=[pace]),
+                      checkpoint_manager=CheckpointManager({ckpt!r}, every_steps=1000),
+                      settings=TrainerSettings())
+    result = trainer.fit(1_000_000)
+    print(json.dumps({{"steps": result.steps, "stopped_by": result.stopped_by,
+                      "checkpoint": str(result.checkpoint)}}))
+""")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_saves_a_checkpoint_and_stops_cleanly(tmp_path, signum):
+    ready = tmp_path / "ready"
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(kit=str(Path(__file__).parent), ready=str(ready), ckpt=str(tmp_path / "ckpt")))
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert child.poll() is None, child.communicate()[1]
+            assert time.monotonic() < deadline, "child never reached step 2"
+            time.sleep(0.05)
+        child.send_signal(signum)
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["stopped_by"] == signal.Signals(signum).name
+    assert result["steps"] >= 2
+    assert result["checkpoint"] == str(tmp_path / "ckpt" / f"step_{result['steps']}.pt")
+    state = torch.load(result["checkpoint"], weights_only=True)
+    assert state["step"] == result["steps"]
+
+
+def test_stop_signal_restores_previous_handlers():
+    before = signal.getsignal(signal.SIGTERM)
+    with StopSignal() as stop:
+        assert signal.getsignal(signal.SIGTERM) == stop._handle
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+        assert stop.received == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_disabled_stop_signal_installs_nothing():
+    before = signal.getsignal(signal.SIGINT)
+    with StopSignal(enabled=False):
+        assert signal.getsignal(signal.SIGINT) == before

@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import io
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from trainer_testkit import RecordingHook
+
+from speedtronic_trainer import CallbackList, MetricLogger, memory_usage_bytes
+
+
+def test_text_and_jsonl_outputs(tmp_path):
+    stream = io.StringIO()
+    logger = MetricLogger(stream=stream, file=str(tmp_path / "logs" / "run.log"),
+                          json_file=str(tmp_path / "logs" / "run.jsonl"))
+    logger.emit("train_step", {"step": 1, "loss": 2.5, "lr": 0.001})
+    logger.info("hello %s", "world")
+    logger.close()
+    text = (tmp_path / "logs" / "run.log").read_text()
+    assert "train_step step=1 loss=2.5 lr=0.001" in text and "INFO hello world" in text
+    assert text.splitlines() == stream.getvalue().splitlines()
+    records = [json.loads(line) for line in (tmp_path / "logs" / "run.jsonl").read_text().splitlines()]
+    assert len(records) == 1
+    assert records[0]["event"] == "train_step" and records[0]["loss"] == 2.5 and "time" in records[0]
+
+
+def test_level_filters_text_lines():
+    stream = io.StringIO()
+    logger = MetricLogger(level="warning", stream=stream)
+    logger.info("quiet")
+    logger.debug("quieter")
+    logger.warning("loud %d", 1)
+    logger.error("louder")
+    assert "quiet" not in stream.getvalue() and "WARNING loud 1" in stream.getvalue()
+    assert "ERROR louder" in stream.getvalue()
+    assert MetricLogger(level="nonsense", stream=io.StringIO())._level == 20  # unknown names map to INFO
+
+
+def test_cadence():
+    logger = MetricLogger(every_steps=3, stream=io.StringIO())
+    assert [s for s in range(1, 10) if logger.wants_step(s)] == [3, 6, 9]
+    with pytest.raises(ValueError, match="every_steps"):
+        MetricLogger(every_steps=0)
+
+
+def test_failing_hook_is_logged_once_and_skipped():
+    stream = io.StringIO()
+    good = RecordingHook()
+    calls = []
+
+    def bad(event, payload):
+        calls.append(event)
+        raise RuntimeError("sink is down")
+
+    logger = MetricLogger(stream=stream, hooks=[bad, good])
+    for step in range(3):
+        logger.emit("train_step", {"step": step})
+    assert calls == ["train_step"]
+    assert stream.getvalue().count("sink is down") == 1
+    assert len(good.events) == 3
+
+
+def test_failing_hook_never_stops_training():
+    from trainer_testkit import TinyLM, make_loader
+
+    from speedtronic_trainer import Trainer, TrainerSettings
+
+    def bad(event, payload):
+        raise ValueError("boom")
+
+    model = TinyLM()
+    logger = MetricLogger(stream=io.StringIO(), hooks=[bad])
+    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), make_loader(), device="cpu",
+                      logger=logger, settings=TrainerSettings())
+    assert trainer.fit(3).steps == 3
+
+
+def test_console_metrics_off_keeps_files_and_other_events(tmp_path):
+    stream = io.StringIO()
+    logger = MetricLogger(stream=stream, file=str(tmp_path / "t.log"))
+    logger.console_metrics = False
+    logger.emit("train_step", {"step": 1})
+    logger.emit("checkpoint", {"step": 1})
+    logger.close()
+    assert "train_step" not in stream.getvalue() and "checkpoint" in stream.getvalue()
+    assert "train_step" in (tmp_path / "t.log").read_text()
+
+
+def test_close_closes_hooks():
+    closed = []
+    hook = SimpleNamespace(on_event=lambda e, p: None, close=lambda: closed.append(1))
+    MetricLogger(stream=io.StringIO(), hooks=[hook]).close()
+    assert closed == [1]
+
+
+def test_from_config_reads_the_section(tmp_path):
+    section = SimpleNamespace(level="DEBUG", file=None, json_file=str(tmp_path / "m.jsonl"), every_steps=5, hooks=[])
+    logger = MetricLogger.from_config(section)
+    assert logger.every_steps == 5 and logger.json_file.endswith("m.jsonl") and logger.hooks == []
+    with pytest.raises(ValueError, match="logging.hooks"):
+        MetricLogger.from_config(SimpleNamespace(level="INFO", file=None, json_file=None, every_steps=1,
+                                                 hooks=["mlflow"]))
+
+
+def test_callback_list_fans_out():
+    a, b = RecordingHook(), RecordingHook()
+    plain = []
+    callbacks = CallbackList([a, b, lambda e, p: plain.append(e)])
+    callbacks.on_event("eval", {"val_loss": 1.0})
+    assert a.events == b.events == [("eval", {"val_loss": 1.0})] and plain == ["eval"]
+
+
+def test_memory_usage_is_none_without_an_accelerator():
+    if torch.cuda.is_available():
+        assert memory_usage_bytes() >= 0
+    else:
+        assert memory_usage_bytes() is None

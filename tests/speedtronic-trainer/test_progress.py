@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from speedtronic_trainer.progress import ProgressBar, progress_enabled
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_off_when_output_is_not_a_terminal():
+    assert progress_enabled("auto", io.StringIO()) is False
+    assert progress_enabled(None, io.StringIO()) is False
+    assert progress_enabled(True, io.StringIO()) is False  # never draw a bar into a log file
+
+
+def test_progress_in_a_terminal_unless_disabled():
+    assert progress_enabled("auto", FakeTerminal()) is True
+    assert progress_enabled(False, FakeTerminal()) is False
+    assert progress_enabled("off", FakeTerminal()) is False
+    with pytest.raises(ValueError, match="logging.progress"):
+        progress_enabled("sometimes")
+
+
+def test_bar_shows_step_loss_and_throughput():
+    terminal = FakeTerminal()
+    bar = ProgressBar(total=10, initial=2, enabled=True, stream=terminal)
+    assert bar.active
+    bar.update(5, 1.2345, 1000.0)
+    bar.close()
+    text = terminal.getvalue()
+    assert "5/10" in text and "loss=1.2345" in text and "tok_s=1,000" in text
+
+
+def test_disabled_bar_is_a_no_op():
+    bar = ProgressBar(total=10, initial=0, enabled=False)
+    bar.update(3, None, 0.0)
+    bar.close()
+    assert not bar.active
+
+
+def test_trainer_logs_plain_lines_when_not_a_terminal(capsys):
+    import torch
+    from trainer_testkit import TinyLM, make_loader
+
+    from speedtronic_trainer import MetricLogger, Trainer, TrainerSettings
+
+    model = TinyLM()
+    stream = io.StringIO()
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), make_loader(), device="cpu",
+            logger=MetricLogger(stream=stream), settings=TrainerSettings()).fit(2)
+    assert stream.getvalue().count("train_step") == 2
+    err = capsys.readouterr().err
+    assert "step/s" not in err and "s/step" not in err

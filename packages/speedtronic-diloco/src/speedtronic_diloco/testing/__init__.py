@@ -1,0 +1,1 @@
+"""Test helpers that ship with the package: a loopback Hub server and a tiny DiLoCo node."""

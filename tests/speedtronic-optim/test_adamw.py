@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speedtronic_optim import make_adamw
+
+SETTINGS = dict(lr=1e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)
+
+
+def test_disabled_fused_is_regular() -> None:
+    optimizer = make_adamw([torch.nn.Parameter(torch.zeros(3))], fused=False, **SETTINGS)
+    assert not optimizer.param_groups[0]["fused"]
+
+
+@pytest.mark.parametrize("fused", [None, True])
+def test_probe_falls_back_when_fused_construction_fails(fused: bool | None) -> None:
+    # Fused AdamW has no kernels for the meta device, so its construction raises there.
+    param = torch.nn.Parameter(torch.zeros(3, device="meta"))
+    with pytest.raises(RuntimeError):
+        torch.optim.AdamW([param], fused=True)
+    optimizer = make_adamw([param], fused=fused, **SETTINGS)
+    assert not optimizer.param_groups[0]["fused"]
+    assert optimizer.param_groups[0]["betas"] == (0.9, 0.99)
+
+
+def test_probe_uses_fused_where_available() -> None:
+    param = torch.nn.Parameter(torch.zeros(3))
+    try:
+        torch.optim.AdamW([param], fused=True)
+    except RuntimeError:
+        pytest.skip("this torch build has no fused AdamW for CPU")
+    assert make_adamw([param], fused=None, **SETTINGS).param_groups[0]["fused"]

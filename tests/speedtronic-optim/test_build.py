@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+import speedtronic_optim
+from speedtronic_optim import CautiousOptimizer, HybridOptimizer, build_optimizer, build_v2_optimizer
+
+
+@dataclass
+class Section:
+    name: str = "adamw"
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    fused: bool | None = None
+    muon_plus: bool = False
+    cautious: bool = False
+    muon_momentum: float = 0.95
+    muon_ns_steps: int = 5
+    muon_norm_eps: float = 1e-8
+
+
+def test_adamw_default(make_lm) -> None:
+    model = make_lm()
+    optimizer = build_optimizer(model, Section(), torch.device("cpu"))
+    assert isinstance(optimizer, torch.optim.AdamW)
+    group = optimizer.param_groups[0]
+    assert group["lr"] == 1e-3 and group["betas"] == (0.9, 0.95) and group["weight_decay"] == 0.1
+    frozen = make_lm()
+    frozen.wte.weight.requires_grad_(False)
+    params = build_optimizer(frozen, Section(), "cpu").param_groups[0]["params"]
+    assert all(p.requires_grad for p in params)
+
+
+def test_muon_builds_hybrid_with_section_fields(make_lm) -> None:
+    section = Section(name="muon", muon_plus=True, muon_momentum=0.9, muon_ns_steps=4, muon_norm_eps=1e-6)
+    optimizer = build_optimizer(make_lm(), section, "cpu")
+    assert isinstance(optimizer, HybridOptimizer)
+    group = optimizer.muon.param_groups[0]
+    assert (group["momentum"], group["ns_steps"], group["norm_eps"], group["muon_plus"]) == (0.9, 4, 1e-6, True)
+    assert group["adjust_lr"] == "match_rms_adamw"  # one lr for both branches
+    assert optimizer.adamw.param_groups[0]["lr"] == group["lr"] == 1e-3
+
+
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_cautious_wraps_either(make_lm, lm_loss, name: str) -> None:
+    model = make_lm()
+    optimizer = build_optimizer(model, Section(name=name, cautious=True), "cpu")
+    assert isinstance(optimizer, CautiousOptimizer)
+    lm_loss(model).backward()
+    optimizer.step()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_v2_name_accepts_whole_config(make_lm) -> None:
+    class Config:
+        optimizer = Section(name="muon")
+
+    assert isinstance(build_v2_optimizer(make_lm(), Config(), "cpu"), HybridOptimizer)
+
+
+def test_bad_sections(make_lm) -> None:
+    with pytest.raises(ValueError, match="optimizer.name = 'lion'"):
+        build_optimizer(make_lm(), Section(name="lion"), "cpu")
+    with pytest.raises(ValueError, match="muon_plus"):
+        build_optimizer(make_lm(), Section(muon_plus=True), "cpu")
+    model = make_lm().requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        build_optimizer(model, Section(), "cpu")
+
+
+def test_package_imports_only_torch() -> None:
+    root = Path(speedtronic_optim.__file__).parent
+    imported = set()
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                imported.add(node.module.split(".")[0])
+    assert imported - {"__future__", "torch", "math", "typing", "dataclasses", "collections", "functools"} == set()

@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from speedtronic_optim import build_lr_scheduler, warmup_constant, warmup_cosine, warmup_stable_decay
+from speedtronic_optim.schedules import lr_lambda
+
+
+def test_warmup_formula() -> None:
+    assert warmup_constant(0, warmup_steps=4) == 0.25
+    assert warmup_constant(3, warmup_steps=4) == 1.0
+    assert warmup_constant(10, warmup_steps=0) == 1.0
+    assert warmup_cosine(1, warmup_steps=4, max_steps=10, min_lr_ratio=0.1) == 0.5
+
+
+def test_cosine_values_and_clamp() -> None:
+    kwargs = dict(warmup_steps=10, max_steps=110, min_lr_ratio=0.1)
+    assert warmup_cosine(10, **kwargs) == pytest.approx(1.0)
+    assert warmup_cosine(60, **kwargs) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert warmup_cosine(85, **kwargs) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.75)))
+    assert warmup_cosine(110, **kwargs) == pytest.approx(0.1)
+    assert warmup_cosine(500, **kwargs) == pytest.approx(0.1)
+
+
+def test_wsd_values() -> None:
+    kwargs = dict(warmup_steps=10, max_steps=100, min_lr_ratio=0.0)
+    assert warmup_stable_decay(5, **kwargs) == pytest.approx(0.6)
+    assert warmup_stable_decay(50, **kwargs) == 1.0
+    assert warmup_stable_decay(79, **kwargs) == 1.0  # decay_ratio 0.2: the last 20 steps decay
+    assert warmup_stable_decay(90, **kwargs) == pytest.approx(0.5)
+    assert warmup_stable_decay(100, **kwargs) == 0.0
+    assert warmup_stable_decay(90, decay_ratio=0.5, **kwargs) == pytest.approx(0.2)
+
+
+def test_scheduler_drives_lr_and_round_trips() -> None:
+    param = torch.nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.SGD([param], lr=1.0)
+    section = SimpleNamespace(name="cosine", warmup_steps=2, max_steps=6, min_lr_ratio=0.2)
+    scheduler = build_lr_scheduler(optimizer, section)
+    seen = [optimizer.param_groups[0]["lr"]]
+    for _ in range(6):
+        optimizer.step()
+        scheduler.step()
+        seen.append(optimizer.param_groups[0]["lr"])
+    assert seen == pytest.approx([warmup_cosine(s, warmup_steps=2, max_steps=6, min_lr_ratio=0.2) for s in range(7)])
+    restored = build_lr_scheduler(torch.optim.SGD([param], lr=1.0), section)
+    restored.load_state_dict(scheduler.state_dict())
+    assert restored.last_epoch == 6
+
+
+def test_decay_ratio_defaults_when_absent() -> None:
+    fn = lr_lambda(SimpleNamespace(name="wsd", warmup_steps=0, max_steps=10, min_lr_ratio=0.0))
+    assert fn(7) == 1.0 and fn(9) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [({"name": "linear"}, "scheduler.name = 'linear'"), ({"warmup_steps": -1}, "warmup_steps"),
+     ({"max_steps": 0}, "max_steps"), ({"min_lr_ratio": 1.5}, "min_lr_ratio"), ({"decay_ratio": 0.0}, "decay_ratio")],
+)
+def test_bad_sections(fields: dict, message: str) -> None:
+    section = SimpleNamespace(**{"name": "cosine", "warmup_steps": 1, "max_steps": 10, "min_lr_ratio": 0.1, **fields})
+    with pytest.raises(ValueError, match=message):
+        lr_lambda(section)

@@ -1,0 +1,396 @@
+"""Reference decoder-only transformer: RMSNorm, RoPE, grouped-query attention, SwiGLU, tied head."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from speedtronic_model._errors import ConfigError
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class GPTConfig:
+    """Reference-model hyperparameters; defaults match speedtronic_config.ModelConfig."""
+
+    vocab_size: int = 512
+    block_size: int = 128
+    n_layer: int = 4
+    n_head: int = 8
+    n_kv_head: int | None = None  # None -> n_head (plain multi-head attention)
+    d_model: int = 256
+    d_ff: int | None = None  # None -> 4 * d_model
+    dropout: float = 0.0
+    tie_weights: bool = True
+    rope_base: float = 10000.0
+    gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        if self.d_ff is None and _is_positive_int(self.d_model):
+            self.d_ff = 4 * self.d_model
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff"):
+            if not _is_positive_int(getattr(self, name)):
+                raise _error(name, getattr(self, name), "must be a positive integer")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise _error("dropout", self.dropout, "must be a number with 0 <= dropout < 1")
+        if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, (int, float)) or not self.rope_base > 1:
+            raise _error("rope_base", self.rope_base, "must be a number > 1 (10000.0 is the usual choice)")
+        if self.d_model % self.n_head:
+            raise _error("d_model", self.d_model, f"must be divisible by model.n_head={self.n_head}")
+        if self.n_head % self.n_kv_head:
+            raise _error("n_kv_head", self.n_kv_head, f"must divide model.n_head={self.n_head}")
+        if self.head_dim % 2:
+            raise _error(
+                "d_model", self.d_model,
+                f"gives head_dim = d_model / n_head = {self.head_dim}, which must be even for rotary "
+                "embeddings (they rotate channel pairs); change d_model or n_head",
+            )
+
+    @property
+    def head_dim(self) -> int:
+        """Channels per attention head."""
+        return self.d_model // self.n_head
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> GPTConfig:
+        """Build from keyword arguments, accepting max_seq_len as an alias of block_size."""
+        if "max_seq_len" in kwargs:
+            alias = kwargs.pop("max_seq_len")
+            if kwargs.setdefault("block_size", alias) != alias:
+                raise ConfigError(
+                    f"model.max_seq_len: {alias!r} conflicts with block_size={kwargs['block_size']!r}; "
+                    "they are the same setting, give only one"
+                )
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(kwargs) - set(known))
+        if unknown:
+            hints = "; ".join(_suggest(name, known) for name in unknown)
+            raise ConfigError(f"model: unknown field(s) for the reference transformer: {hints}")
+        return cls(**kwargs)
+
+
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _error(field: str, value: Any, rule: str) -> ConfigError:
+    # block_size is spelled max_seq_len in the YAML the user actually edits.
+    path = "model.max_seq_len" if field == "block_size" else f"model.{field}"
+    return ConfigError(f"{path}: {value!r} {rule}")
+
+
+def _suggest(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(known)})")
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm with a learned gain and no bias."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Return x scaled to unit RMS over its last dimension, times the gain."""
+        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Apply rotary embeddings to x with shape (B, H, T, D); cos and sin are (T, D)."""
+    return x * cos + _rotate_half(x) * sin
+
+
+class RotaryEmbedding(nn.Module):
+    """Cached RoPE cos/sin tables (GPT-NeoX half-split layout)."""
+
+    def __init__(self, head_dim: int, base: float = 10000.0, max_seq_len: int = 2048) -> None:
+        super().__init__()
+        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (D/2,)
+        # Non-persistent buffers: they follow .to(device) but stay out of checkpoints.
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("cos_cached", torch.empty(0), persistent=False)
+        self.register_buffer("sin_cached", torch.empty(0), persistent=False)
+        self._build(max_seq_len)
+
+    def _build(self, seq_len: int) -> None:
+        t = torch.arange(seq_len, device=self.inv_freq.device, dtype=torch.float32)
+        freqs = torch.outer(t, self.inv_freq)  # (T, D/2)
+        angles = torch.cat((freqs, freqs), dim=-1)  # (T, D)
+        self.cos_cached, self.sin_cached = angles.cos(), angles.sin()
+
+    def forward(self, seq_len: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return (cos, sin), each (seq_len, head_dim), on device in dtype."""
+        if seq_len > self.cos_cached.size(0):
+            self._build(seq_len)
+        return (
+            self.cos_cached[:seq_len].to(device=device, dtype=dtype),
+            self.sin_cached[:seq_len].to(device=device, dtype=dtype),
+        )
+
+
+class CausalSelfAttention(nn.Module):
+    """Causal self-attention with grouped-query heads (n_kv_head key/value heads shared by n_head queries)."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.q_proj = nn.Linear(config.d_model, self.n_head * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.d_model, self.n_kv_head * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.d_model, self.n_kv_head * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_head * self.head_dim, config.d_model, bias=False)
+        self.dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Attend causally; attention_mask is None or a (B, 1, T, T) bool mask that already holds causality."""
+        B, T, C = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
+        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
+        cos, sin = rope(T, x.device, q.dtype)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # enable_gqa lets SDPA broadcast KV heads itself; measured faster on CPU than
+        # repeat_interleave (bench/gqa_attention.py) and it never materializes the copies.
+        y = F.scaled_dot_product_attention(
+            q, k, v,
+            attn_mask=attention_mask,
+            is_causal=attention_mask is None,
+            dropout_p=self.dropout if self.training else 0.0,
+            enable_gqa=self.n_kv_head != self.n_head,
+        )  # (B, H, T, D)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
+        return self.resid_dropout(self.o_proj(y))
+
+
+class SwiGLU(nn.Module):
+    """Gated feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.w_gate = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.w_up = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.w_down = nn.Linear(config.d_ff, config.d_model, bias=False)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Return the feed-forward output, same shape as x."""
+        return self.dropout(self.w_down(F.silu(self.w_gate(x)) * self.w_up(x)))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)); optionally recomputed in backward."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.d_model)
+        self.attn = CausalSelfAttention(config)
+        self.mlp_norm = RMSNorm(config.d_model)
+        self.mlp = SwiGLU(config)
+        self.gradient_checkpointing = config.gradient_checkpointing
+
+    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Return the block output (B, T, C), checkpointed when enabled and gradients are recorded."""
+        if self.gradient_checkpointing and torch.is_grad_enabled():
+            # Non-reentrant checkpointing restores the RNG state, so dropout masks match on recompute.
+            return checkpoint(self._forward, x, rope, attention_mask, use_reentrant=False)
+        return self._forward(x, rope, attention_mask)
+
+    def _forward(self, x: torch.Tensor, rope: RotaryEmbedding, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, attention_mask)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class ReferenceTransformer(nn.Module):
+    """A compact GPT-style model with RoPE, GQA, SwiGLU, and weight tying."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        self.config = config = GPTConfig.from_kwargs(**kwargs)
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.d_model)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.rope = RotaryEmbedding(config.head_dim, config.rope_base, max_seq_len=config.block_size)
+        # speedtronic-optim reads this role: embeddings and the head stay on AdamW, never Muon.
+        self.tok_emb._speedtronic_optimizer_role = "adamw"
+        self.lm_head._speedtronic_optimizer_role = "adamw"
+
+        self.apply(self._init_weights)
+        # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer) so the residual stream's
+        # variance does not grow with depth (two residual adds per block).
+        for name, param in self.named_parameters():
+            if name.endswith(("o_proj.weight", "w_down.weight")):
+                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        if config.tie_weights:
+            self.lm_head.weight = self.tok_emb.weight
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def set_gradient_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute every block's activations in backward (less memory, ~1/3 more compute)."""
+        self.config.gradient_checkpointing = enabled
+        for block in self.blocks:
+            block.gradient_checkpointing = enabled
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        **_: Any,
+    ) -> dict[str, torch.Tensor]:
+        """Return {"logits": (B, T, V)} plus "loss" when labels (already shifted, -100 ignored) are given."""
+        T = self._check_inputs(input_ids, labels, attention_mask)
+        mask = _attention_mask(attention_mask, T)  # None or (B, 1, T, T)
+        x = self.drop(self.tok_emb(input_ids))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x, self.rope, mask)
+        logits = self.lm_head(self.norm(x))  # (B, T, V)
+        if labels is None:
+            return {"logits": logits}
+        return {"logits": logits, "loss": _causal_lm_loss(logits, labels)}
+
+    def _check_inputs(self, input_ids: torch.Tensor, labels: torch.Tensor | None, attention_mask: torch.Tensor | None) -> int:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, sequence), got shape {tuple(input_ids.shape)}")
+        T = input_ids.size(1)
+        if T > self.config.block_size:
+            raise ValueError(
+                f"sequence length {T} exceeds block_size {self.config.block_size}; "
+                "crop the input or raise model.max_seq_len"
+            )
+        if labels is not None and labels.shape != input_ids.shape:
+            raise ValueError(
+                f"labels shape {tuple(labels.shape)} != input_ids shape {tuple(input_ids.shape)}; labels must be "
+                "already shifted, one next-token label per input position (-100 to ignore)"
+            )
+        if attention_mask is not None and attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}"
+            )
+        return T
+
+    def num_parameters(self, *, non_embedding: bool = False) -> int:
+        """Return the unique parameter count; non_embedding drops the token lookup table unless it is the tied head."""
+        total = sum(p.numel() for p in self.parameters())  # parameters() yields a tied tensor once
+        if non_embedding and not self.config.tie_weights:
+            total -= self.tok_emb.weight.numel()
+        return total
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Return training FLOPs per token by PaLM's formula 6N + 12·L·H·Q·T (forward and backward).
+
+        N is num_parameters(non_embedding=True): every parameter that takes part in a matmul. The
+        token lookup does no FLOPs and is left out, but the output head is a real (C x V) matmul per
+        token and stays in, which for a tied model is the shared matrix counted once. L layers, H
+        query heads, Q head_dim, T the attended length (seq_len, default block_size).
+        """
+        cfg = self.config
+        T = cfg.block_size if seq_len is None else seq_len
+        return 6 * self.num_parameters(non_embedding=True) + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * T
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Return input_ids (B, T) extended by max_new_tokens sampled ids; temperature 0 is greedy."""
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        if not temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature!r}")
+        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
+        was_training = self.training
+        self.eval()  # sampling should never see dropout
+        try:
+            for _ in range(max_new_tokens):
+                context = input_ids[:, -self.config.block_size:]  # crop: RoPE was cached for block_size
+                logits = self(context)["logits"][:, -1, :].float()  # (B, V)
+                input_ids = torch.cat((input_ids, _sample(logits, temperature, top_k, generator)), dim=1)
+        finally:
+            self.train(was_training)
+        return input_ids
+
+
+def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> torch.Tensor:
+    """Return (B, 1) next ids from (B, V) logits."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
+
+
+def _attention_mask(attention_mask: torch.Tensor | None, T: int) -> torch.Tensor | None:
+    """Return None (plain causal) or a (B, 1, T, T) bool mask: causal and the key is not padding."""
+    if attention_mask is None:
+        return None
+    keep = attention_mask.to(torch.bool)  # (B, T), True = real token
+    # The loader emits an all-True mask; dropping it keeps SDPA on its fused causal kernels.
+    if bool(keep.all()):
+        return None
+    causal = torch.ones(T, T, dtype=torch.bool, device=keep.device).tril()  # (T, T)
+    mask = causal & keep[:, None, None, :]  # (B, 1, T, T)
+    # A query whose visible keys are all padding (left padding) would softmax over nothing and
+    # give NaN; letting it see itself keeps it finite. Its label should be -100 anyway.
+    return mask | torch.eye(T, dtype=torch.bool, device=keep.device)
+
+
+def _causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over labels != -100; 0 (not NaN) when every label is ignored."""
+    total = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+    return total / (labels != IGNORE_INDEX).sum().clamp_min(1)
+
+
+GPT = ReferenceTransformer
+Transformer = ReferenceTransformer
+ReferenceModel = ReferenceTransformer
+GPTModel = ReferenceTransformer
+TransformerConfig = GPTConfig
+
+__all__ = [
+    "GPT",
+    "CausalSelfAttention",
+    "GPTConfig",
+    "GPTModel",
+    "RMSNorm",
+    "ReferenceModel",
+    "ReferenceTransformer",
+    "RotaryEmbedding",
+    "SwiGLU",
+    "Transformer",
+    "TransformerBlock",
+    "TransformerConfig",
+    "apply_rope",
+]

@@ -1,0 +1,118 @@
+"""Model registry: maps `model.name` to a factory so the trainer never names an architecture."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from speedtronic_model._errors import ConfigError
+
+ModelFactory = Callable[..., Any]
+
+# The ModelConfig fields build_model() forwards, as (config field, factory keyword).
+_MODEL_FIELDS: tuple[tuple[str, str], ...] = (
+    ("vocab_size", "vocab_size"),
+    ("max_seq_len", "block_size"),
+    ("n_layer", "n_layer"),
+    ("n_head", "n_head"),
+    ("n_kv_head", "n_kv_head"),
+    ("d_model", "d_model"),
+    ("d_ff", "d_ff"),
+    ("dropout", "dropout"),
+    ("tie_weights", "tie_weights"),
+    ("rope_base", "rope_base"),
+    ("gradient_checkpointing", "gradient_checkpointing"),
+)
+
+
+class ModelRegistry:
+    """Name -> factory table; built-in entries are imported only when first asked for."""
+
+    # Importing torch costs seconds, so the reference model is named here and imported lazily:
+    # `import speedtronic_model.registry` stays cheap for `speedtronic validate`.
+    _builtin_names: Mapping[str, str] = {
+        "reference_transformer": "speedtronic_model.model:ReferenceTransformer",
+        "gpt": "speedtronic_model.model:ReferenceTransformer",
+    }
+
+    def __init__(self, *, builtins: bool = False) -> None:
+        self._factories: dict[str, ModelFactory] = {}
+        self._lazy: dict[str, str] = dict(self._builtin_names) if builtins else {}
+
+    def register(self, name: str, factory: ModelFactory | None = None, *, replace: bool = False):
+        """Register a factory, usable as a decorator or a normal function; returns the factory."""
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"model name must be a non-empty string, got {name!r}")
+
+        def add(fn: ModelFactory) -> ModelFactory:
+            if not callable(fn):
+                raise TypeError(f"model factory for {name!r} must be callable, got {type(fn).__name__}")
+            if name in self and not replace:
+                raise ValueError(
+                    f"model {name!r} is already registered; choose another name or pass replace=True"
+                )
+            self._lazy.pop(name, None)
+            self._factories[name] = fn
+            return fn
+
+        return add if factory is None else add(factory)
+
+    def get(self, name: str) -> ModelFactory:
+        """Return the factory registered under name, or raise ConfigError listing the known names."""
+        if name not in self._factories and name in self._lazy:
+            module_name, attr = self._lazy.pop(name).split(":")
+            self._factories[name] = getattr(importlib.import_module(module_name), attr)
+        try:
+            return self._factories[name]
+        except KeyError:
+            known = ", ".join(self.names()) or "(none)"
+            raise ConfigError(
+                f"model.name: unknown model {name!r}; registered models: {known}. "
+                f"Register a factory with register_model({name!r}, factory) before building."
+            ) from None
+
+    def names(self) -> tuple[str, ...]:
+        """Return every registered name, sorted."""
+        return tuple(sorted(self._factories.keys() | self._lazy.keys()))
+
+    def build(self, name: str, **kwargs: Any) -> Any:
+        """Call the factory registered under name with kwargs and return the model."""
+        return self.get(name)(**kwargs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._factories or name in self._lazy
+
+
+registry = ModelRegistry(builtins=True)
+
+
+def register_model(name: str, factory: ModelFactory | None = None, *, replace: bool = False):
+    """Register a factory in the process-global registry (decorator or call)."""
+    return registry.register(name, factory, replace=replace)
+
+
+def build_model(config: Any, **overrides: Any) -> Any:
+    """Build `config.name` from a ModelConfig-like section (or mapping); overrides win over fields."""
+    name = _read(config, "name")
+    if name is None:
+        raise ConfigError(
+            f"model.name: missing on {type(config).__name__}; give one of: {', '.join(registry.names())}"
+        )
+    kwargs = {keyword: _read(config, field) for field, keyword in _MODEL_FIELDS if _has(config, field)}
+    if "max_seq_len" in overrides:
+        overrides["block_size"] = overrides.pop("max_seq_len")
+    # Extra keywords are for custom factories and pass through uninterpreted (2.0 contract).
+    kwargs.update(overrides)
+    return registry.build(name, **kwargs)
+
+
+def _has(config: Any, field: str) -> bool:
+    return field in config if isinstance(config, Mapping) else hasattr(config, field)
+
+
+def _read(config: Any, field: str) -> Any:
+    return config.get(field) if isinstance(config, Mapping) else getattr(config, field, None)
+
+
+__all__ = ["ModelFactory", "ModelRegistry", "build_model", "register_model", "registry"]

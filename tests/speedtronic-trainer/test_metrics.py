@@ -5,13 +5,12 @@ from torch import nn
 from trainer_testkit import TinyLM
 
 from speedtronic_trainer.metrics import StepMetrics, model_flops_per_token
-from speedtronic_trainer.trainer import _AutoPrecision
 
 
 def plan():
     from speedtronic_systems.precision import resolve_precision
 
-    return resolve_precision(_AutoPrecision(), torch.device("cpu"))
+    return resolve_precision(None, torch.device("cpu"))
 
 
 def test_flops_per_token_from_the_model_hook():
@@ -35,3 +34,15 @@ def test_record_fields_and_mfu():
     plain = StepMetrics(nn.Linear(2, 2), torch.device("cpu"), plan()).record(
         step=1, loss=1.0, lr=0.1, grad_norm=None, samples=1, tokens=1, step_time=0.0)
     assert "mfu" not in plain and "grad_norm" not in plain and plain["tokens_per_s"] == 0.0
+
+
+def test_peak_flops_probe_does_not_move_the_global_rng():
+    from speedtronic_systems.precision import measured_matmul_flops
+
+    measured_matmul_flops.cache_clear()  # make the probe really run here
+    model = TinyLM()
+    torch.manual_seed(0)
+    expected = torch.rand(2)
+    torch.manual_seed(0)
+    StepMetrics(model, torch.device("cpu"), plan())
+    assert torch.equal(torch.rand(2), expected)

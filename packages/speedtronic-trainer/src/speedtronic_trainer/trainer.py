@@ -53,12 +53,6 @@ class TrainResult:
     checkpoint: Path | None = None  # the last checkpoint this fit wrote
 
 
-@dataclass
-class _AutoPrecision:
-    mode: str = "auto"
-    dtype: str | None = None
-
-
 def _checkpoint_config(config: Any) -> Any:
     """Return the config as plain data with secrets redacted, or None when it cannot be redacted."""
     to_dict = getattr(config, "to_dict", None)
@@ -122,7 +116,8 @@ class Trainer:
     def _resolve_precision(self) -> PrecisionPlan:
         from speedtronic_systems.precision import resolve_precision
 
-        return resolve_precision(getattr(self.config, "precision", None) or _AutoPrecision(), self.device)
+        # No precision section means auto (FP32 on CPU/MPS, BF16 or FP16+GradScaler on CUDA).
+        return resolve_precision(getattr(self.config, "precision", None), self.device)
 
     def accumulation_steps(self) -> int:
         """Return how many microbatches make one optimizer update."""

@@ -1,0 +1,325 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from speedtronic_model.model import (
+    CausalSelfAttention,
+    GPTConfig,
+    ReferenceTransformer,
+    RotaryEmbedding,
+    _attention_mask,
+    apply_rope,
+)
+from speedtronic_model._errors import ConfigError
+
+SMALL = dict(vocab_size=97, block_size=16, n_layer=2, n_head=4, n_kv_head=2, d_model=32)
+
+
+def small(**overrides) -> ReferenceTransformer:
+    torch.manual_seed(0)
+    return ReferenceTransformer(**{**SMALL, **overrides})
+
+
+def tokens(batch: int = 2, length: int = 16, vocab: int = 97, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+# -- config ---------------------------------------------------------------------------------
+
+
+def test_config_resolves_defaults_and_alias():
+    cfg = GPTConfig.from_kwargs(max_seq_len=64, d_model=64, n_head=8)
+    assert (cfg.block_size, cfg.n_kv_head, cfg.d_ff, cfg.head_dim) == (64, 8, 256, 8)
+
+
+@pytest.mark.parametrize(
+    "kwargs, path",
+    [
+        (dict(d_model=66, n_head=4), "model.d_model"),
+        (dict(n_head=8, n_kv_head=3), "model.n_kv_head"),
+        (dict(d_model=96, n_head=32), "model.d_model"),  # head_dim 3 is odd
+        (dict(block_size=0), "model.max_seq_len"),
+        (dict(vocab_size=-1), "model.vocab_size"),
+        (dict(n_layer=True), "model.n_layer"),
+        (dict(d_ff=2.5), "model.d_ff"),
+        (dict(dropout=1.0), "model.dropout"),
+        (dict(rope_base=0.0), "model.rope_base"),
+    ],
+)
+def test_config_rejects_bad_values_naming_the_path(kwargs, path):
+    with pytest.raises(ConfigError, match=path):
+        GPTConfig(**kwargs)
+
+
+def test_unknown_field_suggests_the_close_name():
+    with pytest.raises(ConfigError, match="n_layers.*did you mean 'n_layer'"):
+        ReferenceTransformer(n_layers=2)
+
+
+def test_conflicting_alias_is_rejected():
+    with pytest.raises(ConfigError, match="max_seq_len"):
+        ReferenceTransformer(block_size=16, max_seq_len=32)
+
+
+# -- forward and loss -----------------------------------------------------------------------
+
+
+def test_forward_shapes_and_loss_only_with_labels():
+    model = small()
+    ids = tokens()
+    assert set(model(ids)) == {"logits"}
+    out = model(ids, labels=ids, extra_batch_key=torch.zeros(1))
+    assert out["logits"].shape == (2, 16, 97)
+    assert out["loss"].dim() == 0
+
+
+def test_loss_near_ln_vocab_at_init():
+    model = small(vocab_size=1000, d_model=64)
+    ids, labels = tokens(8, 16, 1000, seed=2), tokens(8, 16, 1000, seed=3)
+    loss = model(ids, labels=labels)["loss"].item()
+    assert abs(loss - math.log(1000)) < 0.1
+
+
+def test_labels_are_already_shifted_not_shifted_again():
+    model = small()
+    ids = tokens(2, 16)
+    labels = torch.roll(ids, -1, dims=1)
+    labels[:, -1] = -100
+    labels[0, :3] = -100
+    out = model(ids, labels=labels)
+    logits = out["logits"]
+    keep = labels != -100
+    # position t's logits are scored against labels[t], never labels[t + 1]
+    expected = F.cross_entropy(logits[keep], labels[keep])
+    torch.testing.assert_close(out["loss"], expected)
+    double_shift = F.cross_entropy(logits[:, :-1].reshape(-1, 97), labels[:, 1:].reshape(-1), ignore_index=-100)
+    assert not torch.isclose(out["loss"], double_shift)
+
+
+def test_all_ignored_labels_give_zero_loss_and_gradients():
+    model = small()
+    ids = tokens()
+    loss = model(ids, labels=torch.full_like(ids, -100))["loss"]
+    loss.backward()
+    assert loss.item() == 0.0
+    assert all(torch.all(p.grad == 0) for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m, ids: m(ids[0]), "input_ids must be"),
+        (lambda m, ids: m(torch.zeros(1, 17, dtype=torch.long)), "exceeds block_size 16"),
+        (lambda m, ids: m(ids, labels=ids[:, 1:]), "already shifted"),
+        (lambda m, ids: m(ids, attention_mask=torch.ones(2, 3, dtype=torch.bool)), "attention_mask shape"),
+    ],
+)
+def test_bad_inputs_are_rejected(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(small(), tokens())
+
+
+# -- causality, masking, attention -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("t", [0, 5, 15])
+def test_changing_position_t_never_changes_earlier_logits(t):
+    model = small().eval()
+    ids = tokens(1, 16)
+    changed = ids.clone()
+    changed[0, t] = (ids[0, t] + 1) % 97
+    before, after = model(ids)["logits"], model(changed)["logits"]
+    torch.testing.assert_close(before[:, :t], after[:, :t], rtol=0, atol=0)
+    assert not torch.allclose(before[:, t], after[:, t])
+
+
+def test_left_padding_mask_gives_the_unpadded_logits():
+    # RoPE scores depend only on relative position, so a masked left pad must not change a thing.
+    model = small().eval()
+    real = tokens(1, 10)
+    padded = torch.cat([torch.zeros(1, 6, dtype=torch.long), real], dim=1)
+    mask = torch.cat([torch.zeros(1, 6, dtype=torch.bool), torch.ones(1, 10, dtype=torch.bool)], dim=1)
+    out = model(padded, attention_mask=mask)["logits"]
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[:, 6:], model(real)["logits"], rtol=1e-4, atol=1e-5)
+    unmasked = model(padded)["logits"][:, 6:]
+    assert not torch.allclose(unmasked, out[:, 6:], atol=1e-3)
+
+
+def test_all_true_mask_takes_the_plain_causal_path():
+    assert _attention_mask(torch.ones(2, 8, dtype=torch.bool), 8) is None
+    assert _attention_mask(torch.tensor([[1, 1, 0]]), 3).shape == (1, 1, 3, 3)
+
+
+def naive_attention(attn: CausalSelfAttention, x: torch.Tensor, rope: RotaryEmbedding, keep: torch.Tensor) -> torch.Tensor:
+    """Textbook attention: repeat KV heads, explicit masked softmax."""
+    B, T, _ = x.shape
+    H, KV, D = attn.n_head, attn.n_kv_head, attn.head_dim
+    q = attn.q_proj(x).view(B, T, H, D).transpose(1, 2)
+    k = attn.k_proj(x).view(B, T, KV, D).transpose(1, 2).repeat_interleave(H // KV, dim=1)
+    v = attn.v_proj(x).view(B, T, KV, D).transpose(1, 2).repeat_interleave(H // KV, dim=1)
+    cos, sin = rope(T, x.device, x.dtype)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(D)
+    allowed = torch.ones(T, T).tril().bool() & keep[:, None, None, :]
+    allowed = allowed | torch.eye(T, dtype=torch.bool)
+    y = scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
+    return attn.o_proj(y.transpose(1, 2).reshape(B, T, H * D))
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1])
+@pytest.mark.parametrize("padded", [False, True])
+def test_sdpa_matches_naive_attention(n_kv_head, padded):
+    torch.manual_seed(0)
+    cfg = GPTConfig(**{**SMALL, "n_kv_head": n_kv_head})
+    attn, rope = CausalSelfAttention(cfg).eval(), RotaryEmbedding(cfg.head_dim, max_seq_len=16)
+    x = torch.randn(2, 16, 32)
+    keep = torch.ones(2, 16, dtype=torch.bool)
+    if padded:
+        keep[0, :5] = False
+        keep[1, 12:] = False
+    got = attn(x, rope, _attention_mask(keep, 16))
+    torch.testing.assert_close(got, naive_attention(attn, x, rope, keep), rtol=1e-4, atol=1e-5)
+
+
+def test_gqa_shapes_and_parameter_savings():
+    full, grouped = small(n_kv_head=4), small(n_kv_head=1)
+    attn = grouped.blocks[0].attn
+    assert attn.q_proj.weight.shape == (32, 32)
+    assert attn.k_proj.weight.shape == attn.v_proj.weight.shape == (8, 32)  # one KV head of dim 8
+    saved = full.num_parameters() - grouped.num_parameters()
+    assert saved == 2 * 2 * (4 - 1) * 8 * 32  # layers * (k and v) * dropped heads * head_dim * d_model
+    assert grouped(tokens())["logits"].shape == (2, 16, 97)
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    rope = RotaryEmbedding(16, max_seq_len=8)  # grows past its cache on demand
+    cos, sin = rope(64, torch.device("cpu"), torch.float32)
+    q, k = torch.randn(16), torch.randn(16)
+
+    def score(m: int, n: int) -> torch.Tensor:
+        qm = apply_rope(q.view(1, 1, 1, 16), cos[m : m + 1], sin[m : m + 1])
+        kn = apply_rope(k.view(1, 1, 1, 16), cos[n : n + 1], sin[n : n + 1])
+        return (qm * kn).sum()
+
+    torch.testing.assert_close(score(7, 3), score(57, 53), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(score(3, 3), (q * k).sum(), rtol=1e-5, atol=1e-5)
+    assert not torch.isclose(score(7, 3), score(7, 5))
+
+
+def test_rope_tables_are_not_saved_in_the_state_dict():
+    assert not any("cos" in key or "sin" in key or "inv_freq" in key for key in small().state_dict())
+
+
+# -- tying, init, optimizer roles ----------------------------------------------------------
+
+
+def test_tied_embedding_and_head_share_one_tensor():
+    tied, untied = small(), small(tie_weights=False)
+    assert tied.lm_head.weight is tied.tok_emb.weight
+    assert untied.lm_head.weight is not untied.tok_emb.weight
+    assert untied.num_parameters() - tied.num_parameters() == 97 * 32
+    loss = tied(tokens(), labels=tokens(seed=4))["loss"]
+    loss.backward()
+    assert tied.tok_emb.weight.grad is tied.lm_head.weight.grad
+
+
+def test_embedding_and_head_are_routed_to_adamw():
+    for model in (small(), small(tie_weights=False)):
+        assert model.tok_emb._speedtronic_optimizer_role == "adamw"
+        assert model.lm_head._speedtronic_optimizer_role == "adamw"
+
+
+def test_residual_projections_get_scaled_init():
+    model = small(n_layer=8, d_model=128, n_head=4, n_kv_head=4)
+    assert model.blocks[0].attn.q_proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    scaled = 0.02 / math.sqrt(16)
+    assert model.blocks[0].attn.o_proj.weight.std().item() == pytest.approx(scaled, rel=0.05)
+    assert model.blocks[0].mlp.w_down.weight.std().item() == pytest.approx(scaled, rel=0.05)
+
+
+# -- gradient checkpointing ----------------------------------------------------------------
+
+
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
+    plain, ckpt = small(), small(gradient_checkpointing=True)
+    ids, labels = tokens(), tokens(seed=5)
+    results = []
+    for model in (plain, ckpt):
+        loss = model(ids, labels=labels)["loss"]
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], grad, msg=name)
+
+
+def test_set_gradient_checkpointing_toggles_every_block():
+    model = small()
+    model.set_gradient_checkpointing(True)
+    assert model.config.gradient_checkpointing and all(b.gradient_checkpointing for b in model.blocks)
+    model.set_gradient_checkpointing(False)
+    assert not any(b.gradient_checkpointing for b in model.blocks)
+
+
+def test_dropout_is_active_in_training_only():
+    model = small(dropout=0.5)
+    ids = tokens()
+    torch.manual_seed(0)
+    a = model(ids)["logits"]
+    b = model(ids)["logits"]
+    assert not torch.allclose(a, b)
+    model.eval()
+    torch.testing.assert_close(model(ids)["logits"], model(ids)["logits"])
+
+
+# -- generate and flops --------------------------------------------------------------------
+
+
+def test_greedy_generate_matches_a_manual_argmax_loop_past_block_size():
+    model = small()
+    prompt = tokens(2, 4)
+    out = model.generate(prompt, 20, temperature=0.0)
+    assert out.shape == (2, 24) and torch.equal(out[:, :4], prompt)
+    ids = prompt
+    for _ in range(20):
+        nxt = model(ids[:, -16:])["logits"][:, -1].argmax(-1, keepdim=True)
+        ids = torch.cat([ids, nxt], dim=1)
+    assert torch.equal(out, ids)
+    assert torch.equal(model.generate(prompt, 20, top_k=1), out)  # top-1 sampling is greedy
+    assert model.training  # restored after sampling in eval mode
+
+
+def test_sampling_is_reproducible_with_a_generator_and_respects_top_k():
+    model = small()
+    prompt = tokens(4, 3)
+    a = model.generate(prompt, 8, temperature=1.5, top_k=3, generator=torch.Generator().manual_seed(7))
+    b = model.generate(prompt, 8, temperature=1.5, top_k=3, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(a, b)
+    first = a[:, 3]
+    top3 = model.eval()(prompt)["logits"][:, -1].topk(3).indices
+    assert all(first[i] in top3[i] for i in range(4))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [(dict(max_new_tokens=-1), "max_new_tokens"), (dict(max_new_tokens=1, temperature=-0.1), "temperature"),
+     (dict(max_new_tokens=1, top_k=0), "top_k")],
+)
+def test_generate_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        small().generate(tokens(), **kwargs)
+
+
+def test_flops_per_token_follows_palm():
+    model = small()
+    cfg = model.config
+    n = sum(p.numel() for p in model.parameters())
+    assert model.flops_per_token() == 6 * n + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * cfg.block_size
+    assert model.flops_per_token(8) == 6 * n + 12 * 2 * 4 * 8 * 8
+    # Untying adds a lookup table that does no matmul: the head is counted either way, once.
+    assert small(tie_weights=False).flops_per_token() == model.flops_per_token()

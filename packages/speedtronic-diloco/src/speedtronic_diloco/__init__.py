@@ -1,17 +1,35 @@
-"""DumbDiLoCo for Speedtronic: low-communication training over the Hugging Face Hub or a shared folder."""
+"""DumbDiLoCo for Speedtronic: low-communication training over the Hugging Face Hub or a shared folder.
+
+Names resolve lazily, so `import speedtronic_diloco` (or running its stdlib-only test Hub server)
+does not pay for torch and huggingface_hub until they are used.
+"""
 
 from __future__ import annotations
 
-from .__about__ import __version__
-from .diloco import DeltaUploadJob, DumbDiLoCo, DumbDiLoCoCoordinator, SyncResult
-from .hub import GlobalMetadata, HubClient, HubError, HubTransport, HubUnavailable, build_hub_client
-from .outer import MasterOuterLoop, NesterovOuterOptimizer
-from .settings import DistributedSettings
-from .tensors import average_deltas, compute_pseudo_gradient, load_delta, load_safetensors, save_safetensors
-from .transport import FilesystemTransport, HfApiTransport, Transport
+from importlib import import_module
+from typing import Any
 
-__all__ = [
-    "DeltaUploadJob", "DumbDiLoCo", "DumbDiLoCoCoordinator", "SyncResult", "FilesystemTransport", "GlobalMetadata", "HfApiTransport", "HubClient", "HubError", "HubTransport",
-    "HubUnavailable", "MasterOuterLoop", "NesterovOuterOptimizer", "Transport", "__version__", "average_deltas",
-    "build_hub_client", "DistributedSettings", "compute_pseudo_gradient", "load_delta", "load_safetensors", "save_safetensors",
-]
+from .__about__ import __version__
+
+_EXPORTS = {
+    "DeltaUploadJob": "diloco", "DumbDiLoCo": "diloco", "DumbDiLoCoCoordinator": "diloco", "SyncResult": "diloco",
+    "GlobalMetadata": "hub", "HubClient": "hub", "HubError": "hub", "HubTransport": "hub", "HubUnavailable": "hub",
+    "build_hub_client": "hub",
+    "MasterOuterLoop": "outer", "NesterovOuterOptimizer": "outer",
+    "DistributedSettings": "settings",
+    "average_deltas": "tensors", "compute_pseudo_gradient": "tensors", "load_delta": "tensors",
+    "load_safetensors": "tensors", "save_safetensors": "tensors",
+    "FilesystemTransport": "transport", "HfApiTransport": "transport", "Transport": "transport",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module that defines name on first use."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'speedtronic_diloco' has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

@@ -14,7 +14,7 @@ from speedtronic_model.model import (
     _attention_mask,
     apply_rope,
 )
-from speedtronic_model._errors import ConfigError
+from speedtronic_config import ConfigError
 
 SMALL = dict(vocab_size=97, block_size=16, n_layer=2, n_head=4, n_kv_head=2, d_model=32)
 

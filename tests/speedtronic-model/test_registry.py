@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from speedtronic_model._errors import ConfigError
+from speedtronic_config import ConfigError
 from speedtronic_model.registry import ModelRegistry, build_model, register_model, registry
 
 
@@ -112,3 +112,10 @@ def test_custom_factory_receives_every_field_and_extra_overrides():
 def test_bad_model_section_surfaces_as_config_error():
     with pytest.raises(ConfigError, match="model.n_kv_head"):
         build_model(Section(n_kv_head=3))
+
+
+def test_build_model_from_the_real_model_config():
+    from speedtronic_config import ModelConfig
+
+    model = build_model(ModelConfig(max_seq_len=32, n_layer=1, n_head=4, n_kv_head=2, d_model=32))
+    assert (model.config.block_size, model.config.n_kv_head, model.config.d_ff) == (32, 2, 128)

@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from speedtronic_model._errors import ConfigError
+from speedtronic_config import ConfigError
 
 IGNORE_INDEX = -100
 

@@ -6,7 +6,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from speedtronic_model._errors import ConfigError
+from speedtronic_config import ConfigError
 
 ModelFactory = Callable[..., Any]
 

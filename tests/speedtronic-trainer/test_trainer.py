@@ -493,3 +493,20 @@ def test_train_step_metrics_cadence_and_fields():
     assert [r["step"] for r in records] == [2, 4]
     assert {"loss", "lr", "tokens_per_s", "samples_per_s", "step_time_s", "mfu"} <= records[0].keys()
     assert records[0]["lr"] == 0.1
+
+
+def test_infinite_gradient_with_finite_loss_is_caught_by_the_policy():
+    class InfGrad(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(1))
+
+        def forward(self, x, y):
+            return torch.sqrt(self.w - self.w.detach()).sum()  # loss 0, d/dw = inf
+
+    model = InfGrad()
+    data = TensorDataset(torch.zeros(4, 1), torch.zeros(4))
+    trainer = make_trainer(model, DataLoader(data, batch_size=2), settings=TrainerSettings(grad_clip=1.0))
+    with pytest.raises(NonFiniteLossError, match="grad_norm=inf"):
+        trainer.fit(1)
+    assert torch.equal(model.w.detach(), torch.ones(1))

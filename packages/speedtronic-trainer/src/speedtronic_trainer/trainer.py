@@ -194,7 +194,7 @@ class Trainer:
         return [c / total if total else math.nan for c in counts]  # type: ignore[operator]
 
     def _train_step(self) -> tuple[float, float | None, int, int]:
-        """Run one optimizer update; return (loss, grad norm, samples, tokens), or loss=nan when skipped."""
+        """Run one optimizer update; return (loss, grad norm, samples, tokens); non-finite ones are not applied."""
         microbatches = [next(self._stream) for _ in range(self.settings.accumulation_steps)]
         weights = self._microbatch_weights(microbatches)
         self.optimizer.zero_grad(set_to_none=True)
@@ -221,13 +221,18 @@ class Trainer:
         grad_norm = self._clip_gradients()
         if grad_norm is not None and not math.isfinite(grad_norm) and self.scaler is None:
             # Without a scaler nothing else would catch inf/NaN gradients before they reach the weights.
-            return math.nan, grad_norm, samples, tokens
+            return loss_value, grad_norm, samples, tokens
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
         return loss_value, grad_norm, samples, tokens
+
+    def _finite(self, loss: float, grad_norm: float | None) -> bool:
+        """Return whether the step may be applied (a scaler handles inf gradients itself)."""
+        grads_ok = grad_norm is None or math.isfinite(grad_norm) or self.scaler is not None
+        return math.isfinite(loss) and grads_ok
 
     def _clip_gradients(self) -> float | None:
         if self.settings.grad_clip is None:
@@ -390,7 +395,7 @@ class Trainer:
                 while self.step < target:
                     step_started = time.perf_counter()
                     loss, grad_norm, samples, tokens = self._train_step()
-                    if math.isnan(loss) or not math.isfinite(loss):
+                    if not self._finite(loss, grad_norm):
                         consecutive_skips += 1
                         self._handle_nonfinite(loss, grad_norm, consecutive_skips)
                         continue

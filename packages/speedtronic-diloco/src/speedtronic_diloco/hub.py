@@ -305,9 +305,9 @@ class HubClient:
         """Return every delta path at the head."""
         return [p for p in self.list_files() if parse_delta_ref(p) is not None]
 
-    def delta_refs(self) -> list[DeltaRef]:
-        """Return every delta at the head, parsed from its path."""
-        return [ref for ref in map(parse_delta_ref, self.list_files()) if ref is not None]
+    def delta_refs(self, revision: str | None = None) -> list[DeltaRef]:
+        """Return every delta at revision (default: the head), parsed from its path."""
+        return [ref for ref in map(parse_delta_ref, self.list_files(revision)) if ref is not None]
 
 
 def build_hub_client(section: Any, *, logger: logging.Logger | None = None,

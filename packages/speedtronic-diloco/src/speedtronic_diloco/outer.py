@@ -172,14 +172,15 @@ class MasterOuterLoop:
         atomic_write_bytes(self.state_path, to_safetensors_bytes(tensors, metadata={"outer": json.dumps(header)}))
 
     # -- one round ---------------------------------------------------------------------------
-    def _fetch_delta(self, ref: DeltaRef, outer_step: int) -> tuple[dict[str, torch.Tensor] | None, str | None]:
+    def _fetch_delta(self, ref: DeltaRef, outer_step: int,
+                     revision: str) -> tuple[dict[str, torch.Tensor] | None, str | None]:
         """Return (delta, None) when usable or (None, reason) when it must be skipped for good."""
         if ref.base_outer_step > outer_step:
             return None, f"base outer step {ref.base_outer_step} is ahead of the master's {outer_step}"
         age = outer_step - ref.base_outer_step
         if self.staleness_limit is not None and age > self.staleness_limit:
             return None, f"stale: {age} outer steps old, limit {self.staleness_limit}"
-        data = self.hub.read_bytes(ref.path)
+        data = self.hub.read_bytes(ref.path, revision=revision)
         limit = state_nbytes(self._state.global_state) + _HEADER_ALLOWANCE
         if len(data) > limit:
             return None, f"implausible size {len(data)} bytes, expected at most {limit}"
@@ -202,11 +203,12 @@ class MasterOuterLoop:
             processed = set(self._state.processed_deltas)
         report = RoundReport(outer_step)
         deltas = []
-        for ref in sorted(self.hub.delta_refs()):
+        revision = self.hub.head()  # list and read one revision: consistent, and one request fewer per delta
+        for ref in sorted(self.hub.delta_refs(revision)):
             if ref.path in processed:
                 continue
             try:
-                delta, reason = self._fetch_delta(ref, outer_step)
+                delta, reason = self._fetch_delta(ref, outer_step, revision)
             except HubError as exc:  # transient: the delta stays unprocessed and is retried next round
                 self.logger.warning("could not download %s, retrying next round: %s", ref.path, exc)
                 continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 
 from ..diloco import DumbDiLoCoCoordinator
-from ..hub import build_hub_client
+from ..hub import HubError, build_hub_client
 
 FEATURES = 8
 
@@ -60,7 +61,10 @@ def run_node(args: argparse.Namespace) -> dict[str, Any]:
     if coordinator.master is not None:
         deadline = time.monotonic() + args.linger
         while coordinator.master.outer_step < args.until_outer_step and time.monotonic() < deadline:
-            coordinator.master.sync_once()
+            try:
+                coordinator.master.sync_once()
+            except HubError as exc:  # the Hub is down for a moment: keep lingering
+                print(f"outer round failed: {exc}", file=sys.stderr)
             time.sleep(args.poll_interval)
     coordinator.stop()
     summary: dict[str, Any] = {"node_id": args.node_id, "role": args.role, "counters": coordinator.counters,

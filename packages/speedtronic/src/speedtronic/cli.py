@@ -1,0 +1,151 @@
+"""Command-line interface: `speedtronic train|validate|prepare|plot|sample|export ...`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+USAGE_ERROR = 2
+RUNTIME_ERROR = 1
+
+
+class UsageError(Exception):
+    """A user mistake on the command line: printed in one line, exit code 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="speedtronic", description="Fast, efficient LM training.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = commands.add_parser("train", help="train from a YAML/JSON config")
+    train.add_argument("config", help="config file path (or inline YAML)")
+    train.add_argument("--max-steps", type=int, help="absolute optimizer-step target")
+    train.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps")
+    train.add_argument("--resume", action="store_true", help="resume from the latest checkpoint")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config value, e.g. --set model.n_layer=6 (repeatable)")
+
+    validate = commands.add_parser("validate", help="print the normalized, redacted config")
+    validate.add_argument("config")
+    validate.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+
+    prepare = commands.add_parser("prepare", help="tokenize text into train/val token shards")
+    prepare.add_argument("out_dir")
+    prepare.add_argument("texts", nargs="*", help="UTF-8 text files (default: the Python stdlib corpus)")
+    prepare.add_argument("--stdlib-bytes", type=int, default=8_000_000,
+                         help="size of the Python-stdlib corpus when no text files are given")
+    prepare.add_argument("--val-fraction", type=float, default=0.05)
+
+    plot = commands.add_parser("plot", help="plot loss, learning rate and tokens/s to a PNG")
+    plot.add_argument("metrics", help="a run directory or its metrics.jsonl")
+    plot.add_argument("-o", "--output", help="PNG path (default: beside the metrics file)")
+
+    sample = commands.add_parser("sample", help="generate text from a reference-model checkpoint")
+    sample.add_argument("checkpoint")
+    sample.add_argument("--prompt", default="\n")
+    sample.add_argument("--max-new-tokens", type=int, default=200)
+    sample.add_argument("--temperature", type=float, default=0.8)
+    sample.add_argument("--top-k", type=int, default=None)
+    sample.add_argument("--seed", type=int, default=0)
+
+    export = commands.add_parser("export", help="write model.safetensors and config.json")
+    export.add_argument("checkpoint")
+    export.add_argument("out_dir")
+    return parser
+
+
+def _load_config(source: str, overrides: Sequence[str]):
+    from speedtronic_config import SpeedtronicConfig, apply_overrides
+    from speedtronic_config.loading import read_source
+
+    return SpeedtronicConfig.from_dict(apply_overrides(read_source(source), list(overrides)))
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from speedtronic.runtime import train_from_config
+
+    # As overrides, so the config's own normalization applies (the schedule follows --max-steps).
+    overrides = list(args.overrides)
+    if args.max_steps is not None:
+        overrides.append(f"run.max_steps={args.max_steps}")
+    if args.device is not None:
+        overrides.append(f"run.device={args.device}")
+    config = _load_config(args.config, overrides)
+    result = train_from_config(config, resume=args.resume)
+    from speedtronic.report import print_run_summary
+
+    print_run_summary(config, result)
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    config = _load_config(args.config, args.overrides)
+    print(config.to_yaml(redact_secrets=True), end="")
+    return 0
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    from speedtronic.report import prepare_corpus
+
+    prepare_corpus(Path(args.out_dir), [Path(t) for t in args.texts], args.stdlib_bytes, args.val_fraction)
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from speedtronic.plotting import plot_metrics
+
+    print(plot_metrics(Path(args.metrics), Path(args.output) if args.output else None))
+    return 0
+
+
+def _cmd_sample(args: argparse.Namespace) -> int:
+    from speedtronic.artifacts import sample_text
+
+    print(sample_text(Path(args.checkpoint), args.prompt, max_new_tokens=args.max_new_tokens,
+                      temperature=args.temperature, top_k=args.top_k, seed=args.seed))
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from speedtronic.artifacts import export_checkpoint
+
+    print(export_checkpoint(Path(args.checkpoint), Path(args.out_dir)))
+    return 0
+
+
+COMMANDS = {"train": _cmd_train, "validate": _cmd_validate, "prepare": _cmd_prepare,
+            "plot": _cmd_plot, "sample": _cmd_sample, "export": _cmd_export}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the exit code (0 ok, 1 runtime failure, 2 usage or config error)."""
+    args = _parser().parse_args(argv)
+    from speedtronic_config import ConfigError
+
+    try:
+        return COMMANDS[args.command](args)
+    except (ConfigError, UsageError) as error:
+        print(f"speedtronic {args.command}: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    except KeyboardInterrupt:
+        print(f"speedtronic {args.command}: interrupted", file=sys.stderr)
+        return RUNTIME_ERROR
+    except Exception as error:  # a runtime failure: one line unless debugging was asked for
+        if os.environ.get("SPEEDTRONIC_DEBUG"):
+            raise
+        print(f"speedtronic {args.command}: {type(error).__name__}: {error} "
+              "(set SPEEDTRONIC_DEBUG=1 for the traceback)", file=sys.stderr)
+        return RUNTIME_ERROR
+
+
+
+
+def main_entry() -> None:
+    """Console-script entry point: exit with main()'s code."""
+    sys.exit(main())
+
+
+__all__ = ["main", "main_entry"]

@@ -1,0 +1,76 @@
+"""Turn a run's metrics.jsonl into one PNG: loss (and val_loss), learning rate, tokens/s by step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from speedtronic.cli import UsageError
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """Return the JSON records of a metrics file, skipping a torn last line from a killed run."""
+    records = []
+    lines = path.read_text().splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise UsageError(f"{path}:{number}: not a JSON line; is this a metrics.jsonl file?") from None
+    return records
+
+
+def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
+    points = [(r["step"], r[key]) for r in records if r.get(key) is not None and "step" in r]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def find_metrics_file(source: Path) -> Path:
+    """Return the metrics.jsonl inside a run directory, or the file itself."""
+    if source.is_dir():
+        candidates = sorted(source.rglob("metrics.jsonl"))
+        if not candidates:
+            raise UsageError(f"{source}: no metrics.jsonl inside; pass the run directory of a finished run")
+        return candidates[0]
+    if not source.exists():
+        raise UsageError(f"{source}: no such file or directory")
+    return source
+
+
+def plot_metrics(source: Path, output: Path | None = None) -> Path:
+    """Write the loss / learning-rate / throughput figure and return its path."""
+    metrics = find_metrics_file(source)
+    records = read_metrics(metrics)
+    steps, loss = _series(records, "loss")
+    if not steps:
+        raise UsageError(f"{metrics}: no training-step records with a loss to plot")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_lr, ax_tps) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    ax_loss.plot(steps, loss, label="train loss", color="tab:blue")
+    val_steps, val_loss = _series(records, "val_loss")
+    if val_steps:
+        ax_loss.plot(val_steps, val_loss, "o-", label="val loss", color="tab:orange")
+    ax_loss.set_ylabel("loss (nats/token)")
+    ax_loss.legend()
+    ax_loss.grid(alpha=0.3)
+    ax_lr.plot(*_series(records, "lr"), color="tab:green")
+    ax_lr.set_ylabel("learning rate")
+    ax_lr.grid(alpha=0.3)
+    ax_tps.plot(*_series(records, "tokens_per_s"), color="tab:red")
+    ax_tps.set_ylabel("tokens / s")
+    ax_tps.set_xlabel("optimizer step")
+    ax_tps.grid(alpha=0.3)
+    fig.suptitle(f"Speedtronic run: {metrics.parent.name}")
+    fig.tight_layout()
+    target = output or metrics.with_name("loss_curve.png")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return target

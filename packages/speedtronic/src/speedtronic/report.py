@@ -1,0 +1,74 @@
+"""The main job's bookends: prepare the offline corpus before, summarize the run after."""
+
+from __future__ import annotations
+
+import glob
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from speedtronic.cli import UsageError
+
+
+def prepare_corpus(out_dir: Path, texts: list[Path], stdlib_bytes: int, val_fraction: float) -> None:
+    """Tokenize texts (default: the Python stdlib's source) byte-level into train/val shards, once."""
+    from speedtronic_data import prepare_shards, stdlib_corpus
+
+    if sorted(out_dir.glob("train_*.bin")) and sorted(out_dir.glob("val_*.bin")):
+        print(f"prepare: shards already in {out_dir}; delete the folder to rebuild them")
+        return
+    for text in texts:
+        if not text.is_file():
+            raise UsageError(f"{text}: no such text file")
+    if not texts:
+        corpus = out_dir / "corpus.txt"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        corpus.write_text(stdlib_corpus(stdlib_bytes), encoding="utf-8")
+        texts = [corpus]
+    prepare_shards(texts, out_dir, val_fraction=val_fraction)
+
+
+def unigram_entropy(shard_glob: str) -> float | None:
+    """Return the unigram (byte-frequency) entropy in nats/token of the shards matching shard_glob."""
+    from speedtronic_data import read_shard_tokens
+
+    paths = sorted(glob.glob(shard_glob))
+    if not paths:
+        return None
+    counts = sum(np.bincount(read_shard_tokens(p), minlength=1 << 16) for p in paths)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def print_run_summary(config: Any, result: Any) -> None:
+    """Print the final numbers, a generated sample and where the run left its files."""
+    from speedtronic.artifacts import sample_text
+    from speedtronic.plotting import plot_metrics
+
+    out = Path(config.run.output_dir)
+    lines = [f"trained {result.steps} steps, {result.tokens:,} tokens in {result.elapsed_s:.1f}s"
+             f" ({result.tokens / max(result.elapsed_s, 1e-9):,.0f} tokens/s)"]
+    if result.final_loss is not None:
+        lines.append(f"final train loss {result.final_loss:.3f} nats/token")
+    val_loss = (result.metrics or {}).get("val_loss")
+    if val_loss is not None:
+        entropy = unigram_entropy(config.data.val_shard_path) if getattr(config.data, "val_shard_path", None) else None
+        reference = f" (unigram entropy of the corpus: {entropy:.3f})" if entropy is not None else ""
+        lines.append(f"validation loss {val_loss:.3f} nats/token{reference}")
+    metrics = Path(config.logging.json_file) if config.logging.json_file else None
+    if metrics is not None and metrics.exists():
+        lines.append(f"metrics:    {metrics}")
+        lines.append(f"loss curve: {plot_metrics(metrics)}")
+    checkpoints = sorted((out / config.checkpoint.directory).glob("step_*.pt"),
+                         key=lambda p: int(p.stem.split("_")[1]))
+    if checkpoints:
+        latest = checkpoints[-1]
+        lines.append(f"checkpoint: {latest}")
+        if config.model.name == "reference_transformer":
+            sample = sample_text(latest, "def ", max_new_tokens=160)
+            lines.append("sample:\n" + "\n".join("    " + s for s in sample.splitlines()))
+    print("\n".join(lines))
+    if math.isnan(result.final_loss or 0.0):
+        raise RuntimeError("training ended with a non-finite loss")

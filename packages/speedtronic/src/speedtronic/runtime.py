@@ -1,0 +1,110 @@
+"""The composition root: turn one config into a runnable Trainer, in spec/02's 13 steps."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from speedtronic_config import ConfigError, SpeedtronicConfig
+from speedtronic_data import build_dataloader, build_eval_dataloader
+from speedtronic_model import build_model
+from speedtronic_optim import build_lr_scheduler
+from speedtronic_optim import build_optimizer as _build_optimizer
+from speedtronic_systems import resolve_device, resolve_precision, validate_startup_shapes
+from speedtronic_trainer import CheckpointManager, MetricLogger, Trainer, TrainResult, hooks_from_names
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy, PyTorch CPU and every CUDA device."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds all CUDA devices
+
+
+def build_optimizer(model: torch.nn.Module, config: Any, device: Any) -> torch.optim.Optimizer:
+    """Build the configured AdamW, hybrid Muon, or cautious optimizer (config or its optimizer section)."""
+    return _build_optimizer(model, getattr(config, "optimizer", config), device)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, config: SpeedtronicConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    """Build the LambdaLR warmup/cosine, warmup/constant or warmup-stable-decay schedule."""
+    return build_lr_scheduler(optimizer, config.scheduler)
+
+
+def build_logger(config: SpeedtronicConfig) -> MetricLogger:
+    """Build the text/JSONL MetricLogger, with the hooks named in logging.hooks."""
+    section = config.logging
+    hooks = hooks_from_names(list(section.hooks), log_dir=str(Path(config.run.output_dir) / "tensorboard"))
+    return MetricLogger(level=section.level, file=section.file, json_file=section.json_file,
+                        every_steps=section.every_steps, hooks=hooks)
+
+
+def build_coordinator(config: SpeedtronicConfig, logger: MetricLogger) -> Any:
+    """Return the DumbDiLoCo coordinator for an enabled distributed section, else None."""
+    if not config.distributed.enabled:
+        return None
+    try:
+        from speedtronic_diloco import DumbDiLoCoCoordinator
+    except ImportError as error:
+        raise ConfigError(
+            "distributed.enabled: true needs the speedtronic-diloco package; "
+            f"install it with `pip install speedtronic-diloco` ({error})") from error
+    return DumbDiLoCoCoordinator.from_config(config, logger=logger)
+
+
+def _checkpoint_manager(config: SpeedtronicConfig) -> CheckpointManager:
+    section = config.checkpoint
+    directory = Path(section.directory)
+    if not directory.is_absolute():
+        directory = Path(config.run.output_dir) / directory
+    return CheckpointManager(directory, every_steps=section.every_steps, keep_last=section.keep_last,
+                             enabled=section.enabled)
+
+
+def build_runtime(config: SpeedtronicConfig | dict[str, Any], *, resume: bool = False,
+                  device: str | torch.device | None = None,
+                  max_steps: int | None = None) -> tuple[Trainer, CheckpointManager]:
+    """Build the Trainer and its CheckpointManager from one configuration object."""
+    config = SpeedtronicConfig.from_dict(config if isinstance(config, dict) else config.to_dict())  # 1
+    seed_everything(config.run.seed)  # 2
+    resolved = resolve_device(device if device is not None else config.run.device)  # 3
+    model = build_model(config.model)  # 4
+    pin = resolved.type == "cuda"
+    dataloader = build_dataloader(config.data, pin_memory_device=pin)  # 5
+    eval_dataloader = build_eval_dataloader(config.data, pin_memory_device=pin)
+    optimizer = build_optimizer(model.to(resolved), config, resolved)  # 6
+    scheduler = build_scheduler(optimizer, config)  # 7
+    manager = _checkpoint_manager(config)  # 8
+    logger = build_logger(config)  # 9
+    coordinator = build_coordinator(config, logger)  # 10
+    target = max_steps if max_steps is not None else (config.data.max_steps or config.run.max_steps)  # 11
+    precision = resolve_precision(config.precision, resolved)
+    shape_report = validate_startup_shapes(config, model, resolved, precision, logger=logger)
+    trainer = Trainer(model, optimizer, dataloader, device=resolved, config=config, scheduler=scheduler,  # 12
+                      precision=precision, logger=logger, checkpoint_manager=manager,
+                      coordinator=coordinator, max_steps=target, shape_report=shape_report,
+                      eval_dataloader=eval_dataloader)
+    if resume or config.checkpoint.resume:  # 13
+        if not trainer.resume_latest():
+            logger.warning("resume requested but no checkpoint in %s; starting from step 0", manager.directory)
+    return trainer, manager
+
+
+def train_from_config(config: SpeedtronicConfig | dict[str, Any], *, resume: bool = False,
+                      device: str | torch.device | None = None, max_steps: int | None = None) -> TrainResult:
+    """Build the runtime and train to the target; return the TrainResult."""
+    trainer, _ = build_runtime(config, resume=resume, device=device, max_steps=max_steps)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()
+
+
+run = train_from_config
+train = train_from_config
+
+__all__ = ["build_coordinator", "build_logger", "build_optimizer", "build_runtime", "build_scheduler",
+           "run", "seed_everything", "train", "train_from_config"]

@@ -1,0 +1,141 @@
+"""Every CLI command, good and bad paths, in real subprocesses (`python -m speedtronic ...`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "hf_SECRETtoken123"
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "speedtronic", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *fragments: str) -> None:
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+def tiny_config(tmp_path: Path, **extra: str) -> Path:
+    text = (ROOT / "configs" / "smoke.yaml").read_text().replace("output_dir: runs/smoke", f"output_dir: {tmp_path / 'run'}")
+    text += f"\nlogging:\n  json_file: {tmp_path / 'run' / 'metrics.jsonl'}\n"
+    for key, value in extra.items():
+        text += f"{key}: {value}\n"
+    path = tmp_path / "tiny.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_validate_prints_the_normalized_redacted_config(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"max_steps: 7\ndistributed:\n  repo_id: me/run\n  token: {SECRET}\n")
+    result = cli("validate", str(config), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert SECRET not in result.stdout + result.stderr
+    assert "max_steps: 7" in result.stdout
+    assert "block_size: 128" in result.stdout  # normalized from model.max_seq_len
+
+
+def test_validate_applies_set_overrides(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("max_steps: 7\n")
+    result = cli("validate", str(config), "--set", "model.n_layer=6", "--set", "optimizer=muon", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "n_layer: 6" in result.stdout and "name: muon" in result.stdout
+
+
+@pytest.mark.parametrize("content, fragments", [
+    ("model:\n  n_layers: 3\n", ["model.n_layers", "n_layer"]),
+    ("model:\n  n_head: 0\n", ["model.n_head"]),
+    ("- just\n- a list\n", ["mapping"]),
+    ("model: {n_layer: [\n", ["line"]),
+])
+def test_bad_configs_exit_2_in_one_line(tmp_path, content, fragments):
+    config = tmp_path / "bad.yaml"
+    config.write_text(content)
+    assert_one_line_error(cli("validate", str(config), cwd=tmp_path), 2, *fragments)
+
+
+def test_missing_config_file_names_the_path(tmp_path):
+    assert_one_line_error(cli("validate", str(tmp_path / "nope.yaml"), cwd=tmp_path), 2, "nope.yaml")
+
+
+def test_bad_override_exits_2(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("max_steps: 7\n")
+    assert_one_line_error(cli("validate", str(config), "--set", "model.n_layr=3", cwd=tmp_path), 2, "n_layr")
+
+
+def test_usage_error_exits_2(tmp_path):
+    result = cli("frobnicate", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+def test_train_plot_sample_export_end_to_end(tmp_path):
+    config = tiny_config(tmp_path, **{"distributed": f"{{token: {SECRET}}}"})
+    result = cli("train", str(config), "--max-steps", "6", "--device", "cpu", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert SECRET not in result.stdout + result.stderr
+    run = tmp_path / "run"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("step") == 6 for r in records)
+    checkpoint = run / "checkpoints" / "step_6.pt"
+    assert checkpoint.exists()
+    assert SECRET.encode() not in checkpoint.read_bytes()
+    assert (run / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    png = tmp_path / "plot.png"
+    result = cli("plot", str(run), "-o", str(png), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+    result = cli("sample", str(checkpoint), "--prompt", "def ", "--max-new-tokens", "20", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("def ")
+
+    out = tmp_path / "export"
+    result = cli("export", str(checkpoint), str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json"}
+
+    import torch
+    from speedtronic.artifacts import load_checkpoint_model, load_exported
+
+    original, _ = load_checkpoint_model(checkpoint)
+    exported = load_exported(out)
+    ids = torch.randint(0, 128, (1, 16))
+    assert torch.equal(original(ids)["logits"], exported(ids)["logits"])
+
+    # resuming at the target does nothing and says so; a further target continues from step 6
+    result = cli("train", str(config), "--max-steps", "8", "--device", "cpu", "--resume", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (run / "checkpoints" / "step_8.pt").exists()
+
+
+@pytest.mark.parametrize("command", [["sample"], ["export"], ["plot"]])
+def test_commands_on_missing_paths_exit_2(tmp_path, command):
+    args = [*command, str(tmp_path / "missing.pt")] + ([str(tmp_path / "out")] if command == ["export"] else [])
+    assert_one_line_error(cli(*args, cwd=tmp_path), 2, "missing.pt")
+
+
+def test_sample_on_a_non_checkpoint_exits_2(tmp_path):
+    bogus = tmp_path / "bogus.pt"
+    import torch
+
+    torch.save({"weights": torch.zeros(2)}, bogus)
+    assert_one_line_error(cli("sample", str(bogus), cwd=tmp_path), 2, "not a Speedtronic trainer checkpoint")
+
+
+def test_distributed_without_repo_is_a_config_error(tmp_path):
+    config = tiny_config(tmp_path, **{"distributed": "{enabled: true}"})
+    assert_one_line_error(cli("train", str(config), cwd=tmp_path), 2, "repo_id")

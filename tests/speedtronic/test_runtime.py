@@ -1,0 +1,86 @@
+"""build_runtime follows spec/02's construction order, and train_from_config trains."""
+
+from __future__ import annotations
+
+import pytest
+import speedtronic.runtime as runtime
+from speedtronic_config import ConfigError, SpeedtronicConfig
+
+ORDER = ["seed", "device", "model", "data", "optimizer", "scheduler", "checkpoint", "logger",
+         "coordinator", "trainer", "resume"]
+
+
+def small_config(tmp_path, **overrides):
+    config = {"name": "order", "device": "cpu", "max_steps": 2, "output_dir": str(tmp_path),
+              "model": {"vocab_size": 64, "max_seq_len": 16, "n_layer": 1, "n_head": 2, "d_model": 16},
+              "data": {"num_tokens": 32, "micro_batch_size": 2, "target_batch_size": 2},
+              "precision": "fp32"}
+    config.update(overrides)
+    return config
+
+
+def test_construction_order(tmp_path, monkeypatch):
+    calls: list[str] = []
+
+    def record(name, original):
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return original(*args, **kwargs)
+        monkeypatch.setattr(runtime, original.__name__, wrapper)
+
+    record("seed", runtime.seed_everything)
+    record("device", runtime.resolve_device)
+    record("model", runtime.build_model)
+    record("data", runtime.build_dataloader)
+    record("optimizer", runtime.build_optimizer)
+    record("scheduler", runtime.build_scheduler)
+    record("checkpoint", runtime._checkpoint_manager)
+    record("logger", runtime.build_logger)
+    record("coordinator", runtime.build_coordinator)
+    original_trainer = runtime.Trainer
+
+    class RecordingTrainer(original_trainer):
+        def __init__(self, *args, **kwargs):
+            calls.append("trainer")
+            super().__init__(*args, **kwargs)
+
+        def resume_latest(self):
+            calls.append("resume")
+            return super().resume_latest()
+
+    monkeypatch.setattr(runtime, "Trainer", RecordingTrainer)
+    trainer, manager = runtime.build_runtime(small_config(tmp_path), resume=True)
+    assert calls == ORDER
+    assert manager.directory == tmp_path / "checkpoints"
+    assert trainer.max_steps == 2
+
+
+def test_train_from_config_reaches_the_target(tmp_path):
+    result = runtime.train_from_config(small_config(tmp_path))
+    assert result.steps == 2 and result.final_loss is not None
+    # absolute target: a resumed run already at step 2 does nothing
+    again = runtime.train_from_config(small_config(tmp_path), resume=True)
+    assert again.final_loss is None
+
+
+def test_config_objects_are_validated_again(tmp_path):
+    config = SpeedtronicConfig.from_dict(small_config(tmp_path))
+    config.model.n_head = 3  # 16 is not divisible by 3
+    with pytest.raises(ConfigError, match="n_head"):
+        runtime.build_runtime(config)
+
+
+def test_enabled_distributed_without_the_package_names_it(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_diloco(name, *args, **kwargs):
+        if name.startswith("speedtronic_diloco"):
+            raise ImportError("No module named 'speedtronic_diloco'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_diloco)
+    config = small_config(tmp_path, distributed={"enabled": True, "repo_id": "me/run"})
+    with pytest.raises(ConfigError, match="pip install speedtronic-diloco"):
+        runtime.build_runtime(config)

@@ -1,0 +1,105 @@
+"""Check and convert one field value against its annotation, so YAML and Python inputs agree."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields
+from typing import Any
+
+from speedtronic_config.errors import ConfigError
+
+
+def _bool(value: Any, path: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    # 2.0 passed strings through bool(), so a quoted "false" became true; read it as the boolean instead.
+    if isinstance(value, str) and value.strip().lower() in {"true", "false"}:
+        return value.strip().lower() == "true"
+    raise ConfigError(path, "expected a boolean", value=value, allowed="use true or false (unquoted)")
+
+
+def _int(value: Any, path: str) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(path, "expected an integer, not a boolean", value=value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise ConfigError(path, "expected an integer", value=value)
+
+
+def _float(value: Any, path: str) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(path, "expected a number, not a boolean", value=value)
+    number: float | None = None
+    if isinstance(value, (int, float)):
+        number = float(value)
+    elif isinstance(value, str):
+        # PyYAML reads `1e-8` (no dot) as a string; accept numeric text so such configs load.
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = None
+    if number is None or not math.isfinite(number):
+        raise ConfigError(path, "expected a finite number", value=value)
+    return number
+
+
+def _str(value: Any, path: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise ConfigError(path, "expected a string", value=value, allowed="quote the value in YAML")
+
+
+def _str_list(value: Any, path: str) -> list[str]:
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(path, "expected a list of strings", value=value)
+    return [_str(item, f"{path}[{index}]") for index, item in enumerate(value)]
+
+
+def _float_pair(value: Any, path: str) -> tuple[float, float]:
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise ConfigError(path, "expected exactly two numbers", value=value, allowed="e.g. [0.9, 0.95]")
+    return (_float(value[0], f"{path}[0]"), _float(value[1], f"{path}[1]"))
+
+
+def _int_or_str(value: Any, path: str) -> int | str:
+    if isinstance(value, str):
+        return value
+    return _int(value, path)
+
+
+_CONVERTERS = {
+    "bool": _bool,
+    "int": _int,
+    "float": _float,
+    "str": _str,
+    "list[str]": _str_list,
+    "tuple[float, float]": _float_pair,
+    "int | str": _int_or_str,
+}
+
+
+def coerce(value: Any, annotation: str, path: str) -> Any:
+    """Return `value` converted to the type named by `annotation`, or raise ConfigError."""
+    if annotation == "Any":
+        return value
+    if annotation.endswith(" | None"):
+        if value is None:
+            return None
+        annotation = annotation[: -len(" | None")]
+    elif value is None:
+        raise ConfigError(path, "must not be null", value=value)
+    return _CONVERTERS[annotation](value, path)
+
+
+def coerce_fields(section: Any, prefix: str) -> None:
+    """Convert every dataclass field of `section` in place according to its annotation."""
+    for spec in fields(section):
+        path = f"{prefix}.{spec.name}" if prefix else spec.name
+        setattr(section, spec.name, coerce(getattr(section, spec.name), str(spec.type), path))

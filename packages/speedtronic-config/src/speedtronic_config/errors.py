@@ -1,0 +1,34 @@
+"""The one exception every invalid configuration raises."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from typing import Any
+
+_NO_VALUE = object()
+
+
+class ConfigError(ValueError):
+    """Raised when a run configuration is invalid; names the dotted path, the value and what is allowed."""
+
+    def __init__(self, path: str, problem: str, *, value: Any = _NO_VALUE, allowed: str | None = None) -> None:
+        self.path = path
+        self.problem = problem
+        self.value = None if value is _NO_VALUE else value
+        self.allowed = allowed
+        message = f"{path}: {problem}" if path else problem
+        if value is not _NO_VALUE:
+            message += f" (got {value!r})"
+        if allowed:
+            message += f"; {allowed}"
+        super().__init__(message)
+
+
+def unknown_key(path: str, key: Any, valid: Iterable[str]) -> ConfigError:
+    """Return the error for an unknown mapping key, suggesting the closest valid name."""
+    names = sorted(valid)
+    where = f"{path}.{key}" if path else str(key)
+    close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(names)}"
+    return ConfigError(where, "unknown key", allowed=hint)

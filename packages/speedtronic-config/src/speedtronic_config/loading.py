@@ -1,0 +1,72 @@
+"""Read a configuration mapping from a YAML/JSON file or inline text, with located parse errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from speedtronic_config.errors import ConfigError
+
+
+def parse_text(text: str, source: str, *, as_json: bool = False) -> Any:
+    """Return the data in YAML (or JSON) text; a syntax error names the source, line and column."""
+    if as_json:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(source, f"invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}")
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(source, f"invalid YAML{where}: {error.problem or error.context}")
+    except yaml.YAMLError as error:
+        raise ConfigError(source, f"invalid YAML: {error}")
+
+
+def read_file(path: str | os.PathLike[str]) -> Any:
+    """Return the data in a .yaml/.yml/.json file; a missing or unreadable file is a ConfigError."""
+    file = Path(path)
+    if not file.exists():
+        raise ConfigError(str(file), "config file not found", allowed="check the path")
+    if file.is_dir():
+        raise ConfigError(str(file), "is a directory, not a config file")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(str(file), f"is not UTF-8 text ({error.reason} at byte {error.start})")
+    except OSError as error:
+        raise ConfigError(str(file), f"cannot be read: {error.strerror or error}")
+    return parse_text(text, str(file), as_json=file.suffix.lower() == ".json")
+
+
+def read_source(source: str | os.PathLike[str] | Mapping[str, Any]) -> Any:
+    """Return the data of a mapping, a path, or inline YAML/JSON text (told apart heuristically)."""
+    if isinstance(source, Mapping):
+        return source
+    if isinstance(source, os.PathLike):
+        return read_file(source)
+    if not isinstance(source, str):
+        raise ConfigError("", f"cannot load a config from {type(source).__name__}",
+                          allowed="pass a mapping, a file path or YAML/JSON text")
+    # Multi-line text or a JSON object is inline; a single line is a path if such a file exists,
+    # else inline text when it parses to a mapping, else a path that is missing.
+    if "\n" in source or source.lstrip().startswith("{"):
+        return parse_text(source, "<inline config>")
+    if Path(source).exists():
+        return read_file(source)
+    try:
+        inline = parse_text(source, "<inline config>")
+    except ConfigError:
+        if ": " in source:  # meant as inline YAML: report the syntax error, not a missing file
+            raise
+        inline = None
+    if isinstance(inline, Mapping):
+        return inline
+    return read_file(source)

@@ -1,0 +1,106 @@
+"""Turn a user mapping (aliases, shorthands) into one canonical mapping per section."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any
+
+from speedtronic_config.coerce import coerce
+from speedtronic_config.errors import ConfigError, unknown_key
+from speedtronic_config.sections import (CheckpointConfig, DataConfig, DistributedConfig, LoggingConfig,
+                                         ModelConfig, OptimizerConfig, PrecisionConfig, RunConfig,
+                                         SchedulerConfig, ShapeValidationConfig)
+
+SECTIONS: dict[str, type] = {
+    "run": RunConfig, "model": ModelConfig, "data": DataConfig, "optimizer": OptimizerConfig,
+    "scheduler": SchedulerConfig, "precision": PrecisionConfig, "checkpoint": CheckpointConfig,
+    "logging": LoggingConfig, "distributed": DistributedConfig, "shape_validation": ShapeValidationConfig,
+}
+ROOT_FLAGS = ("gradient_checkpointing", "compile", "ooo_backprop", "ooo_streams")
+RUN_ALIASES = ("name", "seed", "device", "max_steps", "output_dir", "log_every")
+SECTION_ALIASES = ("hub", "diloco")
+OPTIMIZER_ROOT_FIELDS = ("muon_plus", "cautious")
+ROOT_KEYS = (*SECTIONS, *ROOT_FLAGS, *RUN_ALIASES, *SECTION_ALIASES, *OPTIMIZER_ROOT_FIELDS)
+
+
+def field_names(cls: type) -> list[str]:
+    """Return the init field names of a section dataclass."""
+    return [spec.name for spec in fields(cls) if spec.init]
+
+
+def _section(values: Mapping[str, Any], key: str) -> dict[str, Any]:
+    raw = values.get(key)
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(key, "expected a mapping", value=raw)
+    return dict(raw)
+
+
+def check_keys(section: Mapping[str, Any], cls: type, path: str) -> None:
+    """Raise ConfigError for the first key that is not a field of `cls`, with a suggestion."""
+    valid = field_names(cls)
+    for key in section:
+        if key not in valid:
+            raise unknown_key(path, key, valid)
+
+
+def _distributed(values: Mapping[str, Any]) -> dict[str, Any]:
+    present = [key for key in ("distributed", *SECTION_ALIASES) if key in values]
+    if len(present) > 1:
+        raise ConfigError(present[1], f"conflicts with {present[0]}",
+                          allowed="hub: and diloco: are aliases accepted only when distributed: is absent")
+    return _section(values, present[0]) if present else {}
+
+
+def _optimizer(values: Mapping[str, Any]) -> dict[str, Any]:
+    raw = values.get("optimizer")
+    section = {"name": raw} if isinstance(raw, str) else _section(values, "optimizer")
+    for key in OPTIMIZER_ROOT_FIELDS:
+        if key not in values:
+            continue
+        root = coerce(values[key], "bool", key)
+        if key in section and coerce(section[key], "bool", f"optimizer.{key}") != root:
+            raise ConfigError(key, f"conflicts with optimizer.{key}={section[key]!r}", value=values[key],
+                              allowed="set it in one place")
+        section[key] = root
+    return section
+
+
+def _precision(values: Mapping[str, Any]) -> dict[str, Any]:
+    raw = values.get("precision")
+    return {"mode": raw} if isinstance(raw, str) else _section(values, "precision")
+
+
+def _compile(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        for key in value:
+            if key != "enabled":
+                raise unknown_key("compile", key, ["enabled"])
+        return coerce(value.get("enabled", False), "bool", "compile.enabled")
+    return coerce(value, "bool", "compile")
+
+
+def canonical(values: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Return {section: mapping, flag: value}, with aliases applied and unknown keys rejected."""
+    if values is None:
+        values = {}
+    if not isinstance(values, Mapping):
+        raise ConfigError("", f"the configuration root must be a mapping, not {type(values).__name__}",
+                          allowed="write `key: value` lines at the top level")
+    for key in values:
+        if key not in ROOT_KEYS:
+            raise unknown_key("", key, ROOT_KEYS)
+    special = {"distributed": _distributed, "optimizer": _optimizer, "precision": _precision}
+    result: dict[str, Any] = {name: special.get(name, lambda v, n=name: _section(v, n))(values)
+                              for name in SECTIONS}
+    for alias in RUN_ALIASES:
+        if alias in values:  # the top-level alias wins over the nested run field (spec/03)
+            result["run"][alias] = values[alias]
+    result["gradient_checkpointing"] = coerce(values.get("gradient_checkpointing", False), "bool",
+                                              "gradient_checkpointing")
+    result["compile"] = _compile(values.get("compile", False))
+    result["ooo_backprop"] = coerce(values.get("ooo_backprop", False), "bool", "ooo_backprop")
+    result["ooo_streams"] = coerce(values.get("ooo_streams", 4), "int", "ooo_streams")
+    return result

@@ -1,0 +1,81 @@
+"""`--set key=value` overrides applied to a raw mapping before validation."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import yaml
+
+from speedtronic_config.errors import ConfigError, unknown_key
+from speedtronic_config.normalize import ROOT_KEYS, RUN_ALIASES, SECTION_ALIASES, SECTIONS, field_names
+
+# A scalar given for these sections is their shorthand field (optimizer=muon, precision=bf16).
+SHORTHAND_FIELD = {"optimizer": "name", "precision": "mode", "compile": "enabled"}
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Return the dotted path and the YAML-scalar value of one `key=value` override."""
+    key, sep, raw = text.partition("=")
+    parts = key.strip().split(".")
+    if not sep or not all(parts):
+        raise ConfigError(key.strip() or text, "an override must look like section.key=value",
+                          value=text, allowed="e.g. model.n_layer=6")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as error:
+        raise ConfigError(key.strip(), f"value is not valid YAML: {error}", value=raw)
+    return parts, value
+
+
+def _target(tree: dict[str, Any], parts: list[str]) -> tuple[str, str | None]:
+    """Return (root key, field) after checking the path against the schema."""
+    root = parts[0]
+    if root not in ROOT_KEYS:
+        raise unknown_key("", root, ROOT_KEYS)
+    nested = root in SECTIONS or root in SECTION_ALIASES or root == "compile"
+    if len(parts) > (2 if nested else 1):
+        raise ConfigError(".".join(parts), f"{'.'.join(parts[:2])} is not a mapping")
+    if len(parts) == 1:
+        return root, None
+    valid = ["enabled"] if root == "compile" else field_names(SECTIONS.get(root, SECTIONS["distributed"]))
+    if parts[1] not in valid:
+        raise unknown_key(root, parts[1], valid)
+    if root == "distributed" and "distributed" not in tree:
+        # Write into a hub:/diloco: alias the file already uses, so the two never conflict.
+        root = next((alias for alias in SECTION_ALIASES if alias in tree), root)
+    return root, parts[1]
+
+
+def _set(tree: dict[str, Any], root: str, name: str | None, value: Any) -> None:
+    if name is None and root in SHORTHAND_FIELD and isinstance(tree.get(root), Mapping) and \
+            not isinstance(value, Mapping):
+        name = SHORTHAND_FIELD[root]  # keep the section's other fields
+    if name is None:
+        tree[root] = value
+        return
+    section = tree.get(root)
+    if section is None:
+        section = {}
+    elif isinstance(section, str) and root in SHORTHAND_FIELD:
+        section = {SHORTHAND_FIELD[root]: section}
+    elif isinstance(section, bool) and root == "compile":
+        section = {"enabled": section}
+    elif not isinstance(section, Mapping):
+        raise ConfigError(root, "cannot set a field: the current value is not a mapping", value=section)
+    tree[root] = {**section, name: value}
+    if root == "run" and name in RUN_ALIASES:
+        tree.pop(name, None)  # a top-level alias would otherwise win over this override
+
+
+def apply_overrides(values: Mapping[str, Any] | None, overrides: Iterable[str]) -> dict[str, Any]:
+    """Return a new mapping with each `dotted.path=value` applied (values parsed as YAML scalars)."""
+    if values is not None and not isinstance(values, Mapping):
+        raise ConfigError("", "the configuration root must be a mapping", value=values)
+    tree: dict[str, Any] = copy.deepcopy(dict(values or {}))
+    for text in overrides:
+        parts, value = parse_override(text)
+        root, name = _target(tree, parts)
+        _set(tree, root, name, value)
+    return tree

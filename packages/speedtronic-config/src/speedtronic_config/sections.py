@@ -1,0 +1,359 @@
+"""One dataclass per configuration section; each converts and validates its own fields."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from speedtronic_config.coerce import coerce_fields
+from speedtronic_config.errors import ConfigError
+
+DEFAULT_SCHEDULE_HORIZON = 1000
+HOOK_NAMES = ("tensorboard", "wandb")
+_NODE_ID = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def _check(ok: bool, path: str, problem: str, value: Any, allowed: str | None = None) -> None:
+    if not ok:
+        raise ConfigError(path, problem, value=value, allowed=allowed)
+
+
+def _positive(section: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(section, name)
+        _check(value is None or value > 0, f"{section.SECTION}.{name}", "must be positive", value)
+
+
+def _choice(section: Any, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(section, name)
+    _check(value in choices, f"{section.SECTION}.{name}", "unsupported value", value,
+           f"choose one of {', '.join(choices)}")
+
+
+def _seed(value: int | None, path: str) -> None:
+    # NumPy seeds must fit in 32 unsigned bits; 2.0 accepted any int and failed later at seeding.
+    _check(value is None or 0 <= value < 2**32, path, "must be in [0, 2**32)", value)
+
+
+@dataclass
+class RunConfig:
+    """Run identity, device, step target and output root."""
+
+    SECTION: ClassVar[str] = "run"
+    name: str = "speedtronic-run"
+    seed: int = 1234
+    device: str = "auto"
+    max_steps: int = 1000
+    output_dir: str = "runs"
+    log_every: int | None = None
+    nonfinite_loss: str = "stop"
+
+    def __post_init__(self) -> None:
+        coerce_fields(self, self.SECTION)
+        _seed(self.seed, "run.seed")
+        _positive(self, "max_steps", "log_every")
+        _check(bool(self.device.strip()), "run.device", "must not be empty", self.device,
+               "use auto, cpu, cuda, cuda:N or mps")
+        _choice(self, "nonfinite_loss", ("stop", "skip"))
+
+
+@dataclass
+class ModelConfig:
+    """Reference-transformer shape; the registry key is checked when the model is built."""
+
+    SECTION: ClassVar[str] = "model"
+    name: str = "reference_transformer"
+    vocab_size: int = 512
+    max_seq_len: int = 128
+    n_layer: int = 4
+    n_head: int = 8
+    n_kv_head: int | None = None
+    d_model: int = 256
+    d_ff: int | None = None
+    dropout: float = 0.0
+    tie_weights: bool = True
+    rope_base: float = 10000.0
+    gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        coerce_fields(self, self.SECTION)
+        _positive(self, "vocab_size", "max_seq_len", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff")
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        _check(self.n_head % self.n_kv_head == 0, "model.n_kv_head", f"must divide n_head={self.n_head}",
+               self.n_kv_head)
+        _check(self.d_model % self.n_head == 0, "model.d_model", f"must be divisible by n_head={self.n_head}",
+               self.d_model)
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        _check(0.0 <= self.dropout < 1.0, "model.dropout", "must satisfy 0 <= dropout < 1", self.dropout)
+        # 2.0 did not check the rotary base; a base <= 1 makes every frequency 1 or undefined.
+        _check(self.rope_base > 1.0, "model.rope_base", "must be greater than 1", self.rope_base)
+
+
+@dataclass
+class DataConfig:
+    """Data source and batching; micro-batches accumulate to target_batch_size."""
+
+    SECTION: ClassVar[str] = "data"
+    shard_path: str | None = None
+    val_shard_path: str | None = None
+    text_path: str | None = None
+    val_text_path: str | None = None
+    dataset: Any = None
+    synthetic: bool = True
+    num_tokens: int = 100000
+    vocab_size: int | None = None
+    block_size: int | None = None
+    micro_batch_size: int = 1
+    target_batch_size: int = 1
+    num_workers: int = 0
+    prefetch_factor: int | None = None
+    pin_memory: bool | None = None
+    shuffle: bool = False
+    drop_last: bool = True
+    seed: int | None = None
+    max_steps: int | None = None
+    eval_every: int | None = None
+    eval_steps: int | None = 20
+
+    def __post_init__(self) -> None:
+        coerce_fields(self, self.SECTION)
+        _positive(self, "num_tokens", "vocab_size", "block_size", "micro_batch_size", "target_batch_size",
+                  "prefetch_factor", "max_steps", "eval_every", "eval_steps")
+        _check(self.target_batch_size >= self.micro_batch_size, "data.target_batch_size",
+               f"must be at least micro_batch_size={self.micro_batch_size}", self.target_batch_size)
+        _check(self.target_batch_size % self.micro_batch_size == 0, "data.target_batch_size",
+               f"must be divisible by micro_batch_size={self.micro_batch_size}", self.target_batch_size)
+        _check(self.num_workers >= 0, "data.num_workers", "must be non-negative", self.num_workers)
+        _seed(self.seed, "data.seed")
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Return how many micro-batches make one optimizer step."""
+        return self.target_batch_size // self.micro_batch_size
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW or Muon (hidden matrices) with optional Muon+ normalization and cautious masking."""
+
+    SECTION: ClassVar[str] = "optimizer"
+    name: str = "adamw"
+    lr: float = 3e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    fused: bool | None = None
+    grad_clip: float | None = None
+    muon_plus: bool = False
+    cautious: bool = False
+    muon_momentum: float = 0.95
+    muon_ns_steps: int = 5
+    muon_norm_eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        coerce_fields(self, self.SECTION)
+        self.name = self.name.lower()
+        _choice(self, "name", ("adamw", "muon"))
+        _positive(self, "lr", "eps", "grad_clip", "muon_ns_steps", "muon_norm_eps")
+        for index, beta in enumerate(self.betas):
+            _check(0.0 <= beta < 1.0, f"optimizer.betas[{index}]", "must be in [0, 1)", beta)
+        _check(self.weight_decay >= 0, "optimizer.weight_decay", "must be non-negative", self.weight_decay)
+        _check(not self.muon_plus or self.name == "muon", "optimizer.muon_plus", "requires optimizer.name: muon",
+               self.muon_plus)
+        _check(0.0 <= self.muon_momentum < 1.0, "optimizer.muon_momentum", "must be in [0, 1)", self.muon_momentum)
+
+
+@dataclass
+class SchedulerConfig:
+    """Learning-rate schedule; an unset max_steps follows the run's step target."""
+
+    SECTION: ClassVar[str] = "scheduler"
+    name: str = "cosine"
+    warmup_steps: int = 100
+    # None means "follow the step target": the aggregate fills it; alone it is the 2.0 default 1000.
+    max_steps: int | None = None
+    min_lr_ratio: float = 0.1
+    decay_ratio: float = 0.2
+
+    def __post_init__(self) -> None:
+        coerce_fields(self, self.SECTION)
+        self.name = self.name.lower()
+        _choice(self, "name", ("cosine", "constant", "wsd"))
+        _check(self.warmup_steps >= 0, "scheduler.warmup_steps", "must be non-negative", self.warmup_steps)
+        _positive(self, "max_steps")
+        if self.max_steps is None:
+            self.max_steps = DEFAULT_SCHEDULE_HORIZON
+            self._auto_horizon: int | None = DEFAULT_SCHEDULE_HORIZON
+        elif not hasattr(self, "_auto_horizon"):
+            self._auto_horizon = None
+        _check(0.0 <= self.min_lr_ratio <= 1.0, "scheduler.min_lr_ratio", "must be in [0, 1]", self.min_lr_ratio)
+        _check(0.0 < self.decay_ratio <= 1.0, "scheduler.decay_ratio", "must be in (0, 1]", self.decay_ratio)
+
+    @property
+    def follows_target(self) -> bool:
+        """Return True when max_steps was not set by the user and so tracks the run's step target."""
+        return self._auto_horizon is not None and self.max_steps == self._auto_horizon
+
+    def follow_target(self, target: int) -> None:
+        """Set an unset horizon to `target`; an explicit max_steps is kept."""
+        if self.follows_target:
+            self.max_steps = self._auto_horizon = target
+
+
+@dataclass
+class PrecisionConfig:
+    """Requested numeric precision; an explicit mode wins over dtype."""
+
+    SECTION: ClassVar[str] = "precision"
+    mode: str = "auto"
+    dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        coerce_fields(self, self.SECTION)
+        self.mode = self.mode.lower()
+        _choice(self, "mode", ("auto", "bf16", "fp16", "fp32"))
+        if self.dtype is not None:
+            self.dtype = self.dtype.lower()
+            _choice(self, "dtype", ("bf16", "fp16", "fp32"))
+
+
+@dataclass
+class CheckpointConfig:
+    """Interval, final and on-signal checkpoint saving, retention and resume."""
+
+    SECTION: ClassVar[str] = "checkpoint"
+    enabled: bool = True
+    directory: str = "checkpoints"
+    every_steps: int = 500
+    keep_last: int | None = 3
+    resume: bool = False
+    save_final: bool = True
+    save_on_signal: bool = True
+
+    def __post_init__(self) -> None:
+        coerce_fields(self, self.SECTION)
+        _positive(self, "every_steps", "keep_last")
+        _check(bool(self.directory.strip()), "checkpoint.directory", "must not be empty", self.directory)
+
+
+@dataclass
+class LoggingConfig:
+    """Text/JSONL logging cadence, metric hooks and the progress bar."""
+
+    SECTION: ClassVar[str] = "logging"
+    level: str = "INFO"
+    file: str | None = None
+    every_steps: int = 1
+    json_file: str | None = None
+    hooks: list[str] = field(default_factory=list)
+    progress: Any = None
+
+    def __post_init__(self) -> None:
+        coerce_fields(self, self.SECTION)
+        self.level = self.level.upper()
+        _positive(self, "every_steps")
+        for index, hook in enumerate(self.hooks):
+            _check(hook in HOOK_NAMES, f"logging.hooks[{index}]", "unknown hook", hook,
+                   f"choose from {', '.join(HOOK_NAMES)}")
+        _check(len(set(self.hooks)) == len(self.hooks), "logging.hooks", "lists a hook twice", self.hooks)
+        self.progress = _progress(self.progress)
+
+
+def _progress(value: Any) -> bool | None:
+    """Return None (auto: only on a terminal), True or False."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in {"auto", "true", "false"}:
+        lowered = value.strip().lower()
+        return None if lowered == "auto" else lowered == "true"
+    raise ConfigError("logging.progress", "expected true, false, auto or null", value=value)
+
+
+@dataclass
+class ShapeValidationConfig:
+    """Startup checks that model and batch dimensions suit the device's preferred alignment."""
+
+    SECTION: ClassVar[str] = "shape_validation"
+    enabled: bool = True
+    alignment: int | str = "auto"
+    check_batch: bool = True
+    check_sequence: bool = True
+    check_model: bool = True
+    check_vocab: bool = False
+    warn_on_cpu: bool = False
+
+    def __post_init__(self) -> None:
+        coerce_fields(self, self.SECTION)
+        if isinstance(self.alignment, str):
+            _check(self.alignment.lower() == "auto", "shape_validation.alignment", "unsupported value",
+                   self.alignment, "use auto or a positive integer")
+            self.alignment = "auto"
+        else:
+            _positive(self, "alignment")
+
+
+@dataclass
+class DistributedConfig:
+    """DumbDiLoCo: roles, Hub or filesystem transport, outer optimizer and async upload lanes."""
+
+    SECTION: ClassVar[str] = "distributed"
+    enabled: bool = False
+    mode: str = "dumb_diloco"
+    role: str = "single"
+    node_id: str | None = None
+    collaborators: list[str] = field(default_factory=list)
+    inner_steps: int = 500
+    poll_interval: float = 60.0
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    repo_id: str | None = None
+    transport: str = "hub"
+    endpoint: str | None = None
+    token: str | None = None
+    cache_dir: str = ".speedtronic/hub"
+    state_dir: str = ".speedtronic/diloco"
+    retry_initial: float = 1.0
+    retry_max: float = 60.0
+    retry_attempts: int = 6
+    reset_inner_optimizer: bool = True
+    async_delta_upload: bool = True
+    delta_upload_queue_size: int = 1
+    delta_upload_overflow: str = "skip"
+    delta_upload_shutdown_timeout: float = 5.0
+    async_global_poll: bool = True
+    staleness_limit: int | None = 2
+    start_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        coerce_fields(self, self.SECTION)
+        _choice(self, "mode", ("dumb_diloco", "disabled"))
+        _choice(self, "role", ("single", "master", "worker"))
+        _choice(self, "transport", ("hub", "filesystem"))
+        _choice(self, "delta_upload_overflow", ("skip", "block"))
+        if self.node_id is not None:
+            _check(bool(_NODE_ID.fullmatch(self.node_id)) and self.node_id not in {".", ".."},
+                   "distributed.node_id", "must be path-safe", self.node_id, "use letters, digits, '_', '.', '-'")
+        _positive(self, "inner_steps", "poll_interval", "outer_lr", "retry_initial", "retry_attempts",
+                  "delta_upload_queue_size")
+        _check(0.0 <= self.outer_momentum < 1.0, "distributed.outer_momentum", "must be in [0, 1)",
+               self.outer_momentum)
+        _check(self.retry_max >= self.retry_initial, "distributed.retry_max",
+               f"must be at least retry_initial={self.retry_initial}", self.retry_max)
+        for name in ("delta_upload_shutdown_timeout", "start_timeout", "staleness_limit"):
+            value = getattr(self, name)
+            _check(value is None or value >= 0, f"distributed.{name}", "must be non-negative", value)
+        if self.enabled and self.mode == "dumb_diloco":
+            _check(bool(self.repo_id), "distributed.repo_id", "is required when distributed.enabled is true",
+                   self.repo_id, "e.g. my-org/run-1")
+            _check(self.transport != "filesystem" or bool(self.endpoint), "distributed.endpoint",
+                   "must name a shared folder when transport is filesystem", self.endpoint)
+
+    def __repr__(self) -> str:
+        # The token must never reach a log line, even through repr(config).
+        shown = {spec: getattr(self, spec) for spec in self.__dataclass_fields__}
+        if shown["token"] is not None:
+            shown["token"] = "<redacted>"
+        return "DistributedConfig(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"

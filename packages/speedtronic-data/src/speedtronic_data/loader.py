@@ -1,0 +1,196 @@
+"""Resumable DataLoaders and the builders that turn a data config section into one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+
+from speedtronic_data.collate import collate_batch
+from speedtronic_data.errors import DataError
+from speedtronic_data.shards import TokenShardDataset
+from speedtronic_data.synthetic import SyntheticTokenDataset
+from speedtronic_data.text import TextFileTokenDataset
+from speedtronic_data.tokenizer import CharTokenizer
+
+
+class ResumableSampler(Sampler[int]):
+    """Sequential or seeded-shuffled indices; epoch e's order depends only on (seed, e), never on global RNG."""
+
+    def __init__(self, size: int, shuffle: bool = False, seed: int = 0) -> None:
+        self.size, self.shuffle, self.seed = size, shuffle, seed
+        self.epoch, self.start = 0, 0  # set by ResumableLoader before each pass
+
+    def __iter__(self) -> Iterator[int]:
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            order = torch.randperm(self.size, generator=generator)[self.start:]
+            return iter(order.tolist())
+        return iter(range(self.start, self.size))
+
+    def __len__(self) -> int:
+        return self.size  # a full epoch; a resumed pass is shorter
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader whose state_dict is (epoch, batches yielded) and whose next pass after load_state_dict
+    yields exactly the batches that followed; each pass over it is the next epoch."""
+
+    def __init__(self, dataset: Dataset | IterableDataset, *, batch_size: int, shuffle: bool = False,
+                 seed: int = 0, **kwargs: Any) -> None:
+        iterable = isinstance(dataset, IterableDataset)
+        sampler = None if iterable else ResumableSampler(len(dataset), shuffle, seed)
+        super().__init__(dataset, batch_size=batch_size, sampler=sampler,
+                         generator=torch.Generator().manual_seed(seed), **kwargs)
+        self._next_epoch, self._skip = 0, 0
+        self._epoch, self._yielded = 0, 0
+
+    def _position(self, epoch: int, skip: int) -> int:
+        """Point the sampler or dataset at batch `skip` of `epoch`; return the batches still to fast-forward."""
+        if isinstance(self.sampler, ResumableSampler):
+            self.sampler.epoch, self.sampler.start = epoch, skip * self.batch_size
+            return 0
+        if isinstance(self.dataset, TextFileTokenDataset):
+            # Workers get a copy of the dataset when the pass starts, so set this first.
+            self.dataset.start_block, self.dataset.batch_size = skip * self.batch_size, self.batch_size
+            return 0
+        return skip  # an unknown iterable dataset: replay it and drop the consumed batches
+
+    def __iter__(self) -> Iterator[Any]:
+        # A generator, so merely calling iter() (without drawing a batch) does not start an epoch.
+        epoch, skip = self._next_epoch, self._skip
+        self._next_epoch, self._skip = epoch + 1, 0
+        self._epoch, self._yielded = epoch, skip
+        replay = self._position(epoch, skip)
+        iterator = super().__iter__()
+        for _ in range(replay):
+            next(iterator, None)
+        for batch in iterator:
+            self._yielded += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        """Return {"epoch", "batches"}: the pass in progress and how many of its batches were handed out."""
+        return {"epoch": self._epoch, "batches": self._yielded}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Make the next pass continue epoch state["epoch"] after state["batches"] batches."""
+        try:
+            epoch, batches = int(state["epoch"]), int(state["batches"])
+        except (KeyError, TypeError, ValueError):
+            raise DataError(f"loader state {state!r} is not a ResumableLoader state "
+                            "(expected {'epoch': int, 'batches': int})") from None
+        if epoch < 0 or batches < 0:
+            raise DataError(f"loader state {state!r} has a negative epoch or batch count")
+        self._next_epoch, self._skip = epoch, batches
+        self._epoch, self._yielded = epoch, batches
+
+
+def loader_state(loader: Any) -> dict[str, int]:
+    """Return the resumable position of a ResumableLoader (what build_dataloader returns)."""
+    if not isinstance(loader, ResumableLoader):
+        raise DataError(f"loader_state needs a ResumableLoader (from build_dataloader), got {type(loader).__name__}")
+    return loader.state_dict()
+
+
+def restore_loader(loader: Any, state: dict[str, int]) -> None:
+    """Position loader so its next pass yields exactly the batches after the saved state."""
+    if not isinstance(loader, ResumableLoader):
+        raise DataError(f"restore_loader needs a ResumableLoader (from build_dataloader), got {type(loader).__name__}")
+    loader.load_state_dict(state)
+
+
+def _setting(config: Any, name: str, default: Any = None) -> Any:
+    # Sections are duck-typed, and fields added in 2.1 may be missing from older ones.
+    value = getattr(config, name, None)
+    return default if value is None else value
+
+
+def _positive(config: Any, name: str, default: int | None = None) -> int:
+    value = _setting(config, name, default)
+    if value is None or isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DataError(f"data.{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _config_dataset(value: Any, block_size: int, vocab_size: int | None) -> Dataset | IterableDataset:
+    """Return the dataset data.dataset names: a Dataset object, a .bin shard glob, or a torch.save'd Dataset."""
+    if isinstance(value, (Dataset, IterableDataset)):
+        return value
+    if str(value).endswith(".bin"):
+        return TokenShardDataset(str(value), block_size, vocab_size)
+    path = Path(value)
+    if not path.is_file():
+        raise DataError(f"data.dataset = {str(value)!r} does not exist; give a Dataset object, a .bin shard "
+                        "glob, or a file written by torch.save(dataset)")
+    # A local file the user saved themselves; a Dataset object cannot be loaded weights-only.
+    loaded = torch.load(path, weights_only=False)
+    if not isinstance(loaded, (Dataset, IterableDataset)):
+        raise DataError(f"data.dataset file {str(path)!r} holds a {type(loaded).__name__}, not a torch Dataset")
+    return loaded
+
+
+def select_dataset(config: Any, *, dataset: Any = None, tokenizer: Any = None,
+                   vocab_size: int | None = None) -> Dataset | IterableDataset:
+    """Return the training dataset: dataset=, then shard_path, text_path, data.dataset, synthetic."""
+    if dataset is not None:
+        return dataset
+    block_size = _positive(config, "block_size")
+    vocab = vocab_size if vocab_size is not None else _setting(config, "vocab_size")
+    if _setting(config, "shard_path") is not None:
+        return TokenShardDataset(config.shard_path, block_size, vocab)
+    if _setting(config, "text_path") is not None:
+        tok = tokenizer if tokenizer is not None else CharTokenizer(vocab or 256)
+        return TextFileTokenDataset(config.text_path, block_size, tok, vocab or 256)
+    if _setting(config, "dataset") is not None:
+        return _config_dataset(config.dataset, block_size, vocab)
+    if _setting(config, "synthetic", True):
+        return SyntheticTokenDataset(_positive(config, "num_tokens", 100000), block_size, vocab or 512,
+                                     _setting(config, "seed", 1234))
+    raise DataError("no data source: set data.shard_path, data.text_path or data.dataset, "
+                    "or enable data.synthetic")
+
+
+def make_loader(config: Any, dataset: Dataset | IterableDataset, *, shuffle: bool, drop_last: bool,
+                pin_memory_device: bool = False) -> ResumableLoader:
+    """Return a ResumableLoader over dataset with the section's batch, worker and memory settings."""
+    workers = _setting(config, "num_workers", 0)
+    if not isinstance(workers, int) or workers < 0:
+        raise DataError(f"data.num_workers must be a non-negative integer, got {workers!r}")
+    prefetch = _setting(config, "prefetch_factor", 2 if workers > 0 else None)
+    pin = _setting(config, "pin_memory", pin_memory_device)
+    iterable = isinstance(dataset, IterableDataset)
+    return ResumableLoader(dataset, batch_size=_positive(config, "micro_batch_size", 1),
+                           shuffle=bool(shuffle) and not iterable, seed=_setting(config, "seed", 0),
+                           num_workers=workers, prefetch_factor=prefetch if workers > 0 else None,
+                           pin_memory=bool(pin), drop_last=bool(drop_last), collate_fn=collate_batch)
+
+
+def build_dataloader(config: Any, *, dataset: Dataset | IterableDataset | None = None, tokenizer: Any | None = None,
+                     pin_memory_device: bool = False, vocab_size: int | None = None) -> DataLoader:
+    """Build the training loader from a DataConfig (a ResumableLoader; dataset= takes precedence)."""
+    source = select_dataset(config, dataset=dataset, tokenizer=tokenizer, vocab_size=vocab_size)
+    return make_loader(config, source, shuffle=_setting(config, "shuffle", False),
+                       drop_last=_setting(config, "drop_last", True), pin_memory_device=pin_memory_device)
+
+
+def build_eval_dataloader(config: Any, *, tokenizer: Any | None = None, pin_memory_device: bool = False,
+                          vocab_size: int | None = None) -> DataLoader | None:
+    """Build the validation loader from data.val_shard_path or data.val_text_path; None when neither is set."""
+    vocab = vocab_size if vocab_size is not None else _setting(config, "vocab_size")
+    if _setting(config, "val_shard_path") is not None:
+        source: Dataset | IterableDataset = TokenShardDataset(config.val_shard_path, _positive(config, "block_size"),
+                                                              vocab)
+    elif _setting(config, "val_text_path") is not None:
+        tok = tokenizer if tokenizer is not None else CharTokenizer(vocab or 256)
+        source = TextFileTokenDataset(config.val_text_path, _positive(config, "block_size"), tok, vocab or 256)
+    else:
+        return None
+    return make_loader(config, source, shuffle=False, drop_last=False, pin_memory_device=pin_memory_device)
+
+
+__all__ = ["ResumableLoader", "ResumableSampler", "build_dataloader", "build_eval_dataloader", "loader_state",
+           "make_loader", "restore_loader", "select_dataset"]

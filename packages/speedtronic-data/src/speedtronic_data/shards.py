@@ -1,0 +1,172 @@
+"""llm.c / modded-nanogpt token shards: the on-disk format and a memory-mapped window dataset."""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from speedtronic_data.errors import DataError
+
+HEADER_INTS = 256  # the header is 256 little-endian int32s: magic, version, token count, then zeros
+HEADER_BYTES = HEADER_INTS * 4
+FORMATS = {20240520: (1, np.dtype("<u2")), 20240801: (7, np.dtype("<u4"))}  # magic -> (version, token dtype)
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """A validated shard: where it is, its token dtype and how many tokens it holds."""
+
+    path: Path
+    dtype: np.dtype
+    num_tokens: int
+
+
+def read_shard_header(path: str | Path) -> ShardInfo:
+    """Return the shard's header after checking magic, version and that the body is complete."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"token shard {str(path)!r} does not exist; run `speedtronic prepare` or fix data.shard_path")
+    size = path.stat().st_size
+    if size < HEADER_BYTES:
+        raise DataError(f"token shard {str(path)!r} is {size} bytes, shorter than its {HEADER_BYTES}-byte header; "
+                        "the file is truncated: write it again")
+    header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
+    magic, version, num_tokens = int(header[0]), int(header[1]), int(header[2])
+    if magic not in FORMATS:
+        raise DataError(f"token shard {str(path)!r} has magic {magic}, not an llm.c shard "
+                        f"(expected one of {sorted(FORMATS)}); write it with prepare_shards or write_shard")
+    expected_version, dtype = FORMATS[magic]
+    if version != expected_version:
+        raise DataError(f"token shard {str(path)!r} has version {version}; magic {magic} needs version "
+                        f"{expected_version}: write it again with prepare_shards")
+    body = size - HEADER_BYTES
+    if num_tokens < 0 or body != num_tokens * dtype.itemsize:
+        raise DataError(f"token shard {str(path)!r} header promises {num_tokens} tokens "
+                        f"({num_tokens * dtype.itemsize} bytes) but the body has {body} bytes; the file is "
+                        "truncated or corrupt: write it again")
+    return ShardInfo(path, dtype, num_tokens)
+
+
+def read_shard_tokens(path: str | Path) -> np.ndarray:
+    """Return the shard's tokens as a read-only numpy memmap (uint16 or uint32)."""
+    info = read_shard_header(path)
+    if info.num_tokens == 0:
+        return np.zeros(0, dtype=info.dtype)
+    return np.memmap(info.path, dtype=info.dtype, mode="r", offset=HEADER_BYTES, shape=(info.num_tokens,))
+
+
+def write_shard(path: str | Path, tokens: Any) -> Path:
+    """Write tokens atomically as one shard: uint16 (magic 20240520) when every id fits, else uint32."""
+    path = Path(path)
+    ids = np.asarray(tokens)
+    if ids.ndim != 1:
+        raise DataError(f"write_shard needs a 1-D array of token ids, got shape {ids.shape}")
+    if ids.size and (ids.min() < 0 or ids.max() >= 2**32):
+        raise DataError(f"write_shard: token ids must lie in [0, 2**32), got [{ids.min()}, {ids.max()}]")
+    magic = 20240520 if not ids.size or ids.max() < 2**16 else 20240801
+    version, dtype = FORMATS[magic]
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[:3] = (magic, version, ids.size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(header.tobytes())
+            handle.write(ids.astype(dtype, copy=False).tobytes())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def resolve_shards(pattern: str | Path | list[str | Path], setting: str = "data.shard_path") -> list[Path]:
+    """Return the sorted shard files matching a glob (or list of paths/globs); DataError when none match."""
+    patterns = pattern if isinstance(pattern, (list, tuple)) else [pattern]
+    paths = sorted({Path(p) for item in patterns for p in (glob.glob(str(item)) or [])})
+    if not paths:
+        raise DataError(f"{setting} = {pattern!r} matches no files; run `speedtronic prepare OUT_DIR` "
+                        "(or prepare_shards) first, or fix the glob")
+    return paths
+
+
+class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
+    """Causal windows of block_size + 1 tokens over llm.c shards, read through numpy memmaps.
+
+    Window i of a shard starts at token i * block_size; windows never cross shard boundaries. Shuffle it with
+    a sampler (build_dataloader does, seeded) for random windows; iterate in index order for sequential ones.
+    """
+
+    def __init__(self, paths: str | Path | list[str | Path], block_size: int, vocab_size: int | None = None) -> None:
+        if block_size < 1:
+            raise DataError(f"TokenShardDataset block_size must be positive, got {block_size}")
+        self.block_size, self.vocab_size = block_size, vocab_size
+        self.shards = [read_shard_header(p) for p in resolve_shards(paths)]
+        windows = [max(0, (s.num_tokens - 1) // block_size) for s in self.shards]
+        self.offsets = np.concatenate([[0], np.cumsum(windows)]).astype(np.int64)  # first window of each shard
+        if self.offsets[-1] == 0:
+            largest = max(s.num_tokens for s in self.shards)
+            raise DataError(f"token shards {[str(s.path) for s in self.shards][:3]} hold at most {largest} tokens "
+                            f"each, fewer than block_size + 1 = {block_size + 1}; lower data.block_size "
+                            "(model.max_seq_len) or prepare more text")
+        self._maps: list[np.ndarray] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Total tokens across the shards."""
+        return sum(s.num_tokens for s in self.shards)
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Memmaps would pickle as full copies; each worker opens its own instead.
+        return {**self.__dict__, "_maps": None}
+
+    def _tokens(self) -> list[np.ndarray]:
+        if self._maps is None:
+            self._maps = [read_shard_tokens(s.path) for s in self.shards]
+        return self._maps
+
+    def windows(self, indices: Any) -> torch.Tensor:
+        """Return LongTensor[len(indices), block_size + 1] of the windows at indices (one vectorized gather)."""
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if indices.size and (indices.min() < 0 or indices.max() >= len(self)):
+            raise IndexError(f"window index out of range for {len(self)} windows")
+        shard_of = np.searchsorted(self.offsets, indices, side="right") - 1
+        out = np.empty((indices.size, self.block_size + 1), dtype=np.int64)
+        tokens, span = self._tokens(), np.arange(self.block_size + 1)
+        for shard in np.unique(shard_of):
+            rows = np.nonzero(shard_of == shard)[0]
+            starts = (indices[rows] - self.offsets[shard]) * self.block_size
+            out[rows] = tokens[shard][starts[:, None] + span]
+        if self.vocab_size is not None and out.size and out.max() >= self.vocab_size:
+            bad = int(shard_of[np.nonzero(out.max(axis=1) >= self.vocab_size)[0][0]])
+            raise DataError(f"token shard {str(self.shards[bad].path)!r} holds token id {int(out.max())} >= "
+                            f"vocab_size {self.vocab_size}; raise model.vocab_size to at least {int(out.max()) + 1} "
+                            "or prepare the shards with a tokenizer of that size")
+        return torch.from_numpy(out)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if index < 0:
+            index += len(self)
+        tokens = self.windows([index])[0]
+        return {"input_ids": tokens[:-1], "labels": tokens[1:]}
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+        # DataLoader calls this with a whole batch of indices: one gather instead of one per example.
+        return [{"input_ids": row[:-1], "labels": row[1:]} for row in self.windows(indices)]
+
+
+__all__ = ["ShardInfo", "TokenShardDataset", "read_shard_header", "read_shard_tokens", "resolve_shards",
+           "write_shard"]

@@ -1,0 +1,115 @@
+"""Stream a UTF-8 text file as causal token blocks with bounded memory."""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset
+
+from speedtronic_data.errors import DataError
+from speedtronic_data.partition import block_plan
+from speedtronic_data.tokenizer import CharTokenizer, check_ids, encode_text, is_byte_tokenizer
+
+CHUNK_BYTES = 1 << 20  # read granularity: memory stays O(chunk + block) for any file size
+
+
+def check_text_file(path: Path, what: str = "text file") -> Path:
+    """Return path when it is a non-empty file, else raise DataError naming it."""
+    if not path.is_file():
+        raise DataError(f"{what} {str(path)!r} does not exist; set data.text_path to a UTF-8 text file "
+                        "(relative paths start at the working directory)")
+    if path.stat().st_size == 0:
+        raise DataError(f"{what} {str(path)!r} is empty; point data.text_path at a file with text in it")
+    return path
+
+
+def iter_text_chunks(path: Path) -> Iterator[str]:
+    """Yield the file's text in chunks of about CHUNK_BYTES that end on a line break where possible."""
+    with open(path, "rb") as handle:
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        offset = 0
+        while True:
+            raw = handle.read(CHUNK_BYTES)
+            if raw:
+                raw += handle.readline()  # end on a line so subword tokenizers see whole lines
+            try:
+                text = decoder.decode(raw, final=not raw)
+            except UnicodeDecodeError as error:
+                raise DataError(f"{str(path)!r} is not valid UTF-8 near byte {offset + error.start}; "
+                                "re-encode it as UTF-8") from None
+            if text:
+                yield text
+            if not raw:
+                return
+            offset += len(raw)
+
+
+def iter_token_chunks(path: Path, tokenizer: Any, vocab_size: int) -> Iterator[np.ndarray]:
+    """Yield the file's token ids chunk by chunk, checked against vocab_size."""
+    for text in iter_text_chunks(path):
+        if is_byte_tokenizer(tokenizer):
+            # UTF-8 bytes are the byte tokenizer's ids: skip the list-of-int round trip.
+            ids = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        else:
+            ids = np.asarray(encode_text(tokenizer, text), dtype=np.int64)
+        if ids.size:
+            check_ids(ids, vocab_size, str(path))
+            yield ids
+
+
+def iter_blocks(chunks: Iterator[np.ndarray], block_size: int) -> Iterator[np.ndarray]:
+    """Yield windows of block_size + 1 tokens at stride block_size: every transition is a label once."""
+    buffer = np.zeros(0, dtype=np.int64)
+    for chunk in chunks:
+        buffer = np.concatenate([buffer, chunk.astype(np.int64)])
+        starts = range(0, len(buffer) - block_size, block_size)
+        for start in starts:
+            yield buffer[start:start + block_size + 1]
+        buffer = buffer[len(starts) * block_size:]
+
+
+class TextFileTokenDataset(IterableDataset[dict[str, torch.Tensor]]):
+    """Stream a text file in fixed-size token blocks.
+
+    tokenizer may be a callable or an object with encode. The file is read incrementally; only one block is
+    materialized at a time.
+    """
+
+    def __init__(self, path: str | Path, block_size: int, tokenizer: Callable[[str], Any] | Any | None = None,
+                 vocab_size: int = 256) -> None:
+        if block_size < 1:
+            raise DataError(f"TextFileTokenDataset block_size must be positive, got {block_size}")
+        self.path = check_text_file(Path(path))
+        self.block_size, self.vocab_size = block_size, vocab_size
+        self.tokenizer = tokenizer if tokenizer is not None else CharTokenizer(vocab_size)
+        if is_byte_tokenizer(self.tokenizer) and self.path.stat().st_size <= block_size:
+            raise DataError(self._too_short(self.path.stat().st_size))
+        # Set by ResumableLoader: blocks before start_block are skipped; workers take whole batches in turn.
+        self.start_block, self.batch_size = 0, 1
+
+    def _too_short(self, tokens: int) -> str:
+        return (f"{str(self.path)!r} holds {tokens} tokens, fewer than block_size + 1 = {self.block_size + 1}; "
+                "lower data.block_size (model.max_seq_len) or use a longer file")
+
+    def _encode(self, text: str) -> list[int]:
+        return encode_text(self.tokenizer, text)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        plan = block_plan(self.start_block, self.batch_size)
+        blocks = iter_blocks(iter_token_chunks(self.path, self.tokenizer, self.vocab_size), self.block_size)
+        index = -1
+        for index, block in enumerate(blocks):
+            if plan.owns(index):
+                tokens = torch.from_numpy(block.copy())
+                yield {"input_ids": tokens[:-1], "labels": tokens[1:]}
+        if index < 0:
+            raise DataError(self._too_short(sum(len(c) for c in iter_token_chunks(
+                self.path, self.tokenizer, self.vocab_size))))
+
+
+__all__ = ["TextFileTokenDataset", "check_text_file", "iter_text_chunks"]

@@ -68,14 +68,14 @@ class GPTConfig:
             alias = kwargs.pop("max_seq_len")
             if kwargs.setdefault("block_size", alias) != alias:
                 raise ConfigError(
-                    f"model.max_seq_len: {alias!r} conflicts with block_size={kwargs['block_size']!r}; "
-                    "they are the same setting, give only one"
+                    "model.max_seq_len", f"conflicts with block_size={kwargs['block_size']!r}",
+                    value=alias, allowed="they are the same setting; give only one",
                 )
         known = [f.name for f in fields(cls)]
         unknown = sorted(set(kwargs) - set(known))
         if unknown:
             hints = "; ".join(_suggest(name, known) for name in unknown)
-            raise ConfigError(f"model: unknown field(s) for the reference transformer: {hints}")
+            raise ConfigError("model", f"unknown field(s) for the reference transformer: {hints}")
         return cls(**kwargs)
 
 
@@ -86,7 +86,7 @@ def _is_positive_int(value: Any) -> bool:
 def _error(field: str, value: Any, rule: str) -> ConfigError:
     # block_size is spelled max_seq_len in the YAML the user actually edits.
     path = "model.max_seq_len" if field == "block_size" else f"model.{field}"
-    return ConfigError(f"{path}: {value!r} {rule}")
+    return ConfigError(path, rule, value=value)
 
 
 def _suggest(name: str, known: list[str]) -> str:

@@ -68,8 +68,8 @@ class ModelRegistry:
         except KeyError:
             known = ", ".join(self.names()) or "(none)"
             raise ConfigError(
-                f"model.name: unknown model {name!r}; registered models: {known}. "
-                f"Register a factory with register_model({name!r}, factory) before building."
+                "model.name", f"unknown model {name!r}",
+                allowed=f"registered models: {known}. Register a factory with register_model({name!r}, factory)",
             ) from None
 
     def names(self) -> tuple[str, ...]:
@@ -97,7 +97,7 @@ def build_model(config: Any, **overrides: Any) -> Any:
     name = _read(config, "name")
     if name is None:
         raise ConfigError(
-            f"model.name: missing on {type(config).__name__}; give one of: {', '.join(registry.names())}"
+            "model.name", f"missing on {type(config).__name__}", allowed=f"one of: {', '.join(registry.names())}"
         )
     kwargs = {keyword: _read(config, field) for field, keyword in _MODEL_FIELDS if _has(config, field)}
     if "max_seq_len" in overrides:

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from speedtronic_config.coerce import coerce, coerce_fields
+from speedtronic_config.errors import ConfigError
+
+
+@pytest.mark.parametrize("raw, expected", [
+    (True, True), (False, False), ("true", True), ("false", False), ("FALSE", False), (" True ", True),
+])
+def test_bool_accepts_booleans_and_quoted_booleans(raw, expected):
+    assert coerce(raw, "bool", "x") is expected
+
+
+@pytest.mark.parametrize("raw", ["yes", "no", "0", "", 1, 0, 1.0, [], None])
+def test_bool_rejects_everything_else(raw):
+    with pytest.raises(ConfigError, match="^flag: "):
+        coerce(raw, "bool", "flag")
+
+
+@pytest.mark.parametrize("raw, expected", [(3, 3), (4.0, 4), ("12", 12), (-1, -1)])
+def test_int_accepts_integers_and_integral_text(raw, expected):
+    assert coerce(raw, "int", "n") == expected
+
+
+@pytest.mark.parametrize("raw", [True, 2.5, "two", "1.5", [1], {}])
+def test_int_rejects_non_integers(raw):
+    with pytest.raises(ConfigError, match="^n: expected an integer"):
+        coerce(raw, "int", "n")
+
+
+@pytest.mark.parametrize("raw, expected", [(1, 1.0), (0.5, 0.5), ("1e-8", 1e-8), (" 3 ", 3.0)])
+def test_float_accepts_numbers_and_numeric_text(raw, expected):
+    # PyYAML reads `1e-8` as a string: it must still load as a number.
+    assert coerce(raw, "float", "lr") == expected
+
+
+@pytest.mark.parametrize("raw", [False, "fast", float("nan"), float("inf"), "inf", [0.1]])
+def test_float_rejects_non_finite_and_non_numbers(raw):
+    with pytest.raises(ConfigError, match="^lr: "):
+        coerce(raw, "float", "lr")
+
+
+def test_optional_allows_null_and_required_does_not():
+    assert coerce(None, "int | None", "x") is None
+    with pytest.raises(ConfigError, match="must not be null"):
+        coerce(None, "int", "x")
+
+
+def test_strings_lists_and_pairs():
+    assert coerce("a", "str", "s") == "a"
+    with pytest.raises(ConfigError, match="expected a string"):
+        coerce(12, "str", "s")
+    assert coerce(("a", "b"), "list[str]", "l") == ["a", "b"]
+    with pytest.raises(ConfigError, match=r"l\[1\]: expected a string"):
+        coerce(["a", 2], "list[str]", "l")
+    with pytest.raises(ConfigError, match="expected a list"):
+        coerce("a", "list[str]", "l")
+    assert coerce([0.9, "0.99"], "tuple[float, float]", "b") == (0.9, 0.99)
+    for bad in ([0.9], [0.9, 0.9, 0.9], 0.9):
+        with pytest.raises(ConfigError, match="exactly two numbers"):
+            coerce(bad, "tuple[float, float]", "b")
+
+
+def test_int_or_str_and_any():
+    assert coerce("auto", "int | str", "a") == "auto"
+    assert coerce(8, "int | str", "a") == 8
+    marker = object()
+    assert coerce(marker, "Any", "d") is marker
+
+
+def test_coerce_fields_converts_in_place_with_dotted_paths():
+    @dataclass
+    class Section:
+        flag: bool = False
+        count: int = 1
+
+    section = Section(flag="TRUE", count="3")  # type: ignore[arg-type]
+    coerce_fields(section, "sec")
+    assert (section.flag, section.count) == (True, 3)
+    with pytest.raises(ConfigError, match="^sec.count: "):
+        coerce_fields(Section(count="x"), "sec")  # type: ignore[arg-type]

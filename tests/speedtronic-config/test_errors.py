@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import pytest
+
+from speedtronic_config.errors import ConfigError, unknown_key
+
+
+def test_config_error_is_a_value_error_with_parts():
+    error = ConfigError("model.n_head", "must be positive", value=0, allowed="use 1 or more")
+    assert isinstance(error, ValueError)
+    assert (error.path, error.value, error.allowed) == ("model.n_head", 0, "use 1 or more")
+    assert str(error) == "model.n_head: must be positive (got 0); use 1 or more"
+
+
+def test_config_error_without_value_or_path():
+    assert str(ConfigError("", "root must be a mapping")) == "root must be a mapping"
+    assert ConfigError("x", "bad").value is None
+
+
+def test_unknown_key_suggests_closest_name():
+    error = unknown_key("model", "n_layers", ["n_layer", "n_head", "d_model"])
+    assert str(error) == "model.n_layers: unknown key; did you mean n_layer?"
+    assert error.path == "model.n_layers"
+
+
+def test_unknown_key_lists_valid_keys_when_nothing_is_close():
+    error = unknown_key("", "zzzz", ["run", "model"])
+    assert "valid keys: model, run" in str(error)
+    with pytest.raises(ConfigError):
+        raise error

@@ -46,3 +46,18 @@ def test_explicit_accumulation_steps_property_wins():
 def test_invalid_settings_name_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TrainerSettings(**kwargs)
+
+
+def test_a_real_speedtronic_config_is_read():
+    from speedtronic_config import SpeedtronicConfig
+
+    config = SpeedtronicConfig.from_dict({
+        "run": {"max_steps": 12, "nonfinite_loss": "skip"},
+        "data": {"micro_batch_size": 2, "target_batch_size": 6, "eval_every": 4},
+        "checkpoint": {"save_final": False},
+        "logging": {"progress": False},
+        "compile": True,
+    })
+    s = TrainerSettings.from_config(config)
+    assert (s.accumulation_steps, s.max_steps, s.nonfinite_loss, s.eval_every) == (3, 12, "skip", 4)
+    assert (s.save_final, s.progress, s.compile, s.save_on_signal) == (False, False, True, True)

@@ -42,7 +42,9 @@ def loss_of(model: TinyLM, seed: int = 0) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, 32, (4, 8), generator=generator)
     logits = model(idx)
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), idx.roll(-1, 1).reshape(-1))
+    return nn.functional.cross_entropy(
+        logits.reshape(-1, logits.size(-1)), idx.roll(-1, 1).reshape(-1)
+    )
 
 
 @pytest.fixture
@@ -53,7 +55,7 @@ def tiny_lm() -> TinyLM:
 
 @pytest.fixture
 def make_lm():
-    """Factory for fresh TinyLM instances (test modules cannot import conftest under importlib mode)."""
+    """Factory for fresh TinyLMs (tests cannot import conftest under importlib mode)."""
 
     def make(tied: bool = False) -> TinyLM:
         torch.manual_seed(0)

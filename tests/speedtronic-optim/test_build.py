@@ -5,10 +5,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
-
 import speedtronic_optim
-from speedtronic_optim import CautiousOptimizer, HybridOptimizer, build_optimizer, build_v2_optimizer
+import torch
+from speedtronic_optim import (
+    CautiousOptimizer,
+    HybridOptimizer,
+    build_optimizer,
+    build_v2_optimizer,
+)
 
 
 @dataclass
@@ -39,11 +43,18 @@ def test_adamw_default(make_lm) -> None:
 
 
 def test_muon_builds_hybrid_with_section_fields(make_lm) -> None:
-    section = Section(name="muon", muon_plus=True, muon_momentum=0.9, muon_ns_steps=4, muon_norm_eps=1e-6)
+    section = Section(
+        name="muon", muon_plus=True, muon_momentum=0.9, muon_ns_steps=4, muon_norm_eps=1e-6
+    )
     optimizer = build_optimizer(make_lm(), section, "cpu")
     assert isinstance(optimizer, HybridOptimizer)
     group = optimizer.muon.param_groups[0]
-    assert (group["momentum"], group["ns_steps"], group["norm_eps"], group["muon_plus"]) == (0.9, 4, 1e-6, True)
+    assert (group["momentum"], group["ns_steps"], group["norm_eps"], group["muon_plus"]) == (
+        0.9,
+        4,
+        1e-6,
+        True,
+    )
     assert group["adjust_lr"] == "match_rms_adamw"  # one lr for both branches
     assert optimizer.adamw.param_groups[0]["lr"] == group["lr"] == 1e-3
 
@@ -84,4 +95,8 @@ def test_package_imports_only_torch() -> None:
                 imported |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 imported.add(node.module.split(".")[0])
-    assert imported - {"__future__", "torch", "math", "typing", "dataclasses", "collections", "functools"} == set()
+    assert (
+        imported
+        - {"__future__", "torch", "math", "typing", "dataclasses", "collections", "functools"}
+        == set()
+    )

@@ -4,7 +4,6 @@ import copy
 
 import pytest
 import torch
-
 from speedtronic_optim import CautiousOptimizer, HybridOptimizer, Muon, route_parameters
 
 
@@ -17,7 +16,8 @@ def test_masks_misaligned_entries_and_rescales() -> None:
     torch.testing.assert_close(param.detach(), torch.full((4,), -4 / 5))
     param.grad = torch.tensor([-2.0, -2.0, -2.0, -0.5])
     start = param.detach().clone()
-    optimizer.step()  # buffer 0.9 - 2 = -1.1 (aligned with grad) for three entries, 0.9 - 0.5 = 0.4 (against) for one
+    # buffer 0.9 - 2 = -1.1 (aligned with grad) for three entries, 0.9 - 0.5 = 0.4 (against) for one
+    optimizer.step()
     delta = param.detach() - start
     assert delta[3] == 0  # update disagrees with the gradient there: reverted
     torch.testing.assert_close(delta[:3], torch.full((3,), 1.1 * 4 / 4))
@@ -26,8 +26,15 @@ def test_masks_misaligned_entries_and_rescales() -> None:
 def test_composes_with_muon_and_hybrid(tiny_lm, lm_loss) -> None:
     routing = route_parameters(tiny_lm)
     wrapped = CautiousOptimizer(
-        HybridOptimizer(routing.muon, routing.adamw, muon_lr=0.02, adamw_lr=1e-3, betas=(0.9, 0.95),
-                        eps=1e-8, weight_decay=0.0)
+        HybridOptimizer(
+            routing.muon,
+            routing.adamw,
+            muon_lr=0.02,
+            adamw_lr=1e-3,
+            betas=(0.9, 0.95),
+            eps=1e-8,
+            weight_decay=0.0,
+        )
     )
     muon_only = CautiousOptimizer(Muon([torch.nn.Parameter(torch.randn(6, 9))], lr=0.02))
     losses = []

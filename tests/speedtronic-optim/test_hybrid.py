@@ -5,7 +5,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from speedtronic_optim import HybridOptimizer, build_lr_scheduler, route_parameters
 
 
@@ -48,11 +47,15 @@ def test_closure_called_once(tiny_lm, lm_loss) -> None:
 
 
 def test_all_linear_model_builds_no_empty_adamw() -> None:
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4, bias=False))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4, bias=False)
+    )
     optimizer = _hybrid(model)
     assert optimizer.adamw is None and set(optimizer.children) == {"muon"}
     with pytest.raises(ValueError, match="no parameters"):
-        HybridOptimizer([], [], muon_lr=1.0, adamw_lr=1.0, betas=(0.9, 0.9), eps=1e-8, weight_decay=0.0)
+        HybridOptimizer(
+            [], [], muon_lr=1.0, adamw_lr=1.0, betas=(0.9, 0.9), eps=1e-8, weight_decay=0.0
+        )
 
 
 def test_state_dict_round_trip_continues_identically(tiny_lm, lm_loss) -> None:
@@ -66,7 +69,7 @@ def test_state_dict_round_trip_continues_identically(tiny_lm, lm_loss) -> None:
         opt.zero_grad()
         lm_loss(model, seed=1).backward()
         opt.step()
-    for a, b in zip(tiny_lm.parameters(), twin.parameters()):
+    for a, b in zip(tiny_lm.parameters(), twin.parameters(), strict=True):
         torch.testing.assert_close(a, b)
     assert twin_optimizer.param_groups[0] is twin_optimizer.muon.param_groups[0]
 

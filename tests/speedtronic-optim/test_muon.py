@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-
 from speedtronic_optim import Muon
 from speedtronic_optim.muon import adjusted_lr
 
@@ -27,9 +26,16 @@ def _run(optimizer_factory, shape: tuple[int, int], steps: int = 4) -> torch.Ten
 @pytest.mark.parametrize("nesterov", [True, False])
 @pytest.mark.parametrize("adjust", ["original", "match_rms_adamw"])
 def test_matches_torch_muon(shape: tuple[int, int], nesterov: bool, adjust: str) -> None:
-    settings = dict(lr=0.02, momentum=0.9, nesterov=nesterov, weight_decay=0.05, eps=1e-7, ns_steps=5)
+    settings = dict(
+        lr=0.02, momentum=0.9, nesterov=nesterov, weight_decay=0.05, eps=1e-7, ns_steps=5
+    )
     theirs = _run(lambda p: torch.optim.Muon(p, adjust_lr_fn=adjust, **settings), shape)
-    ours = _run(lambda p: Muon(p, adjust_lr=adjust, ns_method="standard", **settings), shape)
+    ours = _run(
+        lambda p: Muon(
+            p, adjust_lr=adjust, ns_method="standard", ns_dtype=torch.bfloat16, **settings
+        ),
+        shape,
+    )
     start = _run(lambda p: torch.optim.SGD(p, lr=0.0), shape)
     assert (theirs - start).abs().max() > 0.01  # the steps are real
     torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=0)
@@ -39,7 +45,7 @@ def test_matches_torch_muon(shape: tuple[int, int], nesterov: bool, adjust: str)
 def test_gram_path_tracks_torch_muon(shape: tuple[int, int]) -> None:
     settings = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, ns_steps=5)
     theirs = _run(lambda p: torch.optim.Muon(p, **settings), shape)
-    ours = _run(lambda p: Muon(p, ns_method="gram", **settings), shape)
+    ours = _run(lambda p: Muon(p, ns_method="gram", ns_dtype=torch.bfloat16, **settings), shape)
     start = _run(lambda p: torch.optim.SGD(p, lr=0.0), shape)
     relative = (ours - theirs).norm() / (theirs - start).norm()
     assert relative < 0.05
@@ -48,7 +54,9 @@ def test_gram_path_tracks_torch_muon(shape: tuple[int, int]) -> None:
 def test_adjusted_lr_rules() -> None:
     assert adjusted_lr(0.1, "original", torch.Size([40, 10])) == pytest.approx(0.2)
     assert adjusted_lr(0.1, "original", torch.Size([10, 40])) == pytest.approx(0.1)
-    assert adjusted_lr(0.1, "match_rms_adamw", torch.Size([10, 400])) == pytest.approx(0.1 * 0.2 * 20)
+    assert adjusted_lr(0.1, "match_rms_adamw", torch.Size([10, 400])) == pytest.approx(
+        0.1 * 0.2 * 20
+    )
     assert adjusted_lr(0.1, "none", torch.Size([10, 400])) == 0.1
 
 
@@ -87,8 +95,13 @@ def test_rejects_sparse_gradient() -> None:
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"lr": -1.0}, "lr"), ({"momentum": 1.0}, "momentum"), ({"weight_decay": -0.1}, "weight_decay"),
-     ({"ns_steps": 0}, "ns_steps"), ({"adjust_lr": "moonshot"}, "adjust_lr")],
+    [
+        ({"lr": -1.0}, "lr"),
+        ({"momentum": 1.0}, "momentum"),
+        ({"weight_decay": -0.1}, "weight_decay"),
+        ({"ns_steps": 0}, "ns_steps"),
+        ({"adjust_lr": "moonshot"}, "adjust_lr"),
+    ],
 )
 def test_bad_hyperparameters(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -128,3 +141,22 @@ def test_state_dict_round_trip() -> None:
     torch.testing.assert_close(
         restored.state[clone]["momentum_buffer"], optimizer.state[param]["momentum_buffer"]
     )
+
+
+def test_auto_work_dtype_tracks_bf16_support(monkeypatch) -> None:
+    from speedtronic_optim.newton_schulz import fast_work_dtype
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    assert fast_work_dtype(torch.device("cpu")) == torch.float32
+    assert fast_work_dtype(torch.device("meta")) == torch.bfloat16
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    assert fast_work_dtype(torch.device("cpu")) == torch.bfloat16
+
+
+def test_float32_work_dtype_tracks_torch_muon() -> None:
+    settings = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, ns_steps=5)
+    theirs = _run(lambda p: torch.optim.Muon(p, **settings), (40, 24))
+    ours = _run(lambda p: Muon(p, ns_dtype=torch.float32, **settings), (40, 24))
+    start = _run(lambda p: torch.optim.SGD(p, lr=0.0), (40, 24))
+    assert (ours - theirs).norm() / (theirs - start).norm() < 0.05

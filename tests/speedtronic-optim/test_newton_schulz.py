@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-
 from speedtronic_optim import newton_schulz, post_polar_normalize
 from speedtronic_optim.newton_schulz import match_polar_scale, orthogonalize
 
@@ -72,12 +71,17 @@ def test_batched_matches_per_matrix() -> None:
     out = newton_schulz(g, dtype=torch.float32)
     for i in range(2):
         for j in range(3):
-            torch.testing.assert_close(out[i, j], newton_schulz(g[i, j], dtype=torch.float32), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(
+                out[i, j], newton_schulz(g[i, j], dtype=torch.float32), atol=1e-4, rtol=1e-4
+            )
 
 
 def test_tall_is_transpose_of_wide() -> None:
     g = torch.randn(20, 50)
-    torch.testing.assert_close(newton_schulz(g.T.contiguous(), dtype=torch.float32), newton_schulz(g, dtype=torch.float32).T)
+    torch.testing.assert_close(
+        newton_schulz(g.T.contiguous(), dtype=torch.float32),
+        newton_schulz(g, dtype=torch.float32).T,
+    )
 
 
 def test_gram_and_standard_agree() -> None:
@@ -91,7 +95,8 @@ def test_gram_and_standard_agree() -> None:
 def test_custom_coefficients_and_errors() -> None:
     g = torch.randn(8, 12)
     torch.testing.assert_close(
-        newton_schulz(g, coefficients=[(3.4445, -4.7750, 2.0315)]), newton_schulz(g, coefficients="reference")
+        newton_schulz(g, coefficients=[(3.4445, -4.7750, 2.0315)]),
+        newton_schulz(g, coefficients="reference"),
     )
     with pytest.raises(ValueError, match="coefficients"):
         newton_schulz(g, coefficients="fastest")

@@ -2,9 +2,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-
 from speedtronic_optim import route_parameters
+from torch import nn
 
 
 def _names(model: nn.Module, params: list[torch.Tensor]) -> set[str]:
@@ -16,7 +15,9 @@ def _names(model: nn.Module, params: list[torch.Tensor]) -> set[str]:
 def test_small_transformer_routing(tied: bool, make_lm) -> None:
     model = make_lm(tied=tied)
     routing = route_parameters(model)
-    expected_muon = {f"blocks.{i}.{name}.weight" for i in range(2) for name in ("qkv", "proj", "fc")}
+    expected_muon = {
+        f"blocks.{i}.{name}.weight" for i in range(2) for name in ("qkv", "proj", "fc")
+    }
     assert set(routing.muon_names) == expected_muon == _names(model, routing.muon)
     assert "wte.weight" in routing.adamw_names and "ln_f.weight" in routing.adamw_names
     assert "blocks.0.qkv.bias" in routing.adamw_names and "blocks.0.ln.bias" in routing.adamw_names
@@ -31,7 +32,9 @@ def test_tied_head_first_never_goes_to_muon() -> None:
     class HeadFirst(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.decoder = nn.Linear(4, 10, bias=False)  # a hidden-looking Linear sharing the embedding
+            self.decoder = nn.Linear(
+                4, 10, bias=False
+            )  # a hidden-looking Linear sharing the embedding
             self.tok = nn.Embedding(10, 4)
             self.decoder.weight = self.tok.weight
 
@@ -45,7 +48,10 @@ def test_overrides_and_frozen(make_lm) -> None:
     model.lm_head._speedtronic_optimizer_role = "muon"
     model.blocks[1].proj.weight.requires_grad_(False)
     routing = route_parameters(model)
-    assert "blocks.0.fc.weight" in routing.adamw_names and "blocks.0.fc.weight" not in routing.muon_names
+    assert (
+        "blocks.0.fc.weight" in routing.adamw_names
+        and "blocks.0.fc.weight" not in routing.muon_names
+    )
     assert "lm_head.weight" in routing.muon_names
     assert routing.skipped_names == ["blocks.1.proj.weight"]
     assert all(p.requires_grad for p in routing.muon + routing.adamw)

@@ -5,8 +5,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from speedtronic_optim import build_lr_scheduler, warmup_constant, warmup_cosine, warmup_stable_decay
+from speedtronic_optim import (
+    build_lr_scheduler,
+    warmup_constant,
+    warmup_cosine,
+    warmup_stable_decay,
+)
 from speedtronic_optim.schedules import lr_lambda
 
 
@@ -21,7 +25,9 @@ def test_cosine_values_and_clamp() -> None:
     kwargs = dict(warmup_steps=10, max_steps=110, min_lr_ratio=0.1)
     assert warmup_cosine(10, **kwargs) == pytest.approx(1.0)
     assert warmup_cosine(60, **kwargs) == pytest.approx(0.1 + 0.9 * 0.5)
-    assert warmup_cosine(85, **kwargs) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.75)))
+    assert warmup_cosine(85, **kwargs) == pytest.approx(
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.75))
+    )
     assert warmup_cosine(110, **kwargs) == pytest.approx(0.1)
     assert warmup_cosine(500, **kwargs) == pytest.approx(0.1)
 
@@ -46,7 +52,9 @@ def test_scheduler_drives_lr_and_round_trips() -> None:
         optimizer.step()
         scheduler.step()
         seen.append(optimizer.param_groups[0]["lr"])
-    assert seen == pytest.approx([warmup_cosine(s, warmup_steps=2, max_steps=6, min_lr_ratio=0.2) for s in range(7)])
+    assert seen == pytest.approx(
+        [warmup_cosine(s, warmup_steps=2, max_steps=6, min_lr_ratio=0.2) for s in range(7)]
+    )
     restored = build_lr_scheduler(torch.optim.SGD([param], lr=1.0), section)
     restored.load_state_dict(scheduler.state_dict())
     assert restored.last_epoch == 6
@@ -59,10 +67,17 @@ def test_decay_ratio_defaults_when_absent() -> None:
 
 @pytest.mark.parametrize(
     "fields, message",
-    [({"name": "linear"}, "scheduler.name = 'linear'"), ({"warmup_steps": -1}, "warmup_steps"),
-     ({"max_steps": 0}, "max_steps"), ({"min_lr_ratio": 1.5}, "min_lr_ratio"), ({"decay_ratio": 0.0}, "decay_ratio")],
+    [
+        ({"name": "linear"}, "scheduler.name = 'linear'"),
+        ({"warmup_steps": -1}, "warmup_steps"),
+        ({"max_steps": 0}, "max_steps"),
+        ({"min_lr_ratio": 1.5}, "min_lr_ratio"),
+        ({"decay_ratio": 0.0}, "decay_ratio"),
+    ],
 )
 def test_bad_sections(fields: dict, message: str) -> None:
-    section = SimpleNamespace(**{"name": "cosine", "warmup_steps": 1, "max_steps": 10, "min_lr_ratio": 0.1, **fields})
+    section = SimpleNamespace(
+        **{"name": "cosine", "warmup_steps": 1, "max_steps": 10, "min_lr_ratio": 0.1, **fields}
+    )
     with pytest.raises(ValueError, match=message):
         lr_lambda(section)

@@ -11,8 +11,8 @@ from .muon import Muon
 from .newton_schulz import COEFFICIENT_SETS, newton_schulz, post_polar_normalize
 from .routing import ParameterRouting, route_parameters
 from .schedules import (
-    lr_lambda,
     build_lr_scheduler,
+    lr_lambda,
     warmup_constant,
     warmup_cosine,
     warmup_stable_decay,

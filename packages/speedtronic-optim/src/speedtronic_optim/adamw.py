@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -16,7 +16,7 @@ def make_adamw(
     weight_decay: float,
     fused: bool | None = None,
 ) -> torch.optim.AdamW:
-    """Return AdamW, fused when requested (True) or probed (None); falls back to regular AdamW on failure."""
+    """Return AdamW, fused when asked (True) or probed (None); regular AdamW if fused fails."""
     params = list(params)
     kwargs = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
     if fused is not False:

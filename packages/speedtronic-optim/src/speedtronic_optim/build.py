@@ -20,8 +20,10 @@ def _field(section: Any, name: str, default: Any) -> Any:
     return getattr(section, name, default)
 
 
-def build_optimizer(model: nn.Module, optimizer_section: Any, device: torch.device | str | None = None) -> Optimizer:
-    """Return AdamW (fused probed), hybrid Muon/AdamW for ``name: muon``, cautious-wrapped when asked.
+def build_optimizer(
+    model: nn.Module, optimizer_section: Any, device: torch.device | str | None = None
+) -> Optimizer:
+    """Return AdamW (fused probed) or hybrid Muon/AdamW (``name: muon``), cautious when asked.
 
     ``optimizer_section`` is any object with the OptimizerConfig fields (name, lr, betas, eps,
     weight_decay, fused, muon_plus, cautious, muon_momentum, muon_ns_steps, muon_norm_eps).
@@ -29,7 +31,9 @@ def build_optimizer(model: nn.Module, optimizer_section: Any, device: torch.devi
     """
     name = str(_field(optimizer_section, "name", "adamw")).lower()
     if name not in OPTIMIZER_NAMES:
-        raise ValueError(f"optimizer.name = {name!r} is not supported; use one of {OPTIMIZER_NAMES}")
+        raise ValueError(
+            f"optimizer.name = {name!r} is not supported; use one of {OPTIMIZER_NAMES}"
+        )
     muon_plus = bool(_field(optimizer_section, "muon_plus", False))
     if muon_plus and name != "muon":
         raise ValueError("optimizer.muon_plus = true requires optimizer.name = 'muon'")
@@ -42,12 +46,20 @@ def build_optimizer(model: nn.Module, optimizer_section: Any, device: torch.devi
         params = [param for param in model.parameters() if param.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameters to optimize")
-        optimizer: Optimizer = make_adamw(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
+        optimizer: Optimizer = make_adamw(
+            params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused
+        )
     else:
         routing = route_parameters(model)
         optimizer = HybridOptimizer(
-            routing.muon, routing.adamw, muon_lr=lr, adamw_lr=lr, betas=betas, eps=eps,
-            weight_decay=weight_decay, fused=fused,
+            routing.muon,
+            routing.adamw,
+            muon_lr=lr,
+            adamw_lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            fused=fused,
             muon_momentum=float(_field(optimizer_section, "muon_momentum", 0.95)),
             muon_ns_steps=int(_field(optimizer_section, "muon_ns_steps", 5)),
             muon_norm_eps=float(_field(optimizer_section, "muon_norm_eps", 1e-8)),
@@ -58,6 +70,8 @@ def build_optimizer(model: nn.Module, optimizer_section: Any, device: torch.devi
     return optimizer
 
 
-def build_v2_optimizer(model: nn.Module, config: Any, device: torch.device | str | None = None) -> Optimizer:
-    """2.0 name: build from a whole config (uses ``config.optimizer``) or from the section itself."""
+def build_v2_optimizer(
+    model: nn.Module, config: Any, device: torch.device | str | None = None
+) -> Optimizer:
+    """2.0 name: build from a whole config (its ``optimizer``) or from the section itself."""
     return build_optimizer(model, getattr(config, "optimizer", config), device)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.optim import Optimizer
@@ -19,7 +20,9 @@ class CautiousOptimizer(Optimizer):
 
     def __init__(self, base: Optimizer) -> None:
         if not isinstance(base, Optimizer):
-            raise TypeError(f"CautiousOptimizer wraps a torch.optim.Optimizer; got {type(base).__name__}")
+            raise TypeError(
+                f"CautiousOptimizer wraps a torch.optim.Optimizer; got {type(base).__name__}"
+            )
         init_facade(self)
         self.base = base
 
@@ -44,7 +47,7 @@ class CautiousOptimizer(Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Evaluate ``closure`` once, step the base optimizer, then mask misaligned update entries."""
+        """Evaluate ``closure`` once, step the base optimizer, then mask misaligned entries."""
         loss = None
         if closure is not None:
             # Called here, not by the base, so the snapshot below sees this step's gradients.

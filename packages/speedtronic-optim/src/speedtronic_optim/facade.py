@@ -9,8 +9,8 @@ from torch.optim import Optimizer
 
 
 def init_facade(optimizer: Optimizer) -> None:
-    """Give ``optimizer`` the hook tables Optimizer.__init__ would, without owning any parameters."""
-    # Optimizer.__init__ would assign state/param_groups, which facades expose as live views instead.
+    """Give ``optimizer`` the hook tables Optimizer.__init__ would, owning no parameters."""
+    # Optimizer.__init__ would assign state/param_groups, which facades expose as live views.
     for name in (
         "_optimizer_step_pre_hooks",
         "_optimizer_step_post_hooks",
@@ -28,7 +28,8 @@ def check_keys(state_dict: dict[str, Any], expected: set[str], owner: str) -> No
     if not isinstance(state_dict, dict) or set(state_dict) != expected:
         found = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
         raise ValueError(
-            f"{owner}.load_state_dict expected keys {sorted(expected)} but got {found}; the checkpoint was "
-            "saved with a different optimizer setup (Muon/Muon+/cautious state is not interchangeable "
+            f"{owner}.load_state_dict expected keys {sorted(expected)} but got {found}; the "
+            "checkpoint was saved with a different optimizer setup (Muon/Muon+/cautious state is "
+            "not interchangeable "
             "with AdamW-only state): start a new run or migrate the checkpoint"
         )

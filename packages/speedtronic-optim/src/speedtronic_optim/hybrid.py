@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch.optim import Optimizer
@@ -16,7 +17,8 @@ class HybridOptimizer(Optimizer):
     """One optimizer facade combining Muon matrices and AdamW parameters.
 
     ``param_groups`` lists the children's own group dicts (Muon's first), so an LR scheduler drives
-    both. ``muon_adjust_lr`` defaults to ``"match_rms_adamw"`` so one learning rate suits both branches.
+    both. ``muon_adjust_lr`` defaults to ``"match_rms_adamw"`` so one learning rate suits both
+    branches.
     """
 
     def __init__(
@@ -38,21 +40,35 @@ class HybridOptimizer(Optimizer):
     ) -> None:
         muon_params, adamw_params = list(muon_params), list(adamw_params)
         if not muon_params and not adamw_params:
-            raise ValueError("HybridOptimizer got no parameters: both muon_params and adamw_params are empty")
+            raise ValueError(
+                "HybridOptimizer got no parameters: both muon_params and adamw_params are empty"
+            )
         init_facade(self)
         self.defaults = {"lr": muon_lr, "weight_decay": weight_decay}
         # An empty child would make torch raise "empty parameter list"; leave it out instead.
         self.muon = (
             Muon(
-                muon_params, lr=muon_lr, momentum=muon_momentum, ns_steps=muon_ns_steps,
-                weight_decay=weight_decay, norm_eps=muon_norm_eps, muon_plus=muon_plus,
+                muon_params,
+                lr=muon_lr,
+                momentum=muon_momentum,
+                ns_steps=muon_ns_steps,
+                weight_decay=weight_decay,
+                norm_eps=muon_norm_eps,
+                muon_plus=muon_plus,
                 adjust_lr=muon_adjust_lr,
             )
             if muon_params
             else None
         )
         self.adamw = (
-            make_adamw(adamw_params, lr=adamw_lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
+            make_adamw(
+                adamw_params,
+                lr=adamw_lr,
+                betas=betas,
+                eps=eps,
+                weight_decay=weight_decay,
+                fused=fused,
+            )
             if adamw_params
             else None
         )
@@ -60,7 +76,11 @@ class HybridOptimizer(Optimizer):
     @property
     def children(self) -> dict[str, Optimizer]:
         """The non-empty child optimizers by name."""
-        return {name: child for name, child in (("muon", self.muon), ("adamw", self.adamw)) if child is not None}
+        return {
+            name: child
+            for name, child in (("muon", self.muon), ("adamw", self.adamw))
+            if child is not None
+        }
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
@@ -70,7 +90,9 @@ class HybridOptimizer(Optimizer):
     @property
     def state(self) -> dict[torch.Tensor, Any]:  # type: ignore[override]
         """Merged per-parameter state of both children (the children own it)."""
-        return {param: value for child in self.children.values() for param, value in child.state.items()}
+        return {
+            param: value for child in self.children.values() for param, value in child.state.items()
+        }
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch.optim import Optimizer
 
-from .newton_schulz import Coefficients, match_polar_scale, orthogonalize, post_polar_normalize
+from .newton_schulz import (
+    Coefficients,
+    fast_work_dtype,
+    match_polar_scale,
+    orthogonalize,
+    post_polar_normalize,
+)
 
 ADJUST_LR = ("original", "match_rms_adamw", "none")
 
 
 def adjusted_lr(lr: float, rule: str, shape: torch.Size) -> float:
-    """Return the per-matrix learning rate: reference sqrt(max(1, rows/cols)) or AdamW-RMS 0.2*sqrt(max)."""
+    """Return the per-matrix lr: sqrt(max(1, rows/cols)) (original) or 0.2*sqrt(max) (AdamW RMS)."""
     rows, cols = shape[-2], shape[-1]
     if rule == "original":
         return lr * math.sqrt(max(1.0, rows / cols))
@@ -27,8 +34,11 @@ class Muon(Optimizer):
     """A pure-PyTorch Muon optimizer for routed 2-D parameter groups.
 
     Same update as ``torch.optim.Muon``: EMA momentum ``buf.lerp_(grad, 1 - momentum)``, Nesterov
-    ``grad.lerp(buf, momentum)``, Newton–Schulz in bf16, decoupled weight decay
+    ``grad.lerp(buf, momentum)``, Newton–Schulz, decoupled weight decay
     ``p *= 1 - lr * weight_decay`` (unscaled lr), then ``p -= adjusted_lr * update``.
+    ``ns_dtype="auto"`` runs Newton–Schulz in bf16 (as torch does) on GPUs and BF16-capable CPUs,
+    and in float32 on CPUs without BF16 instructions, where torch's bf16 is emulated and slow;
+    ``ns_method="auto"`` uses the Gram iteration for matrices with aspect ratio >= 1.5.
     """
 
     def __init__(
@@ -47,6 +57,7 @@ class Muon(Optimizer):
         normalize_mode: str = "row_col",
         ns_coefficients: str | Sequence[Coefficients] = "reference",
         ns_method: str = "auto",
+        ns_dtype: torch.dtype | str | None = "auto",
     ) -> None:
         if not lr >= 0.0:
             raise ValueError(f"Muon lr must be >= 0; got {lr}")
@@ -59,9 +70,19 @@ class Muon(Optimizer):
         if adjust_lr not in ADJUST_LR:
             raise ValueError(f"Muon adjust_lr {adjust_lr!r} is not one of {ADJUST_LR}")
         defaults = dict(
-            lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, weight_decay=weight_decay,
-            eps=eps, norm_eps=norm_eps, muon_plus=muon_plus, adjust_lr=adjust_lr,
-            normalize_mode=normalize_mode, ns_coefficients=ns_coefficients, ns_method=ns_method,
+            lr=lr,
+            momentum=momentum,
+            nesterov=nesterov,
+            ns_steps=ns_steps,
+            weight_decay=weight_decay,
+            eps=eps,
+            norm_eps=norm_eps,
+            muon_plus=muon_plus,
+            adjust_lr=adjust_lr,
+            normalize_mode=normalize_mode,
+            ns_coefficients=ns_coefficients,
+            ns_method=ns_method,
+            ns_dtype=ns_dtype,
         )
         super().__init__(params, defaults)
 
@@ -73,7 +94,8 @@ class Muon(Optimizer):
             if param.ndim != 2:
                 raise ValueError(
                     f"Muon only optimizes 2-D matrices; parameter {index} of the group has shape "
-                    f"{tuple(param.shape)}. Route biases, norms, embeddings and other tensors to AdamW "
+                    f"{tuple(param.shape)}. Route biases, norms, embeddings and other tensors to "
+                    "AdamW "
                     "(route_parameters does this)."
                 )
         super().add_param_group({**param_group, "params": params})
@@ -82,7 +104,8 @@ class Muon(Optimizer):
         grad = param.grad
         if grad.is_sparse:
             raise RuntimeError(
-                f"Muon does not support sparse gradients (parameter of shape {tuple(param.shape)}); "
+                "Muon does not support sparse gradients (parameter of shape "
+                f"{tuple(param.shape)}); "
                 "use dense gradients, e.g. nn.Embedding(sparse=False), or route it to AdamW"
             )
         state = self.state[param]
@@ -91,6 +114,15 @@ class Muon(Optimizer):
         buf = state["momentum_buffer"]
         buf.lerp_(grad, 1 - group["momentum"])
         return grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+
+    @staticmethod
+    def _work_dtype(param: torch.Tensor, group: dict[str, Any]) -> torch.dtype | None:
+        # "auto": bf16 only where it is fast; None: newton_schulz's own default per coefficient set.
+        if group["ns_dtype"] == "auto":
+            if group["ns_coefficients"] == "polar_express":
+                return torch.float32
+            return fast_work_dtype(param.device)
+        return group["ns_dtype"]
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -105,13 +137,19 @@ class Muon(Optimizer):
                 if param.grad is None:
                     continue
                 polar = orthogonalize(
-                    self._direction(param, group), group["ns_steps"], group["eps"],
-                    coefficients=group["ns_coefficients"], method=group["ns_method"],
+                    self._direction(param, group),
+                    group["ns_steps"],
+                    group["eps"],
+                    coefficients=group["ns_coefficients"],
+                    method=group["ns_method"],
+                    dtype=self._work_dtype(param, group),
                 )
                 update = polar
                 if group["muon_plus"]:
                     # Same size as the plain Muon update, so Muon and Muon+ share one learning rate.
-                    update = post_polar_normalize(polar, mode=group["normalize_mode"], eps=group["norm_eps"])
+                    update = post_polar_normalize(
+                        polar, mode=group["normalize_mode"], eps=group["norm_eps"]
+                    )
                     update = match_polar_scale(update, polar, eps=group["norm_eps"])
                 if weight_decay:
                     param.mul_(1 - lr * weight_decay)

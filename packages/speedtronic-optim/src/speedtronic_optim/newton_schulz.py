@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -30,13 +30,27 @@ COEFFICIENT_SETS: dict[str, tuple[Coefficients, ...]] = {
 }
 # Polar Express's steep early polynomials (b = -23.6, c = 17.3) amplify bf16 rounding: measured top
 # singular values of 1.4-1.6 after 5 bf16 steps and divergence after 8, so it works in float32.
-DEFAULT_DTYPE: dict[str, torch.dtype] = {"reference": torch.bfloat16, "polar_express": torch.float32}
+DEFAULT_DTYPE: dict[str, torch.dtype] = {
+    "reference": torch.bfloat16,
+    "polar_express": torch.float32,
+}
 METHODS = ("auto", "standard", "gram")
 NORMALIZE_MODES = ("none", "row", "col", "row_col", "col_row")
 
 # Gram iteration costs 2*m*m*n + 17*m^3 flops-units vs 5*(2*m*m*n + m^3) for the standard one
 # (5 steps, m <= n); it wins once n/m exceeds 1.5.
 GRAM_MIN_ASPECT = 1.5
+
+
+def fast_work_dtype(device: torch.device) -> torch.dtype:
+    """Return bf16 where BF16 matmuls are fast (accelerators, AVX512-BF16/AMX CPUs), else float32."""
+    if device.type != "cpu":
+        return torch.bfloat16
+    cpu = getattr(torch, "cpu", None)
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    # Without BF16 instructions torch emulates BF16 matmuls: measured 30x slower than float32 here.
+    fast = any(getattr(cpu, name, lambda: False)() for name in probes)
+    return torch.bfloat16 if fast else torch.float32
 
 
 def _schedule(coefficients: str | Sequence[Coefficients], steps: int) -> list[Coefficients]:
@@ -50,11 +64,15 @@ def _schedule(coefficients: str | Sequence[Coefficients], steps: int) -> list[Co
     else:
         table = tuple(tuple(float(v) for v in triple) for triple in coefficients)  # type: ignore[misc]
         if not table or any(len(triple) != 3 for triple in table):
-            raise ValueError("Newton-Schulz coefficients must be a non-empty sequence of (a, b, c) triples")
+            raise ValueError(
+                "Newton-Schulz coefficients must be a non-empty sequence of (a, b, c) triples"
+            )
     return [table[min(i, len(table) - 1)] for i in range(steps)]
 
 
-def _addmm(bias: torch.Tensor, x: torch.Tensor, y: torch.Tensor, *, beta: float, alpha: float = 1.0) -> torch.Tensor:
+def _addmm(
+    bias: torch.Tensor, x: torch.Tensor, y: torch.Tensor, *, beta: float, alpha: float = 1.0
+) -> torch.Tensor:
     # Fused multiply-add keeps one kernel and one output allocation per product.
     if x.ndim == 2:
         return torch.addmm(bias, x, y, beta=beta, alpha=alpha)
@@ -94,9 +112,15 @@ def orthogonalize(
 ) -> torch.Tensor:
     """Return the Newton–Schulz polar-factor estimate in the work ``dtype`` (input untouched)."""
     if dtype is None:
-        dtype = DEFAULT_DTYPE.get(coefficients, torch.bfloat16) if isinstance(coefficients, str) else torch.bfloat16
+        dtype = (
+            DEFAULT_DTYPE.get(coefficients, torch.bfloat16)
+            if isinstance(coefficients, str)
+            else torch.bfloat16
+        )
     if matrix.ndim < 2:
-        raise ValueError(f"newton_schulz needs a (..., m, n) tensor; got shape {tuple(matrix.shape)}")
+        raise ValueError(
+            f"newton_schulz needs a (..., m, n) tensor; got shape {tuple(matrix.shape)}"
+        )
     if steps < 0:
         raise ValueError(f"newton_schulz steps must be >= 0; got {steps}")
     if method not in METHODS:
@@ -129,20 +153,26 @@ def newton_schulz(
     method: str = "auto",
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Return an approximate orthogonal polar factor of ``matrix`` (same shape and dtype; input unchanged).
+    """Return an approximate orthogonal polar factor of ``matrix`` (same shape/dtype; pure).
 
-    ``coefficients`` is ``"reference"`` (3.4445, -4.7750, 2.0315), ``"polar_express"`` or a sequence of
-    (a, b, c) triples; ``method`` is ``"standard"``, ``"gram"`` (iterate on X X^T, cheaper for
-    rectangular matrices) or ``"auto"``; ``dtype`` is the work precision: by default bf16 for the reference
-    coefficients (as ``torch.optim.Muon``; BF16 matmuls are 3-5x faster on AVX512-BF16 CPUs and on
-    GPUs) and float32 for Polar Express, whose early steps amplify bf16 rounding.
+    ``coefficients`` is ``"reference"`` (3.4445, -4.7750, 2.0315), ``"polar_express"`` or a
+    sequence of (a, b, c) triples; ``method`` is ``"standard"``, ``"gram"`` (iterate on X X^T,
+    cheaper for rectangular matrices) or ``"auto"``; ``dtype`` is the work precision: by default
+    bf16 for the reference coefficients (as ``torch.optim.Muon``) and float32 for Polar Express,
+    whose early steps amplify bf16 rounding. :func:`fast_work_dtype` picks per device.
     """
-    result = orthogonalize(matrix, steps, eps, coefficients=coefficients, method=method, dtype=dtype)
-    return result.to(matrix.dtype)  # orthogonalize never returns its input, so this is never an alias
+    result = orthogonalize(
+        matrix, steps, eps, coefficients=coefficients, method=method, dtype=dtype
+    )
+    return result.to(
+        matrix.dtype
+    )  # orthogonalize never returns its input, so this is never an alias
 
 
-def post_polar_normalize(update: torch.Tensor, *, mode: str = "row_col", eps: float = 1e-8) -> torch.Tensor:
-    """Return Muon+'s normalized update: rows and/or columns scaled to unit L2 norm (input unchanged).
+def post_polar_normalize(
+    update: torch.Tensor, *, mode: str = "row_col", eps: float = 1e-8
+) -> torch.Tensor:
+    """Return Muon+'s normalized update: rows and/or columns scaled to unit L2 norm (pure).
 
     ``mode`` is one of none, row, col, row_col (rows then columns) and col_row. A ``row_col`` result
     has unit columns, so its Frobenius norm is sqrt(cols), larger than an orthogonal factor's
@@ -150,16 +180,25 @@ def post_polar_normalize(update: torch.Tensor, *, mode: str = "row_col", eps: fl
     estimate it came from (:func:`match_polar_scale`) so Muon and Muon+ share one learning rate.
     """
     if mode not in NORMALIZE_MODES:
-        raise ValueError(f"unknown post_polar_normalize mode {mode!r}; use one of {NORMALIZE_MODES}")
+        raise ValueError(
+            f"unknown post_polar_normalize mode {mode!r}; use one of {NORMALIZE_MODES}"
+        )
     if update.ndim < 2:
-        raise ValueError(f"post_polar_normalize needs a (..., rows, cols) tensor; got shape {tuple(update.shape)}")
+        raise ValueError(
+            "post_polar_normalize needs a (..., rows, cols) tensor; got shape "
+            f"{tuple(update.shape)}"
+        )
     result = update.float()
-    for axis in {"none": (), "row": (-1,), "col": (-2,), "row_col": (-1, -2), "col_row": (-2, -1)}[mode]:
+    for axis in {"none": (), "row": (-1,), "col": (-2,), "row_col": (-1, -2), "col_row": (-2, -1)}[
+        mode
+    ]:
         result = result / (torch.linalg.vector_norm(result, dim=axis, keepdim=True) + eps)
     return result.to(update.dtype)
 
 
-def match_polar_scale(update: torch.Tensor, reference: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+def match_polar_scale(
+    update: torch.Tensor, reference: torch.Tensor, eps: float = 1e-8
+) -> torch.Tensor:
     """Return ``update`` rescaled to the Frobenius norm of ``reference`` (per matrix)."""
     target = torch.linalg.vector_norm(reference.float(), dim=(-2, -1), keepdim=True)
     norm = torch.linalg.vector_norm(update.float(), dim=(-2, -1), keepdim=True)

@@ -39,7 +39,7 @@ def _role_override(module: nn.Module, qualified: str) -> str | None:
 
 
 def route_parameters(model: nn.Module) -> ParameterRouting:
-    """Split trainable parameters: hidden nn.Linear weights to Muon, everything else to AdamW, frozen ones skipped.
+    """Route hidden nn.Linear weights to Muon, other trainable tensors to AdamW; skip frozen ones.
 
     Each parameter appears once even when tied (its first owner decides; a tie with an embedding
     always sends it to AdamW). ``module._speedtronic_optimizer_role = "muon" | "adamw"`` overrides.
@@ -77,7 +77,8 @@ def route_parameters(model: nn.Module) -> ParameterRouting:
         role = roles[id(param)]
         if role == "muon" and param.ndim != 2:
             raise ValueError(
-                f"{qualified} has shape {tuple(param.shape)} but is routed to Muon, which needs 2-D matrices; "
+                f"{qualified} has shape {tuple(param.shape)} but is routed to Muon, which needs "
+                "2-D matrices; "
                 f"set {ROLE_ATTRIBUTE} = 'adamw' on its module"
             )
         getattr(routing, role).append(param)

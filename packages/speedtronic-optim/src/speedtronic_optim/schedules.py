@@ -1,10 +1,11 @@
-"""Learning-rate multipliers (warmup + cosine / constant / stable-decay) and their LambdaLR builder."""
+"""LR multipliers (warmup + cosine / constant / stable-decay) and their LambdaLR builder."""
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
@@ -18,7 +19,7 @@ def _warmup(step: int, warmup_steps: int) -> float:
 
 
 def warmup_cosine(step: int, *, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
-    """Return the LR multiplier: linear warmup, then cosine from 1 to ``min_lr_ratio`` (progress clamped to [0, 1])."""
+    """Return the LR factor: warmup, then cosine 1 -> ``min_lr_ratio`` (progress clamped)."""
     if step < warmup_steps:
         return _warmup(step, warmup_steps)
     progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
@@ -34,7 +35,10 @@ def warmup_constant(step: int, *, warmup_steps: int) -> float:
 def warmup_stable_decay(
     step: int, *, warmup_steps: int, max_steps: int, min_lr_ratio: float, decay_ratio: float = 0.2
 ) -> float:
-    """Return the LR multiplier: warmup, hold 1, then linear decay to ``min_lr_ratio`` over the last ``decay_ratio`` of ``max_steps``."""
+    """Return the LR factor: warmup, hold 1, then linear decay to ``min_lr_ratio``.
+
+    The decay spans the last ``decay_ratio`` of ``max_steps`` (never starting inside the warmup).
+    """
     if step < warmup_steps:
         return _warmup(step, warmup_steps)
     decay_steps = max(1, round(decay_ratio * max_steps))
@@ -71,12 +75,17 @@ def lr_lambda(scheduler_section: Any) -> Callable[[int], float]:
         return functools.partial(warmup_constant, warmup_steps=warmup_steps)
     if name == "wsd":
         return functools.partial(
-            warmup_stable_decay, warmup_steps=warmup_steps, max_steps=max_steps,
-            min_lr_ratio=min_lr_ratio, decay_ratio=decay_ratio,
+            warmup_stable_decay,
+            warmup_steps=warmup_steps,
+            max_steps=max_steps,
+            min_lr_ratio=min_lr_ratio,
+            decay_ratio=decay_ratio,
         )
-    return functools.partial(warmup_cosine, warmup_steps=warmup_steps, max_steps=max_steps, min_lr_ratio=min_lr_ratio)
+    return functools.partial(
+        warmup_cosine, warmup_steps=warmup_steps, max_steps=max_steps, min_lr_ratio=min_lr_ratio
+    )
 
 
 def build_lr_scheduler(optimizer: Optimizer, scheduler_section: Any) -> LambdaLR:
-    """Return a LambdaLR for ``scheduler_section`` (fields name, warmup_steps, max_steps, min_lr_ratio, decay_ratio)."""
+    """Return a LambdaLR for a section (name, warmup_steps, max_steps, min_lr_ratio, decay_ratio)."""
     return LambdaLR(optimizer, lr_lambda(scheduler_section))

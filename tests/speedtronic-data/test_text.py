@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import speedtronic_data.text as text_module
+from speedtronic_data import DataError, TextFileTokenDataset, collate_causal
+
+TEXT = "".join(f"line {i}: the quick brown fox é\n" for i in range(200))
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return path
+
+
+def _all_tokens(dataset) -> list[list[int]]:
+    return [sample["input_ids"].tolist() + sample["labels"][-1:].tolist() for sample in dataset]
+
+
+def test_blocks_cover_the_file_with_shifted_labels(text_file):
+    ds = TextFileTokenDataset(text_file, block_size=32)
+    data = list(TEXT.encode("utf-8"))
+    samples = list(ds)
+    assert len(samples) == (len(data) - 1) // 32
+    for i, sample in enumerate(samples):
+        assert sample["input_ids"].tolist() == data[i * 32:(i + 1) * 32]
+        assert sample["labels"].tolist() == data[i * 32 + 1:(i + 1) * 32 + 1]
+        assert sample["input_ids"].dtype == torch.long
+
+
+def test_small_read_chunks_give_the_same_blocks(text_file, monkeypatch):
+    whole = _all_tokens(TextFileTokenDataset(text_file, block_size=13))
+    monkeypatch.setattr(text_module, "CHUNK_BYTES", 7)
+    assert _all_tokens(TextFileTokenDataset(text_file, block_size=13)) == whole
+
+
+def test_custom_tokenizer_is_used(text_file):
+    words = {}
+    tokenizer = lambda text: [words.setdefault(w, len(words)) for w in text.split()]  # noqa: E731
+    samples = list(TextFileTokenDataset(text_file, block_size=4, tokenizer=tokenizer, vocab_size=10_000))
+    assert samples and max(int(s["input_ids"].max()) for s in samples) < len(words)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("workers", [2, 3])
+def test_each_block_produced_once_with_workers_in_single_process_order(text_file, workers):
+    ds = TextFileTokenDataset(text_file, block_size=16)
+    expected = [s["input_ids"] for s in ds]
+    ds.batch_size = 4
+    loader = DataLoader(ds, batch_size=4, num_workers=workers, collate_fn=collate_causal)
+    got = [row for batch in loader for row in batch["input_ids"]]
+    assert len(got) == len(expected)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+def test_missing_and_empty_files(tmp_path):
+    with pytest.raises(DataError, match="does not exist.*data.text_path"):
+        TextFileTokenDataset(tmp_path / "nope.txt", 8)
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(DataError, match="is empty"):
+        TextFileTokenDataset(tmp_path / "empty.txt", 8)
+
+
+def test_block_size_larger_than_the_data(tmp_path):
+    path = tmp_path / "short.txt"
+    path.write_text("abc")
+    with pytest.raises(DataError, match=r"holds 3 tokens, fewer than block_size \+ 1 = 9"):
+        TextFileTokenDataset(path, 8)
+    ds = TextFileTokenDataset(path, 8, tokenizer=lambda t: [1] * len(t))
+    with pytest.raises(DataError, match="holds 3 tokens"):
+        list(ds)
+
+
+def test_token_id_beyond_vocab_names_file_id_and_vocab(text_file):
+    ds = TextFileTokenDataset(text_file, 8, tokenizer=lambda t: [0, 99, 5] * 10, vocab_size=50)
+    with pytest.raises(DataError, match=r"corpus.txt.*token id 99 is >= vocab_size 50"):
+        next(iter(ds))
+
+
+def test_invalid_utf8_names_the_offset(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"hello world " * 10 + b"\xff\xfe")
+    with pytest.raises(DataError, match=r"bad.txt' is not valid UTF-8 near byte 120"):
+        list(TextFileTokenDataset(path, 8))

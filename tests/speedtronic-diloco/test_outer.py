@@ -71,6 +71,17 @@ def test_sync_once_applies_each_delta_once_and_persists_ledger(tmp_path):
     assert torch.equal(restarted.snapshot()[1]["w"], torch.full((3,), -2.0))
 
 
+def test_a_nodes_consecutive_deltas_add_up_and_nodes_average(tmp_path):
+    hub, loop = _master(tmp_path, {"w": torch.zeros(2)}, outer_lr=1.0, outer_momentum=0.0)
+    loop.recover()
+    for step in (4, 8, 12):  # node a was three boundaries ahead of the master's round
+        hub.upload_delta({"w": torch.ones(2)}, node_id="a", local_step=step, base_outer_step=0)
+    hub.upload_delta({"w": torch.full((2,), 5.0)}, node_id="b", local_step=4, base_outer_step=0)
+    assert loop.sync_once() == 1
+    assert torch.equal(loop.snapshot()[1]["w"], torch.full((2,), -4.0))  # mean(1 + 1 + 1, 5)
+    assert loop.counters["applied"] == 4
+
+
 def test_invalid_and_stale_deltas_are_skipped_with_reasons(tmp_path, caplog):
     state = {"w": torch.zeros(3)}
     events = []

@@ -202,7 +202,7 @@ class MasterOuterLoop:
             outer_step = self._state.outer_step
             processed = set(self._state.processed_deltas)
         report = RoundReport(outer_step)
-        deltas = []
+        per_node: dict[str, dict[str, torch.Tensor]] = {}
         revision = self.hub.head()  # list and read one revision: consistent, and one request fewer per delta
         for ref in sorted(self.hub.delta_refs(revision)):
             if ref.path in processed:
@@ -216,22 +216,25 @@ class MasterOuterLoop:
                 self.logger.warning("skipping delta %s: %s", ref.path, reason)
                 report.skipped[ref.path] = reason or "invalid"
             else:
-                deltas.append(delta)
+                # A node's successive deltas are consecutive progress (each against the previous
+                # one's end), so they add up; different nodes' progress is averaged.
+                total = per_node.get(ref.node_id)
+                per_node[ref.node_id] = delta if total is None else {k: v.add(delta[k]) for k, v in total.items()}
                 report.applied.append(ref.path)
-        if not deltas and not report.skipped:
+        if not per_node and not report.skipped:
             return outer_step
         with self._lock:
             if self._state.outer_step != outer_step:  # adopted a newer global meanwhile: redo later
                 return self._state.outer_step
-            if deltas:
-                self.optimizer.step(self._state.global_state, average_deltas(deltas))
+            if per_node:
+                self.optimizer.step(self._state.global_state, average_deltas(list(per_node.values())))
                 self._state.outer_step += 1
             self._state.processed_deltas.update({p: "applied" for p in report.applied})
             self._state.processed_deltas.update(report.skipped)
             self._save_local_state()
             report.outer_step = self._state.outer_step
         self._count(report)
-        if deltas:
+        if per_node:
             report.published = self._publish_pending()
         self._emit("diloco/outer_round", {"outer_step": report.outer_step, "applied": len(report.applied),
                                           "skipped": len(report.skipped), "published": report.published,

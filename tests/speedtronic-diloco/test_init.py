@@ -24,3 +24,11 @@ def test_import_and_the_test_server_stay_light():
     code = ("import sys, speedtronic_diloco, speedtronic_diloco.testing.hub_server; "
             "print(sorted(m for m in ('torch', 'huggingface_hub') if m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("module", ["diloco", "hub", "outer", "settings", "tensors", "transport"])
+def test_every_module_declares_its_public_names(module):
+    from importlib import import_module
+
+    mod = import_module(f"speedtronic_diloco.{module}")
+    assert mod.__all__ and all(hasattr(mod, name) for name in mod.__all__)

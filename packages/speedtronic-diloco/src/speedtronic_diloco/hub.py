@@ -335,3 +335,8 @@ def build_hub_client(section: Any, *, logger: logging.Logger | None = None,
 
 
 HubTransport = HubClient
+
+__all__ = [
+    "COLLABORATOR_WARNING", "GLOBAL_MANIFEST", "GLOBAL_METADATA", "GLOBAL_MODEL", "GlobalMetadata", "HubClient",
+    "HubError", "HubTransport", "HubUnavailable", "build_hub_client", "check_repo_path",
+]

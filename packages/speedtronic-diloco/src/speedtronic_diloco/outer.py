@@ -348,3 +348,6 @@ class MasterOuterLoop:
             self.events(event, payload)
         except Exception:  # a metric hook must never break the outer loop
             self.logger.warning("event hook failed for %s", event, exc_info=True)
+
+
+__all__ = ["DEFAULT_STALENESS_LIMIT", "MasterOuterLoop", "NesterovOuterOptimizer", "OuterState", "RoundReport"]

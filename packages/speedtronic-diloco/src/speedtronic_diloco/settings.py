@@ -89,3 +89,6 @@ def _default_node_id(role: str) -> str:
     if role == "master":
         return "master"
     return re.sub(r"[^A-Za-z0-9_.-]", "-", f"worker-{socket.gethostname()}")
+
+
+__all__ = ["OVERFLOW_POLICIES", "DistributedSettings"]

@@ -172,3 +172,11 @@ def state_nbytes(state: Mapping[str, torch.Tensor]) -> int:
     """Return the payload size of a state in bytes (what a delta of it weighs on the wire)."""
     return sum(value.numel() * value.element_size() for value in floating_state(state).values())
 
+
+
+__all__ = [
+    "DELTA_PREFIX", "DeltaRef", "average_deltas", "check_node_id", "compute_pseudo_gradient", "cpu_state_dict",
+    "cpu_tensor", "delta_path", "delta_problem", "floating_state", "from_safetensors_bytes", "load_delta",
+    "load_safetensors", "metadata_json", "parse_delta_path", "parse_delta_ref", "read_metadata", "save_safetensors",
+    "state_nbytes", "to_safetensors_bytes",
+]

@@ -210,3 +210,6 @@ class FilesystemTransport:
                 return oid
             # Lost the race for the sequence number: rebase onto the new head (or fail the CAS).
             (self.root / "commits" / f"{oid}.json").unlink(missing_ok=True)
+
+
+__all__ = ["FilesystemTransport", "HfApiTransport", "NotFound", "StaleParent", "Transport", "TransportError"]

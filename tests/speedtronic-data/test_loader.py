@@ -1,0 +1,180 @@
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import IterableDataset
+
+from speedtronic_data import (
+    DataError,
+    ResumableLoader,
+    SyntheticTokenDataset,
+    TextFileTokenDataset,
+    TokenShardDataset,
+    build_dataloader,
+    build_eval_dataloader,
+    loader_state,
+    restore_loader,
+    write_shard,
+)
+
+
+def section(**fields):
+    defaults = dict(text_path=None, dataset=None, synthetic=True, num_tokens=40, vocab_size=256, block_size=8,
+                    micro_batch_size=4, num_workers=0, prefetch_factor=None, pin_memory=None, shuffle=False,
+                    drop_last=True, seed=7)
+    return SimpleNamespace(**{**defaults, **fields})
+
+
+@pytest.fixture
+def shards(tmp_path):
+    rng = np.random.default_rng(0)
+    write_shard(tmp_path / "train_000000.bin", rng.integers(0, 64, 400))
+    write_shard(tmp_path / "train_000001.bin", rng.integers(0, 64, 300))
+    write_shard(tmp_path / "val_000000.bin", rng.integers(0, 64, 100))
+    return tmp_path
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_text("".join(f"{i} lorem ipsum\n" for i in range(100)))
+    return path
+
+
+def test_selection_order(shards, text_file):
+    dataset = SyntheticTokenDataset(8, 8, 64)
+    everything = section(shard_path=str(shards / "train_*.bin"), text_path=str(text_file))
+    assert build_dataloader(everything, dataset=dataset).dataset is dataset
+    assert isinstance(build_dataloader(everything).dataset, TokenShardDataset)
+    assert isinstance(build_dataloader(section(text_path=str(text_file))).dataset, TextFileTokenDataset)
+    assert build_dataloader(section(dataset=dataset)).dataset is dataset
+    synthetic = build_dataloader(section()).dataset
+    assert isinstance(synthetic, SyntheticTokenDataset) and len(synthetic) == 40  # num_tokens = samples
+    with pytest.raises(DataError, match="no data source"):
+        build_dataloader(section(synthetic=False))
+
+
+def test_loader_options_follow_the_rules(text_file):
+    loader = build_dataloader(section(num_workers=2, drop_last=False))
+    assert loader.prefetch_factor == 2 and loader.num_workers == 2 and not loader.drop_last
+    assert build_dataloader(section(num_workers=1, prefetch_factor=5)).prefetch_factor == 5
+    assert build_dataloader(section(), pin_memory_device=True).pin_memory
+    assert not build_dataloader(section(pin_memory=False), pin_memory_device=True).pin_memory
+    text = build_dataloader(section(text_path=str(text_file), shuffle=True))
+    first = next(iter(text))["input_ids"][0].tolist()
+    assert first == list(b"0 lorem ")  # shuffle forced off for the streamed file
+    assert all(batch["input_ids"].shape == (4, 8) for batch in build_dataloader(section(num_tokens=10)))
+
+
+def test_batches_are_the_contract_dict_and_vocab_override(shards):
+    batch = next(iter(build_dataloader(section(shard_path=str(shards / "train_*.bin"), vocab_size=None),
+                                       vocab_size=64)))
+    assert batch["input_ids"].dtype == torch.long and batch["attention_mask"].dtype == torch.bool
+    assert torch.equal(batch["input_ids"][:, 1:], batch["labels"][:, :-1])
+    with pytest.raises(DataError, match="vocab_size 10;"):
+        next(iter(build_dataloader(section(shard_path=str(shards / "train_*.bin")), vocab_size=10)))
+
+
+def test_shuffle_is_seeded_and_changes_per_epoch():
+    def epochs(seed):
+        loader = build_dataloader(section(shuffle=True, seed=seed))
+        return [[b["input_ids"].tolist() for b in loader] for _ in range(2)]
+    a, b = epochs(1), epochs(1)
+    assert a == b and a[0] != a[1] and a != epochs(2)
+
+
+def test_bad_settings_name_the_field():
+    with pytest.raises(DataError, match=r"data.micro_batch_size must be a positive integer, got 0"):
+        build_dataloader(section(micro_batch_size=0))
+    with pytest.raises(DataError, match=r"data.block_size must be a positive integer, got None"):
+        build_dataloader(section(block_size=None))
+    with pytest.raises(DataError, match="data.num_workers"):
+        build_dataloader(section(num_workers=-1))
+    with pytest.raises(DataError, match="does not exist"):
+        build_dataloader(section(dataset="missing.pt"))
+
+
+def test_dataset_setting_loads_saved_datasets_and_shard_globs(tmp_path, shards):
+    torch.save(SyntheticTokenDataset(12, 8, 64, seed=3), tmp_path / "ds.pt")
+    assert len(build_dataloader(section(dataset=str(tmp_path / "ds.pt"))).dataset) == 12
+    assert isinstance(build_dataloader(section(dataset=str(shards / "val_*.bin"))).dataset, TokenShardDataset)
+    torch.save({"not": "a dataset"}, tmp_path / "dict.pt")
+    with pytest.raises(DataError, match="holds a dict, not a torch Dataset"):
+        build_dataloader(section(dataset=str(tmp_path / "dict.pt")))
+
+
+def test_eval_loader(shards, text_file):
+    assert build_eval_dataloader(section()) is None
+    loader = build_eval_dataloader(section(val_shard_path=str(shards / "val_*.bin"), shuffle=True))
+    assert isinstance(loader.dataset, TokenShardDataset) and len(loader.dataset) == 12 and not loader.drop_last
+    assert [b["input_ids"].tolist() for b in loader] == [b["input_ids"].tolist() for b in loader]
+    assert isinstance(build_eval_dataloader(section(val_text_path=str(text_file))).dataset, TextFileTokenDataset)
+
+
+class _Counting(IterableDataset):
+    def __iter__(self):
+        for i in range(30):
+            yield {"input_ids": torch.full((4,), i), "labels": torch.full((4,), i)}
+
+
+def _resume_cases(shards, text_file):
+    return {
+        "synthetic shuffled": section(shuffle=True),
+        "shards shuffled": section(shard_path=str(shards / "train_*.bin"), shuffle=True),
+        "shards sequential, 2 workers": section(shard_path=str(shards / "train_*.bin"), num_workers=2),
+        "text": section(text_path=str(text_file)),
+        "text, 2 workers": section(text_path=str(text_file), num_workers=2, micro_batch_size=3),
+    }
+
+
+@pytest.mark.parametrize("case", ["synthetic shuffled", "shards shuffled", "shards sequential, 2 workers", "text",
+                                  "text, 2 workers", "unknown iterable"])
+@pytest.mark.parametrize("stop_at", [0, 3])
+def test_resume_yields_exactly_the_remaining_batches(shards, text_file, case, stop_at):
+    def build():
+        if case == "unknown iterable":
+            return build_dataloader(section(), dataset=_Counting())
+        return build_dataloader(_resume_cases(shards, text_file)[case])
+
+    reference = build()
+    expected = [b["input_ids"] for _ in range(2) for b in reference]  # two epochs
+    first = build()
+    iterator, taken = iter(first), []
+    for _ in range(stop_at):
+        taken.append(next(iterator)["input_ids"])
+    state = loader_state(first)
+    assert state == {"epoch": 0, "batches": stop_at}
+    resumed = build()
+    restore_loader(resumed, state)
+    rest = [b["input_ids"] for _ in range(2) for b in resumed]
+    got = taken + rest
+    per_epoch = len(expected) // 2
+    assert len(got) == len(expected) and per_epoch > stop_at
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+def test_calling_iter_without_drawing_does_not_start_an_epoch():
+    loader = build_dataloader(section(shuffle=True))
+    reference = [b["input_ids"].tolist() for b in build_dataloader(section(shuffle=True))]
+    iter(loader)  # e.g. an `iter(x) is x` check
+    assert [b["input_ids"].tolist() for b in loader] == reference
+
+
+def test_state_round_trip_and_bad_states():
+    loader = build_dataloader(section())
+    list(loader)
+    it = iter(loader)
+    next(it)
+    assert loader.state_dict() == {"epoch": 1, "batches": 1}
+    with pytest.raises(DataError, match="not a ResumableLoader state"):
+        loader.load_state_dict({"epoch": 1})
+    with pytest.raises(DataError, match="negative"):
+        loader.load_state_dict({"epoch": -1, "batches": 0})
+    with pytest.raises(DataError, match="needs a ResumableLoader"):
+        loader_state([1, 2])
+    with pytest.raises(DataError, match="needs a ResumableLoader"):
+        restore_loader([1, 2], {"epoch": 0, "batches": 0})
+    assert isinstance(loader, ResumableLoader)

@@ -35,8 +35,9 @@ def _target(tree: dict[str, Any], parts: list[str]) -> tuple[str, str | None]:
     if root not in ROOT_KEYS:
         raise unknown_key("", root, ROOT_KEYS)
     nested = root in SECTIONS or root in SECTION_ALIASES or root == "compile"
-    if len(parts) > (2 if nested else 1):
-        raise ConfigError(".".join(parts), f"{'.'.join(parts[:2])} is not a mapping")
+    depth = 2 if nested else 1
+    if len(parts) > depth:
+        raise ConfigError(".".join(parts), f"{'.'.join(parts[:depth])} is not a mapping")
     if len(parts) == 1:
         return root, None
     valid = ["enabled"] if root == "compile" else field_names(SECTIONS.get(root, SECTIONS["distributed"]))

@@ -35,7 +35,7 @@ def redact(tree: dict[str, Any]) -> dict[str, Any]:
 def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [_plain(item) for item in value]
     if value is None or isinstance(value, (str, int, float, bool)):
         return value

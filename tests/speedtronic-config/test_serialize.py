@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import yaml
+
+from speedtronic_config import SpeedtronicConfig
+from speedtronic_config.serialize import dump_yaml, redact, write_atomic
+
+TOKEN = "hf_very_secret_token_123"
+
+
+def _secret_config() -> SpeedtronicConfig:
+    return SpeedtronicConfig.from_dict({"distributed": {"enabled": True, "repo_id": "o/r", "token": TOKEN}})
+
+
+def test_to_dict_is_unredacted_by_default_and_redacts_on_request():
+    config = _secret_config()
+    assert config.to_dict()["distributed"]["token"] == TOKEN
+    safe = config.to_dict(redact_secrets=True)
+    assert safe["distributed"]["token"] is None
+    assert TOKEN not in repr(safe) and TOKEN not in repr(config)
+    assert config.distributed.token == TOKEN  # redaction never touches the live config
+
+
+def test_yaml_redaction_and_round_trip(tmp_path):
+    config = _secret_config()
+    assert TOKEN in config.to_yaml()
+    text = config.to_yaml(redact_secrets=True)
+    assert TOKEN not in text
+    assert SpeedtronicConfig.from_dict(yaml.safe_load(config.to_yaml())) == config
+
+
+def test_save_always_redacts_and_reloads(tmp_path):
+    config = _secret_config()
+    path = config.save(tmp_path / "nested" / "run.yaml")
+    assert path == tmp_path / "nested" / "run.yaml"
+    text = path.read_text()
+    assert TOKEN not in text
+    reloaded = SpeedtronicConfig.from_yaml(path)
+    assert reloaded.distributed.token is None
+    reloaded.distributed.token = TOKEN
+    assert reloaded == config
+    assert sorted(os.listdir(path.parent)) == ["run.yaml"]  # no temporary file left behind
+
+
+def test_yaml_file_round_trip_is_stable(tmp_path):
+    config = SpeedtronicConfig.from_dict({"name": "x", "optimizer": "muon", "logging": {"hooks": ["wandb"]}})
+    first = config.save(tmp_path / "a.yaml")
+    second = SpeedtronicConfig.from_yaml(first).save(tmp_path / "b.yaml")
+    assert first.read_text() == second.read_text()
+
+
+def test_write_atomic_replaces_and_uses_ordinary_permissions(tmp_path):
+    target = tmp_path / "f.yaml"
+    write_atomic(target, "old\n")
+    write_atomic(target, "new\n")
+    assert target.read_text() == "new\n"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask
+
+
+def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
+    target = tmp_path / "f.yaml"
+    write_atomic(target, "old\n")
+
+    def broken_fsync(fd: int) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", broken_fsync)
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(target, "new\n")
+    assert target.read_text() == "old\n"
+    assert os.listdir(tmp_path) == ["f.yaml"]
+
+
+def test_redact_and_dump_helpers():
+    assert redact({"distributed": {"token": "t"}}) == {"distributed": {"token": None}}
+    assert redact({"run": {}}) == {"run": {}}
+    assert yaml.safe_load(dump_yaml({"data": {"dataset": object(), "x": [1, (2, 3)]}})) == \
+        {"data": {"dataset": None, "x": [1, [2, 3]]}}

@@ -11,6 +11,7 @@ from speedtronic_trainer import MetricLogger, TensorboardHook, Trainer, TrainerS
 
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
+NO_TENSORBOARD = "tensorboard not installed (pip install speedtronic-trainer[tensorboard])"
 
 
 def train_with(hook, steps=3):
@@ -23,7 +24,7 @@ def train_with(hook, steps=3):
     return trainer
 
 
-@pytest.mark.skipif(not HAS_TENSORBOARD, reason="tensorboard not installed (pip install speedtronic-trainer[tensorboard])")
+@pytest.mark.skipif(not HAS_TENSORBOARD, reason=NO_TENSORBOARD)
 def test_tensorboard_hook_writes_event_files_that_read_back(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -70,7 +71,7 @@ def test_hooks_from_names_rejects_unknown_names():
         hooks_from_names(["mlflow"])
 
 
-@pytest.mark.skipif(not HAS_TENSORBOARD, reason="tensorboard not installed (pip install speedtronic-trainer[tensorboard])")
+@pytest.mark.skipif(not HAS_TENSORBOARD, reason=NO_TENSORBOARD)
 def test_hooks_from_names_builds_tensorboard_under_log_dir(tmp_path):
     (hook,) = hooks_from_names(["TensorBoard"], log_dir=str(tmp_path))
     assert isinstance(hook, TensorboardHook) and hook.log_dir == str(tmp_path / "tensorboard")

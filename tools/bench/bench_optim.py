@@ -7,8 +7,12 @@ with our Muon on its default `auto` method (Gram Newton-Schulz for matrices with
 Case 2 times `newton_schulz` against the exact polar factor by SVD (U @ Vh, float32).
 Variants run interleaved in one process and the ratio of medians is reported (machines are noisy).
 
-Usage: python tools/bench/bench_optim.py [--full] [--layers N] [--repeats N] [--device cpu|cuda]
-Default: 4 layers, 3 repeats (a few minutes at most on 2 cores); --full: 12 layers, 5 repeats.
+Usage: python tools/bench/bench_optim.py [--full] [--layers N] [--d-model D] [--repeats N]
+                                         [--device cpu|cuda]
+Default: d_model 128, 2 layers, 3 repeats, polar at 256/512 (minutes even where bf16 is emulated);
+--full: d_model 768, 12 layers, 5 repeats, polar at 1024/2048 (the issue's sizes).
+"ours default" is Muon's shipped settings: Gram for aspect >= 1.5 and the work dtype of
+fast_work_dtype (float32 on CPUs without BF16 instructions, where torch's bf16 is emulated).
 """
 
 from __future__ import annotations
@@ -25,9 +29,15 @@ from pathlib import Path
 
 import torch
 from speedtronic_optim import Muon, newton_schulz
+from speedtronic_optim.newton_schulz import fast_work_dtype
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "optim.json"
-LAYER_SHAPES = [(768, 768)] * 4 + [(2048, 768)] * 2 + [(768, 2048)]
+
+
+def layer_shapes(d_model: int) -> list[tuple[int, int]]:
+    """Hidden matrices of one layer: four d x d, two (8d/3) x d, one d x (8d/3) (2048 at d 768)."""
+    hidden = round(8 * d_model / 3)
+    return [(d_model, d_model)] * 4 + [(hidden, d_model)] * 2 + [(d_model, hidden)]
 
 
 def _sync(device: torch.device) -> None:
@@ -64,23 +74,30 @@ def _muon_step(
     return optimizer.step
 
 
-def muon_case(layers: int, repeats: int, device: torch.device) -> dict[str, object]:
-    """Time one Muon step over every hidden matrix of a `layers`-layer, d_model 768 model."""
+def muon_case(layers: int, d_model: int, repeats: int, device: torch.device) -> dict[str, object]:
+    """Time one Muon step over every hidden matrix of a `layers`-layer model."""
     torch.manual_seed(0)
-    grads = [torch.randn(*shape, device=device) for _ in range(layers) for shape in LAYER_SHAPES]
+    shapes = layer_shapes(d_model)
+    grads = [torch.randn(*shape, device=device) for _ in range(layers) for shape in shapes]
     settings = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.1, ns_steps=5)
     variants = {
         "torch.optim.Muon": _muon_step(lambda p: torch.optim.Muon(p, **settings), grads, device),
-        "ours standard": _muon_step(
-            lambda p: Muon(p, ns_method="standard", **settings), grads, device
+        "ours bf16 standard": _muon_step(
+            lambda p: Muon(p, ns_method="standard", ns_dtype=torch.bfloat16, **settings),
+            grads,
+            device,
         ),
-        "ours auto (gram)": _muon_step(lambda p: Muon(p, **settings), grads, device),
+        "ours bf16 gram": _muon_step(
+            lambda p: Muon(p, ns_dtype=torch.bfloat16, **settings), grads, device
+        ),
+        "ours default": _muon_step(lambda p: Muon(p, **settings), grads, device),
     }
     seconds = _interleaved(variants, repeats, device)
     base = seconds["torch.optim.Muon"]
     return {
-        "case": f"Muon step, {layers} layers x {len(LAYER_SHAPES)} matrices (d_model 768)",
+        "case": f"Muon step, {layers} layers x {len(shapes)} matrices (d_model {d_model})",
         "matrices": len(grads),
+        "default_work_dtype": str(fast_work_dtype(device)),
         "seconds": seconds,
         "speedup_vs_torch": {name: base / value for name, value in seconds.items()},
     }
@@ -118,16 +135,18 @@ def _write_json(path: Path, payload: dict[str, object]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--full", action="store_true", help="12 layers, 5 repeats")
+    parser.add_argument("--full", action="store_true", help="d_model 768, 12 layers, 5 repeats")
+    parser.add_argument("--d-model", type=int, default=None)
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
-    layers = args.layers or (12 if args.full else 4)
+    layers = args.layers or (12 if args.full else 2)
+    d_model = args.d_model or (768 if args.full else 128)
     repeats = args.repeats or (5 if args.full else 3)
     device = torch.device(args.device)
-    muon = muon_case(layers, repeats, device)
+    muon = muon_case(layers, d_model, repeats, device)
     print(
         f"{muon['case']}, {repeats} repeats, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads"
@@ -135,7 +154,8 @@ def main() -> None:
     print(f"{'variant':<20}{'median s':>10}{'speedup vs torch':>18}")
     for name, value in muon["seconds"].items():
         print(f"{name:<20}{value:>10.3f}{muon['speedup_vs_torch'][name]:>17.2f}x")
-    polar = [svd_case(size, repeats, device) for size in (1024, 2048)]
+    sizes = (1024, 2048) if args.full else (256, 512)
+    polar = [svd_case(size, repeats, device) for size in sizes]
     print(f"\n{'polar factor':<16}{'newton_schulz s':>16}{'svd s':>10}{'ns/svd':>8}")
     for case in polar:
         s = case["seconds"]

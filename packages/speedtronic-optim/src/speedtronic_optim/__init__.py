@@ -8,7 +8,7 @@ from .build import build_optimizer, build_v2_optimizer
 from .cautious import CautiousOptimizer
 from .hybrid import HybridOptimizer
 from .muon import Muon
-from .newton_schulz import COEFFICIENT_SETS, newton_schulz, post_polar_normalize
+from .newton_schulz import COEFFICIENT_SETS, fast_work_dtype, newton_schulz, post_polar_normalize
 from .routing import ParameterRouting, route_parameters
 from .schedules import (
     build_lr_scheduler,
@@ -28,6 +28,7 @@ __all__ = [
     "build_lr_scheduler",
     "build_optimizer",
     "build_v2_optimizer",
+    "fast_work_dtype",
     "lr_lambda",
     "make_adamw",
     "newton_schulz",

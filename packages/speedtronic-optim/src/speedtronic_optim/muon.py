@@ -11,7 +11,6 @@ from torch.optim import Optimizer
 
 from .newton_schulz import (
     Coefficients,
-    fast_work_dtype,
     match_polar_scale,
     orthogonalize,
     post_polar_normalize,
@@ -36,7 +35,7 @@ class Muon(Optimizer):
     Same update as ``torch.optim.Muon``: EMA momentum ``buf.lerp_(grad, 1 - momentum)``, Nesterov
     ``grad.lerp(buf, momentum)``, Newton–Schulz, decoupled weight decay
     ``p *= 1 - lr * weight_decay`` (unscaled lr), then ``p -= adjusted_lr * update``.
-    ``ns_dtype="auto"`` runs Newton–Schulz in bf16 (as torch does) on GPUs and BF16-capable CPUs,
+    ``ns_dtype=None`` runs Newton–Schulz in bf16 (as torch does) on GPUs and BF16-capable CPUs,
     and in float32 on CPUs without BF16 instructions, where torch's bf16 is emulated and slow;
     ``ns_method="auto"`` uses the Gram iteration for matrices with aspect ratio >= 1.5.
     """
@@ -57,7 +56,7 @@ class Muon(Optimizer):
         normalize_mode: str = "row_col",
         ns_coefficients: str | Sequence[Coefficients] = "reference",
         ns_method: str = "auto",
-        ns_dtype: torch.dtype | str | None = "auto",
+        ns_dtype: torch.dtype | None = None,
     ) -> None:
         if not lr >= 0.0:
             raise ValueError(f"Muon lr must be >= 0; got {lr}")
@@ -115,15 +114,6 @@ class Muon(Optimizer):
         buf.lerp_(grad, 1 - group["momentum"])
         return grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
 
-    @staticmethod
-    def _work_dtype(param: torch.Tensor, group: dict[str, Any]) -> torch.dtype | None:
-        # "auto": bf16 only where it is fast; None: newton_schulz's own default per coefficient set.
-        if group["ns_dtype"] == "auto":
-            if group["ns_coefficients"] == "polar_express":
-                return torch.float32
-            return fast_work_dtype(param.device)
-        return group["ns_dtype"]
-
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Take one Muon step; returns the closure's loss (closure called once) or None."""
@@ -142,7 +132,7 @@ class Muon(Optimizer):
                     group["eps"],
                     coefficients=group["ns_coefficients"],
                     method=group["ns_method"],
-                    dtype=self._work_dtype(param, group),
+                    dtype=group["ns_dtype"],
                 )
                 update = polar
                 if group["muon_plus"]:

@@ -30,10 +30,6 @@ COEFFICIENT_SETS: dict[str, tuple[Coefficients, ...]] = {
 }
 # Polar Express's steep early polynomials (b = -23.6, c = 17.3) amplify bf16 rounding: measured top
 # singular values of 1.4-1.6 after 5 bf16 steps and divergence after 8, so it works in float32.
-DEFAULT_DTYPE: dict[str, torch.dtype] = {
-    "reference": torch.bfloat16,
-    "polar_express": torch.float32,
-}
 METHODS = ("auto", "standard", "gram")
 NORMALIZE_MODES = ("none", "row", "col", "row_col", "col_row")
 
@@ -43,7 +39,7 @@ GRAM_MIN_ASPECT = 1.5
 
 
 def fast_work_dtype(device: torch.device) -> torch.dtype:
-    """Return bf16 where BF16 matmuls are fast (accelerators, AVX512-BF16/AMX CPUs), else float32."""
+    """Return bf16 where BF16 matmuls are fast (accelerators, AVX512-BF16/AMX CPUs), else fp32."""
     if device.type != "cpu":
         return torch.bfloat16
     cpu = getattr(torch, "cpu", None)
@@ -113,9 +109,9 @@ def orthogonalize(
     """Return the Newton–Schulz polar-factor estimate in the work ``dtype`` (input untouched)."""
     if dtype is None:
         dtype = (
-            DEFAULT_DTYPE.get(coefficients, torch.bfloat16)
-            if isinstance(coefficients, str)
-            else torch.bfloat16
+            torch.float32
+            if isinstance(coefficients, str) and coefficients == "polar_express"
+            else fast_work_dtype(matrix.device)
         )
     if matrix.ndim < 2:
         raise ValueError(
@@ -158,8 +154,9 @@ def newton_schulz(
     ``coefficients`` is ``"reference"`` (3.4445, -4.7750, 2.0315), ``"polar_express"`` or a
     sequence of (a, b, c) triples; ``method`` is ``"standard"``, ``"gram"`` (iterate on X X^T,
     cheaper for rectangular matrices) or ``"auto"``; ``dtype`` is the work precision: by default
-    bf16 for the reference coefficients (as ``torch.optim.Muon``) and float32 for Polar Express,
-    whose early steps amplify bf16 rounding. :func:`fast_work_dtype` picks per device.
+    :func:`fast_work_dtype` (bf16 as ``torch.optim.Muon`` on GPUs and BF16-capable CPUs, float32
+    elsewhere) for the reference coefficients and float32 for Polar Express, whose early steps
+    amplify bf16 rounding.
     """
     result = orthogonalize(
         matrix, steps, eps, coefficients=coefficients, method=method, dtype=dtype

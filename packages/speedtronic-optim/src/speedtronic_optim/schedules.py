@@ -87,5 +87,5 @@ def lr_lambda(scheduler_section: Any) -> Callable[[int], float]:
 
 
 def build_lr_scheduler(optimizer: Optimizer, scheduler_section: Any) -> LambdaLR:
-    """Return a LambdaLR for a section (name, warmup_steps, max_steps, min_lr_ratio, decay_ratio)."""
+    """Return a LambdaLR for a section (name, warmup_steps, max_steps, min_lr_ratio, ...)."""
     return LambdaLR(optimizer, lr_lambda(scheduler_section))

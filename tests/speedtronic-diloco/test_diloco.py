@@ -283,6 +283,22 @@ def test_events_reach_a_metric_logger_object(server, tmp_path):
     master.stop()
 
 
+def test_a_metric_logger_passed_as_logger_gets_the_events(server, tmp_path):
+    class MetricLogger:
+        def __init__(self):
+            self.events = []
+
+        def on_event(self, event, payload):
+            self.events.append(event)
+
+    metrics = MetricLogger()
+    coordinator = DumbDiLoCoCoordinator(section(role="master", node_id="master"), model(),
+                                        hub=client(server, tmp_path, "m"), state_dir=tmp_path / "m", logger=metrics)
+    coordinator.start()
+    assert "diloco/global_installed" in metrics.events and coordinator.logger.name == "speedtronic_diloco.diloco"
+    coordinator.stop()
+
+
 def test_token_never_in_logs_or_state(server, tmp_path, caplog):
     caplog.set_level("DEBUG")
     master, net, opt = node(server, tmp_path, "master")

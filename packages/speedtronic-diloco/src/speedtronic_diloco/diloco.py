@@ -64,12 +64,15 @@ class DumbDiLoCoCoordinator:
     """Coordinate local inner loops and a Hub-backed outer loop (implements SyncCoordinator)."""
 
     def __init__(self, config: Any, model: torch.nn.Module, *, hub: HubClient | None = None,
-                 state_dir: str | Path | None = None, logger: logging.Logger | None = None,
+                 state_dir: str | Path | None = None, logger: logging.Logger | Any | None = None,
                  events: Callable[[str, dict[str, Any]], None] | Any | None = None) -> None:
         self.settings = DistributedSettings.from_config(config, state_dir=state_dir)
         self._section = getattr(config, "distributed", config)
         self.model = model
         self.hub = hub
+        if logger is not None and not isinstance(logger, logging.Logger):
+            # A metric logger passed as `logger` (2.0 call sites do) receives the events instead.
+            events, logger = events if events is not None else logger, None
         self.logger = logger or LOGGER
         self.events = events
         self.master: MasterOuterLoop | None = None

@@ -69,6 +69,18 @@ def _encode_chunk(tokenizer: Any, text: str, vocab_size: int | None, source: str
     return ids
 
 
+def _split_at_line(text: str, head_bytes: float) -> tuple[str, str]:
+    """Split text after the first line break at or past head_bytes, so no line is in both splits."""
+    if head_bytes <= 0:
+        return "", text
+    raw = text.encode("utf-8")
+    if head_bytes >= len(raw):
+        return text, ""
+    cut = raw.find(b"\n", int(head_bytes))
+    cut = len(raw) if cut < 0 else cut + 1
+    return raw[:cut].decode("utf-8"), raw[cut:].decode("utf-8")
+
+
 def _chunks(text: str) -> Iterator[str]:
     for start in range(0, len(text), CHUNK_BYTES):
         yield text[start:start + CHUNK_BYTES]
@@ -105,10 +117,11 @@ def prepare_shards(text_paths: Iterable[str | Path], out_dir: str | Path, tokeni
     for name, size, chunks in sources:
         val_bytes, seen = val_fraction * size, 0
         for chunk in chunks:
-            # Split on chunk (line) boundaries, so no validation line is also a training line.
-            split = "val" if seen < val_bytes else "train"
+            head, tail = _split_at_line(chunk, val_bytes - seen)
             seen += len(chunk.encode("utf-8"))
-            writers[split].add(_encode_chunk(tokenizer, chunk, vocab, name))
+            for split, text in (("val", head), ("train", tail)):
+                if text:
+                    writers[split].add(_encode_chunk(tokenizer, text, vocab, name))
     for writer in writers.values():
         writer.flush()
         for stale in sorted(out.glob(f"{writer.split}_*.bin")):

@@ -70,14 +70,17 @@ def _encode_chunk(tokenizer: Any, text: str, vocab_size: int | None, source: str
 
 
 def _split_at_line(text: str, head_bytes: float) -> tuple[str, str]:
-    """Split text after the first line break at or past head_bytes, so no line is in both splits."""
+    """Split text after the first line break at or past head_bytes (so no line is in both splits), else at it."""
     if head_bytes <= 0:
         return "", text
     raw = text.encode("utf-8")
     if head_bytes >= len(raw):
         return text, ""
-    cut = raw.find(b"\n", int(head_bytes))
-    cut = len(raw) if cut < 0 else cut + 1
+    cut = raw.find(b"\n", int(head_bytes)) + 1
+    if cut == 0:  # no line break left: cut at the byte count, on a character boundary
+        cut = int(head_bytes)
+        while cut > 0 and raw[cut] & 0xC0 == 0x80:
+            cut -= 1
     return raw[:cut].decode("utf-8"), raw[cut:].decode("utf-8")
 
 

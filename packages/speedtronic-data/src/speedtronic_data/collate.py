@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import default_collate
 
 from speedtronic_data.errors import DataError
+from speedtronic_data.shards import WindowBatch
 
 
-def collate_causal(batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def collate_causal(batch: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Stack causal examples into {"input_ids", "labels": LongTensor[B, T], "attention_mask": BoolTensor[B, T]}."""
     if not batch:
         raise DataError("collate_causal got an empty batch; check micro_batch_size and the dataset size")
+    if isinstance(batch, WindowBatch):  # token shards gather a whole batch at once: slice, don't stack
+        input_ids, labels = batch.tokens[:, :-1].contiguous(), batch.tokens[:, 1:].contiguous()
+        return {"input_ids": input_ids, "labels": labels, "attention_mask": torch.ones_like(input_ids, dtype=torch.bool)}
     missing = [key for key in ("input_ids", "labels") if key not in batch[0]]
     if missing:
         raise DataError(f"collate_causal needs input_ids and labels in every example; missing {missing} "
@@ -33,7 +37,7 @@ def collate_batch(batch: list[Any]) -> Any:
     if not batch:
         raise DataError("collate_batch got an empty batch; check micro_batch_size and the dataset size")
     first = batch[0]
-    if isinstance(first, dict):
+    if isinstance(first, dict) or isinstance(batch, WindowBatch):
         return collate_causal(batch)
     if isinstance(first, (tuple, list)):
         if any(not isinstance(example, (tuple, list)) or len(example) != len(first) for example in batch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,12 +145,15 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
         if indices.size and (indices.min() < 0 or indices.max() >= len(self)):
             raise IndexError(f"window index out of range for {len(self)} windows")
         shard_of = np.searchsorted(self.offsets, indices, side="right") - 1
-        out = np.empty((indices.size, self.block_size + 1), dtype=np.int64)
         tokens, span = self._tokens(), np.arange(self.block_size + 1)
-        for shard in np.unique(shard_of):
-            rows = np.nonzero(shard_of == shard)[0]
-            starts = (indices[rows] - self.offsets[shard]) * self.block_size
-            out[rows] = tokens[shard][starts[:, None] + span]
+        starts = (indices - self.offsets[shard_of]) * self.block_size
+        if indices.size and (shard_of == shard_of[0]).all():  # the common case: one gather, no scatter
+            out = tokens[shard_of[0]][starts[:, None] + span].astype(np.int64)
+        else:
+            out = np.empty((indices.size, self.block_size + 1), dtype=np.int64)
+            for shard in np.unique(shard_of):
+                rows = np.nonzero(shard_of == shard)[0]
+                out[rows] = tokens[shard][starts[rows, None] + span]
         if self.vocab_size is not None and out.size and out.max() >= self.vocab_size:
             bad = int(shard_of[np.nonzero(out.max(axis=1) >= self.vocab_size)[0][0]])
             raise DataError(f"token shard {str(self.shards[bad].path)!r} holds token id {int(out.max())} >= "
@@ -163,10 +167,24 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
         tokens = self.windows([index])[0]
         return {"input_ids": tokens[:-1], "labels": tokens[1:]}
 
-    def __getitems__(self, indices: list[int]) -> list[dict[str, torch.Tensor]]:
+    def __getitems__(self, indices: list[int]) -> WindowBatch:
         # DataLoader calls this with a whole batch of indices: one gather instead of one per example.
-        return [{"input_ids": row[:-1], "labels": row[1:]} for row in self.windows(indices)]
+        return WindowBatch(self.windows(indices))
 
 
-__all__ = ["ShardInfo", "TokenShardDataset", "read_shard_header", "read_shard_tokens", "resolve_shards",
+class WindowBatch(Sequence):
+    """A batch of causal windows already gathered into one LongTensor[B, T + 1]; collate_causal slices it."""
+
+    def __init__(self, tokens: torch.Tensor) -> None:
+        self.tokens = tokens
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, index: Any) -> dict[str, torch.Tensor]:
+        row = self.tokens[index]
+        return {"input_ids": row[..., :-1], "labels": row[..., 1:]}
+
+
+__all__ = ["ShardInfo", "TokenShardDataset", "WindowBatch", "read_shard_header", "read_shard_tokens", "resolve_shards",
            "write_shard"]

@@ -1,0 +1,114 @@
+"""Data-loading benchmark: token-shard loading and text streaming throughput through build_dataloader.
+
+Each case times whole batches out of the real loader (collation included, num_workers=0, one process) and
+reports tokens/s; the raw memmap gather of the same windows runs alongside it, so the ratio shows what
+the loader costs over the bare read. Goal: shard loading >= 20M tokens/s, so data is never the bottleneck.
+
+Usage: python tools/bench/bench_data.py [--quick] [--threads N] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from speedtronic_data import build_dataloader, stdlib_corpus, write_shard
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "data.json"
+GOAL = 20e6
+
+
+@dataclass
+class Result:
+    case: str
+    tokens_per_s: float
+    raw_tokens_per_s: float | None  # bare memmap gather of the same windows; None for text
+    loader_over_raw: float | None  # raw time / loader time: 1.0 means the loader adds nothing
+
+
+def _section(**fields) -> SimpleNamespace:
+    return SimpleNamespace(**{"vocab_size": 256, "micro_batch_size": 32, "num_workers": 0, "drop_last": True,
+                              "seed": 0, "shuffle": False, **fields})
+
+
+def _time_loader(loader, batches: int) -> float:
+    """Return tokens/s over `batches` batches (cycling epochs if needed), best of three passes."""
+    best = 0.0
+    for _ in range(3):
+        count, tokens, start = 0, 0, time.perf_counter()
+        while count < batches:
+            for batch in loader:
+                tokens += batch["input_ids"].numel()
+                count += 1
+                if count == batches:
+                    break
+        best = max(best, tokens / (time.perf_counter() - start))
+    return best
+
+
+def _time_raw(tokens: np.ndarray, block: int, batch: int, batches: int, shuffle: bool) -> float:
+    windows = (len(tokens) - 1) // block
+    order = np.random.default_rng(0).permutation(windows) if shuffle else np.arange(windows)
+    span, best = np.arange(block + 1), 0.0
+    for _ in range(3):
+        start = time.perf_counter()
+        for b in range(batches):
+            idx = order[(b * batch) % (windows - batch):][:batch]
+            x = torch.from_numpy(tokens[(idx * block)[:, None] + span].astype(np.int64))
+        best = max(best, batches * batch * block / (time.perf_counter() - start))
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer batches and a smaller corpus")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    corpus_bytes, batches = (8 << 20, 200) if args.quick else (32 << 20, 1000)
+    text = stdlib_corpus(corpus_bytes)
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        shard = write_shard(Path(tmp) / "train_000000.bin", np.frombuffer(text.encode("utf-8"), dtype=np.uint8))
+        tokens = np.memmap(shard, dtype="<u2", mode="r", offset=1024)
+        for block, batch in ((128, 32), (1024, 16)):
+            for shuffle in (False, True):
+                loader = build_dataloader(_section(shard_path=str(shard), block_size=block, micro_batch_size=batch,
+                                                   shuffle=shuffle))
+                rate = _time_loader(loader, batches)
+                raw = _time_raw(tokens, block, batch, batches, shuffle)
+                results.append(Result(f"shards B={batch} T={block} {'shuffled' if shuffle else 'sequential'}",
+                                      rate, raw, raw and rate / raw))
+        text_path = Path(tmp) / "corpus.txt"
+        text_path.write_text(text, encoding="utf-8")
+        for block, batch in ((128, 32), (1024, 16)):
+            loader = build_dataloader(_section(text_path=str(text_path), block_size=block, micro_batch_size=batch))
+            results.append(Result(f"text stream B={batch} T={block}", _time_loader(loader, batches), None, None))
+    print(f"{'case':<36}{'tokens/s':>14}{'raw tokens/s':>16}{'loader/raw':>12}")
+    for r in results:
+        raw = f"{r.raw_tokens_per_s:>16,.0f}" if r.raw_tokens_per_s else f"{'-':>16}"
+        ratio = f"{r.loader_over_raw:>12.2f}" if r.loader_over_raw else f"{'-':>12}"
+        goal = "" if r.raw_tokens_per_s is None else ("  ok" if r.tokens_per_s >= GOAL else "  BELOW 20M GOAL")
+        print(f"{r.case:<36}{r.tokens_per_s:>14,.0f}{raw}{ratio}{goal}")
+    report = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
+              "torch": torch.__version__, "quick": args.quick, "goal_tokens_per_s": GOAL,
+              "results": [asdict(r) for r in results]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = args.out.with_suffix(".json.tmp")
+    tmp_out.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(tmp_out, args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -65,7 +65,8 @@ def _load_config(source: str, overrides: Sequence[str]):
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from speedtronic.runtime import train_from_config
+    from speedtronic.report import print_run_summary
+    from speedtronic.runtime import build_runtime
 
     # As overrides, so the config's own normalization applies (the schedule follows --max-steps).
     overrides = list(args.overrides)
@@ -74,10 +75,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.device is not None:
         overrides.append(f"run.device={args.device}")
     config = _load_config(args.config, overrides)
-    result = train_from_config(config, resume=args.resume)
-    from speedtronic.report import print_run_summary
-
-    print_run_summary(config, result)
+    trainer, manager = build_runtime(config, resume=args.resume)
+    try:
+        result = trainer.fit()
+    finally:
+        trainer.close()
+    print_run_summary(config, result, manager.latest_path())
     return 0
 
 

@@ -22,12 +22,8 @@ def prepare_corpus(out_dir: Path, texts: list[Path], stdlib_bytes: int, val_frac
     for text in texts:
         if not text.is_file():
             raise UsageError(f"{text}: no such text file")
-    if not texts:
-        corpus = out_dir / "corpus.txt"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        corpus.write_text(stdlib_corpus(stdlib_bytes), encoding="utf-8")
-        texts = [corpus]
-    prepare_shards(texts, out_dir, val_fraction=val_fraction)
+    inline = [] if texts else [stdlib_corpus(stdlib_bytes)]
+    prepare_shards(texts, out_dir, val_fraction=val_fraction, texts=inline)
 
 
 def unigram_entropy(shard_glob: str) -> float | None:
@@ -42,12 +38,11 @@ def unigram_entropy(shard_glob: str) -> float | None:
     return float(-(p * np.log(p)).sum())
 
 
-def print_run_summary(config: Any, result: Any) -> None:
+def print_run_summary(config: Any, result: Any, checkpoint: Path | None) -> None:
     """Print the final numbers, a generated sample and where the run left its files."""
     from speedtronic.artifacts import sample_text
     from speedtronic.plotting import plot_metrics
 
-    out = Path(config.run.output_dir)
     lines = [f"trained {result.steps} steps, {result.tokens:,} tokens in {result.elapsed_s:.1f}s"
              f" ({result.tokens / max(result.elapsed_s, 1e-9):,.0f} tokens/s)"]
     if result.final_loss is not None:
@@ -60,14 +55,14 @@ def print_run_summary(config: Any, result: Any) -> None:
     metrics = Path(config.logging.json_file) if config.logging.json_file else None
     if metrics is not None and metrics.exists():
         lines.append(f"metrics:    {metrics}")
-        lines.append(f"loss curve: {plot_metrics(metrics)}")
-    checkpoints = sorted((out / config.checkpoint.directory).glob("step_*.pt"),
-                         key=lambda p: int(p.stem.split("_")[1]))
-    if checkpoints:
-        latest = checkpoints[-1]
-        lines.append(f"checkpoint: {latest}")
+        try:
+            lines.append(f"loss curve: {plot_metrics(metrics)}")
+        except UsageError as why:  # e.g. a run shorter than logging.every_steps
+            lines.append(f"loss curve: skipped ({why})")
+    if checkpoint is not None:
+        lines.append(f"checkpoint: {checkpoint}")
         if config.model.name == "reference_transformer":
-            sample = sample_text(latest, "def ", max_new_tokens=160)
+            sample = sample_text(checkpoint, "def ", max_new_tokens=160)
             lines.append("sample:\n" + "\n".join("    " + s for s in sample.splitlines()))
     print("\n".join(lines))
     if math.isnan(result.final_loss or 0.0):

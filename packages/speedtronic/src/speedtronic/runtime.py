@@ -37,22 +37,21 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: SpeedtronicConfig)
 def build_logger(config: SpeedtronicConfig) -> MetricLogger:
     """Build the text/JSONL MetricLogger, with the hooks named in logging.hooks."""
     section = config.logging
-    hooks = hooks_from_names(list(section.hooks), log_dir=str(Path(config.run.output_dir) / "tensorboard"))
+    hooks = hooks_from_names(list(section.hooks), log_dir=config.run.output_dir)
     return MetricLogger(level=section.level, file=section.file, json_file=section.json_file,
                         every_steps=section.every_steps, hooks=hooks)
 
 
-def build_coordinator(config: SpeedtronicConfig, logger: MetricLogger) -> Any:
+def build_coordinator(config: SpeedtronicConfig, model: torch.nn.Module, logger: MetricLogger) -> Any:
     """Return the DumbDiLoCo coordinator for an enabled distributed section, else None."""
     if not config.distributed.enabled:
         return None
     try:
         from speedtronic_diloco import DumbDiLoCoCoordinator
     except ImportError as error:
-        raise ConfigError(
-            "distributed.enabled: true needs the speedtronic-diloco package; "
-            f"install it with `pip install speedtronic-diloco` ({error})") from error
-    return DumbDiLoCoCoordinator.from_config(config, logger=logger)
+        raise ConfigError("distributed.enabled", f"true needs the speedtronic-diloco package ({error})",
+                          allowed="install it with `pip install speedtronic-diloco`") from error
+    return DumbDiLoCoCoordinator(config, model, logger=logger, events=logger.emit)
 
 
 def _checkpoint_manager(config: SpeedtronicConfig) -> CheckpointManager:
@@ -68,9 +67,14 @@ def build_runtime(config: SpeedtronicConfig | dict[str, Any], *, resume: bool = 
                   device: str | torch.device | None = None,
                   max_steps: int | None = None) -> tuple[Trainer, CheckpointManager]:
     """Build the Trainer and its CheckpointManager from one configuration object."""
-    config = SpeedtronicConfig.from_dict(config if isinstance(config, dict) else config.to_dict())  # 1
+    values = dict(config) if isinstance(config, dict) else config.to_dict()
+    if max_steps is not None:  # as an override, so the default schedule horizon follows it
+        values["run"] = {**values.get("run", {}), "max_steps": max_steps}
+    if device is not None:
+        values["run"] = {**values.get("run", {}), "device": str(device)}
+    config = SpeedtronicConfig.from_dict(values)  # 1
     seed_everything(config.run.seed)  # 2
-    resolved = resolve_device(device if device is not None else config.run.device)  # 3
+    resolved = resolve_device(config.run.device)  # 3
     model = build_model(config.model)  # 4
     pin = resolved.type == "cuda"
     dataloader = build_dataloader(config.data, pin_memory_device=pin)  # 5
@@ -79,17 +83,16 @@ def build_runtime(config: SpeedtronicConfig | dict[str, Any], *, resume: bool = 
     scheduler = build_scheduler(optimizer, config)  # 7
     manager = _checkpoint_manager(config)  # 8
     logger = build_logger(config)  # 9
-    coordinator = build_coordinator(config, logger)  # 10
-    target = max_steps if max_steps is not None else (config.data.max_steps or config.run.max_steps)  # 11
+    coordinator = build_coordinator(config, model, logger)  # 10
+    target = config.step_target  # 11
     precision = resolve_precision(config.precision, resolved)
     shape_report = validate_startup_shapes(config, model, resolved, precision, logger=logger)
     trainer = Trainer(model, optimizer, dataloader, device=resolved, config=config, scheduler=scheduler,  # 12
                       precision=precision, logger=logger, checkpoint_manager=manager,
                       coordinator=coordinator, max_steps=target, shape_report=shape_report,
                       eval_dataloader=eval_dataloader)
-    if resume or config.checkpoint.resume:  # 13
-        if not trainer.resume_latest():
-            logger.warning("resume requested but no checkpoint in %s; starting from step 0", manager.directory)
+    if resume or config.checkpoint.resume:  # 13 (warns and starts fresh when there is none)
+        trainer.resume_latest()
     return trainer, manager
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,7 +13,7 @@ from speedtronic_model import build_model
 from speedtronic_optim import build_lr_scheduler
 from speedtronic_optim import build_optimizer as _build_optimizer
 from speedtronic_systems import resolve_device, resolve_precision, validate_startup_shapes
-from speedtronic_trainer import CheckpointManager, MetricLogger, Trainer, TrainResult, hooks_from_names
+from speedtronic_trainer import CheckpointManager, MetricLogger, Trainer, TrainResult
 
 
 def seed_everything(seed: int) -> None:
@@ -36,10 +35,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: SpeedtronicConfig)
 
 def build_logger(config: SpeedtronicConfig) -> MetricLogger:
     """Build the text/JSONL MetricLogger, with the hooks named in logging.hooks."""
-    section = config.logging
-    hooks = hooks_from_names(list(section.hooks), log_dir=config.run.output_dir)
-    return MetricLogger(level=section.level, file=section.file, json_file=section.json_file,
-                        every_steps=section.every_steps, hooks=hooks)
+    return MetricLogger.from_config(config.logging, hook_dir=config.run.output_dir)
 
 
 def build_coordinator(config: SpeedtronicConfig, model: torch.nn.Module, logger: MetricLogger) -> Any:
@@ -51,16 +47,11 @@ def build_coordinator(config: SpeedtronicConfig, model: torch.nn.Module, logger:
     except ImportError as error:
         raise ConfigError("distributed.enabled", f"true needs the speedtronic-diloco package ({error})",
                           allowed="install it with `pip install speedtronic-diloco`") from error
-    return DumbDiLoCoCoordinator(config, model, logger=logger, events=logger.emit)
+    return DumbDiLoCoCoordinator(config, model, events=logger)
 
 
 def _checkpoint_manager(config: SpeedtronicConfig) -> CheckpointManager:
-    section = config.checkpoint
-    directory = Path(section.directory)
-    if not directory.is_absolute():
-        directory = Path(config.run.output_dir) / directory
-    return CheckpointManager(directory, every_steps=section.every_steps, keep_last=section.keep_last,
-                             enabled=section.enabled)
+    return CheckpointManager.from_config(config.checkpoint, output_dir=config.run.output_dir)
 
 
 def build_runtime(config: SpeedtronicConfig | dict[str, Any], *, resume: bool = False,

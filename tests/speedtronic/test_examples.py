@@ -1,0 +1,34 @@
+"""The shipped configs validate and the Python API example runs end to end."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from speedtronic_config import SpeedtronicConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", ["quickstart", "smoke", "v2_smoke"])
+def test_shipped_configs_load(name):
+    config = SpeedtronicConfig.from_yaml(ROOT / "configs" / f"{name}.yaml")
+    assert config.run.max_steps > 0
+
+
+def test_v2_smoke_config_trains(tmp_path):
+    from speedtronic.runtime import train_from_config
+
+    config = SpeedtronicConfig.from_yaml(ROOT / "configs" / "v2_smoke.yaml")
+    config.run.output_dir = str(tmp_path)
+    result = train_from_config(config)
+    assert result.steps == 4 and (tmp_path / "checkpoints" / "step_4.pt").exists()
+
+
+def test_reference_example_trains_and_resumes(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "train_reference.py"), str(tmp_path)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "first run: step 3" in result.stdout and "resumed run: step 6" in result.stdout

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
+from .facade import evaluate_closure
+
 from .facade import init_facade
 
 
@@ -48,11 +50,8 @@ class CautiousOptimizer(Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Evaluate ``closure`` once, step the base optimizer, then mask misaligned entries."""
-        loss = None
-        if closure is not None:
-            # Called here, not by the base, so the snapshot below sees this step's gradients.
-            with torch.enable_grad():
-                loss = closure()
+        # Called here, not by the base, so the snapshot below sees this step's gradients.
+        loss = evaluate_closure(closure)
         snapshot = [
             (param, param.detach().clone(), param.grad)
             for group in self.param_groups

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch.optim import Optimizer
 
 
@@ -33,3 +35,11 @@ def check_keys(state_dict: dict[str, Any], expected: set[str], owner: str) -> No
             "not interchangeable "
             "with AdamW-only state): start a new run or migrate the checkpoint"
         )
+
+
+def evaluate_closure(closure: Callable[[], Any] | None) -> Any:
+    """Return closure() evaluated once with gradients enabled (None without a closure)."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()

@@ -9,7 +9,7 @@ import torch
 from torch.optim import Optimizer
 
 from .adamw import make_adamw
-from .facade import check_keys, init_facade
+from .facade import check_keys, evaluate_closure, init_facade
 from .muon import Muon
 
 
@@ -97,10 +97,7 @@ class HybridOptimizer(Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Evaluate ``closure`` once, then step Muon and AdamW; returns the closure's loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         for child in self.children.values():
             child.step()
         return loss

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
+from .facade import evaluate_closure
+
 from .newton_schulz import (
     Coefficients,
     match_polar_scale,
@@ -117,10 +119,7 @@ class Muon(Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Take one Muon step; returns the closure's loss (closure called once) or None."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         for group in self.param_groups:
             lr, weight_decay = group["lr"], group["weight_decay"]
             for param in group["params"]:

@@ -83,8 +83,12 @@ def test_usage_error_exits_2(tmp_path):
 
 def test_train_plot_sample_export_end_to_end(tmp_path):
     config = tiny_config(tmp_path, **{"distributed": f"{{token: {SECRET}}}"})
-    result = cli("train", str(config), "--max-steps", "6", "--device", "cpu", cwd=tmp_path)
+    overlay = tmp_path / "cuda.yaml"
+    overlay.write_text("model.n_layer: 3\nrun.max_steps: 1\n")  # CUDA only: must not apply on CPU
+    result = cli("train", str(config), "--max-steps", "6", "--device", "cpu", "--cuda-overlay", str(overlay),
+                 cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "applying" not in result.stderr
     assert SECRET not in result.stdout + result.stderr
     run = tmp_path / "run"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -120,6 +124,35 @@ def test_train_plot_sample_export_end_to_end(tmp_path):
     result = cli("train", str(config), "--max-steps", "8", "--device", "cpu", "--resume", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (run / "checkpoints" / "step_8.pt").exists()
+
+
+@pytest.mark.parametrize("content, fragment", [("- a\n- list\n", "mapping of dotted keys"),
+                                               ("model.n_layr: 3\n", "n_layr")])
+def test_bad_cuda_overlay_exits_2_even_on_cpu(tmp_path, content, fragment):
+    overlay = tmp_path / "cuda.yaml"
+    overlay.write_text(content)
+    result = cli("train", str(tiny_config(tmp_path)), "--device", "cpu", "--cuda-overlay", str(overlay),
+                 cwd=tmp_path)
+    assert_one_line_error(result, 2, fragment)
+
+
+def test_missing_cuda_overlay_names_the_path(tmp_path):
+    result = cli("train", str(tiny_config(tmp_path)), "--cuda-overlay", str(tmp_path / "gone.yaml"), cwd=tmp_path)
+    assert_one_line_error(result, 2, "gone.yaml")
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_overlay_applies_on_a_gpu(tmp_path):
+    overlay = tmp_path / "cuda.yaml"
+    overlay.write_text("model.n_layer: 3\nprecision.mode: bf16\n")
+    result = cli("train", str(tiny_config(tmp_path)), "--max-steps", "2", "--device", "cuda",
+                 "--cuda-overlay", str(overlay), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "applying" in result.stderr
+    import torch
+
+    state = torch.load(tmp_path / "run" / "checkpoints" / "step_2.pt", weights_only=False)
+    assert state["config"]["model"]["n_layer"] == 3
 
 
 @pytest.mark.parametrize("command", [["sample"], ["export"], ["plot"]])

@@ -18,6 +18,17 @@ def test_shipped_configs_load(name):
     assert config.run.max_steps > 0
 
 
+def test_quickstart_cuda_overlay_gives_the_larger_bf16_model():
+    from speedtronic.cli import _cuda_overrides
+    from speedtronic_config import apply_overrides
+    from speedtronic_config.loading import read_file
+
+    overrides = _cuda_overrides(str(ROOT / "configs" / "quickstart-cuda.yaml"))
+    config = SpeedtronicConfig.from_dict(apply_overrides(read_file(ROOT / "configs" / "quickstart.yaml"), overrides))
+    assert (config.model.n_layer, config.model.d_model, config.model.block_size) == (8, 512, 512)
+    assert config.precision.mode == "bf16" and config.compile
+
+
 def test_v2_smoke_config_trains(tmp_path):
     from speedtronic.runtime import train_from_config
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -27,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="resume from the latest checkpoint")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value, e.g. --set model.n_layer=6 (repeatable)")
+    train.add_argument("--cuda-overlay", metavar="FILE",
+                       help="YAML of key: value overrides applied (before --set) when the run lands on CUDA")
 
     validate = commands.add_parser("validate", help="print the normalized, redacted config")
     validate.add_argument("config")
@@ -64,6 +67,17 @@ def _load_config(source: str, overrides: Sequence[str]):
     return SpeedtronicConfig.from_dict(apply_overrides(read_source(source), list(overrides)))
 
 
+def _cuda_overrides(path: str) -> list[str]:
+    """Return a --cuda-overlay file's `key: value` pairs as `key=value` overrides."""
+    from speedtronic_config.loading import read_file
+
+    overlay = read_file(path)
+    if not isinstance(overlay, dict) or not all(isinstance(key, str) for key in overlay):
+        raise UsageError(f"--cuda-overlay {path}: expected a mapping of dotted keys to values, "
+                         "e.g. `model.n_layer: 8`")
+    return [f"{key}={json.dumps(value)}" for key, value in overlay.items()]  # JSON is YAML
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from speedtronic.report import print_run_summary
     from speedtronic.runtime import build_runtime
@@ -75,6 +89,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.device is not None:
         overrides.append(f"run.device={args.device}")
     config = _load_config(args.config, overrides)
+    if args.cuda_overlay:
+        from speedtronic_systems import resolve_device
+
+        # Validated on every machine, so a broken overlay fails on the laptop, not first on the cluster.
+        overlaid = _load_config(args.config, _cuda_overrides(args.cuda_overlay) + overrides)
+        if resolve_device(config.run.device).type == "cuda":
+            print(f"speedtronic train: on CUDA, applying {args.cuda_overlay}", file=sys.stderr)
+            config = overlaid
     trainer, manager = build_runtime(config, resume=args.resume)
     try:
         result = trainer.fit()

@@ -221,6 +221,24 @@ def test_prepared_resume_restores_pending_upload_without_double_counting(server,
     master.stop()
 
 
+def test_resumed_worker_starts_from_the_latest_global(server, tmp_path):
+    master, master_net, master_opt = node(server, tmp_path, "master")
+    master.start()
+    worker, net, opt = node(server, tmp_path, "w1")
+    worker.start()
+    checkpoint = worker.state_dict()  # taken at outer step 0
+    train(master, master_net, master_opt, 4, seed=1)
+    assert master.master.sync_once() == 1
+    resumed, net2, _ = node(server, tmp_path, "w1", seed=5)
+    resumed.prepare_state(checkpoint)
+    resumed.start()
+    published = resumed.hub.download_global_state()
+    assert resumed.last_global_step == 1 and torch.equal(net2.weight.detach(), published["weight"])
+    resumed.stop()
+    worker.stop()
+    master.stop()
+
+
 def test_worker_without_a_global_model_trains_but_sends_nothing(server, tmp_path, caplog):
     worker, net, opt = node(server, tmp_path, "w1")
     worker.hub.create_repo()
@@ -280,6 +298,26 @@ def test_events_reach_a_metric_logger_object(server, tmp_path):
     train(master, net, opt, 4, seed=1)
     master.master.sync_once()
     assert {"diloco/global_installed", "diloco/upload", "diloco/outer_round"} <= set(sink.events)
+    master.stop()
+
+
+def test_events_reach_an_emit_only_logger(server, tmp_path):
+    class EmitLogger:  # the trainer's MetricLogger shape: emit(event, payload), not callable
+        def __init__(self):
+            self.events = []
+
+        def emit(self, event, payload):
+            self.events.append((event, payload))
+
+    sink = EmitLogger()
+    master, net, opt = node(server, tmp_path, "master")
+    master.events = sink
+    master.start()
+    train(master, net, opt, 4, seed=1)
+    master.master.sync_once()
+    names = [event for event, _ in sink.events]
+    assert {"diloco/global_installed", "diloco/upload", "diloco/outer_round"} <= set(names)
+    assert all(payload["node_id"] == "master" for _, payload in sink.events)
     master.stop()
 
 

@@ -106,6 +106,9 @@ def test_invalid_and_stale_deltas_are_skipped_with_reasons(tmp_path, caplog):
     for reason in ["not a valid safetensors", "shape", "non-finite", "dtype", "implausible size", "stale", "ahead"]:
         assert reason in text
     assert events and events[-1][0] == "diloco/outer_round" and events[-1][1]["skipped"] == 2
+    # This round's counts stay apart from the running totals.
+    assert events[-1][1]["applied"] == 0 and events[-1][1]["total_applied"] == 1
+    assert events[-1][1]["total_skipped_invalid"] == 6
 
 
 def test_failed_publish_is_resent_before_the_next_round(tmp_path):

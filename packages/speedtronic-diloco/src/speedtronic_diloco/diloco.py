@@ -115,7 +115,7 @@ class DumbDiLoCoCoordinator:
         return max(self._last_global_step, master)
 
     def _emit_event(self, event: str, payload: dict[str, Any]) -> None:
-        sink = getattr(self.events, "on_event", self.events)
+        sink = _event_sink(self.events)
         if sink is None:
             return
         try:
@@ -135,6 +135,10 @@ class DumbDiLoCoCoordinator:
             self._start_master()
         if self._last_global_step < 0:
             self._wait_for_first_global()
+        else:  # resumed: a restart begins from the latest global version it can read (spec/01)
+            candidate = self._take_candidate() or self._fetch_global_candidate()
+            if candidate is not None:
+                self._install_state(candidate)
         if self._baseline is None:
             self._baseline = cpu_state_dict(self.model.state_dict())
         self._stop_event.clear()
@@ -437,6 +441,15 @@ class DumbDiLoCoCoordinator:
         # it cannot double count; failing again carries it into the next delta.
         self._prepared_pending = DeltaUploadJob(int(pending["step"]), int(pending["base_outer_step"]),
                                                 self._generation, cpu_state_dict(pending["delta"]), {})
+
+
+def _event_sink(events: Any) -> Callable[[str, dict[str, Any]], None] | None:
+    """Return the callable that delivers an event: on_event(), the trainer MetricLogger's emit(), or events itself."""
+    for name in ("on_event", "emit"):
+        method = getattr(events, name, None)
+        if callable(method):
+            return method
+    return events if callable(events) else None
 
 
 DumbDiLoCo = DumbDiLoCoCoordinator

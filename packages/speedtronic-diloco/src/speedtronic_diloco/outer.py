@@ -236,9 +236,11 @@ class MasterOuterLoop:
         self._count(report)
         if per_node:
             report.published = self._publish_pending()
+        # This round's counts, then the running totals under total_* (a plain **counters would
+        # overwrite this round's "applied" with the total).
         self._emit("diloco/outer_round", {"outer_step": report.outer_step, "applied": len(report.applied),
                                           "skipped": len(report.skipped), "published": report.published,
-                                          **self.counters})
+                                          **{f"total_{k}": v for k, v in self.counters.items()}})
         return report.outer_step
 
     def _count(self, report: RoundReport) -> None:

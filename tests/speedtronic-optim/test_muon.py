@@ -160,3 +160,40 @@ def test_float32_work_dtype_tracks_torch_muon() -> None:
     ours = _run(lambda p: Muon(p, ns_dtype=torch.float32, **settings), (40, 24))
     start = _run(lambda p: torch.optim.SGD(p, lr=0.0), (40, 24))
     assert (ours - theirs).norm() / (theirs - start).norm() < 0.05
+
+
+@pytest.mark.parametrize("cap", [None, 20 * 12 * 2])  # None: one batch per shape; else chunks of 2
+@pytest.mark.parametrize("muon_plus", [False, True])
+def test_batched_same_shape_step_equals_one_matrix_at_a_time(monkeypatch, cap, muon_plus) -> None:
+    import speedtronic_optim.muon as muon_module
+
+    if cap is not None:
+        monkeypatch.setattr(muon_module, "MAX_BATCH_ELEMENTS", cap)
+    torch.manual_seed(3)
+    shapes = [(20, 12), (12, 20), (20, 12), (20, 12), (12, 20), (20, 12), (16, 16)]
+    starts = [torch.randn(*shape) for shape in shapes]
+    grads = [[torch.randn(*shape) for shape in shapes] for _ in range(3)]
+    settings = dict(lr=0.02, weight_decay=0.1, muon_plus=muon_plus, ns_dtype=torch.float32)
+
+    together = [torch.nn.Parameter(s.clone()) for s in starts]
+    alone = [torch.nn.Parameter(s.clone()) for s in starts]
+    batched = Muon(together, **settings)
+    singles = [Muon([p], **settings) for p in alone]
+    for step_grads in grads:
+        for p, q, g in zip(together, alone, step_grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        batched.step()
+        for optimizer in singles:
+            optimizer.step()
+    for p, q, s in zip(together, alone, starts):
+        assert (p - s).abs().max() > 1e-3  # the steps are real
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
+
+
+def test_same_shape_batches_group_by_shape_and_respect_the_cap(monkeypatch) -> None:
+    import speedtronic_optim.muon as muon_module
+
+    params = [torch.zeros(4, 4), torch.zeros(2, 8), torch.zeros(4, 4), torch.zeros(4, 4)]
+    assert muon_module._same_shape_batches(params) == [[0, 2, 3], [1]]
+    monkeypatch.setattr(muon_module, "MAX_BATCH_ELEMENTS", 32)
+    assert muon_module._same_shape_batches(params) == [[0, 2], [3], [1]]

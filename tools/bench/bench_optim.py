@@ -3,14 +3,16 @@
 Case 1 steps every hidden matrix of a GPT-style transformer at d_model 768 (per layer: four
 768x768, two 2048x768, one 768x2048, as in /work/shared/notes/cpu-performance-facts.md) with
 torch.optim.Muon, with our Muon on the standard iteration (same algorithm: measures overhead), and
-with our Muon on its default `auto` method (Gram Newton-Schulz for matrices with aspect >= 1.5).
+with our Muon on its default `auto` method (Gram Newton-Schulz for matrices with aspect >= 1.5);
+ours orthogonalizes same-shaped matrices together in one batched Newton-Schulz.
 Case 2 times `newton_schulz` against the exact polar factor by SVD (U @ Vh, float32).
 Variants run interleaved in one process and the ratio of medians is reported (machines are noisy).
 
 Usage: python tools/bench/bench_optim.py [--full] [--layers N] [--d-model D] [--repeats N]
-                                         [--device cpu|cuda]
+                                         [--bf16-layers N] [--device cpu|cuda]
 Default: d_model 128, 2 layers, 3 repeats, polar at 256/512 (minutes even where bf16 is emulated);
---full: d_model 768, 12 layers, 5 repeats, polar at 1024/2048 (the issue's sizes).
+--full: d_model 768, 12 layers, 5 repeats, polar at 1024/2048 (the issue's sizes). Where bf16 is
+emulated, `--full --repeats 1 --bf16-layers 1` finishes in about 20 minutes.
 "ours default" is Muon's shipped settings: Gram for aspect >= 1.5 and the work dtype of
 fast_work_dtype (float32 on CPUs without BF16 instructions, where torch's bf16 is emulated).
 """
@@ -74,29 +76,42 @@ def _muon_step(
     return optimizer.step
 
 
-def muon_case(layers: int, d_model: int, repeats: int, device: torch.device) -> dict[str, object]:
-    """Time one Muon step over every hidden matrix of a `layers`-layer model."""
+def muon_case(
+    layers: int, d_model: int, repeats: int, device: torch.device, bf16_layers: int | None = None
+) -> dict[str, object]:
+    """Time one Muon step over every hidden matrix of a `layers`-layer model.
+
+    The bf16 variants (torch.optim.Muon always works in bf16) step only the first `bf16_layers`
+    layers when asked and are scaled by layers / bf16_layers: both step matrices independently
+    per shape, so their time is additive over layers, and emulated bf16 on CPUs without BF16
+    instructions takes minutes per layer at d_model 768.
+    """
     torch.manual_seed(0)
     shapes = layer_shapes(d_model)
+    bf16_layers = min(bf16_layers or layers, layers)
     grads = [torch.randn(*shape, device=device) for _ in range(layers) for shape in shapes]
+    bf16_grads = grads[: bf16_layers * len(shapes)]
     settings = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.1, ns_steps=5)
     variants = {
-        "torch.optim.Muon": _muon_step(lambda p: torch.optim.Muon(p, **settings), grads, device),
+        "torch.optim.Muon": _muon_step(lambda p: torch.optim.Muon(p, **settings), bf16_grads, device),
         "ours bf16 standard": _muon_step(
             lambda p: Muon(p, ns_method="standard", ns_dtype=torch.bfloat16, **settings),
-            grads,
+            bf16_grads,
             device,
         ),
         "ours bf16 gram": _muon_step(
-            lambda p: Muon(p, ns_dtype=torch.bfloat16, **settings), grads, device
+            lambda p: Muon(p, ns_dtype=torch.bfloat16, **settings), bf16_grads, device
         ),
         "ours default": _muon_step(lambda p: Muon(p, **settings), grads, device),
     }
     seconds = _interleaved(variants, repeats, device)
+    scale = layers / bf16_layers
+    seconds = {name: value * (1.0 if name == "ours default" else scale) for name, value in seconds.items()}
     base = seconds["torch.optim.Muon"]
     return {
         "case": f"Muon step, {layers} layers x {len(shapes)} matrices (d_model {d_model})",
         "matrices": len(grads),
+        "bf16_layers_timed": bf16_layers,
         "default_work_dtype": str(fast_work_dtype(device)),
         "seconds": seconds,
         "speedup_vs_torch": {name: base / value for name, value in seconds.items()},
@@ -104,7 +119,7 @@ def muon_case(layers: int, d_model: int, repeats: int, device: torch.device) -> 
 
 
 def svd_case(size: int, repeats: int, device: torch.device) -> dict[str, object]:
-    """Time newton_schulz (bf16, 5 steps) against the SVD polar factor at size x size."""
+    """Time newton_schulz (5 steps, default work dtype) against the SVD polar factor at size x size."""
     torch.manual_seed(1)
     g = torch.randn(size, size, device=device)
 
@@ -139,6 +154,8 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=None)
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--bf16-layers", type=int, default=None,
+                        help="time the bf16 variants on this many layers and scale (emulated-bf16 CPUs)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
@@ -146,11 +163,13 @@ def main() -> None:
     d_model = args.d_model or (768 if args.full else 128)
     repeats = args.repeats or (5 if args.full else 3)
     device = torch.device(args.device)
-    muon = muon_case(layers, d_model, repeats, device)
+    muon = muon_case(layers, d_model, repeats, device, args.bf16_layers)
     print(
         f"{muon['case']}, {repeats} repeats, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads"
     )
+    if muon["bf16_layers_timed"] < layers:
+        print(f"(bf16 variants timed on {muon['bf16_layers_timed']} of {layers} layers, scaled)")
     print(f"{'variant':<20}{'median s':>10}{'speedup vs torch':>18}")
     for name, value in muon["seconds"].items():
         print(f"{name:<20}{value:>10.3f}{muon['speedup_vs_torch'][name]:>17.2f}x")

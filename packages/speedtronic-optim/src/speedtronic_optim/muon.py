@@ -121,26 +121,46 @@ class Muon(Optimizer):
         """Take one Muon step; returns the closure's loss (closure called once) or None."""
         loss = evaluate_closure(closure)
         for group in self.param_groups:
-            lr, weight_decay = group["lr"], group["weight_decay"]
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                polar = orthogonalize(
-                    self._direction(param, group),
-                    group["ns_steps"],
-                    group["eps"],
-                    coefficients=group["ns_coefficients"],
-                    method=group["ns_method"],
-                    dtype=group["ns_dtype"],
-                )
-                update = polar
-                if group["muon_plus"]:
-                    # Same size as the plain Muon update, so Muon and Muon+ share one learning rate.
-                    update = post_polar_normalize(
-                        polar, mode=group["normalize_mode"], eps=group["norm_eps"]
-                    )
-                    update = match_polar_scale(update, polar, eps=group["norm_eps"])
-                if weight_decay:
-                    param.mul_(1 - lr * weight_decay)
-                param.add_(update, alpha=-adjusted_lr(lr, group["adjust_lr"], param.shape))
+            params = [param for param in group["params"] if param.grad is not None]
+            directions = [self._direction(param, group) for param in params]
+            for batch in _same_shape_batches(params):
+                self._update(group, [params[i] for i in batch], [directions[i] for i in batch])
         return loss
+
+    def _update(self, group: dict[str, Any], params: list[torch.Tensor], directions: list[torch.Tensor]) -> None:
+        """Orthogonalize same-shaped directions in one batched Newton–Schulz and apply them."""
+        stacked = directions[0].unsqueeze(0) if len(directions) == 1 else torch.stack(directions)
+        polar = orthogonalize(
+            stacked,
+            group["ns_steps"],
+            group["eps"],
+            coefficients=group["ns_coefficients"],
+            method=group["ns_method"],
+            dtype=group["ns_dtype"],
+        )
+        update = polar
+        if group["muon_plus"]:
+            # Same size as the plain Muon update, so Muon and Muon+ share one learning rate.
+            update = post_polar_normalize(polar, mode=group["normalize_mode"], eps=group["norm_eps"])
+            update = match_polar_scale(update, polar, eps=group["norm_eps"])
+        lr, weight_decay = group["lr"], group["weight_decay"]
+        if weight_decay:
+            torch._foreach_mul_(params, 1 - lr * weight_decay)
+        updates = list(update.to(params[0].dtype).unbind(0))
+        torch._foreach_add_(params, updates, alpha=-adjusted_lr(lr, group["adjust_lr"], params[0].shape))
+
+
+# One batched Newton–Schulz call per shape, capped so the stacked copy stays small next to the model.
+MAX_BATCH_ELEMENTS = 1 << 26
+
+
+def _same_shape_batches(params: list[torch.Tensor]) -> list[list[int]]:
+    """Return indices of params grouped by (shape, dtype, device), in chunks of at most MAX_BATCH_ELEMENTS."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for index, param in enumerate(params):
+        groups.setdefault((tuple(param.shape), param.dtype, param.device), []).append(index)
+    batches = []
+    for indices in groups.values():
+        size = max(1, MAX_BATCH_ELEMENTS // params[indices[0]].numel())
+        batches.extend(indices[start:start + size] for start in range(0, len(indices), size))
+    return batches

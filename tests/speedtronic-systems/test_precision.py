@@ -283,6 +283,14 @@ def test_cpu_peak_is_a_measured_positive_rate():
     assert device_peak_flops("cpu") == peak  # measured once per process, then cached
 
 
+def test_the_peak_probe_leaves_the_global_random_stream_alone():
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    precision.measured_matmul_flops("cpu", torch.float32, size=32, repeats=1)
+    assert torch.equal(torch.rand(3), expected)
+
+
 def test_a_failing_probe_reports_no_peak(monkeypatch, caplog):
     def broken(device, dtype):
         raise RuntimeError("out of memory")

@@ -304,8 +304,10 @@ def _synchronizer(device: str) -> Any:
 @functools.lru_cache(maxsize=None)
 def measured_matmul_flops(device: str, dtype: torch.dtype, size: int = 512, repeats: int = 8) -> float:
     """Return the best FLOP/s of a few square `size` matmuls on `device` (measured once per process)."""
-    a = torch.randn(size, size, device=device).to(dtype)
-    b = torch.randn(size, size, device=device).to(dtype)
+    # A private generator: probing the peak must never shift the caller's random stream.
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(size, size, device=device, generator=generator).to(dtype)
+    b = torch.randn(size, size, device=device, generator=generator).to(dtype)
     synchronize = _synchronizer(device)
     torch.matmul(a, b)  # warm-up: first calls pay for kernel selection and allocation
     synchronize()

@@ -27,15 +27,7 @@ class StepMetrics:
 
     def __init__(self, model: Any, device: torch.device, precision: PrecisionPlan) -> None:
         self.flops_per_token = model_flops_per_token(model)
-        self.peak_flops = self._peak_flops(device, precision) if self.flops_per_token else None
-
-    @staticmethod
-    def _peak_flops(device: torch.device, precision: PrecisionPlan) -> float | None:
-        # The peak probe may draw random matrices; fork the RNG so reporting never shifts a run's
-        # random stream (exact resume depends on it).
-        devices = [device] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            return device_peak_flops(device, precision.dtype)
+        self.peak_flops = device_peak_flops(device, precision.dtype) if self.flops_per_token else None
 
     def record(self, *, step: int, loss: float, lr: float, grad_norm: float | None, samples: int, tokens: int,
                step_time: float) -> dict[str, Any]:

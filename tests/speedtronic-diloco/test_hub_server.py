@@ -36,7 +36,9 @@ def test_create_commit_list_download_delete(api, server, tmp_path):
     path = api.hf_hub_download("org/r", "dir/a.bin", revision=first.oid, cache_dir=tmp_path)
     assert open(path, "rb").read() == b"\x00\x01\x02"
     assert api.repo_info("org/r", revision=second.oid).sha == second.oid
-    assert [e["added"] for e in json.loads(urllib.request.urlopen(server.url + "/_test/log").read())] == [["dir/a.bin"], []]
+    log = json.loads(urllib.request.urlopen(server.url + "/_test/log").read())
+    assert [e["added"] for e in log] == [["dir/a.bin"], []]
+    assert log[0]["bytes"] > len(b"\x00\x01\x02") and all(e["bytes"] > 0 for e in log)  # request sizes
 
 
 def test_missing_repo_revision_and_entry_map_to_client_errors(api, tmp_path):

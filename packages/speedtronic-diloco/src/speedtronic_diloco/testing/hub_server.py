@@ -8,7 +8,7 @@ injects faults on request: 5xx, 429, dropped connections (request not applied), 
     python -m speedtronic_diloco.testing.hub_server --port 8765 [--fault-rate 0.3 --seed 1]
 
 Test hooks (never faulted): POST /_test/faults {"rate", "kinds", "seed"} or {"script": [...]},
-GET /_test/log (every commit: repo, oid, added and deleted paths), GET /_test/stats.
+GET /_test/log (every commit: repo, oid, added and deleted paths, request bytes), GET /_test/stats.
 """
 
 from __future__ import annotations
@@ -293,7 +293,8 @@ class _Handler(BaseHTTPRequestHandler):
             elif key == "lfsFile":
                 raise _Reply(400, "this test server accepts inline (regular) uploads only, not LFS")
         commit = repo.commit(tree, header.get("summary", ""))
-        self.server.store.log.append({"repo": repo.repo_id, "oid": commit.oid, "added": added, "deleted": deleted})
+        self.server.store.log.append({"repo": repo.repo_id, "oid": commit.oid, "added": added, "deleted": deleted,
+                                      "bytes": len(body)})  # the commit's size on the wire
         answer = {"commitUrl": f"{self.server.base_url}/{repo.repo_id}/commit/{commit.oid}",
                   "commitOid": commit.oid, "pullRequestUrl": None}
         return lambda: self._json(200, answer)

@@ -1,0 +1,391 @@
+"""DumbDiLoCo end to end: a Hub server, a master and two workers as OS processes running the CLI.
+
+Every node is `python -m speedtronic train configs/diloco.yaml --set ...` on a tiny reference
+transformer; the Hub is the loopback server (`python -m speedtronic_diloco.testing.hub_server`),
+reached through the real huggingface_hub client. The checks read only what a user could read: the
+server's commit log, the published files (downloaded with HfApi), each node's metrics.jsonl and
+the master's ledger file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "diloco.yaml"
+EXAMPLE = ROOT / "examples" / "diloco_master.yaml"
+INNER_STEPS = 10
+WORKER_STEPS = 100  # ten inner rounds per worker
+DEADLINE = 240.0  # generous: the suite also runs on two loaded cores
+
+
+# -- the corpus and the server -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """Byte-level train/val shards of a slice of the Python standard library's source."""
+    from speedtronic_data import prepare_shards, stdlib_corpus
+
+    out = tmp_path_factory.mktemp("corpus")
+    prepare_shards([], out, val_fraction=0.1, texts=[stdlib_corpus(120_000)], progress=None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def hub_url(tmp_path_factory):
+    """The loopback Hub server as its own process; yields its endpoint URL."""
+    log = tmp_path_factory.mktemp("hub") / "server.log"
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "speedtronic_diloco.testing.hub_server", "--port", "0"],
+                                   stdout=out, stderr=subprocess.STDOUT, env=_env(log.parent))
+    try:
+        line = _wait_for(lambda: next((l for l in log.read_text().splitlines() if "listening on" in l), None),
+                         "the hub server to listen", process=process, timeout=60)
+        yield line.split()[-1]
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}  # no real token, no offline mode
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HOME=str(home / "hf-home"),
+               HF_HUB_DISABLE_TELEMETRY="1")
+    return env
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+def set_faults(hub_url: str, rate: float, seed: int = 0) -> None:
+    """Configure the server's random fault injection (the /_test hooks themselves never fail)."""
+    request = urllib.request.Request(f"{hub_url}/_test/faults", data=json.dumps({"rate": rate, "seed": seed}).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert json.loads(answer.read())["ok"]
+
+
+def _wait_for(probe: Callable[[], Any], what: str, *, timeout: float = DEADLINE,
+              process: subprocess.Popen | None = None, nodes: list[Node] = ()) -> Any:
+    """Poll probe until it returns something truthy; fail naming what never happened."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"process exited with {process.returncode} while waiting for {what}")
+        for node in nodes:
+            if node.process.poll() not in (None, 0):
+                pytest.fail(f"{node.name} exited with {node.process.returncode} while waiting for {what}:\n"
+                            f"{node.output()[-3000:]}")
+        time.sleep(0.1)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}:\n" +
+                "\n".join(f"--- {n.name}\n{n.output()[-2000:]}" for n in nodes))
+
+
+# -- nodes ---------------------------------------------------------------------------------------
+@dataclass
+class Node:
+    """One `speedtronic train` process and where it writes."""
+
+    name: str
+    out_dir: Path
+    args: list[str]
+    env: dict[str, str]
+    config: Path = CONFIG
+    process: subprocess.Popen = field(init=False)
+    runs: int = 0
+
+    def start(self, *extra: str) -> Node:
+        self.runs += 1
+        log = (self.out_dir.parent / f"{self.name}.{self.runs}.log").open("w")
+        self.process = subprocess.Popen([sys.executable, "-m", "speedtronic", "train", str(self.config), *self.args, *extra],
+                                        cwd=self.out_dir.parent, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        log.close()
+        return self
+
+    def output(self) -> str:
+        return (self.out_dir.parent / f"{self.name}.{self.runs}.log").read_text(errors="replace")
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Return the node's metrics.jsonl records (all runs), optionally only one event type."""
+        path = self.out_dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+        return [r for r in records if name is None or r["event"] == name]
+
+    def wait(self, timeout: float = DEADLINE) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            pytest.fail(f"{self.name} did not finish in {timeout:.0f}s:\n{self.output()[-3000:]}")
+
+
+class Cluster:
+    """A master and workers sharing one repository on the loopback Hub."""
+
+    def __init__(self, root: Path, hub_url: str, repo_id: str, corpus: Path, config: Path = CONFIG) -> None:
+        self.root, self.hub_url, self.repo_id, self.config = root, hub_url, repo_id, config
+        self.corpus = corpus
+        self.nodes: dict[str, Node] = {}
+
+    def overrides(self, name: str) -> list[str]:
+        role = "master" if name == "master" else "worker"
+        out = self.root / name
+        values = {
+            "run.device": "cpu", "run.output_dir": out, "logging.json_file": out / "metrics.jsonl",
+            "logging.every_steps": 1, "checkpoint.every_steps": INNER_STEPS,
+            "model.n_layer": 1, "model.n_head": 2, "model.d_model": 32, "model.max_seq_len": 32,
+            "data.shard_path": self.corpus / "train_*.bin", "data.val_shard_path": self.corpus / "val_*.bin",
+            "data.micro_batch_size": 8, "data.target_batch_size": 8,
+            "distributed.role": role, "distributed.node_id": name, "distributed.repo_id": self.repo_id,
+            "distributed.endpoint": self.hub_url, "distributed.inner_steps": INNER_STEPS,
+            "distributed.poll_interval": 0.2, "distributed.retry_initial": 0.05, "distributed.retry_max": 0.4,
+            "distributed.retry_attempts": 12, "distributed.delta_upload_shutdown_timeout": 60,
+            "distributed.start_timeout": DEADLINE, "distributed.staleness_limit": 4,
+            # Rounds here are a few steps apart and deltas a few rounds stale; the paper's momentum
+            # 0.9 (tuned for synchronous rounds of hundreds of steps) then overshoots and oscillates.
+            "distributed.outer_momentum": 0.5,
+        }
+        if role == "master":  # one round should gather about one delta from every node
+            values["distributed.poll_interval"] = 0.5
+        return [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
+
+    def launch(self, name: str, max_steps: int) -> Node:
+        out = self.root / name
+        out.mkdir(parents=True, exist_ok=True)
+        node = Node(name, out, [*self.overrides(name), "--max-steps", str(max_steps)], _env(self.root), self.config)
+        self.nodes[name] = node
+        return node.start()
+
+    @property
+    def all(self) -> list[Node]:
+        return list(self.nodes.values())
+
+    # -- what the server holds --------------------------------------------------------------
+    def log(self) -> list[dict[str, Any]]:
+        """Return this repository's commits from the server's commit log, oldest first."""
+        return [c for c in _get(f"{self.hub_url}/_test/log") if c["repo"] == self.repo_id]
+
+    def uploaded_deltas(self) -> set[str]:
+        return {p for commit in self.log() for p in commit["added"] if p.startswith("deltas/")}
+
+    def publications(self) -> list[str]:
+        """Return the oids of the commits that published a global model."""
+        return [c["oid"] for c in self.log() if "global/step_count.json" in c["added"]]
+
+    def download(self, filename: str, revision: str = "main") -> Path:
+        from huggingface_hub import HfApi
+
+        return Path(HfApi(endpoint=self.hub_url).hf_hub_download(self.repo_id, filename, revision=revision,
+                                                                 cache_dir=self.root / "verify-cache"))
+
+    def read_json(self, filename: str, revision: str = "main") -> dict[str, Any]:
+        return json.loads(self.download(filename, revision).read_text())
+
+    def published_step(self) -> int:
+        return self.read_json("global/step_count.json")["outer_step"] if self.publications() else -1
+
+    def ledger(self) -> dict[str, str]:
+        """Return the master's local processed-delta ledger (path -> applied or the skip reason)."""
+        from safetensors import safe_open
+
+        path = self.root / "master" / ".speedtronic" / "diloco" / "master" / "outer" / "outer_state.safetensors"
+        with safe_open(str(path), framework="pt") as handle:
+            return json.loads(handle.metadata()["outer"])["processed"]
+
+    def global_loss(self, revision: str) -> float:
+        """Return the held-out loss of the global model published at revision, on the val shard."""
+        from safetensors.torch import load_file
+        from speedtronic_config import SpeedtronicConfig, apply_overrides
+        from speedtronic_config.loading import read_source
+        from speedtronic_data import read_shard_tokens
+        from speedtronic_model import build_model
+
+        config = SpeedtronicConfig.from_dict(apply_overrides(read_source(str(self.config)),
+                                                             self.overrides("master")[1::2]))
+        model = build_model(config.model)
+        model.load_state_dict(load_file(str(self.download("global/model.safetensors", revision))))
+        tokens = torch.from_numpy(read_shard_tokens(next(self.corpus.glob("val_*.bin"))).astype("int64"))
+        T = config.model.max_seq_len
+        windows = tokens[: (len(tokens) - 1) // T * T + 1]
+        inputs, labels = windows[:-1].view(-1, T)[:64], windows[1:].view(-1, T)[:64]
+        model.eval()
+        with torch.no_grad():
+            return float(model(inputs, labels=labels)["loss"])
+
+    # -- the end of a run ---------------------------------------------------------------------
+    def stop_master_once_caught_up(self) -> None:
+        """Wait until the master processed every worker delta on the server, then SIGTERM it."""
+        master = self.nodes["master"]
+
+        def caught_up() -> bool:
+            if not self.publications():
+                return False
+            uploaded = {p for p in self.uploaded_deltas() if not p.startswith("deltas/master/")}
+            return uploaded <= set(self.read_json("global/manifest.json")["processed"])
+
+        _wait_for(caught_up, "the master to process every worker delta", nodes=self.all)
+        master.process.send_signal(signal.SIGTERM)  # the trainer checkpoints and stops cleanly
+        assert master.wait() == 0, master.output()[-3000:]
+
+
+def worker_names() -> list[str]:
+    return ["worker-1", "worker-2"]
+
+
+def assert_exactly_once(cluster: Cluster) -> None:
+    """Every worker delta the server received is in the ledger once; none was applied twice."""
+    ledger = cluster.ledger()
+    manifest = cluster.read_json("global/manifest.json")
+    uploaded = cluster.uploaded_deltas()
+    reported = {e["path"] for name in worker_names() for e in cluster.nodes[name].events("diloco/upload")}
+    assert reported, "the workers reported no uploads"
+    assert reported <= uploaded, f"uploads reported but never committed: {sorted(reported - uploaded)}"
+    worker_deltas = {p for p in uploaded if not p.startswith("deltas/master/")}
+    assert worker_deltas <= set(ledger), f"lost deltas: {sorted(worker_deltas - set(ledger))}"
+    assert set(ledger) <= uploaded, "the ledger names deltas the server never received"
+    assert set(manifest["processed"]) <= set(ledger)
+    rounds = cluster.nodes["master"].events("diloco/outer_round")
+    applied = [p for p, status in ledger.items() if status == "applied"]
+    # The master counts every application; a delta applied twice would push the count past the ledger.
+    assert sum(r["applied"] for r in rounds) == rounds[-1]["total_applied"] == len(applied)
+    assert len(applied) >= len(worker_deltas) // 2, f"most worker deltas were skipped: {ledger}"
+    # A consumed delta is deleted by a publishing commit, never more often than it was uploaded (a
+    # retried upload whose first answer was lost can land again after the master consumed it).
+    added = Counter(p for commit in cluster.log() for p in commit["added"] if p.startswith("deltas/"))
+    deleted = Counter(p for commit in cluster.log() for p in commit["deleted"])
+    assert all(deleted[p] <= added[p] for p in deleted), deleted - added
+
+
+def assert_outer_steps_advance(cluster: Cluster, *, consecutive: bool) -> list[int]:
+    """Each publication carries a higher outer step (exactly one higher without faults)."""
+    steps = [cluster.read_json("global/step_count.json", oid)["outer_step"] for oid in cluster.publications()]
+    assert steps[0] == 0 and steps[-1] >= 3, steps
+    assert all(b > a for a, b in zip(steps, steps[1:])), steps
+    if consecutive:
+        assert steps == list(range(len(steps))), steps
+    return steps
+
+
+def assert_workers_install_newer_globals(cluster: Cluster) -> None:
+    for name in worker_names():
+        installed = [e["outer_step"] for e in cluster.nodes[name].events("diloco/global_installed")]
+        assert len(installed) >= 2 and installed[-1] > installed[0], (name, installed)
+        assert all(b > a for a, b in zip(installed, installed[1:])), (name, installed)
+
+
+def assert_global_loss_falls(cluster: Cluster) -> tuple[float, float]:
+    publications = cluster.publications()
+    first, last = cluster.global_loss(publications[0]), cluster.global_loss(publications[-1])
+    assert last < first - 0.5, f"held-out loss of the global model went from {first:.3f} to {last:.3f}"
+    return first, last
+
+
+def run_cluster(tmp_path: Path, hub_url: str, corpus: Path, repo: str) -> Cluster:
+    cluster = Cluster(tmp_path, hub_url, repo, corpus)
+    cluster.launch("master", 100_000)  # runs until SIGTERM: it must outlive the workers' last deltas
+    # Workers join a running master (as in practice): its outer loop is warm when their rounds start.
+    _wait_for(cluster.publications, "the master's first global model", nodes=cluster.all)
+    for name in worker_names():
+        cluster.launch(name, WORKER_STEPS)
+    return cluster
+
+
+def finish(cluster: Cluster) -> None:
+    for name in worker_names():
+        node = cluster.nodes[name]
+        assert node.wait() == 0, node.output()[-3000:]
+    cluster.stop_master_once_caught_up()
+
+
+# -- the tests -----------------------------------------------------------------------------------
+def test_master_and_two_workers_train_the_reference_model_through_the_cli(tmp_path, hub_url, corpus):
+    set_faults(hub_url, 0.0)
+    cluster = run_cluster(tmp_path, hub_url, corpus, "user/e2e-clean")
+    finish(cluster)
+    assert_outer_steps_advance(cluster, consecutive=True)
+    assert_workers_install_newer_globals(cluster)
+    assert_exactly_once(cluster)
+    assert_global_loss_falls(cluster)
+    assert "metric hook failed" not in "".join(node.output() for node in cluster.all)
+
+
+def test_rounds_survive_thirty_percent_server_faults(tmp_path, hub_url, corpus):
+    set_faults(hub_url, 0.0)
+    cluster = run_cluster(tmp_path, hub_url, corpus, "user/e2e-faults")
+    try:
+        # Faults start once the master has published (run_cluster waits for that): a master that
+        # cannot reach the Hub at startup fails fast by design, and that is not what this tests.
+        set_faults(hub_url, 0.3, seed=7)
+        for name in worker_names():
+            node = cluster.nodes[name]
+            assert node.wait() == 0, node.output()[-3000:]
+    finally:
+        set_faults(hub_url, 0.0)
+    injected = _get(f"{hub_url}/_test/stats")["injected"]
+    assert sum(injected.values()) >= 20, injected
+    cluster.stop_master_once_caught_up()
+    assert_outer_steps_advance(cluster, consecutive=False)
+    assert_workers_install_newer_globals(cluster)
+    assert_exactly_once(cluster)
+    assert_global_loss_falls(cluster)
+
+
+def test_a_killed_worker_resumes_from_its_checkpoint_and_rejoins_at_the_latest_global(tmp_path, hub_url, corpus):
+    set_faults(hub_url, 0.0)
+    cluster = run_cluster(tmp_path, hub_url, corpus, "user/e2e-kill")
+    victim = cluster.nodes["worker-2"]
+    # Mid-round: past the checkpoint at step 10, before the next inner boundary has been reached.
+    _wait_for(lambda: any(e["step"] > 2 * INNER_STEPS for e in victim.events("train_step"))
+              and any(e["step"] >= 2 * INNER_STEPS for e in victim.events("checkpoint")),
+              "worker-2 to pass its second checkpoint", nodes=cluster.all)
+    victim.process.send_signal(signal.SIGKILL)
+    assert victim.process.wait(30) == -signal.SIGKILL
+    # Let the others move the global model on, so rejoining at the latest version means something.
+    killed_at = cluster.published_step()
+    _wait_for(lambda: cluster.published_step() > killed_at, "an outer round without worker-2", nodes=cluster.all[:2])
+    before = len(victim.events())
+    latest = cluster.published_step()
+    victim.start("--resume")
+    assert victim.wait() == 0, victim.output()[-3000:]
+    assert "resumed at step" in victim.output()
+    rejoined = [e for e in victim.events()[before:] if e["event"] == "diloco/global_installed"]
+    assert rejoined and rejoined[0]["outer_step"] >= latest, (latest, rejoined)
+    assert rejoined[0]["local_step"] % INNER_STEPS == 0 and rejoined[0]["local_step"] >= 2 * INNER_STEPS
+    assert cluster.nodes["worker-1"].wait() == 0
+    cluster.stop_master_once_caught_up()
+    assert_outer_steps_advance(cluster, consecutive=True)
+    assert_exactly_once(cluster)
+    assert_global_loss_falls(cluster)
+
+
+def test_example_master_config_validates_and_runs_against_the_loopback_hub(tmp_path, hub_url, corpus):
+    shown = subprocess.run([sys.executable, "-m", "speedtronic", "validate", str(EXAMPLE)], capture_output=True,
+                           text=True, timeout=120, env=_env(tmp_path))
+    assert shown.returncode == 0, shown.stderr
+    assert "role: master" in shown.stdout and "repo_id: my-org/speedtronic-diloco-run" in shown.stdout
+    set_faults(hub_url, 0.0)
+    cluster = Cluster(tmp_path, hub_url, "user/e2e-example", corpus, config=EXAMPLE)
+    master = cluster.launch("master", 4 * INNER_STEPS)  # alone: publishes, trains, sends its own deltas
+    assert master.wait() == 0, master.output()[-3000:]
+    assert cluster.read_json("global/step_count.json")["outer_step"] >= 0
+    assert {e["path"] for e in master.events("diloco/upload")} <= cluster.uploaded_deltas()
+    assert master.events("diloco/upload") and "trained 40 steps" in master.output()

@@ -10,6 +10,7 @@ from torch.utils.data import IterableDataset
 from speedtronic_data import (
     DataError,
     ResumableLoader,
+    ResumableSampler,
     SyntheticTokenDataset,
     TextFileTokenDataset,
     TokenShardDataset,
@@ -178,3 +179,88 @@ def test_state_round_trip_and_bad_states():
     with pytest.raises(DataError, match="needs a ResumableLoader"):
         restore_loader([1, 2], {"epoch": 0, "batches": 0})
     assert isinstance(loader, ResumableLoader)
+
+
+# ----------------------------------------------------------- shard batches and the dataset's own position
+
+
+def _windows(shards, block_size=8):
+    """Every window of the train shards by the format's definition, read with plain numpy (not the dataset)."""
+    out = []
+    for path in sorted(shards.glob("train_*.bin")):
+        tokens = np.fromfile(path, dtype="<u2", offset=1024).astype(np.int64)
+        out += [tokens[i * block_size:(i + 1) * block_size + 1] for i in range((len(tokens) - 1) // block_size)]
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_shard_loader_batches_equal_the_per_window_reference(shards, shuffle, workers):
+    loader = build_dataloader(section(shard_path=str(shards / "train_*.bin"), shuffle=shuffle, num_workers=workers,
+                                      micro_batch_size=5))
+    windows = _windows(shards)
+    for epoch in range(2):
+        batches = list(loader)
+        order = list(loader.sampler)  # the pass's order (sampler keeps the epoch the loader set)
+        assert sorted(order) == list(range(len(windows))) and (order != sorted(order)) == shuffle
+        assert len(batches) == len(windows) // 5
+        for b, batch in enumerate(batches):
+            expected = torch.from_numpy(np.stack([windows[i] for i in order[b * 5:(b + 1) * 5]]))
+            assert set(batch) == {"input_ids", "labels", "attention_mask"}
+            assert batch["input_ids"].dtype == batch["labels"].dtype == torch.long
+            assert batch["attention_mask"].dtype == torch.bool and batch["attention_mask"].shape == (5, 8)
+            assert bool(batch["attention_mask"].all())
+            assert torch.equal(batch["input_ids"], expected[:, :-1]) and torch.equal(batch["labels"], expected[:, 1:])
+
+
+def _shard_run(shards, **fields):
+    dataset = TokenShardDataset(str(shards / "train_*.bin"), 8, 64)
+    return dataset, build_dataloader(section(shard_path=str(shards / "train_*.bin"), **fields), dataset=dataset)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("fields", [{}, {"shuffle": True}, {"shuffle": True, "num_workers": 2},
+                                    {"num_workers": 2, "drop_last": False}], ids=str)
+@pytest.mark.parametrize("stop_at", [0, 4, 17])  # 17: in the second epoch (13 batches per epoch)
+def test_dataset_state_resumes_at_exactly_the_next_batch(shards, fields, stop_at):
+    _, reference = _shard_run(shards, **fields)
+    expected = [(b["input_ids"], b["labels"]) for _ in range(3) for b in reference]  # three epochs
+    per_epoch = len(expected) // 3
+    dataset, loader = _shard_run(shards, **fields)
+    taken, passes = [], 0
+    while len(taken) < stop_at:  # stop mid-pass, as a preempted run does
+        for batch in loader:
+            taken.append((batch["input_ids"], batch["labels"]))
+            if len(taken) == stop_at:
+                break
+        passes += 1
+    state = dataset.state_dict()
+    epoch, within = divmod(stop_at, per_epoch)
+    assert state == {"epoch": epoch, "windows": within * 4, "num_windows": len(dataset)}
+    fresh, resumed = _shard_run(shards, **fields)
+    fresh.load_state_dict(state)
+    assert resumed.state_dict() == {"epoch": epoch, "batches": within}  # the loader shares the dataset's position
+    rest = [(b["input_ids"], b["labels"]) for _ in range(3 - epoch) for b in resumed]
+    got = taken + rest
+    assert len(got) == len(expected)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, expected))
+
+
+def test_dataset_state_resumes_under_another_batch_size(shards):
+    dataset, loader = _shard_run(shards, shuffle=True)
+    iterator = iter(loader)
+    for _ in range(3):
+        next(iterator)
+    state = dataset.state_dict()  # 12 windows of epoch 0
+    fresh, resumed = _shard_run(shards, shuffle=True, micro_batch_size=5)
+    fresh.load_state_dict(state)
+    assert resumed.state_dict() == {"epoch": 0, "batches": 3, "samples": 12}
+    batch = next(iter(resumed))
+    order = list(ResumableSampler(len(fresh), shuffle=True, seed=7))  # epoch 0 of seed 7, from the start
+    windows = _windows(shards)
+    assert batch["input_ids"].tolist() == [windows[i][:-1].tolist() for i in order[12:17]]
+    assert fresh.state_dict()["windows"] == 17 and resumed.state_dict() == {"epoch": 0, "batches": 4, "samples": 17}
+    _, other = _shard_run(shards, shuffle=True, micro_batch_size=5)
+    other.load_state_dict(resumed.state_dict())  # the loader's form keeps the exact window too
+    assert next(iter(other))["input_ids"].tolist() == [windows[i][:-1].tolist() for i in order[17:22]]

@@ -86,3 +86,88 @@ def test_write_shard_rejects_bad_ids(tmp_path):
         write_shard(tmp_path / "x.bin", np.zeros((2, 2)))
     with pytest.raises(DataError, match="must lie in"):
         write_shard(tmp_path / "x.bin", np.array([-1, 2]))
+
+
+# ------------------------------------------------------------------------- whole batches against a reference
+
+
+def _reference_windows(paths, block_size):
+    """Every window by the format's definition, read with plain file I/O (not through the dataset)."""
+    windows = []
+    for path in paths:
+        magic = int(np.fromfile(path, dtype="<i4", count=1)[0])
+        tokens = np.fromfile(path, dtype="<u2" if magic == 20240520 else "<u4", offset=HEADER_BYTES)
+        windows += [tokens[i * block_size:(i + 1) * block_size + 1].astype(np.int64)
+                    for i in range((len(tokens) - 1) // block_size)]
+    return windows
+
+
+@pytest.fixture
+def mixed_shards(tmp_path):
+    rng = np.random.default_rng(1)
+    paths = [write_shard(tmp_path / "m_0.bin", rng.integers(0, 500, 203)),
+             write_shard(tmp_path / "m_1.bin", rng.integers(0, 70_000, 97)),  # uint32 tokens
+             write_shard(tmp_path / "m_2.bin", rng.integers(0, 500, 150))]
+    return paths
+
+
+@pytest.mark.parametrize("indices", [[0, 1, 2, 3], [20, 21, 22, 23], [7, 3, 3, 12], [23, 24, 25], [40, 0, 20, 31, 5],
+                                     np.array([8, 9]), range(10, 14)])
+def test_batches_equal_the_per_window_reference(mixed_shards, indices):
+    ds = TokenShardDataset([str(p) for p in mixed_shards], block_size=8)
+    reference = _reference_windows(mixed_shards, 8)
+    assert len(ds) == len(reference) == 25 + 12 + 18
+    batch = ds.__getitems__(indices)
+    expected = np.stack([reference[i] for i in indices])
+    assert batch.input_ids.dtype == batch.labels.dtype == torch.long
+    assert batch.input_ids.is_contiguous() and batch.labels.is_contiguous()
+    assert np.array_equal(batch.input_ids.numpy(), expected[:, :-1])
+    assert np.array_equal(batch.labels.numpy(), expected[:, 1:])
+    assert [ds[i]["labels"].tolist() for i in indices] == expected[:, 1:].tolist()
+
+
+def test_batches_are_fresh_memory_not_the_memmap(tmp_path):
+    write_shard(tmp_path / "s.bin", np.arange(100))
+    ds = TokenShardDataset(tmp_path / "s.bin", block_size=4)
+    batch = ds.__getitems__([0, 1])
+    batch.input_ids.add_(1000)  # a consumer writing into its batch must not change the data
+    assert ds.__getitems__([0, 1]).input_ids[0].tolist() == [0, 1, 2, 3]
+
+
+def test_bad_batch_indices(tmp_path):
+    write_shard(tmp_path / "s.bin", np.arange(100))
+    ds = TokenShardDataset(tmp_path / "s.bin", block_size=4)
+    with pytest.raises(IndexError, match="out of range for 24 windows"):
+        ds.__getitems__([0, 24])
+    with pytest.raises(IndexError, match="window index -1"):
+        ds.batch([-1, 2])
+    with pytest.raises(IndexError, match="at least one"):
+        ds.batch([])
+
+
+def test_vocab_is_checked_in_every_read_path(tmp_path):
+    write_shard(tmp_path / "a.bin", np.arange(40) % 10)
+    write_shard(tmp_path / "b.bin", np.r_[np.arange(30) % 10, 77])
+    ds = TokenShardDataset(str(tmp_path / "*.bin"), 5, vocab_size=64)
+    assert ds.__getitems__([0, 1, 2]).input_ids.max() < 64 and ds.__getitems__([3, 0]).labels.max() < 64
+    for indices in ([11, 12], [12, 8], [6, 12]):  # the last window of b.bin ends on 77: slice, gather, two shards
+        with pytest.raises(DataError, match=r"b.bin' holds token id 77 >= vocab_size 64"):
+            ds.__getitems__(indices)
+
+
+# ------------------------------------------------------------------------------------------------ position
+
+
+def test_state_round_trip_and_bad_states(tmp_path):
+    write_shard(tmp_path / "s.bin", np.arange(100))
+    ds = TokenShardDataset(tmp_path / "s.bin", block_size=4)
+    assert ds.state_dict() == {"epoch": 0, "windows": 0, "num_windows": 24}
+    ds.load_state_dict({"epoch": 2, "windows": 5, "num_windows": 24})
+    assert ds.state_dict() == {"epoch": 2, "windows": 5, "num_windows": 24}
+    assert ds.position.start_pass() == (2, 5)
+    with pytest.raises(DataError, match="not a TokenShardDataset state"):
+        ds.load_state_dict({"epoch": 0})
+    with pytest.raises(DataError, match="negative"):
+        ds.load_state_dict({"epoch": 0, "windows": -3})
+    with pytest.raises(DataError, match="saved over 30 windows but these shards hold 24"):
+        ds.load_state_dict({"epoch": 0, "windows": 3, "num_windows": 30})

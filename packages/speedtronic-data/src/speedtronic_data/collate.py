@@ -16,9 +16,9 @@ def collate_causal(batch: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.
     """Stack causal examples into {"input_ids", "labels": LongTensor[B, T], "attention_mask": BoolTensor[B, T]}."""
     if not batch:
         raise DataError("collate_causal got an empty batch; check micro_batch_size and the dataset size")
-    if isinstance(batch, WindowBatch):  # token shards gather a whole batch at once: slice, don't stack
-        input_ids, labels = batch.tokens[:, :-1].contiguous(), batch.tokens[:, 1:].contiguous()
-        return {"input_ids": input_ids, "labels": labels, "attention_mask": torch.ones_like(input_ids, dtype=torch.bool)}
+    if isinstance(batch, WindowBatch):  # token shards read a whole batch at once: nothing to stack
+        return {"input_ids": batch.input_ids, "labels": batch.labels,
+                "attention_mask": torch.ones(batch.input_ids.shape, dtype=torch.bool)}
     missing = [key for key in ("input_ids", "labels") if key not in batch[0]]
     if missing:
         raise DataError(f"collate_causal needs input_ids and labels in every example; missing {missing} "
@@ -36,8 +36,10 @@ def collate_batch(batch: list[Any]) -> Any:
     """Collate causal dictionaries or homogeneous tuple/list examples (stacked field by field)."""
     if not batch:
         raise DataError("collate_batch got an empty batch; check micro_batch_size and the dataset size")
+    if isinstance(batch, WindowBatch):
+        return collate_causal(batch)
     first = batch[0]
-    if isinstance(first, dict) or isinstance(batch, WindowBatch):
+    if isinstance(first, dict):
         return collate_causal(batch)
     if isinstance(first, (tuple, list)):
         if any(not isinstance(example, (tuple, list)) or len(example) != len(first) for example in batch):

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from speedtronic_data.collate import collate_batch
 from speedtronic_data.errors import DataError
+from speedtronic_data.position import DataPosition, read_state
 from speedtronic_data.shards import TokenShardDataset
 from speedtronic_data.synthetic import SyntheticTokenDataset
 from speedtronic_data.text import TextFileTokenDataset
@@ -25,19 +26,28 @@ class ResumableSampler(Sampler[int]):
         self.epoch, self.start = 0, 0  # set by ResumableLoader before each pass
 
     def __iter__(self) -> Iterator[int]:
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            order = torch.randperm(self.size, generator=generator)[self.start:]
-            return iter(order.tolist())
-        return iter(range(self.start, self.size))
+        if not self.shuffle:
+            return iter(range(self.start, self.size))
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return _as_ints(torch.randperm(self.size, generator=generator)[self.start:])
 
     def __len__(self) -> int:
         return self.size  # a full epoch; a resumed pass is shorter
 
 
+def _as_ints(order: torch.Tensor, chunk: int = 1 << 12) -> Iterator[int]:
+    # In chunks: a python list of every index of a large shard set would cost gigabytes.
+    for begin in range(0, len(order), chunk):
+        yield from order[begin:begin + chunk].tolist()
+
+
 class ResumableLoader(DataLoader):
     """A DataLoader whose state_dict is (epoch, batches yielded) and whose next pass after load_state_dict
-    yields exactly the batches that followed; each pass over it is the next epoch."""
+    yields exactly the batches that followed; each pass over it is the next epoch.
+
+    The position lives in a DataPosition; a dataset that has one (TokenShardDataset) shares it, so the
+    dataset's own state_dict/load_state_dict are the same position counted in samples.
+    """
 
     def __init__(self, dataset: Dataset | IterableDataset, *, batch_size: int, shuffle: bool = False,
                  seed: int = 0, **kwargs: Any) -> None:
@@ -45,48 +55,44 @@ class ResumableLoader(DataLoader):
         sampler = None if iterable else ResumableSampler(len(dataset), shuffle, seed)
         super().__init__(dataset, batch_size=batch_size, sampler=sampler,
                          generator=torch.Generator().manual_seed(seed), **kwargs)
-        self._next_epoch, self._skip = 0, 0
-        self._epoch, self._yielded = 0, 0
+        shared = getattr(dataset, "position", None)
+        self.position = shared if isinstance(shared, DataPosition) else DataPosition()
 
     def _position(self, epoch: int, skip: int) -> int:
-        """Point the sampler or dataset at batch `skip` of `epoch`; return the batches still to fast-forward."""
+        """Point the sampler or dataset at sample `skip` of `epoch`; return the batches still to fast-forward."""
         if isinstance(self.sampler, ResumableSampler):
-            self.sampler.epoch, self.sampler.start = epoch, skip * self.batch_size
+            self.sampler.epoch, self.sampler.start = epoch, skip
             return 0
         if isinstance(self.dataset, TextFileTokenDataset):
             # Workers get a copy of the dataset when the pass starts, so set this first.
-            self.dataset.start_block, self.dataset.batch_size = skip * self.batch_size, self.batch_size
+            self.dataset.start_block, self.dataset.batch_size = skip, self.batch_size
             return 0
-        return skip  # an unknown iterable dataset: replay it and drop the consumed batches
+        return skip // self.batch_size  # an unknown iterable dataset: replay it and drop the consumed batches
 
     def __iter__(self) -> Iterator[Any]:
         # A generator, so merely calling iter() (without drawing a batch) does not start an epoch.
-        epoch, skip = self._next_epoch, self._skip
-        self._next_epoch, self._skip = epoch + 1, 0
-        self._epoch, self._yielded = epoch, skip
-        replay = self._position(epoch, skip)
+        position = self.position
+        replay = self._position(*position.start_pass())
         iterator = super().__iter__()
         for _ in range(replay):
             next(iterator, None)
         for batch in iterator:
-            self._yielded += 1
+            position.samples += self.batch_size
             yield batch
 
     def state_dict(self) -> dict[str, int]:
         """Return {"epoch", "batches"}: the pass in progress and how many of its batches were handed out."""
-        return {"epoch": self._epoch, "batches": self._yielded}
+        samples, size = self.position.samples, self.batch_size
+        state = {"epoch": self.position.epoch, "batches": -(-samples // size)}
+        if samples % size:  # resumed from a dataset state saved at another batch size: keep the exact position
+            state["samples"] = samples
+        return state
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Make the next pass continue epoch state["epoch"] after state["batches"] batches."""
-        try:
-            epoch, batches = int(state["epoch"]), int(state["batches"])
-        except (KeyError, TypeError, ValueError):
-            raise DataError(f"loader state {state!r} is not a ResumableLoader state "
-                            "(expected {'epoch': int, 'batches': int})") from None
-        if epoch < 0 or batches < 0:
-            raise DataError(f"loader state {state!r} has a negative epoch or batch count")
-        self._next_epoch, self._skip = epoch, batches
-        self._epoch, self._yielded = epoch, batches
+        epoch, batches = read_state(state, "batches", "ResumableLoader")
+        samples = int(state["samples"]) if "samples" in state else batches * self.batch_size
+        self.position.resume_at(epoch, samples, f"loader state {state!r}")
 
 
 def loader_state(loader: Any) -> dict[str, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import glob
 import os
 import tempfile
@@ -15,6 +16,7 @@ import torch
 from torch.utils.data import Dataset
 
 from speedtronic_data.errors import DataError
+from speedtronic_data.position import DataPosition, read_state
 
 HEADER_INTS = 256  # the header is 256 little-endian int32s: magic, version, token count, then zeros
 HEADER_BYTES = HEADER_INTS * 4
@@ -106,6 +108,9 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
 
     Window i of a shard starts at token i * block_size; windows never cross shard boundaries. Shuffle it with
     a sampler (build_dataloader does, seeded) for random windows; iterate in index order for sequential ones.
+    A DataLoader asks for a whole batch at once (__getitems__), which is one slice or one gather per batch.
+    state_dict()/load_state_dict() are its position in the loader's order, kept by the ResumableLoader that
+    build_dataloader wraps it in (the loader shares `position` and advances it per batch handed out).
     """
 
     def __init__(self, paths: str | Path | list[str | Path], block_size: int, vocab_size: int | None = None) -> None:
@@ -120,6 +125,9 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
             raise DataError(f"token shards {[str(s.path) for s in self.shards][:3]} hold at most {largest} tokens "
                             f"each, fewer than block_size + 1 = {block_size + 1}; lower data.block_size "
                             "(model.max_seq_len) or prepare more text")
+        self._bounds = self.offsets.tolist()  # python ints: bisect on them is cheaper than numpy per batch
+        self._span = np.arange(block_size + 1)
+        self.position = DataPosition()
         self._maps: list[np.ndarray] | None = None
 
     @property
@@ -136,54 +144,95 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
 
     def _tokens(self) -> list[np.ndarray]:
         if self._maps is None:
-            self._maps = [read_shard_tokens(s.path) for s in self.shards]
+            # Plain ndarray views of the memmaps: indexing a np.memmap subclass costs more than the read itself.
+            self._maps = [read_shard_tokens(s.path).view(np.ndarray) for s in self.shards]
         return self._maps
 
-    def windows(self, indices: Any) -> torch.Tensor:
-        """Return LongTensor[len(indices), block_size + 1] of the windows at indices (one vectorized gather)."""
-        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if indices.size and (indices.min() < 0 or indices.max() >= len(self)):
-            raise IndexError(f"window index out of range for {len(self)} windows")
-        shard_of = np.searchsorted(self.offsets, indices, side="right") - 1
-        tokens, span = self._tokens(), np.arange(self.block_size + 1)
-        starts = (indices - self.offsets[shard_of]) * self.block_size
-        if indices.size and (shard_of == shard_of[0]).all():  # the common case: one gather, no scatter
-            out = tokens[shard_of[0]][starts[:, None] + span].astype(np.int64)
-        else:
-            out = np.empty((indices.size, self.block_size + 1), dtype=np.int64)
-            for shard in np.unique(shard_of):
-                rows = np.nonzero(shard_of == shard)[0]
-                out[rows] = tokens[shard][starts[rows, None] + span]
-        if self.vocab_size is not None and out.size and out.max() >= self.vocab_size:
-            bad = int(shard_of[np.nonzero(out.max(axis=1) >= self.vocab_size)[0][0]])
-            raise DataError(f"token shard {str(self.shards[bad].path)!r} holds token id {int(out.max())} >= "
-                            f"vocab_size {self.vocab_size}; raise model.vocab_size to at least {int(out.max()) + 1} "
+    def _check_vocab(self, tokens: np.ndarray, shard: int) -> None:
+        """Raise DataError when the tokens just read hold an id >= vocab_size (checked per read, on the raw dtype)."""
+        if self.vocab_size is None or np.iinfo(tokens.dtype).max < self.vocab_size:
+            return  # e.g. uint16 shards under a vocabulary of 65536 or more cannot hold a bad id
+        largest = int(tokens.max())
+        if largest >= self.vocab_size:
+            raise DataError(f"token shard {str(self.shards[shard].path)!r} holds token id {largest} >= "
+                            f"vocab_size {self.vocab_size}; raise model.vocab_size to at least {largest + 1} "
                             "or prepare the shards with a tokenizer of that size")
-        return torch.from_numpy(out)
+
+    def _one_shard(self, shard: int, local: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Return (inputs, labels) views of windows `local` of one shard: a slice when they are consecutive."""
+        tokens, block, first = self._tokens()[shard], self.block_size, local[0]
+        if local == list(range(first, first + len(local))):
+            # Consecutive windows overlap by one token: they are one contiguous run, no gather needed.
+            run = tokens[first * block:(first + len(local)) * block + 1]
+            self._check_vocab(run, shard)
+            return run[:-1].reshape(-1, block), run[1:].reshape(-1, block)
+        windows = tokens[(np.array(local, dtype=np.int64) * block)[:, None] + self._span]
+        self._check_vocab(windows, shard)
+        return windows[:, :-1], windows[:, 1:]
+
+    def batch(self, indices: Any) -> WindowBatch:
+        """Return the windows at indices as a WindowBatch of LongTensor[len(indices), block_size] inputs and labels."""
+        # A list (what DataLoader passes): for one batch of indices, list operations cost less than numpy calls.
+        if not isinstance(indices, list):
+            indices = np.asarray(indices, dtype=np.int64).reshape(-1).tolist()
+        if not indices:
+            raise IndexError("TokenShardDataset.batch needs at least one window index")
+        low, high = min(indices), max(indices)
+        if low < 0 or high >= len(self):
+            raise IndexError(f"window index {low if low < 0 else high} out of range for {len(self)} windows")
+        first = bisect.bisect_right(self._bounds, low) - 1
+        if high < self._bounds[first + 1]:  # the common case: every window in one shard
+            base = self._bounds[first]
+            inputs, labels = self._one_shard(first, [i - base for i in indices] if base else indices)
+        else:
+            shard_of = np.searchsorted(self.offsets, indices, side="right") - 1
+            inputs = np.empty((len(indices), self.block_size), dtype=np.int64)
+            labels = np.empty_like(inputs)
+            for shard in np.unique(shard_of).tolist():
+                rows = np.nonzero(shard_of == shard)[0]
+                local = [indices[r] - self._bounds[shard] for r in rows.tolist()]
+                inputs[rows], labels[rows] = self._one_shard(shard, local)
+        # One cast each, straight into contiguous int64: the only copies of the batch's tokens.
+        return WindowBatch(torch.from_numpy(np.ascontiguousarray(inputs, dtype=np.int64)),
+                           torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)))
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if index < 0:
             index += len(self)
-        tokens = self.windows([index])[0]
-        return {"input_ids": tokens[:-1], "labels": tokens[1:]}
+        return self.batch([index])[0]
 
     def __getitems__(self, indices: list[int]) -> WindowBatch:
-        # DataLoader calls this with a whole batch of indices: one gather instead of one per example.
-        return WindowBatch(self.windows(indices))
+        # DataLoader calls this with a whole batch of indices: one read instead of one per example.
+        return self.batch(indices)
+
+    def state_dict(self) -> dict[str, int]:
+        """Return {"epoch", "windows", "num_windows"}: the epoch in progress and the windows of it handed out."""
+        return {"epoch": self.position.epoch, "windows": min(self.position.samples, len(self)),
+                "num_windows": len(self)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Make the next pass of the loader over this dataset continue after state["windows"] windows."""
+        epoch, windows = read_state(state, "windows", "TokenShardDataset")
+        saved = state.get("num_windows", len(self))
+        if saved != len(self):
+            raise DataError(f"TokenShardDataset state was saved over {saved} windows but these shards hold "
+                            f"{len(self)} (block_size {self.block_size}); resume with the same data.shard_path "
+                            "and block_size")
+        self.position.resume_at(epoch, windows, "TokenShardDataset state")
 
 
 class WindowBatch(Sequence):
-    """A batch of causal windows already gathered into one LongTensor[B, T + 1]; collate_causal slices it."""
+    """A batch of causal windows already read into LongTensor[B, T] inputs and labels; collate_causal uses them."""
 
-    def __init__(self, tokens: torch.Tensor) -> None:
-        self.tokens = tokens
+    def __init__(self, input_ids: torch.Tensor, labels: torch.Tensor) -> None:
+        self.input_ids, self.labels = input_ids, labels
 
     def __len__(self) -> int:
-        return len(self.tokens)
+        return len(self.input_ids)
 
     def __getitem__(self, index: Any) -> dict[str, torch.Tensor]:
-        row = self.tokens[index]
-        return {"input_ids": row[..., :-1], "labels": row[..., 1:]}
+        # Per-example access, for a plain DataLoader with default_collate.
+        return {"input_ids": self.input_ids[index], "labels": self.labels[index]}
 
 
 __all__ = ["ShardInfo", "TokenShardDataset", "WindowBatch", "read_shard_header", "read_shard_tokens", "resolve_shards",

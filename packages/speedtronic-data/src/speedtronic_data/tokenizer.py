@@ -52,7 +52,8 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
 
 def check_ids(ids: Any, vocab_size: int, source: str) -> None:
     """Raise DataError naming source when an id is negative or not below vocab_size."""
-    largest, smallest = max(ids), min(ids)
+    values = np.asarray(ids)  # numpy reductions: builtin max/min walk an array one boxed element at a time
+    largest, smallest = int(values.max()), int(values.min())
     if largest >= vocab_size:
         raise DataError(f"{source}: token id {largest} is >= vocab_size {vocab_size}; raise data.vocab_size "
                         f"(or model.vocab_size) to at least {largest + 1} or use a smaller tokenizer")

@@ -77,8 +77,9 @@ def iter_blocks(chunks: Iterator[np.ndarray], block_size: int) -> Iterator[np.nd
 class TextFileTokenDataset(IterableDataset[dict[str, torch.Tensor]]):
     """Stream a text file in fixed-size token blocks.
 
-    tokenizer may be a callable or an object with encode. The file is read incrementally; only one block is
-    materialized at a time.
+    tokenizer may be a callable or an object with encode. The file is read incrementally, one chunk of about
+    CHUNK_BYTES at a time; examples are read-only-by-convention views of that chunk (collation copies them), so
+    copy an example before writing into it.
     """
 
     def __init__(self, path: str | Path, block_size: int, tokenizer: Callable[[str], Any] | Any | None = None,
@@ -106,8 +107,8 @@ class TextFileTokenDataset(IterableDataset[dict[str, torch.Tensor]]):
         index = -1
         for index, block in enumerate(blocks):
             if plan.owns(index):
-                tokens = torch.from_numpy(block.copy())
-                yield {"input_ids": tokens[:-1], "labels": tokens[1:]}
+                # Views, no copy: blocks are slices of a buffer that is never written after it is built.
+                yield {"input_ids": torch.from_numpy(block[:-1]), "labels": torch.from_numpy(block[1:])}
         if index < 0:
             raise DataError(self._too_short(sum(len(c) for c in iter_token_chunks(
                 self.path, self.tokenizer, self.vocab_size))))

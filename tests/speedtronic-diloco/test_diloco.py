@@ -239,6 +239,21 @@ def test_resumed_worker_starts_from_the_latest_global(server, tmp_path):
     master.stop()
 
 
+def test_install_latest_global_between_boundaries(server, tmp_path):
+    master, master_net, master_opt = node(server, tmp_path, "master")
+    master.start()
+    worker, net, opt = node(server, tmp_path, "w1", seed=3)
+    worker.start()
+    assert not worker.install_latest_global()  # nothing newer than outer step 0
+    train(master, master_net, master_opt, 4, seed=1)
+    train(worker, net, opt, 4, seed=2)
+    assert master.master.sync_once() == 1  # a synchronous round, run by the caller
+    assert worker.install_latest_global() and worker.last_global_step == 1
+    assert torch.equal(net.weight.detach(), master.master.snapshot()[1]["weight"])
+    worker.stop()
+    master.stop()
+
+
 def test_worker_without_a_global_model_trains_but_sends_nothing(server, tmp_path, caplog):
     worker, net, opt = node(server, tmp_path, "w1")
     worker.hub.create_repo()

@@ -136,9 +136,7 @@ class DumbDiLoCoCoordinator:
         if self._last_global_step < 0:
             self._wait_for_first_global()
         else:  # resumed: a restart begins from the latest global version it can read (spec/01)
-            candidate = self._take_candidate() or self._fetch_global_candidate()
-            if candidate is not None:
-                self._install_state(candidate)
+            self.install_latest_global()
         if self._baseline is None:
             self._baseline = cpu_state_dict(self.model.state_dict())
         self._stop_event.clear()
@@ -379,6 +377,18 @@ class DumbDiLoCoCoordinator:
         self.logger.info("installed global model at outer step %d", candidate.outer_step)
         self._emit_event("diloco/global_installed", {"outer_step": candidate.outer_step,
                                                      "local_step": self._local_step})
+
+    def install_latest_global(self) -> bool:
+        """Install a newer published global model now (training thread); return whether one was installed.
+
+        For callers that run synchronous rounds themselves (the master's sync_once between the
+        nodes' boundaries); they reset the inner optimizer when this returns True.
+        """
+        candidate = self._take_candidate() or self._fetch_global_candidate()
+        if candidate is None:
+            return False
+        self._install_state(candidate)
+        return True
 
     def _maybe_poll_global(self) -> None:
         """Synchronous mode only: a time-based poll between boundaries (async mode has its own lane)."""

@@ -1,0 +1,231 @@
+"""DumbDiLoCo: communication against DDP, loss against one process, inner-loop overhead of the lanes.
+
+(a) bytes a worker sends per inner step (commit sizes on the loopback Hub's wire, and the raw
+    safetensors payload) against ring all-reduce DDP, 2 * (N - 1) / N * gradient bytes per step;
+(b) held-out loss of 2 DiLoCo nodes (master + worker, synchronous rounds through the real coordinator
+    and the loopback Hub: both send at the boundary, the master aggregates, both install the result) against one process with the same total tokens (twice the batch, the
+    DDP-equivalent), on the repo's stdlib corpus (python -m speedtronic prepare data/stdlib);
+(c) tokens/s of the inner loop with a worker's asynchronous lanes running against a Hub server in
+    another process, against the same loop with no coordinator, interleaved round by round.
+
+Prints a table and writes tools/bench/results/diloco.json.
+
+Usage: python tools/bench/bench_diloco.py [--steps 240] [--inner-steps 30] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+from speedtronic_data.shards import read_shard_tokens, resolve_shards
+from speedtronic_model.model import ReferenceTransformer
+
+from speedtronic_diloco import DumbDiLoCoCoordinator
+from speedtronic_diloco.hub import HubClient
+from speedtronic_diloco.testing.hub_server import HubServer
+from speedtronic_diloco.transport import HfApiTransport
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).resolve().parent / "results" / "diloco.json"
+MODEL = {"vocab_size": 256, "block_size": 64, "n_layer": 2, "n_head": 4, "d_model": 128}
+BATCH, LR, SEED = 16, 2e-3, 0
+
+
+class Text:
+    """Random causal windows from the corpus; each node draws from its own generator."""
+
+    def __init__(self, pattern: str) -> None:
+        self.tokens = np.concatenate([np.asarray(read_shard_tokens(p)) for p in resolve_shards(pattern)])
+
+    def batch(self, generator: np.random.Generator, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        T = MODEL["block_size"]
+        starts = generator.integers(0, len(self.tokens) - T - 1, size)
+        windows = torch.from_numpy(np.stack([self.tokens[s:s + T + 1] for s in starts]).astype(np.int64))
+        return windows[:, :-1], windows[:, 1:]
+
+
+def new_model() -> ReferenceTransformer:
+    torch.manual_seed(SEED)  # every node starts from the same weights, as the master's first global
+    return ReferenceTransformer(**MODEL)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+    inputs, labels = batch
+    loss = model(inputs, labels=labels)["loss"]
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+
+
+def held_out_loss(model: torch.nn.Module, val: Text) -> float:
+    """Return the mean loss on the same 16 x 16 validation windows for every model."""
+    generator = np.random.default_rng(12345)
+    model.eval()
+    with torch.no_grad():
+        losses = [float(model(inputs, labels=labels)["loss"]) for inputs, labels in
+                  (val.batch(generator, 16) for _ in range(16))]
+    model.train()
+    return statistics.fmean(losses)
+
+
+def section(role: str, node_id: str, url: str, inner_steps: int, **extra: Any) -> SimpleNamespace:
+    values = dict(role=role, node_id=node_id, repo_id="bench/diloco", endpoint=url, inner_steps=inner_steps,
+                  poll_interval=3600.0, retry_initial=0.05, retry_max=0.5, retry_attempts=6, start_timeout=60.0,
+                  staleness_limit=None)
+    values.update(extra)
+    return SimpleNamespace(**values)
+
+
+def client(url: str, cache: Path) -> HubClient:
+    return HubClient("bench/diloco", transport=HfApiTransport("bench/diloco", endpoint=url, cache_dir=cache))
+
+
+# -- (a) + (b): two DiLoCo nodes in lock step against one process with twice the batch -------------
+def diloco_pair(train: Text, val: Text, steps: int, inner_steps: int, work: Path) -> dict[str, Any]:
+    with HubServer() as server:
+        nodes = []
+        for index, (role, name) in enumerate([("master", "master"), ("worker", "worker-1")]):
+            model = new_model()
+            coordinator = DumbDiLoCoCoordinator(
+                section(role, name, server.url, inner_steps, async_delta_upload=False, async_global_poll=False),
+                model, hub=client(server.url, work / f"cache-{name}"), state_dir=work / "state" / name)
+            coordinator.start()
+            nodes.append((coordinator, model, torch.optim.AdamW(model.parameters(), lr=LR),
+                          np.random.default_rng(100 + index)))
+        master = nodes[0][0].master
+        for step in range(1, steps + 1):
+            for coordinator, model, optimizer, generator in nodes:
+                train_step(model, optimizer, train.batch(generator, BATCH))
+                if coordinator.after_optimizer_step(model, step):
+                    optimizer.state.clear()
+            if step % inner_steps == 0:  # synchronous DiLoCo: one round over both deltas, then both install it
+                master.sync_once()
+                for coordinator, model, optimizer, _ in nodes:
+                    if coordinator.install_latest_global():
+                        optimizer.state.clear()
+        global_model = new_model()
+        global_model.load_state_dict(nodes[0][0].hub.download_global_state())
+        deltas = [c for c in server.store.log if any(p.startswith("deltas/worker-1/") for p in c["added"])]
+        payload = [len(server.files("bench/diloco", c["oid"])[c["added"][0]]) for c in deltas]
+        outer_step = master.outer_step
+        for coordinator, *_ in nodes:
+            coordinator.stop()
+    params = sum(p.numel() * p.element_size() for p in global_model.parameters())
+    nodes_n = 2
+    ddp_per_step = 2 * (nodes_n - 1) / nodes_n * params
+    wire_per_step = sum(c["bytes"] for c in deltas) / steps
+    payload_per_step = sum(payload) / steps
+    return {"global_loss": held_out_loss(global_model, val), "outer_steps": outer_step,
+            "worker_deltas": len(deltas), "param_bytes": params,
+            "ddp_bytes_per_step": ddp_per_step, "diloco_payload_bytes_per_step": payload_per_step,
+            "diloco_wire_bytes_per_step": wire_per_step,
+            "payload_ratio_to_ddp": payload_per_step / ddp_per_step, "wire_ratio_to_ddp": wire_per_step / ddp_per_step}
+
+
+def single_process(train: Text, val: Text, steps: int) -> float:
+    model = new_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    generator = np.random.default_rng(100)
+    for _ in range(steps):
+        train_step(model, optimizer, train.batch(generator, 2 * BATCH))  # the same total tokens as 2 nodes
+    return held_out_loss(model, val)
+
+
+# -- (c): the inner loop with and without a worker's asynchronous lanes ---------------------------
+def timed_loop(train: Text, steps: int, coordinator: DumbDiLoCoCoordinator | None) -> float:
+    model = new_model() if coordinator is None else coordinator.model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    generator = np.random.default_rng(7)
+    batches = [train.batch(generator, BATCH) for _ in range(steps)]  # data outside the timed region
+    start = coordinator.local_step if coordinator is not None else 0
+    began = time.perf_counter()
+    for step in range(start + 1, start + steps + 1):
+        train_step(model, optimizer, batches[step - start - 1])
+        if coordinator is not None and coordinator.after_optimizer_step(model, step):
+            optimizer.state.clear()
+    return steps * BATCH * MODEL["block_size"] / (time.perf_counter() - began)
+
+
+def lane_overhead(train: Text, steps: int, inner_steps: int, rounds: int, work: Path) -> dict[str, Any]:
+    server = subprocess.Popen([sys.executable, "-m", "speedtronic_diloco.testing.hub_server", "--port", "0"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        url = server.stdout.readline().split()[-1]
+        master = DumbDiLoCoCoordinator(section("master", "master", url, inner_steps), new_model(),
+                                       hub=client(url, work / "lanes-master"), state_dir=work / "lanes" / "master")
+        master.start()  # publishes outer step 0, then only the worker's lanes run
+        master.stop()
+        worker = DumbDiLoCoCoordinator(section("worker", "worker-1", url, inner_steps, poll_interval=1.0),
+                                       new_model(), hub=client(url, work / "lanes-worker"),
+                                       state_dir=work / "lanes" / "worker-1")
+        worker.start()
+        plain, lanes = [], []
+        timed_loop(train, inner_steps, None)  # warm-up
+        for _ in range(rounds):
+            plain.append(timed_loop(train, steps, None))
+            lanes.append(timed_loop(train, steps, worker))
+        uploads = worker.counters["uploads"]
+        worker.stop()
+    finally:
+        server.terminate()
+        server.wait(10)
+    ratios = [a / b for a, b in zip(lanes, plain)]
+    return {"plain_tokens_per_s": statistics.median(plain), "lanes_tokens_per_s": statistics.median(lanes),
+            "slowdown": 1 - statistics.median(ratios), "ratios": ratios, "uploads": uploads}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=240, help="local steps per DiLoCo node")
+    parser.add_argument("--inner-steps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds for the overhead ratio")
+    parser.add_argument("--data", default=str(ROOT / "data" / "stdlib"))
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # the lanes' threads compete for the cores a real run would have
+    if not list(Path(args.data).glob("train_*.bin")):
+        sys.exit(f"no shards in {args.data}: run `python -m speedtronic prepare {args.data}` first")
+    train, val = Text(str(Path(args.data) / "train_*.bin")), Text(str(Path(args.data) / "val_*.bin"))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        pair = diloco_pair(train, val, args.steps, args.inner_steps, work)
+        single = single_process(train, val, args.steps)
+        lanes = lane_overhead(train, 4 * args.inner_steps, args.inner_steps, args.rounds, work)
+    result = {
+        "benchmark": "diloco", "machine": platform.platform(), "cpus": torch.get_num_threads(),
+        "model": MODEL, "batch": BATCH, "steps": args.steps, "inner_steps": args.inner_steps,
+        "communication": {k: pair[k] for k in ("param_bytes", "ddp_bytes_per_step", "diloco_payload_bytes_per_step",
+                                               "diloco_wire_bytes_per_step", "payload_ratio_to_ddp",
+                                               "wire_ratio_to_ddp", "worker_deltas")},
+        "loss": {"diloco_2_nodes": pair["global_loss"], "single_process_same_tokens": single,
+                 "relative_gap": pair["global_loss"] / single - 1, "outer_steps": pair["outer_steps"]},
+        "lanes": lanes,
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    c, loss = result["communication"], result["loss"]
+    print(f"{'metric':<46}{'value':>14}")
+    print(f"{'DDP all-reduce bytes / step / worker':<46}{c['ddp_bytes_per_step']:>14,.0f}")
+    print(f"{'DiLoCo payload bytes / inner step / worker':<46}{c['diloco_payload_bytes_per_step']:>14,.0f}")
+    print(f"{'  ratio (expect ~1/(2*inner_steps) for N=2)':<46}{c['payload_ratio_to_ddp']:>14.4f}")
+    print(f"{'DiLoCo wire bytes (base64 inline) / step':<46}{c['diloco_wire_bytes_per_step']:>14,.0f}")
+    print(f"{'held-out loss, 2 DiLoCo nodes':<46}{loss['diloco_2_nodes']:>14.4f}")
+    print(f"{'held-out loss, 1 process, same tokens':<46}{loss['single_process_same_tokens']:>14.4f}")
+    print(f"{'  relative gap (goal <= 3%)':<46}{loss['relative_gap']:>14.2%}")
+    print(f"{'inner-loop slowdown from async lanes (<= 2%)':<46}{lanes['slowdown']:>14.2%}")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,9 +1,10 @@
 """Data-loading benchmark: token-shard loading and text streaming throughput through build_dataloader.
 
 Each case times batches out of the real loader that build_dataloader returns, drawn as one continuous stream
-the way the trainer draws them (collation and epoch starts included, num_workers=0, one process), and reports
-tokens/s (median of three runs); the raw memmap gather of the same windows runs alongside it, so the ratio
-shows what the loader costs over the bare read. Goal: shard loading >= 20M tokens/s, so data is never the bottleneck.
+the way the trainer draws them (collation and epoch starts included, num_workers=0, one process), one full
+epoch per run (at least 200 / 1000 batches), and reports tokens/s (median of three runs); the raw memmap
+gather of the same windows runs alongside it, so the ratio shows what the loader costs over the bare read.
+Goal: shard loading >= 20M tokens/s, so data is never the bottleneck.
 
 Usage: python tools/bench/bench_data.py [--quick] [--threads N] [--out PATH]
 """
@@ -35,6 +36,7 @@ class Result:
     tokens_per_s: float
     raw_tokens_per_s: float | None  # bare memmap gather of the same windows; None for text
     loader_over_raw: float | None  # raw time / loader time: 1.0 means the loader adds nothing
+    batches: int  # batches per timed run: one full epoch, at least --quick's 200 / the default 1000
 
 
 def _section(**fields) -> SimpleNamespace:
@@ -46,8 +48,9 @@ def _time_loader(build, batches: int) -> float:
     """Return tokens/s of `batches` batches drawn as the trainer draws them, median of three fresh loaders.
 
     One continuous stream per loader (infinite_batches cycles epochs, like the trainer's BatchStream), timed
-    from the first batch on, so the epoch start (shuffle permutation, iterator setup) is included; building
-    the loader (opening the shards) is not.
+    from the first batch on, so the epoch start (shuffle permutation, iterator setup, first page touches) is
+    included; main() asks for a full epoch so those weigh as they do in training. Building the loader (reading
+    the shard headers) is not timed.
     """
     rates = []
     for _ in range(3):
@@ -57,6 +60,11 @@ def _time_loader(build, batches: int) -> float:
             tokens += next(stream)["input_ids"].numel()
         rates.append(tokens / (time.perf_counter() - start))
     return statistics.median(rates)
+
+
+def _epoch_batches(tokens: int, block: int, batch: int) -> int:
+    """Return the batches in one epoch over `tokens` tokens (windows of block + 1 at stride block, drop_last)."""
+    return (tokens - 1) // block // batch
 
 
 def _time_raw(tokens: np.ndarray, block: int, batch: int, batches: int, shuffle: bool) -> float:
@@ -87,18 +95,20 @@ def main() -> None:
         shard = write_shard(Path(tmp) / "train_000000.bin", np.frombuffer(text.encode("utf-8"), dtype=np.uint8))
         tokens = np.memmap(shard, dtype="<u2", mode="r", offset=1024)
         for block, batch in ((128, 32), (1024, 16)):
+            count = max(batches, _epoch_batches(len(tokens), block, batch))
             for shuffle in (False, True):
                 section = _section(shard_path=str(shard), block_size=block, micro_batch_size=batch, shuffle=shuffle)
-                rate = _time_loader(lambda: build_dataloader(section), batches)
-                raw = _time_raw(tokens, block, batch, batches, shuffle)
+                rate = _time_loader(lambda: build_dataloader(section), count)
+                raw = _time_raw(tokens, block, batch, count, shuffle)
                 results.append(Result(f"shards B={batch} T={block} {'shuffled' if shuffle else 'sequential'}",
-                                      rate, raw, raw and rate / raw))
+                                      rate, raw, raw and rate / raw, count))
         text_path = Path(tmp) / "corpus.txt"
         text_path.write_text(text, encoding="utf-8")
         for block, batch in ((128, 32), (1024, 16)):
             section = _section(text_path=str(text_path), block_size=block, micro_batch_size=batch)
+            count = max(batches, _epoch_batches(len(tokens), block, batch))  # byte tokenizer: a token per byte
             results.append(Result(f"text stream B={batch} T={block}",
-                                  _time_loader(lambda: build_dataloader(section), batches), None, None))
+                                  _time_loader(lambda: build_dataloader(section), count), None, None, count))
     print(f"{'case':<36}{'tokens/s':>14}{'raw tokens/s':>16}{'loader/raw':>12}")
     for r in results:
         raw = f"{r.raw_tokens_per_s:>16,.0f}" if r.raw_tokens_per_s else f"{'-':>16}"

@@ -128,6 +128,8 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
         self._bounds = self.offsets.tolist()  # python ints: bisect on them is cheaper than numpy per batch
         self._span = np.arange(block_size + 1)
         self.position = DataPosition()
+        # Which shards can hold an id >= vocab_size at all (a uint16 shard under a vocabulary of 65536 cannot).
+        self._check_ids = [vocab_size is not None and int(np.iinfo(s.dtype).max) >= vocab_size for s in self.shards]
         self._maps: list[np.ndarray] | None = None
 
     @property
@@ -150,8 +152,8 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
 
     def _check_vocab(self, tokens: np.ndarray, shard: int) -> None:
         """Raise DataError when the tokens just read hold an id >= vocab_size (checked per read, on the raw dtype)."""
-        if self.vocab_size is None or np.iinfo(tokens.dtype).max < self.vocab_size:
-            return  # e.g. uint16 shards under a vocabulary of 65536 or more cannot hold a bad id
+        if not self._check_ids[shard]:
+            return
         largest = int(tokens.max())
         if largest >= self.vocab_size:
             raise DataError(f"token shard {str(self.shards[shard].path)!r} holds token id {largest} >= "

@@ -17,8 +17,9 @@ def collate_causal(batch: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.
     if not batch:
         raise DataError("collate_causal got an empty batch; check micro_batch_size and the dataset size")
     if isinstance(batch, WindowBatch):  # token shards read a whole batch at once: nothing to stack
+        rows, width = batch.input_ids.shape
         return {"input_ids": batch.input_ids, "labels": batch.labels,
-                "attention_mask": torch.ones(batch.input_ids.shape, dtype=torch.bool)}
+                "attention_mask": torch.ones((rows, width), dtype=torch.bool)}
     missing = [key for key in ("input_ids", "labels") if key not in batch[0]]
     if missing:
         raise DataError(f"collate_causal needs input_ids and labels in every example; missing {missing} "

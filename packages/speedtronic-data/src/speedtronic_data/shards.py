@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from numpy.lib.stride_tricks import sliding_window_view
 from torch.utils.data import Dataset
 
 from speedtronic_data.errors import DataError
@@ -126,11 +127,10 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
                             f"each, fewer than block_size + 1 = {block_size + 1}; lower data.block_size "
                             "(model.max_seq_len) or prepare more text")
         self._bounds = self.offsets.tolist()  # python ints: bisect on them is cheaper than numpy per batch
-        self._span = np.arange(block_size + 1)
         self.position = DataPosition()
         # Which shards can hold an id >= vocab_size at all (a uint16 shard under a vocabulary of 65536 cannot).
         self._check_ids = [vocab_size is not None and int(np.iinfo(s.dtype).max) >= vocab_size for s in self.shards]
-        self._maps: list[np.ndarray] | None = None
+        self._maps: list[tuple[np.ndarray, np.ndarray]] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -144,11 +144,20 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
         # Memmaps would pickle as full copies; each worker opens its own instead.
         return {**self.__dict__, "_maps": None}
 
-    def _tokens(self) -> list[np.ndarray]:
+    def _tokens(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Return each shard's (tokens, windows): the memmapped tokens and a [num_windows, block_size + 1] view."""
         if self._maps is None:
-            # Plain ndarray views of the memmaps: indexing a np.memmap subclass costs more than the read itself.
-            self._maps = [read_shard_tokens(s.path).view(np.ndarray) for s in self.shards]
+            self._maps = [self._open(s) for s in self.shards]
         return self._maps
+
+    def _open(self, shard: ShardInfo) -> tuple[np.ndarray, np.ndarray]:
+        # Plain ndarray views of the memmap: indexing a np.memmap subclass costs more than the read itself.
+        tokens = read_shard_tokens(shard.path).view(np.ndarray)
+        width = self.block_size + 1
+        if len(tokens) < width:
+            return tokens, np.zeros((0, width), dtype=tokens.dtype)
+        # Row i is window i (a strided view, no copy): fancy-indexing rows gathers a batch without index math.
+        return tokens, sliding_window_view(tokens, width)[::self.block_size]
 
     def _check_vocab(self, tokens: np.ndarray, shard: int) -> None:
         """Raise DataError when the tokens just read hold an id >= vocab_size (checked per read, on the raw dtype)."""
@@ -162,13 +171,13 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
 
     def _one_shard(self, shard: int, local: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Return (inputs, labels) views of windows `local` of one shard: a slice when they are consecutive."""
-        tokens, block, first = self._tokens()[shard], self.block_size, local[0]
+        (tokens, rows), block, first = self._tokens()[shard], self.block_size, local[0]
         if local == list(range(first, first + len(local))):
             # Consecutive windows overlap by one token: they are one contiguous run, no gather needed.
             run = tokens[first * block:(first + len(local)) * block + 1]
             self._check_vocab(run, shard)
             return run[:-1].reshape(-1, block), run[1:].reshape(-1, block)
-        windows = tokens[(np.array(local, dtype=np.int64) * block)[:, None] + self._span]
+        windows = rows[local]
         self._check_vocab(windows, shard)
         return windows[:, :-1], windows[:, 1:]
 

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from speedtronic_data import DataError, TokenShardDataset, read_shard_header, read_shard_tokens, write_shard
+from speedtronic_data import (
+    DataError,
+    ResumableLoader,
+    TokenShardDataset,
+    read_shard_header,
+    read_shard_tokens,
+    write_shard,
+)
 from speedtronic_data.shards import HEADER_BYTES
 
 
@@ -161,10 +168,15 @@ def test_vocab_is_checked_in_every_read_path(tmp_path):
 def test_state_round_trip_and_bad_states(tmp_path):
     write_shard(tmp_path / "s.bin", np.arange(100))
     ds = TokenShardDataset(tmp_path / "s.bin", block_size=4)
-    assert ds.state_dict() == {"epoch": 0, "windows": 0, "num_windows": 24}
-    ds.load_state_dict({"epoch": 2, "windows": 5, "num_windows": 24})
+    # Nothing counts batches under a plain DataLoader: no state_dict, so the trainer replays instead.
+    assert not hasattr(ds, "state_dict")
+    with pytest.raises(AttributeError, match="only while a ResumableLoader drives the dataset"):
+        ds.state_dict()
+    ds.load_state_dict({"epoch": 2, "windows": 5, "num_windows": 24})  # before the loader exists is fine
+    loader = ResumableLoader(ds, batch_size=3)
     assert ds.state_dict() == {"epoch": 2, "windows": 5, "num_windows": 24}
-    assert ds.position.start_pass() == (2, 5)
+    assert next(iter(loader))["input_ids"][:, 0].tolist() == [20, 24, 28]  # windows 5, 6, 7 of epoch 2
+    assert ds.state_dict() == {"epoch": 2, "windows": 8, "num_windows": 24}
     with pytest.raises(DataError, match="not a TokenShardDataset state"):
         ds.load_state_dict({"epoch": 0})
     with pytest.raises(DataError, match="negative"):

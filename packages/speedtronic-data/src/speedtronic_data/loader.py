@@ -57,6 +57,7 @@ class ResumableLoader(DataLoader):
                          generator=torch.Generator().manual_seed(seed), **kwargs)
         shared = getattr(dataset, "position", None)
         self.position = shared if isinstance(shared, DataPosition) else DataPosition()
+        self.position.driven = True
 
     def _position(self, epoch: int, skip: int) -> int:
         """Point the sampler or dataset at sample `skip` of `epoch`; return the batches still to fast-forward."""

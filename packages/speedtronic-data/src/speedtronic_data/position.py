@@ -20,6 +20,7 @@ class DataPosition:
     samples: int = 0  # samples of `epoch` handed out (a whole batch counts batch_size)
     next_epoch: int = 0  # where the next pass starts: a fresh epoch, or a loaded resume point
     next_samples: int = 0
+    driven: bool = False  # set by the ResumableLoader that advances it; until then the counts mean nothing
 
     def start_pass(self) -> tuple[int, int]:
         """Begin the next pass and return its (epoch, samples to skip); the pass after it is a fresh epoch."""

@@ -6,7 +6,7 @@ import bisect
 import glob
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,7 +111,8 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
     a sampler (build_dataloader does, seeded) for random windows; iterate in index order for sequential ones.
     A DataLoader asks for a whole batch at once (__getitems__), which is one slice or one gather per batch.
     state_dict()/load_state_dict() are its position in the loader's order, kept by the ResumableLoader that
-    build_dataloader wraps it in (the loader shares `position` and advances it per batch handed out).
+    build_dataloader wraps it in (the loader shares `position` and advances it per batch handed out);
+    load_state_dict may come before or after the loader is built.
     """
 
     def __init__(self, paths: str | Path | list[str | Path], block_size: int, vocab_size: int | None = None) -> None:
@@ -216,7 +217,19 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
         # DataLoader calls this with a whole batch of indices: one read instead of one per example.
         return self.batch(indices)
 
-    def state_dict(self) -> dict[str, int]:
+    @property
+    def state_dict(self) -> Callable[[], dict[str, int]]:
+        """The position method, present only while a ResumableLoader drives the dataset (AttributeError otherwise).
+
+        Under a plain DataLoader nothing counts the batches handed out, so there is no position to save; hiding
+        the method makes the trainer's BatchStream fall back to replaying the loader instead of trusting it.
+        """
+        if not self.position.driven:
+            raise AttributeError("TokenShardDataset.state_dict exists only while a ResumableLoader drives the dataset "
+                                 "(build_dataloader(config, dataset=ds)); a plain DataLoader does not count batches")
+        return self._position_state
+
+    def _position_state(self) -> dict[str, int]:
         """Return {"epoch", "windows", "num_windows"}: the epoch in progress and the windows of it handed out."""
         return {"epoch": self.position.epoch, "windows": min(self.position.samples, len(self)),
                 "num_windows": len(self)}

@@ -8,7 +8,6 @@ import urllib.request
 from types import SimpleNamespace
 from typing import Any, Protocol, runtime_checkable
 
-import pytest
 import torch
 
 from speedtronic_diloco.diloco import DumbDiLoCoCoordinator

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
-from speedtronic_diloco.testing.hub_server import FaultPlan, HubServer
+from speedtronic_diloco.testing.hub_server import FaultPlan
 
 
 @pytest.fixture

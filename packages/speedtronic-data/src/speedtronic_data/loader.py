@@ -82,17 +82,20 @@ class ResumableLoader(DataLoader):
             yield batch
 
     def state_dict(self) -> dict[str, int]:
-        """Return {"epoch", "batches"}: the pass in progress and how many of its batches were handed out."""
+        """Return {"epoch", "batches"}: the pass in progress and how many of its batches were handed out
+        (plus "samples" when a dataset state saved at another batch size left the position between batches)."""
         samples, size = self.position.samples, self.batch_size
         state = {"epoch": self.position.epoch, "batches": -(-samples // size)}
-        if samples % size:  # resumed from a dataset state saved at another batch size: keep the exact position
+        if samples % size:
             state["samples"] = samples
         return state
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Make the next pass continue epoch state["epoch"] after state["batches"] batches."""
         epoch, batches = read_state(state, "batches", "ResumableLoader")
-        samples = int(state["samples"]) if "samples" in state else batches * self.batch_size
+        samples = batches * self.batch_size
+        if "samples" in state:
+            samples = read_state(state, "samples", "ResumableLoader")[1]
         self.position.resume_at(epoch, samples, f"loader state {state!r}")
 
 

@@ -172,6 +172,8 @@ def test_state_round_trip_and_bad_states():
     assert loader.state_dict() == {"epoch": 1, "batches": 1}
     with pytest.raises(DataError, match="not a ResumableLoader state"):
         loader.load_state_dict({"epoch": 1})
+    with pytest.raises(DataError, match="'samples': int"):
+        loader.load_state_dict({"epoch": 1, "batches": 2, "samples": "eight"})
     with pytest.raises(DataError, match="negative"):
         loader.load_state_dict({"epoch": -1, "batches": 0})
     with pytest.raises(DataError, match="needs a ResumableLoader"):

@@ -34,6 +34,20 @@ MIN_OUTER_STEP = 3
 DEADLINE = 300.0  # generous: the suite also runs on two loaded cores, where faulty rounds take seconds
 
 
+_LIVE: list[subprocess.Popen] = []  # every node process started, so a failing test leaves none behind
+
+
+@pytest.fixture(autouse=True)
+def _kill_leftover_nodes():
+    """After each test, SIGKILL any node still running (a failed wait must not leave trainers behind)."""
+    yield
+    while _LIVE:
+        process = _LIVE.pop()
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+
+
 # -- the corpus and the server -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
@@ -118,6 +132,7 @@ class Node:
         log = (self.out_dir.parent / f"{self.name}.{self.runs}.log").open("w")
         self.process = subprocess.Popen([sys.executable, "-m", "speedtronic", "train", str(self.config), *self.args, *extra],
                                         cwd=self.out_dir.parent, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        _LIVE.append(self.process)
         log.close()
         return self
 

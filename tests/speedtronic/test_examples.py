@@ -25,7 +25,8 @@ def test_quickstart_cuda_overlay_gives_the_larger_bf16_model():
 
     overrides = _cuda_overrides(str(ROOT / "configs" / "quickstart-cuda.yaml"))
     config = SpeedtronicConfig.from_dict(apply_overrides(read_file(ROOT / "configs" / "quickstart.yaml"), overrides))
-    assert (config.model.n_layer, config.model.d_model, config.model.block_size) == (8, 512, 512)
+    assert (config.model.n_layer, config.model.d_model, config.model.max_seq_len) == (8, 512, 512)
+    assert config.data.block_size == 512  # the data follows the model's context
     assert config.precision.mode == "bf16" and config.compile
 
 

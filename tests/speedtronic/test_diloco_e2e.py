@@ -174,6 +174,9 @@ class Cluster:
             "data.micro_batch_size": 8, "data.target_batch_size": 8,
             "distributed.role": role, "distributed.node_id": name, "distributed.repo_id": self.repo_id,
             "distributed.endpoint": self.hub_url, "distributed.inner_steps": INNER_STEPS,
+            # One Hub cache per node, as on separate machines: nodes sharing one huggingface_hub cache
+            # folder were seen to stall the master's outer loop (cross-process cache file locks).
+            "distributed.cache_dir": out / "hub-cache",
             "distributed.poll_interval": 0.2, "distributed.retry_initial": 0.05, "distributed.retry_max": 0.4,
             "distributed.retry_attempts": 12, "distributed.delta_upload_shutdown_timeout": 60,
             "distributed.start_timeout": DEADLINE, "distributed.staleness_limit": 4,

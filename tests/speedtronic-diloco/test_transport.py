@@ -85,3 +85,26 @@ def test_http_errors_are_classified(status, kind, transient):
     exc.response = SimpleNamespace(status_code=status)
     error = _classify_http(exc)
     assert type(error) is kind and error.transient is transient
+
+
+def test_a_hub_that_never_answers_times_out_as_a_transient_error():
+    import socket
+
+    from huggingface_hub.utils import _http
+    from speedtronic_diloco.transport import HfApiTransport, TransportError, bound_hub_http_timeouts
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()  # accept, never answer
+    previous = _http._GLOBAL_CLIENT_FACTORY
+    try:
+        _http.set_client_factory(_http.default_client_factory)  # as a fresh process starts
+        assert bound_hub_http_timeouts(0.5)
+        assert not bound_hub_http_timeouts(0.5)  # once per process; a user's own factory is left alone
+        transport = HfApiTransport("org/run", endpoint=f"http://127.0.0.1:{listener.getsockname()[1]}")
+        with pytest.raises(TransportError) as error:
+            transport.head()
+        assert error.value.transient and accepted
+    finally:
+        _http.set_client_factory(previous)
+        listener.close()

@@ -68,6 +68,36 @@ def _classify_http(exc: Exception) -> TransportError:
     return TransportError(text, transient=True)
 
 
+# huggingface_hub >= 1.0 sends every request with timeout=None: one answer that never comes (a
+# half-open TCP connection, a stuck proxy) would block a DiLoCo lane forever. A request hook bounds
+# each network operation (not the whole transfer, so large uploads are not cut short).
+HTTP_TIMEOUT_S = 60.0
+
+
+def bound_hub_http_timeouts(seconds: float = HTTP_TIMEOUT_S) -> bool:
+    """Make huggingface_hub's shared HTTP client time out stalled requests, unless the user set a factory."""
+    try:
+        from huggingface_hub.utils import _http
+    except ImportError:
+        return False
+    default = getattr(_http, "default_client_factory", None)
+    if default is None or getattr(_http, "_GLOBAL_CLIENT_FACTORY", None) is not default:
+        return False  # an older (requests-based) huggingface_hub, or the user's own client: leave it alone
+
+    def bound(request: Any) -> None:
+        limits = request.extensions.get("timeout") or {}
+        request.extensions["timeout"] = {kind: seconds if limits.get(kind) is None else limits[kind]
+                                         for kind in ("connect", "read", "write", "pool")}
+
+    def bounded_client() -> Any:
+        client = default()
+        client.event_hooks["request"].append(bound)
+        return client
+
+    _http.set_client_factory(bounded_client)
+    return True
+
+
 class HfApiTransport:
     """A Hub model repository through huggingface_hub.HfApi (any endpoint: hf.co or a local server)."""
 
@@ -76,6 +106,7 @@ class HfApiTransport:
         if api is None:
             from huggingface_hub import HfApi
 
+            bound_hub_http_timeouts()
             api = HfApi(endpoint=endpoint, token=token)
         self.api = api
         self.repo_id = repo_id

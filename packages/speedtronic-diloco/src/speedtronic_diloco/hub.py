@@ -30,10 +30,6 @@ GLOBAL_METADATA = "global/step_count.json"
 GLOBAL_MANIFEST = "global/manifest.json"
 # The Hub rejects very large commits; consumed deltas beyond this are deleted by later rounds.
 MAX_DELETIONS_PER_COMMIT = 50
-# Workers commit deltas to the same branch, so under load the head can move faster than one publish
-# attempt takes: after this many stale parents the publish commits without compare-and-swap (the
-# second-master check just before it still runs) instead of rebasing forever.
-CAS_ATTEMPTS = 4
 COLLABORATOR_WARNING = (
     "huggingface_hub has no API to grant a user write access to a repository, so "
     "distributed.collaborators cannot be applied. Create the repository under an organisation the "
@@ -274,7 +270,7 @@ class HubClient:
         consumed_set = set(consumed)
 
         def attempt() -> str:
-            for rebase in range(CAS_ATTEMPTS + 1):  # a stale parent mostly means a worker sent a delta: rebase
+            while True:  # a stale parent only means a worker committed a delta meanwhile: rebase
                 head = self.transport.head()
                 try:
                     current = GlobalMetadata.from_dict(json.loads(self.transport.read(GLOBAL_METADATA, head)))
@@ -288,11 +284,9 @@ class HubClient:
                 stale = [p for p in self.transport.list_files(head) if p in consumed_set]
                 try:
                     return self.transport.commit(files, stale[:MAX_DELETIONS_PER_COMMIT],
-                                                 message=f"outer step {outer_step}",
-                                                 parent=head if rebase < CAS_ATTEMPTS else None)
+                                                 message=f"outer step {outer_step}", parent=head)
                 except StaleParent:
-                    if rebase == CAS_ATTEMPTS:
-                        raise
+                    continue
 
         revision = self._call(f"publish outer step {outer_step}", attempt)
         return GlobalMetadata(**{**metadata.__dict__, "revision": revision})

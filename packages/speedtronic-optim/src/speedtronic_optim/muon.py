@@ -129,9 +129,8 @@ class Muon(Optimizer):
 
     def _update(self, group: dict[str, Any], params: list[torch.Tensor], directions: list[torch.Tensor]) -> None:
         """Orthogonalize same-shaped directions in one batched Newton–Schulz and apply them."""
-        stacked = directions[0].unsqueeze(0) if len(directions) == 1 else torch.stack(directions)
         polar = orthogonalize(
-            stacked,
+            torch.stack(directions),
             group["ns_steps"],
             group["eps"],
             coefficients=group["ns_coefficients"],

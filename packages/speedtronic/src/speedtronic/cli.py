@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 USAGE_ERROR = 2
 RUNTIME_ERROR = 1
@@ -60,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_config(source: str, overrides: Sequence[str]):
+def _load_config(source: Any, overrides: Sequence[str]):
+    """Return the validated config of a path, inline text or already-read mapping, with overrides."""
     from speedtronic_config import SpeedtronicConfig, apply_overrides
     from speedtronic_config.loading import read_source
 
@@ -88,12 +90,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides.append(f"run.max_steps={args.max_steps}")
     if args.device is not None:
         overrides.append(f"run.device={args.device}")
-    config = _load_config(args.config, overrides)
+    from speedtronic_config.loading import read_source
+
+    values = read_source(args.config)  # read once: the CUDA overlay applies to the same values
+    config = _load_config(values, overrides)
     if args.cuda_overlay:
         from speedtronic_systems import resolve_device
 
         # Validated on every machine, so a broken overlay fails on the laptop, not first on the cluster.
-        overlaid = _load_config(args.config, _cuda_overrides(args.cuda_overlay) + overrides)
+        overlaid = _load_config(values, _cuda_overrides(args.cuda_overlay) + overrides)
         if resolve_device(config.run.device).type == "cuda":
             print(f"speedtronic train: on CUDA, applying {args.cuda_overlay}", file=sys.stderr)
             config = overlaid

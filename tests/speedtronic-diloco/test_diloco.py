@@ -207,7 +207,9 @@ def test_prepared_resume_restores_pending_upload_without_double_counting(server,
     worker.settings = worker.settings.__class__(**{**worker.settings.__dict__, "delta_upload_shutdown_timeout": 0.0})
     worker.stop()  # the process "dies" with the upload still stuck
     gate.set()
-    resumed, net2, opt2 = node(server, tmp_path, "w1", async_delta_upload=True)
+    # "block": the step-8 delta waits for the re-sent step-4 upload instead of being skipped when
+    # a loaded machine has not finished it yet (skipping is tested on its own).
+    resumed, net2, opt2 = node(server, tmp_path, "w1", async_delta_upload=True, delta_upload_overflow="block")
     net2.load_state_dict(model_state)
     resumed.prepare_state(checkpoint)
     resumed.start()

@@ -55,6 +55,15 @@ def node(server, tmp_path, name, seed=0, **overrides):
     return coordinator, net, torch.optim.AdamW(net.parameters(), lr=0.05)
 
 
+def wait_for(predicate, what, seconds=15.0):
+    """Poll a background lane's progress; generous, because CI machines are loaded."""
+    for _ in range(int(seconds / 0.01)):
+        if predicate():
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"timed out after {seconds:.0f}s waiting for {what}")
+
+
 def train(coordinator, net, opt, steps, seed):
     gen = torch.Generator().manual_seed(seed)
     resets = []
@@ -133,6 +142,7 @@ def test_async_delta_dispatch_does_not_block_training(server, tmp_path):
     original = worker.hub.transport.commit
     worker.hub.transport.commit = lambda *a, **k: (gate.wait(30), original(*a, **k))[1]
     train(worker, net, opt, 2, seed=1)  # boundary 2: dispatched, upload blocked in the lane
+    wait_for(lambda: worker._inflight is not None, "the lane to take the step-2 upload")
     train(worker, net, opt, 2, seed=2)  # boundary 4: the queue (size 1) holds it
     train(worker, net, opt, 2, seed=3)  # boundary 6: lane full -> skipped, not blocked
     assert worker.counters["uploads_skipped"] == 1 and worker.counters["uploads"] == 0
@@ -174,11 +184,8 @@ def test_async_global_poll_installs_on_training_thread_at_a_boundary(server, tmp
     worker.start()
     train(master, master_net, master_opt, 4, seed=5)
     master.master.sync_once()  # outer step 1 published
-    for _ in range(1500):  # up to 15 s on a loaded machine
-        if worker._candidate is not None:
-            break
-        threading.Event().wait(0.01)
-    assert worker._candidate is not None and worker.last_global_step == 0  # fetched, not installed yet
+    wait_for(lambda: worker._candidate is not None, "the poll lane to fetch outer step 1")
+    assert worker.last_global_step == 0  # fetched, not installed yet
     train(worker, net, opt, 2, seed=1)
     assert worker.last_global_step == 0  # mid-round: local steps are never thrown away
     train(worker, net, opt, 1, seed=2)

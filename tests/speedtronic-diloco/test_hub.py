@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from speedtronic_diloco.hub import (
-    GLOBAL_MANIFEST, GLOBAL_METADATA, GLOBAL_MODEL, GlobalMetadata, HubClient, HubError, HubUnavailable,
+    CAS_ATTEMPTS, GLOBAL_MANIFEST, GLOBAL_METADATA, GLOBAL_MODEL, GlobalMetadata, HubClient, HubError, HubUnavailable,
     build_hub_client,
 )
 from speedtronic_diloco.tensors import delta_path
@@ -91,6 +91,26 @@ def test_publish_retry_after_lost_response_and_stale_parent(hub, server):
     assert hub.global_metadata().publish_id == meta.publish_id
     publishes = [c for c in _commits(server) if GLOBAL_MODEL in c["added"]]
     assert len(publishes) == 2  # step 0 and step 1, the retried one not duplicated
+
+
+def test_publish_lands_while_every_attempt_loses_the_race_to_a_delta_commit(hub, server):
+    hub.publish_global({"w": torch.zeros(2)}, outer_step=0)
+    server.faults.add("stale", method="POST", path="/commit/", times=1000)  # a worker's delta always lands first
+    meta = hub.publish_global({"w": torch.ones(2)}, outer_step=1)
+    server.faults.script.clear()
+    assert server.faults.injected["stale"] == CAS_ATTEMPTS + 1  # bounded rebasing, then one commit without CAS
+    assert hub.global_metadata().publish_id == meta.publish_id and hub.global_metadata().outer_step == 1
+    assert [GLOBAL_MODEL in c["added"] for c in _commits(server)].count(True) == 2
+
+
+def test_republishing_a_step_that_already_landed_is_a_no_op(hub, server):
+    """A publish whose commit landed but whose call failed is retried next round with the same model."""
+    hub.publish_global({"w": torch.ones(2)}, outer_step=3)
+    commits = len(_commits(server))
+    hub.publish_global({"w": torch.ones(2)}, outer_step=3)
+    assert len(_commits(server)) == commits and hub.global_metadata().outer_step == 3
+    with pytest.raises(HubError, match="second master"):  # a different model at that step is another master's
+        hub.publish_global({"w": torch.zeros(2)}, outer_step=3)
 
 
 def test_transient_failures_back_off_then_succeed_or_give_up(server, tmp_path, token):

@@ -30,6 +30,10 @@ GLOBAL_METADATA = "global/step_count.json"
 GLOBAL_MANIFEST = "global/manifest.json"
 # The Hub rejects very large commits; consumed deltas beyond this are deleted by later rounds.
 MAX_DELETIONS_PER_COMMIT = 50
+# Workers commit deltas to the same branch, so the head can move faster than a publish attempt
+# takes; after this many stale parents the publish commits without compare-and-swap, right after
+# checking that global/ is still the master's own previous step (only a second master could race it).
+CAS_ATTEMPTS = 4
 COLLABORATOR_WARNING = (
     "huggingface_hub has no API to grant a user write access to a repository, so "
     "distributed.collaborators cannot be applied. Create the repository under an organisation the "
@@ -270,23 +274,26 @@ class HubClient:
         consumed_set = set(consumed)
 
         def attempt() -> str:
-            while True:  # a stale parent only means a worker committed a delta meanwhile: rebase
-                head = self.transport.head()
+            head = self.transport.head()
+            # Only the master deletes, so deltas present now are still present at any later head.
+            deletions = [p for p in self.transport.list_files(head) if p in consumed_set][:MAX_DELETIONS_PER_COMMIT]
+            for rebase in range(CAS_ATTEMPTS + 1):
                 try:
                     current = GlobalMetadata.from_dict(json.loads(self.transport.read(GLOBAL_METADATA, head)))
                 except NotFound:
                     current = None
-                if current is not None and current.publish_id == metadata.publish_id:
-                    return head  # an earlier attempt succeeded but its response was lost
+                if current is not None and (current.publish_id == metadata.publish_id or
+                                            (current.outer_step, current.sha256) == (outer_step, metadata.sha256)):
+                    return head  # an earlier attempt (or call) published this model; its answer was lost
                 if current is not None and current.outer_step >= outer_step:
                     raise HubError(f"{self.repo_id} already holds outer step {current.outer_step} >= {outer_step} "
                                    "from another publisher: is a second master running?")
-                stale = [p for p in self.transport.list_files(head) if p in consumed_set]
                 try:
-                    return self.transport.commit(files, stale[:MAX_DELETIONS_PER_COMMIT],
-                                                 message=f"outer step {outer_step}", parent=head)
-                except StaleParent:
-                    continue
+                    return self.transport.commit(files, deletions, message=f"outer step {outer_step}",
+                                                 parent=head if rebase < CAS_ATTEMPTS else None)
+                except StaleParent:  # mostly a worker's delta landed meanwhile: check global/ again, retry
+                    head = self.transport.head()
+            raise AssertionError("unreachable: the last attempt commits without a parent")
 
         revision = self._call(f"publish outer step {outer_step}", attempt)
         return GlobalMetadata(**{**metadata.__dict__, "revision": revision})

@@ -113,6 +113,30 @@ def test_republishing_a_step_that_already_landed_is_a_no_op(hub, server):
         hub.publish_global({"w": torch.zeros(2)}, outer_step=3)
 
 
+def test_publish_retries_each_read_on_its_own(server, tmp_path):
+    """Retried as a whole, a publish (head, list, read, commit) under a failure on each request would
+    need every request to succeed in one attempt; each one retrying alone, two attempts suffice."""
+    transport = HfApiTransport("org/run", endpoint=server.url, cache_dir=tmp_path / "cache")
+    client = HubClient("org/run", transport=transport, retry_initial=0.01, retry_max=0.01, retry_attempts=2,
+                       sleeper=lambda s: None)
+    client.create_repo()
+    client.publish_global({"w": torch.zeros(2)}, outer_step=0)
+    for method, path in (("GET", "/revision/main"), ("GET", "/tree/"), ("HEAD", "step_count.json"),
+                         ("POST", "/commit/")):
+        server.faults.add("503", method=method, path=path)
+    client.publish_global({"w": torch.ones(2)}, outer_step=1)
+    assert client.global_metadata().outer_step == 1 and not server.faults.script
+
+
+def test_reads_leave_no_files_behind_in_the_cache_folder(hub, tmp_path):
+    """Each delta is read once and each global version is superseded: nothing may pile up on disk."""
+    hub.publish_global({"w": torch.zeros(1000)}, outer_step=0)
+    path = hub.upload_delta({"w": torch.ones(1000)}, node_id="n", local_step=1, base_outer_step=0)
+    hub.read_bytes(path)
+    hub.download_global_state()
+    assert [p for p in (tmp_path / "hf-cache").rglob("*") if p.is_file()] == []
+
+
 def test_transient_failures_back_off_then_succeed_or_give_up(server, tmp_path, token):
     sleeps = []
     client = HubClient("org/run", transport=HfApiTransport("org/run", endpoint=server.url, token=token,

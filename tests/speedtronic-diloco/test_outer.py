@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from speedtronic_diloco.hub import HubClient
-from speedtronic_diloco.outer import MasterOuterLoop, NesterovOuterOptimizer
+from speedtronic_diloco.outer import DOWNLOAD_THREADS, MasterOuterLoop, NesterovOuterOptimizer
 from speedtronic_diloco.tensors import delta_path, to_safetensors_bytes
 from speedtronic_diloco.transport import FilesystemTransport
 
@@ -69,6 +69,17 @@ def test_sync_once_applies_each_delta_once_and_persists_ledger(tmp_path):
     restarted = MasterOuterLoop(hub, state, node_state_dir=tmp_path / "master", outer_lr=1.0, outer_momentum=0.0)
     assert restarted.outer_step == 1 and delta_path("a", 5, 0) in restarted.processed_filenames
     assert torch.equal(restarted.snapshot()[1]["w"], torch.full((3,), -2.0))
+
+
+def test_a_round_downloads_many_deltas_in_parallel_and_aggregates_them_in_order(tmp_path):
+    hub, loop = _master(tmp_path, {"w": torch.zeros(2)}, outer_lr=1.0, outer_momentum=0.0)
+    loop.recover()
+    nodes = 2 * DOWNLOAD_THREADS + 3  # more than one batch of downloads
+    for index in range(nodes):
+        hub.upload_delta({"w": torch.full((2,), float(index))}, node_id=f"n{index:02d}", local_step=4, base_outer_step=0)
+    assert loop.sync_once() == 1
+    assert torch.equal(loop.snapshot()[1]["w"], torch.full((2,), -(nodes - 1) / 2))  # minus the mean delta
+    assert len(loop.processed_filenames) == nodes and loop.counters["applied"] == nodes
 
 
 def test_a_nodes_consecutive_deltas_add_up_and_nodes_average(tmp_path):

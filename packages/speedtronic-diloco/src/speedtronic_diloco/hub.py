@@ -116,7 +116,11 @@ class HubClient:
         return getattr(self.transport, "api", None)
 
     def _retry(self, operation: str, callback: Callable[[], Any]) -> Any:
-        """Run callback, retrying transient failures with exponential backoff."""
+        """Run callback, retrying transient failures with exponential backoff.
+
+        Compound operations retry each idempotent request on its own: retried as a whole, an
+        operation of k requests under a per-request failure rate p succeeds only with (1 - p) ** k.
+        """
         delay = self.retry_initial
         for attempt in range(1, self.retry_attempts + 1):
             try:
@@ -189,8 +193,9 @@ class HubClient:
                      already_done=lambda: self._holds(remote_path, data))
 
     def _holds(self, remote_path: str, data: bytes) -> bool:
+        head = self._retry("head", self.transport.head)
         try:
-            return self.transport.read(remote_path, self.transport.head()) == data
+            return self._retry(f"read {remote_path}", lambda: self.transport.read(remote_path, head)) == data
         except NotFound:
             return False
 
@@ -226,9 +231,9 @@ class HubClient:
     def global_metadata(self) -> GlobalMetadata | None:
         """Return the published metadata with the revision it was read at, or None before the first publish."""
         def read() -> GlobalMetadata | None:
-            revision = self.transport.head()
+            revision = self._retry("head", self.transport.head)
             try:
-                raw = self.transport.read(GLOBAL_METADATA, revision)
+                raw = self._retry(f"read {GLOBAL_METADATA}", lambda: self.transport.read(GLOBAL_METADATA, revision))
             except NotFound:
                 return None
             try:
@@ -273,13 +278,15 @@ class HubClient:
                  GLOBAL_MANIFEST: json.dumps(manifest).encode()}
         consumed_set = set(consumed)
 
-        def attempt() -> str:
-            head = self.transport.head()
+        def attempt() -> str:  # the reads retry on their own; a failed commit retries the attempt
+            head = self._retry("head", self.transport.head)
             # Only the master deletes, so deltas present now are still present at any later head.
-            deletions = [p for p in self.transport.list_files(head) if p in consumed_set][:MAX_DELETIONS_PER_COMMIT]
+            listed = self._retry("list_files", lambda: self.transport.list_files(head))
+            deletions = [p for p in listed if p in consumed_set][:MAX_DELETIONS_PER_COMMIT]
             for rebase in range(CAS_ATTEMPTS + 1):
                 try:
-                    current = GlobalMetadata.from_dict(json.loads(self.transport.read(GLOBAL_METADATA, head)))
+                    raw = self._retry(f"read {GLOBAL_METADATA}", lambda: self.transport.read(GLOBAL_METADATA, head))
+                    current = GlobalMetadata.from_dict(json.loads(raw))
                 except NotFound:
                     current = None
                 if current is not None and (current.publish_id == metadata.publish_id or
@@ -292,7 +299,7 @@ class HubClient:
                     return self.transport.commit(files, deletions, message=f"outer step {outer_step}",
                                                  parent=head if rebase < CAS_ATTEMPTS else None)
                 except StaleParent:  # mostly a worker's delta landed meanwhile: check global/ again, retry
-                    head = self.transport.head()
+                    head = self._retry("head", self.transport.head)
             raise AssertionError("unreachable: the last attempt commits without a parent")
 
         revision = self._call(f"publish outer step {outer_step}", attempt)

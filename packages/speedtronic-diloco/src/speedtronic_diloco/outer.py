@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -29,6 +30,8 @@ LOGGER = logging.getLogger("speedtronic_diloco.outer")
 DEFAULT_STALENESS_LIMIT = 2
 # safetensors adds a JSON header; anything far beyond the payload size is not a delta of this model.
 _HEADER_ALLOWANCE = 1 << 20
+# Deltas a master round downloads concurrently (and at most holds in memory at once).
+DOWNLOAD_THREADS = 8
 EventSink = Callable[[str, dict[str, Any]], None]
 
 
@@ -191,6 +194,24 @@ class MasterOuterLoop:
         problem = delta_problem(delta, self._state.global_state)
         return (None, problem) if problem else (delta, None)
 
+    def _fetch_deltas(self, refs: list[DeltaRef], outer_step: int, revision: str) -> Iterator[tuple[DeltaRef, tuple]]:
+        """Yield (ref, (delta, reason)) in order, downloading DOWNLOAD_THREADS at a time.
+
+        Downloads are latency-bound, and a round that fetched them one by one fell further behind the
+        more deltas piled up. A failed download yields its HubError as the reason. At most
+        DOWNLOAD_THREADS deltas are held at once.
+        """
+        def fetch(ref: DeltaRef) -> tuple:
+            try:
+                return self._fetch_delta(ref, outer_step, revision)
+            except HubError as exc:
+                return None, exc
+
+        with ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS, thread_name_prefix="diloco-fetch") as pool:
+            for start in range(0, len(refs), DOWNLOAD_THREADS):
+                chunk = refs[start:start + DOWNLOAD_THREADS]
+                yield from zip(chunk, pool.map(fetch, chunk))
+
     def sync_once(self) -> int:
         """Run one outer round and return the resulting outer step.
 
@@ -204,13 +225,10 @@ class MasterOuterLoop:
         report = RoundReport(outer_step)
         per_node: dict[str, dict[str, torch.Tensor]] = {}
         revision = self.hub.head()  # list and read one revision: consistent, and one request fewer per delta
-        for ref in sorted(self.hub.delta_refs(revision)):
-            if ref.path in processed:
-                continue
-            try:
-                delta, reason = self._fetch_delta(ref, outer_step, revision)
-            except HubError as exc:  # transient: the delta stays unprocessed and is retried next round
-                self.logger.warning("could not download %s, retrying next round: %s", ref.path, exc)
+        pending = [ref for ref in sorted(self.hub.delta_refs(revision)) if ref.path not in processed]
+        for ref, (delta, reason) in self._fetch_deltas(pending, outer_step, revision):
+            if isinstance(reason, HubError):  # transient: the delta stays unprocessed and is retried next round
+                self.logger.warning("could not download %s, retrying next round: %s", ref.path, reason)
                 continue
             if delta is None:
                 self.logger.warning("skipping delta %s: %s", ref.path, reason)

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any, Mapping, Protocol
@@ -132,9 +133,14 @@ class HfApiTransport:
         return list(self._call(self.api.list_repo_files, self.repo_id, revision=revision))
 
     def read(self, path: str, revision: str) -> bytes:
-        local = self._call(self.api.hf_hub_download, self.repo_id, path, revision=revision,
-                           cache_dir=self.cache_dir)
-        return Path(local).read_bytes()
+        # Every delta is read once and every global version is superseded by the next, so the
+        # huggingface_hub cache would only grow (a model-sized file per delta and per outer step).
+        # Each file lands in a temporary folder under cache_dir instead and is gone once read.
+        if self.cache_dir is not None:
+            Path(self.cache_dir).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self.cache_dir, prefix="read-") as folder:
+            local = self._call(self.api.hf_hub_download, self.repo_id, path, revision=revision, local_dir=folder)
+            return Path(local).read_bytes()
 
     def commit(self, files: Mapping[str, bytes], deletions: list[str], *, message: str,
                parent: str | None = None) -> str:

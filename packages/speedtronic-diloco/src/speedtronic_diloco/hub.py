@@ -192,10 +192,28 @@ class HubClient:
         self._commit(f"upload {remote_path}", {remote_path: data},
                      already_done=lambda: self._holds(remote_path, data))
 
-    def _holds(self, remote_path: str, data: bytes) -> bool:
-        head = self._retry("head", self.transport.head)
+    def _head(self) -> str:
+        """One head request, retried on its own."""
+        return self._retry("head", self.transport.head)
+
+    def _read_at(self, remote_path: str, revision: str) -> bytes:
+        """One read request, retried on its own (NotFound passes through)."""
+        return self._retry(f"read {remote_path}", lambda: self.transport.read(remote_path, revision))
+
+    def _metadata_at(self, revision: str) -> GlobalMetadata | None:
+        """Return global/step_count.json at revision, or None before the first publish."""
         try:
-            return self._retry(f"read {remote_path}", lambda: self.transport.read(remote_path, head)) == data
+            raw = self._read_at(GLOBAL_METADATA, revision)
+        except NotFound:
+            return None
+        try:
+            return GlobalMetadata.from_dict(json.loads(raw), revision=revision)
+        except ValueError as exc:
+            raise HubError(f"{GLOBAL_METADATA} is not JSON: {exc}") from None
+
+    def _holds(self, remote_path: str, data: bytes) -> bool:
+        try:
+            return self._read_at(remote_path, self._head()) == data
         except NotFound:
             return False
 
@@ -230,18 +248,7 @@ class HubClient:
     # -- DiLoCo layout ------------------------------------------------------------------------
     def global_metadata(self) -> GlobalMetadata | None:
         """Return the published metadata with the revision it was read at, or None before the first publish."""
-        def read() -> GlobalMetadata | None:
-            revision = self._retry("head", self.transport.head)
-            try:
-                raw = self._retry(f"read {GLOBAL_METADATA}", lambda: self.transport.read(GLOBAL_METADATA, revision))
-            except NotFound:
-                return None
-            try:
-                return GlobalMetadata.from_dict(json.loads(raw), revision=revision)
-            except ValueError as exc:
-                raise HubError(f"{GLOBAL_METADATA} is not JSON: {exc}") from None
-
-        return self._call("global_metadata", read)
+        return self._call("global_metadata", lambda: self._metadata_at(self._head()))
 
     def read_manifest(self, metadata: GlobalMetadata) -> dict[str, Any]:
         """Return global/manifest.json at the metadata's revision (empty when absent)."""
@@ -279,16 +286,12 @@ class HubClient:
         consumed_set = set(consumed)
 
         def attempt() -> str:  # the reads retry on their own; a failed commit retries the attempt
-            head = self._retry("head", self.transport.head)
+            head = self._head()
             # Only the master deletes, so deltas present now are still present at any later head.
             listed = self._retry("list_files", lambda: self.transport.list_files(head))
             deletions = [p for p in listed if p in consumed_set][:MAX_DELETIONS_PER_COMMIT]
             for rebase in range(CAS_ATTEMPTS + 1):
-                try:
-                    raw = self._retry(f"read {GLOBAL_METADATA}", lambda: self.transport.read(GLOBAL_METADATA, head))
-                    current = GlobalMetadata.from_dict(json.loads(raw))
-                except NotFound:
-                    current = None
+                current = self._metadata_at(head)
                 if current is not None and (current.publish_id == metadata.publish_id or
                                             (current.outer_step, current.sha256) == (outer_step, metadata.sha256)):
                     return head  # an earlier attempt (or call) published this model; its answer was lost
@@ -299,7 +302,7 @@ class HubClient:
                     return self.transport.commit(files, deletions, message=f"outer step {outer_step}",
                                                  parent=head if rebase < CAS_ATTEMPTS else None)
                 except StaleParent:  # mostly a worker's delta landed meanwhile: check global/ again, retry
-                    head = self._retry("head", self.transport.head)
+                    head = self._head()
             raise AssertionError("unreachable: the last attempt commits without a parent")
 
         revision = self._call(f"publish outer step {outer_step}", attempt)

@@ -35,7 +35,8 @@ DEFAULTS = {
                             state_dir=".speedtronic/diloco", retry_initial=1.0, retry_max=60.0, retry_attempts=6,
                             reset_inner_optimizer=True, async_delta_upload=True, delta_upload_queue_size=1,
                             delta_upload_overflow="skip", delta_upload_shutdown_timeout=5.0,
-                            async_global_poll=True, staleness_limit=2, start_timeout=300.0),
+                            async_global_poll=True, staleness_limit=2, max_local_rounds=4,
+                            global_wait_timeout=300.0),
 }
 
 
@@ -135,7 +136,8 @@ REJECTED = [
     (DistributedConfig, {"delta_upload_overflow": "drop"}, "distributed.delta_upload_overflow"),
     (DistributedConfig, {"delta_upload_shutdown_timeout": -1}, "distributed.delta_upload_shutdown_timeout"),
     (DistributedConfig, {"staleness_limit": -1}, "distributed.staleness_limit"),
-    (DistributedConfig, {"start_timeout": -1}, "distributed.start_timeout"),
+    (DistributedConfig, {"global_wait_timeout": -1}, "distributed.global_wait_timeout"),
+    (DistributedConfig, {"max_local_rounds": 0}, "distributed.max_local_rounds"),
     (DistributedConfig, {"enabled": True}, "distributed.repo_id"),
     (DistributedConfig, {"enabled": True, "repo_id": "org/run", "transport": "filesystem"},
      "distributed.endpoint"),
@@ -168,7 +170,7 @@ ACCEPTED = [
     (DistributedConfig, {"enabled": True, "repo_id": "org/run", "role": "worker", "node_id": "w-1.a_b"}),
     (DistributedConfig, {"enabled": True, "repo_id": "r", "transport": "filesystem", "endpoint": "/shared"}),
     (DistributedConfig, {"enabled": True, "mode": "disabled"}),
-    (DistributedConfig, {"staleness_limit": None}),
+    (DistributedConfig, {"staleness_limit": None, "max_local_rounds": None}),
     (DistributedConfig, {"staleness_limit": 0, "retry_initial": 2.0, "retry_max": 2.0}),
 ]
 

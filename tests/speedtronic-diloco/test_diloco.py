@@ -31,7 +31,7 @@ def section(**overrides):
     values = dict(role="worker", node_id="w1", inner_steps=4, poll_interval=3600.0, outer_lr=0.7,
                   outer_momentum=0.9, repo_id="org/run", token="hf_SECRET_in_config", async_delta_upload=False,
                   async_global_poll=False, delta_upload_queue_size=1, delta_upload_overflow="skip",
-                  delta_upload_shutdown_timeout=5.0, start_timeout=0.0, staleness_limit=2)
+                  delta_upload_shutdown_timeout=5.0, global_wait_timeout=0.0, staleness_limit=2)
     values.update(overrides)
     return SimpleNamespace(**values)
 
@@ -303,6 +303,66 @@ def test_failed_delta_after_a_global_install_is_carried_forward(server, tmp_path
     assert ref.local_step == 8 and ref.base_outer_step == 0  # the carried delta keeps its older base
     sent = from_safetensors_bytes(worker.hub.read_bytes(path))["weight"]
     assert torch.allclose(sent, failed + installed["weight"] - net.weight.detach(), atol=1e-6)
+    master.stop()
+
+
+def test_a_node_waits_after_max_local_rounds_until_a_newer_global_arrives(server, tmp_path):
+    master, _, _ = node(server, tmp_path, "master")
+    master.start()
+    events = []
+    worker, net, opt = node(server, tmp_path, "w1", max_local_rounds=2, global_wait_timeout=60.0,
+                            async_global_poll=True, poll_interval=0.05)
+    worker.events = lambda event, payload: events.append((event, payload))
+    worker.start()
+    training = threading.Thread(target=train, args=(worker, net, opt, 8, 1))
+    training.start()
+    wait_for(lambda: worker.local_step == 8, "the worker to reach its second boundary")
+    training.join(0.5)
+    assert training.is_alive() and worker.last_global_step == 0  # waiting instead of drifting further
+    assert master.master.sync_once() == 1  # the worker's two deltas make outer step 1
+    training.join(30)
+    assert not training.is_alive() and worker.last_global_step == 1
+    assert torch.equal(net.weight.detach(), master.master.snapshot()[1]["weight"])
+    waits = [payload for event, payload in events if event == "diloco/global_wait"]
+    assert len(waits) == 1 and waits[0]["installed"] and waits[0]["rounds"] == 2 and waits[0]["seconds"] >= 0.5
+    worker.stop()
+    master.stop()
+
+
+def test_a_waiting_node_trains_on_after_global_wait_timeout_and_waits_again_later(server, tmp_path, caplog):
+    master, _, _ = node(server, tmp_path, "master")
+    master.start()  # publishes outer step 0 and never runs a round
+    worker, net, opt = node(server, tmp_path, "w1", max_local_rounds=2, global_wait_timeout=0.2)
+    worker.start()
+    train(worker, net, opt, 16, seed=1)  # boundaries 4, 8, 12, 16: waits at 8 and 16
+    assert worker.local_step == 16 and worker.counters["global_waits"] == 2
+    assert worker.counters["seconds_waited"] >= 0.4
+    assert "no global model newer than outer step 0 after" in caplog.text
+    unbounded, net2, opt2 = node(server, tmp_path, "w2", max_local_rounds=None, global_wait_timeout=60.0)
+    unbounded.start()
+    train(unbounded, net2, opt2, 16, seed=1)
+    assert unbounded.counters["global_waits"] == 0
+    for coordinator in (worker, unbounded, master):
+        coordinator.stop()
+
+
+def test_a_waiting_node_resends_a_failed_delta_at_once(server, tmp_path):
+    master, _, _ = node(server, tmp_path, "master")
+    master.start()
+    worker, net, opt = node(server, tmp_path, "w1", async_delta_upload=True, async_global_poll=True,
+                            poll_interval=0.05, max_local_rounds=1, global_wait_timeout=60.0)
+    worker.hub.retry_attempts = 1
+    worker.start()
+    server.faults.add("503", method="POST", path="/commit/", times=1)
+    training = threading.Thread(target=train, args=(worker, net, opt, 4, 1))
+    training.start()
+    # Without the re-send the master would never see this node's work and the wait would time out.
+    wait_for(lambda: worker.hub.delta_paths(), "the failed delta to be re-sent during the wait")
+    assert training.is_alive() and worker.counters["upload_failures"] == 1
+    assert master.master.sync_once() == 1
+    training.join(30)
+    assert worker.last_global_step == 1 and worker.counters["uploads"] == 1
+    worker.stop()
     master.stop()
 
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from speedtronic_diloco.outer import DEFAULT_STALENESS_LIMIT
-from speedtronic_diloco.settings import DistributedSettings
+from speedtronic_diloco.settings import DEFAULT_MAX_LOCAL_ROUNDS, DistributedSettings
 
 
 def test_defaults_are_the_2_0_async_defaults():
@@ -15,6 +15,13 @@ def test_defaults_are_the_2_0_async_defaults():
             settings.delta_upload_overflow, settings.delta_upload_shutdown_timeout) == (True, True, 1, "skip", 5.0)
     assert (settings.inner_steps, settings.outer_lr, settings.outer_momentum, settings.poll_interval) == (500, 0.7, 0.9, 60.0)
     assert settings.staleness_limit == DEFAULT_STALENESS_LIMIT and settings.role == "master"
+    assert settings.max_local_rounds == DEFAULT_MAX_LOCAL_ROUNDS == 4
+
+
+def test_the_config_sections_defaults_are_the_coordinators_defaults():
+    from speedtronic_config.sections import DistributedConfig
+
+    assert DistributedSettings.from_config(DistributedConfig()) == DistributedSettings.from_config(SimpleNamespace())
 
 
 def test_full_config_resolves_state_dir_under_output_dir_then_node_id():
@@ -43,6 +50,7 @@ def test_default_worker_node_id_is_path_safe():
     ("delta_upload_overflow", "drop", "delta_upload_overflow"),
     ("poll_interval", 0, "poll_interval"),
     ("node_id", "a/b", "path-safe"),
+    ("max_local_rounds", 0, "max_local_rounds"),
 ])
 def test_bad_values_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):

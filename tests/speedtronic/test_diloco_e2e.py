@@ -31,6 +31,7 @@ INNER_STEPS = 10
 UNTIL_STOPPED = 100_000  # nodes train until the test SIGTERMs them (conditions, not step counts or sleeps)
 MIN_UPLOADS = 3  # deltas each worker sends before it may be stopped
 MIN_OUTER_STEP = 3
+LOSS_DROP = 0.5  # the published model's held-out loss must fall this far below the first version's
 DEADLINE = 300.0  # generous: the suite also runs on two loaded cores, where faulty rounds take seconds
 
 
@@ -162,6 +163,7 @@ class Cluster:
         self.root, self.hub_url, self.repo_id, self.config = root, hub_url, repo_id, config
         self.corpus = corpus
         self.nodes: dict[str, Node] = {}
+        self._losses: dict[str, float] = {}  # publication oid -> held-out loss
 
     def overrides(self, name: str) -> list[str]:
         role = "master" if name == "master" else "worker"
@@ -178,7 +180,7 @@ class Cluster:
             "distributed.cache_dir": out / "hub-cache",
             "distributed.poll_interval": 0.2, "distributed.retry_initial": 0.05, "distributed.retry_max": 0.4,
             "distributed.retry_attempts": 12, "distributed.delta_upload_shutdown_timeout": 60,
-            "distributed.start_timeout": DEADLINE, "distributed.staleness_limit": 4,
+            "distributed.global_wait_timeout": DEADLINE, "distributed.staleness_limit": 4,
             # Rounds here are a few steps apart and deltas a few rounds stale; the paper's momentum
             # 0.9 (tuned for synchronous rounds of hundreds of steps) then overshoots and oscillates.
             "distributed.outer_momentum": 0.5,
@@ -237,7 +239,18 @@ class Cluster:
             return json.loads(handle.metadata()["outer"])["processed"]
 
     def global_loss(self, revision: str) -> float:
-        """Return the held-out loss of the global model published at revision, on the val shard."""
+        """Return the held-out loss of the global model published at revision, on the val shard (cached)."""
+        if revision not in self._losses:
+            self._losses[revision] = self._evaluate(revision)
+        return self._losses[revision]
+
+    def learned(self) -> bool:
+        """Return whether the latest published model's loss is LOSS_DROP below the first one's."""
+        publications = self.publications()
+        return len(publications) > 1 and (
+            self.global_loss(publications[-1]) < self.global_loss(publications[0]) - LOSS_DROP)
+
+    def _evaluate(self, revision: str) -> float:
         from safetensors.torch import load_file
         from speedtronic_config import SpeedtronicConfig, apply_overrides
         from speedtronic_config.loading import read_source
@@ -319,7 +332,9 @@ def assert_workers_install_newer_globals(cluster: Cluster) -> None:
 def assert_global_loss_falls(cluster: Cluster) -> tuple[float, float]:
     publications = cluster.publications()
     first, last = cluster.global_loss(publications[0]), cluster.global_loss(publications[-1])
-    assert last < first - 0.5, f"held-out loss of the global model went from {first:.3f} to {last:.3f}"
+    print(f"{cluster.repo_id}: held-out loss of the global model {first:.3f} -> {last:.3f} "
+          f"over {len(publications)} publications")
+    assert last < first - LOSS_DROP, f"held-out loss of the global model went from {first:.3f} to {last:.3f}"
     return first, last
 
 
@@ -348,11 +363,12 @@ def stop(node: Node) -> None:
 
 
 def finish(cluster: Cluster, since: dict[str, int] | None = None) -> None:
-    """Let the workers make progress, stop them, then stop the master once it has caught up."""
+    """Let the workers make progress and the global model learn, stop them, then stop the master once it caught up."""
     since = since or {}
     _wait_for(lambda: all(progressed(cluster.nodes[n], since.get(n, 0)) for n in worker_names())
-              and cluster.published_step() >= MIN_OUTER_STEP, "every worker to send deltas and install a newer "
-              f"global, and outer step {MIN_OUTER_STEP}", nodes=cluster.all)
+              and cluster.published_step() >= MIN_OUTER_STEP and cluster.learned(),
+              "every worker to send deltas and install a newer global, outer step "
+              f"{MIN_OUTER_STEP}, and the global model's held-out loss to fall by {LOSS_DROP}", nodes=cluster.all)
     for name in worker_names():
         stop(cluster.nodes[name])
     cluster.stop_master_once_caught_up()
@@ -370,9 +386,6 @@ def test_master_and_two_workers_train_the_reference_model_through_the_cli(tmp_pa
     assert "metric hook failed" not in "".join(node.output() for node in cluster.all)
 
 
-@pytest.mark.skipif(os.environ.get("SPEEDTRONIC_DILOCO_E2E") != "1",
-                    reason="set SPEEDTRONIC_DILOCO_E2E=1: under 30% faults the published model sometimes "
-                           "diverges (asynchronous rounds average nodes that trained far apart); open")
 def test_thirty_percent_server_faults_and_a_killed_worker_that_resumes_at_the_latest_global(
         tmp_path, hub_url, corpus):
     set_faults(hub_url, 0.0)

@@ -89,7 +89,7 @@ def held_out_loss(model: torch.nn.Module, val: Text) -> float:
 
 def section(role: str, node_id: str, url: str, inner_steps: int, **extra: Any) -> SimpleNamespace:
     values = dict(role=role, node_id=node_id, repo_id="bench/diloco", endpoint=url, inner_steps=inner_steps,
-                  poll_interval=3600.0, retry_initial=0.05, retry_max=0.5, retry_attempts=6, start_timeout=60.0,
+                  poll_interval=3600.0, retry_initial=0.05, retry_max=0.5, retry_attempts=6, global_wait_timeout=60.0,
                   staleness_limit=None)
     values.update(extra)
     return SimpleNamespace(**values)
@@ -182,7 +182,9 @@ def lane_overhead(train: Text, inner_steps: int, rounds: int, work: Path) -> dic
                                        hub=client(url, work / "lanes-master"), state_dir=work / "lanes" / "master")
         master.start()  # publishes outer step 0, then only the worker's lanes run
         master.stop()
-        worker = DumbDiLoCoCoordinator(section("worker", "worker-1", url, inner_steps, poll_interval=1.0),
+        # No rounds run here, so the drift bound would make the worker wait: this measures the lanes alone.
+        worker = DumbDiLoCoCoordinator(section("worker", "worker-1", url, inner_steps, poll_interval=1.0,
+                                               max_local_rounds=None),
                                        new_model(), hub=client(url, work / "lanes-worker"),
                                        state_dir=work / "lanes" / "worker-1")
         worker.start()

@@ -325,7 +325,8 @@ class DistributedConfig:
     delta_upload_shutdown_timeout: float = 5.0
     async_global_poll: bool = True
     staleness_limit: int | None = 2
-    start_timeout: float = 300.0
+    max_local_rounds: int | None = 4
+    global_wait_timeout: float = 300.0
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
@@ -342,9 +343,11 @@ class DistributedConfig:
                self.outer_momentum)
         _check(self.retry_max >= self.retry_initial, "distributed.retry_max",
                f"must be at least retry_initial={self.retry_initial}", self.retry_max)
-        for name in ("delta_upload_shutdown_timeout", "start_timeout", "staleness_limit"):
+        for name in ("delta_upload_shutdown_timeout", "global_wait_timeout", "staleness_limit"):
             value = getattr(self, name)
             _check(value is None or value >= 0, f"distributed.{name}", "must be non-negative", value)
+        _check(self.max_local_rounds is None or self.max_local_rounds >= 1, "distributed.max_local_rounds",
+               "must be at least 1", self.max_local_rounds, "or null to never wait for a newer global model")
         if self.enabled and self.mode == "dumb_diloco":
             _check(bool(self.repo_id), "distributed.repo_id", "is required when distributed.enabled is true",
                    self.repo_id, "e.g. my-org/run-1")

@@ -77,7 +77,7 @@ class DumbDiLoCoCoordinator:
         self.events = events
         self.master: MasterOuterLoop | None = None
         self.counters = {"uploads": 0, "upload_failures": 0, "uploads_skipped": 0, "globals_installed": 0,
-                         "bytes_uploaded": 0}
+                         "bytes_uploaded": 0, "global_waits": 0, "seconds_waited": 0.0}
         self._local_step = 0
         self._last_global_step = -1  # -1: no global installed yet, so no base to compute deltas against
         self._generation = 0
@@ -89,6 +89,8 @@ class DumbDiLoCoCoordinator:
         self._prepared_pending: DeltaUploadJob | None = None  # restored upload, sent once the lanes run
         self._lock = threading.Lock()
         self._candidate: GlobalCandidate | None = None
+        self._staged = threading.Event()  # set whenever a candidate is staged
+        self._rounds_on_global = 0  # boundaries passed since the installed global version
         self._results: queue.Queue[tuple[DeltaUploadJob, bool]] = queue.Queue()
         self._uploads: queue.Queue[Any] | None = None
         self._inflight: DeltaUploadJob | None = None
@@ -175,18 +177,38 @@ class DumbDiLoCoCoordinator:
 
     def _wait_for_first_global(self) -> None:
         """Install the published global model; a worker waits for the master to publish one."""
-        deadline = time.monotonic() + self.settings.start_timeout
+        candidate = self._wait_for_global()
+        if candidate is not None:
+            self._install_state(candidate)
+            return
+        self.logger.warning("no global model in %s after %.0fs; training locally and uploading no deltas until "
+                            "one is installed", self.hub.repo_id if self.hub else "?", self.settings.global_wait_timeout)
+
+    def _wait_for_global(self) -> GlobalCandidate | None:
+        """Block the training thread until a newer global model is staged, or global_wait_timeout passes.
+
+        The poll lane stages candidates when it runs; before it starts, or in the synchronous mode,
+        this loop fetches them itself. A delta whose upload failed meanwhile is re-sent at once, so a
+        waiting node never holds back the round it waits for.
+        """
+        deadline = time.monotonic() + self.settings.global_wait_timeout
+        lane_polls = self._started and self.settings.async_global_poll
         while True:
-            candidate = self._take_candidate() or self._fetch_global_candidate()
-            if candidate is not None:
-                self._install_state(candidate)
-                return
-            if time.monotonic() >= deadline:
-                self.logger.warning("no global model in %s after %.0fs; training locally and uploading no "
-                                    "deltas until one is installed", self.hub.repo_id if self.hub else "?",
-                                    self.settings.start_timeout)
-                return
-            time.sleep(min(self.settings.poll_interval, 1.0))
+            candidate = self._take_candidate() or (None if lane_polls else self._fetch_global_candidate())
+            if candidate is not None or time.monotonic() >= deadline:
+                return candidate
+            if self._started:
+                self._collect_upload_results()
+                self._resend_carry()
+            self._staged.wait(min(self.settings.poll_interval, 1.0))
+            self._staged.clear()
+
+    def _resend_carry(self) -> None:
+        """Send the work of failed uploads now, when the upload lane is idle."""
+        if self._carry is None or (self._uploads is not None and (self._inflight is not None or not self._uploads.empty())):
+            return
+        if self._send(self._carry):
+            self._carry = None
 
     def stop(self) -> None:
         """Stop the lanes (waiting up to delta_upload_shutdown_timeout for a queued upload) and the master."""
@@ -223,14 +245,38 @@ class DumbDiLoCoCoordinator:
         return (result.pushed or result.loaded_global) and self.settings.reset_inner_optimizer
 
     def sync_boundary(self, step: int) -> SyncResult:
-        """Dispatch this boundary's delta, then install a newer global model if one is ready."""
+        """Dispatch this boundary's delta, then install a newer global model if one is ready.
+
+        After max_local_rounds boundaries on the same global version the node waits here for a newer
+        one: asynchronous nodes that trained far apart average into a worse model than either.
+        """
         pushed = self._dispatch_delta(step)
         if not self.settings.async_global_poll:
             self._stage(self._fetch_global_candidate())
         candidate = self._take_candidate()
+        if candidate is None and self._last_global_step >= 0:
+            self._rounds_on_global += 1
+            limit = self.settings.max_local_rounds
+            if limit is not None and self._rounds_on_global >= limit:
+                candidate = self._wait_for_newer_global(step)
         if candidate is not None:
             self._install_state(candidate)
         return SyncResult(pushed, candidate is not None, self.outer_step)
+
+    def _wait_for_newer_global(self, step: int) -> GlobalCandidate | None:
+        started = time.monotonic()
+        candidate = self._wait_for_global()
+        waited = time.monotonic() - started
+        self.counters["global_waits"] += 1
+        self.counters["seconds_waited"] += waited
+        self._emit_event("diloco/global_wait", {"local_step": step, "outer_step": self._last_global_step,
+                                                "rounds": self._rounds_on_global, "seconds": waited,
+                                                "installed": candidate is not None})
+        if candidate is None:
+            self._rounds_on_global = 0  # train another max_local_rounds before waiting again
+            self.logger.warning("local step %d: no global model newer than outer step %d after %.0fs; training on "
+                                "(is the master running?)", step, self._last_global_step, waited)
+        return candidate
 
     def _dispatch_delta(self, step: int) -> bool:
         if self._last_global_step < 0 or self._baseline is None:
@@ -348,6 +394,7 @@ class DumbDiLoCoCoordinator:
         with self._lock:
             if self._candidate is None or candidate.outer_step > self._candidate.outer_step:
                 self._candidate = candidate
+        self._staged.set()
 
     def _take_candidate(self) -> GlobalCandidate | None:
         with self._lock:
@@ -372,6 +419,7 @@ class DumbDiLoCoCoordinator:
                 tensor.copy_(candidate.state[name])
         self._baseline = cpu_state_dict(candidate.state)
         self._last_global_step = candidate.outer_step
+        self._rounds_on_global = 0
         self._generation += 1
         self.counters["globals_installed"] += 1
         self.logger.info("installed global model at outer step %d", candidate.outer_step)

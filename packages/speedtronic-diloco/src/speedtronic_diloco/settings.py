@@ -12,6 +12,9 @@ from .outer import DEFAULT_STALENESS_LIMIT
 from .tensors import check_node_id
 
 OVERFLOW_POLICIES = ("skip", "block")
+# Inner rounds a node trains on one global version before it waits for a newer one: four rounds of
+# the default 500 steps is the longest drift the DiLoCo paper shows converging (H = 2000).
+DEFAULT_MAX_LOCAL_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,8 @@ class DistributedSettings:
     delta_upload_overflow: str = "skip"
     delta_upload_shutdown_timeout: float = 5.0
     staleness_limit: int | None = DEFAULT_STALENESS_LIMIT
-    start_timeout: float = 300.0
+    max_local_rounds: int | None = DEFAULT_MAX_LOCAL_ROUNDS
+    global_wait_timeout: float = 300.0
     state_dir: Path = Path("runs/.speedtronic/diloco/master")
     collaborators: tuple[str, ...] = ()
 
@@ -40,14 +44,16 @@ class DistributedSettings:
             raise ValueError(f"distributed.role={self.role!r} is not supported here: use 'master' or 'worker'")
         if self.inner_steps < 1:
             raise ValueError(f"distributed.inner_steps must be >= 1, got {self.inner_steps}")
+        if self.max_local_rounds is not None and self.max_local_rounds < 1:
+            raise ValueError(f"distributed.max_local_rounds must be >= 1 or null, got {self.max_local_rounds}")
         if self.delta_upload_queue_size < 1:
             raise ValueError(f"distributed.delta_upload_queue_size must be >= 1, got {self.delta_upload_queue_size}")
         if self.delta_upload_overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"distributed.delta_upload_overflow={self.delta_upload_overflow!r}: "
                              f"use one of {OVERFLOW_POLICIES}")
-        if not self.poll_interval > 0 or self.delta_upload_shutdown_timeout < 0 or self.start_timeout < 0:
+        if not self.poll_interval > 0 or self.delta_upload_shutdown_timeout < 0 or self.global_wait_timeout < 0:
             raise ValueError("distributed.poll_interval must be > 0 and the timeouts >= 0, got "
-                             f"{self.poll_interval}, {self.delta_upload_shutdown_timeout}, {self.start_timeout}")
+                             f"{self.poll_interval}, {self.delta_upload_shutdown_timeout}, {self.global_wait_timeout}")
         check_node_id(self.node_id)
 
     @classmethod
@@ -65,6 +71,7 @@ class DistributedSettings:
                 root = Path(getattr(run, "output_dir", "runs") or "runs") / root
             state_dir = root / node_id
         limit = getattr(section, "staleness_limit", DEFAULT_STALENESS_LIMIT)
+        rounds = getattr(section, "max_local_rounds", DEFAULT_MAX_LOCAL_ROUNDS)
         return cls(
             role=role, node_id=node_id,
             inner_steps=int(getattr(section, "inner_steps", 500)),
@@ -78,7 +85,8 @@ class DistributedSettings:
             delta_upload_overflow=str(getattr(section, "delta_upload_overflow", "skip")),
             delta_upload_shutdown_timeout=float(getattr(section, "delta_upload_shutdown_timeout", 5.0)),
             staleness_limit=None if limit is None else int(limit),
-            start_timeout=float(getattr(section, "start_timeout", 300.0)),
+            max_local_rounds=None if rounds is None else int(rounds),
+            global_wait_timeout=float(getattr(section, "global_wait_timeout", 300.0)),
             state_dir=Path(state_dir),
             collaborators=tuple(getattr(section, "collaborators", ()) or ()),
         )
@@ -91,4 +99,4 @@ def _default_node_id(role: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", f"worker-{socket.gethostname()}")
 
 
-__all__ = ["OVERFLOW_POLICIES", "DistributedSettings"]
+__all__ = ["DEFAULT_MAX_LOCAL_ROUNDS", "OVERFLOW_POLICIES", "DistributedSettings"]

@@ -41,7 +41,7 @@ def run_node(args: argparse.Namespace) -> dict[str, Any]:
     section = SimpleNamespace(
         role=args.role, node_id=args.node_id, repo_id=args.repo, endpoint=args.endpoint, transport=args.transport,
         inner_steps=args.inner_steps, poll_interval=args.poll_interval, retry_initial=0.05, retry_max=0.5,
-        retry_attempts=10, start_timeout=60.0, async_delta_upload=True, async_global_poll=True,
+        retry_attempts=10, global_wait_timeout=60.0, async_delta_upload=True, async_global_poll=True,
         staleness_limit=args.staleness_limit)
     torch.manual_seed(args.seed)
     model = torch.nn.Linear(FEATURES, 1, bias=False)

@@ -212,8 +212,16 @@ class Cluster:
         """Return the oids of the commits that published a global model."""
         return [c["oid"] for c in self.log() if "global/step_count.json" in c["added"]]
 
-    def download(self, filename: str, revision: str = "main") -> Path:
+    def download(self, filename: str, revision: str | None = None) -> Path:
+        """Download filename at revision (default: the latest logged commit, never the moving "main").
+
+        huggingface_hub resolves "main" twice (HEAD for the ETag, then GET): a commit landing in
+        between stores the new bytes under the old file's ETag, and every later read of that file
+        from the shared cache returns the wrong version.
+        """
         from huggingface_hub import HfApi
+
+        revision = revision or self.log()[-1]["oid"]
 
         api = HfApi(endpoint=self.hub_url)
         cache = self.root / "verify-cache"
@@ -224,7 +232,7 @@ class Cluster:
                 time.sleep(0.05)
         return Path(api.hf_hub_download(self.repo_id, filename, revision=revision, cache_dir=cache))
 
-    def read_json(self, filename: str, revision: str = "main") -> dict[str, Any]:
+    def read_json(self, filename: str, revision: str | None = None) -> dict[str, Any]:
         return json.loads(self.download(filename, revision).read_text())
 
     def published_step(self) -> int:

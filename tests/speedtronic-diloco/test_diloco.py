@@ -8,6 +8,7 @@ import urllib.request
 from types import SimpleNamespace
 from typing import Any, Protocol, runtime_checkable
 
+import pytest
 import torch
 
 from speedtronic_diloco.diloco import DumbDiLoCoCoordinator
@@ -62,6 +63,15 @@ def wait_for(predicate, what, seconds=15.0):
             return
         threading.Event().wait(0.01)
     raise AssertionError(f"timed out after {seconds:.0f}s waiting for {what}")
+
+
+def record_weights(coordinator):
+    """Return {local step: the weight the coordinator saw at that step, before any global install}."""
+    weights = {}
+    boundary = coordinator.after_optimizer_step
+    coordinator.after_optimizer_step = lambda model, step: (weights.__setitem__(step, model.weight.detach().clone()),
+                                                            boundary(model, step))[1]
+    return weights
 
 
 def train(coordinator, net, opt, steps, seed):
@@ -146,7 +156,8 @@ def test_async_delta_dispatch_does_not_block_training(server, tmp_path):
     train(worker, net, opt, 2, seed=2)  # boundary 4: the queue (size 1) holds it
     train(worker, net, opt, 2, seed=3)  # boundary 6: lane full -> skipped, not blocked
     assert worker.counters["uploads_skipped"] == 1 and worker.counters["uploads"] == 0
-    assert worker.state_dict()["pending_upload"]["step"] == 2
+    # Every undelivered job is checkpointed under its own name: the kept (skipped) one, in flight, queued.
+    assert [job["step"] for job in worker.state_dict()["pending_uploads"]] == [6, 2, 4]
     gate.set()
     worker.stop()
     assert worker.counters["uploads"] == 2
@@ -198,7 +209,8 @@ def test_async_global_poll_installs_on_training_thread_at_a_boundary(server, tmp
     master.stop()
 
 
-def test_prepared_resume_restores_pending_upload_without_double_counting(server, tmp_path):
+@pytest.mark.parametrize("legacy", [False, True], ids=["pending_uploads", "legacy_pending_upload"])
+def test_prepared_resume_restores_pending_upload_without_double_counting(server, tmp_path, legacy):
     master, _, _ = node(server, tmp_path, "master")
     master.start()
     worker, net, opt = node(server, tmp_path, "w1", async_delta_upload=True)
@@ -208,7 +220,9 @@ def test_prepared_resume_restores_pending_upload_without_double_counting(server,
     worker.hub.transport.commit = lambda *a, **k: (gate.wait(30), original(*a, **k))[1]
     train(worker, net, opt, 4, seed=1)
     checkpoint = worker.state_dict()
-    assert checkpoint["pending_upload"]["step"] == 4
+    assert [job["step"] for job in checkpoint["pending_uploads"]] == [4]
+    if legacy:  # 2.0 checkpoints hold one job under pending_upload
+        checkpoint["pending_upload"] = checkpoint.pop("pending_uploads")[0]
     assert "hf_SECRET_in_config" not in repr(checkpoint)
     model_state = {k: v.clone() for k, v in net.state_dict().items()}
     worker.settings = worker.settings.__class__(**{**worker.settings.__dict__, "delta_upload_shutdown_timeout": 0.0})
@@ -289,7 +303,7 @@ def test_failed_delta_after_a_global_install_is_carried_forward(server, tmp_path
     master.master.sync_once()
     train(worker, net, opt, 4, seed=1)  # boundary: delta queued (its upload blocked), then global 1 installed
     assert worker.last_global_step == 1
-    failed = worker.state_dict()["pending_upload"]["delta"]["weight"].clone()
+    failed = worker.state_dict()["pending_uploads"][0]["delta"]["weight"].clone()
     gate.set()
     worker.stop()
     assert worker.counters["upload_failures"] == 1
@@ -303,6 +317,34 @@ def test_failed_delta_after_a_global_install_is_carried_forward(server, tmp_path
     assert ref.local_step == 8 and ref.base_outer_step == 0  # the carried delta keeps its older base
     sent = from_safetensors_bytes(worker.hub.read_bytes(path))["weight"]
     assert torch.allclose(sent, failed + installed["weight"] - net.weight.detach(), atol=1e-6)
+    master.stop()
+
+
+def test_a_delta_skipped_on_a_full_lane_survives_a_global_install(server, tmp_path):
+    master, master_net, master_opt = node(server, tmp_path, "master")
+    master.start()
+    worker, net, opt = node(server, tmp_path, "w1", async_delta_upload=True, inner_steps=2)
+    worker.start()
+    weights = record_weights(worker)
+    gate = threading.Event()
+    original = worker.hub.transport.commit
+    worker.hub.transport.commit = lambda *a, **k: (gate.wait(30), original(*a, **k))[1]
+    train(worker, net, opt, 2, seed=1)  # boundary 2: in flight (blocked)
+    wait_for(lambda: worker._inflight is not None, "the lane to take the step-2 upload")
+    train(worker, net, opt, 2, seed=2)  # boundary 4: queued
+    train(master, master_net, master_opt, 4, seed=3)
+    assert master.master.sync_once() == 1
+    train(worker, net, opt, 2, seed=4)  # boundary 6: lane full -> skipped, then global 1 installed
+    assert worker.counters["uploads_skipped"] == 1 and worker.last_global_step == 1
+    installed = net.weight.detach().clone()
+    gate.set()
+    wait_for(lambda: worker._inflight is None and worker._uploads.empty(), "the blocked uploads to land")
+    train(worker, net, opt, 2, seed=5)  # boundary 8: the skipped work rides along
+    worker.stop()
+    sent = from_safetensors_bytes(worker.hub.read_bytes(delta_path("w1", 8, 0)))["weight"]
+    skipped = weights[4] - weights[6]
+    assert skipped.abs().sum() > 0
+    assert torch.allclose(sent, (installed - weights[8]) + skipped, atol=1e-6)
     master.stop()
 
 
@@ -344,6 +386,38 @@ def test_a_waiting_node_trains_on_after_global_wait_timeout_and_waits_again_late
     assert unbounded.counters["global_waits"] == 0
     for coordinator in (worker, unbounded, master):
         coordinator.stop()
+
+
+def test_a_failed_delta_resent_during_a_wait_does_not_move_the_baseline_back(server, tmp_path):
+    master, _, _ = node(server, tmp_path, "master")
+    master.start()  # publishes outer step 0 and runs no round, so the worker's wait times out
+    worker, net, opt = node(server, tmp_path, "w1", async_delta_upload=True, max_local_rounds=2,
+                            global_wait_timeout=3.0)
+    worker.hub.retry_attempts = 1
+    worker.start()
+    weights = record_weights(worker)
+    gate, calls = threading.Event(), []
+    original = worker.hub.transport.commit
+
+    def first_commit_fails(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:
+            gate.wait(30)
+            raise TransportError("injected outage", transient=True)
+        return original(*args, **kwargs)
+
+    worker.hub.transport.commit = first_commit_fails
+    train(worker, net, opt, 4, seed=1)  # boundary 4: in flight, then fails
+    wait_for(lambda: worker._inflight is not None, "the lane to take the step-4 upload")
+    threading.Timer(0.3, gate.set).start()
+    train(worker, net, opt, 4, seed=2)  # boundary 8: queued; waits: step 4 fails, step 8 lands, step 4 re-sent
+    assert worker.counters["global_waits"] == 1 and worker.counters["upload_failures"] == 1
+    train(worker, net, opt, 4, seed=3)  # boundary 12
+    worker.stop()
+    assert {delta_path("w1", step, 0) for step in (4, 8, 12)} <= set(worker.hub.delta_paths())
+    sent = from_safetensors_bytes(worker.hub.read_bytes(delta_path("w1", 12, 0)))["weight"]
+    assert torch.allclose(sent, weights[8] - weights[12], atol=1e-6)  # steps 5-8 are not sent twice
+    master.stop()
 
 
 def test_a_waiting_node_resends_a_failed_delta_at_once(server, tmp_path):

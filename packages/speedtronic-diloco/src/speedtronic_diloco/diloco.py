@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -82,11 +82,11 @@ class DumbDiLoCoCoordinator:
         self._last_global_step = -1  # -1: no global installed yet, so no base to compute deltas against
         self._generation = 0
         self._baseline: dict[str, torch.Tensor] | None = None
-        # Failed asynchronous uploads: the baseline already moved past them, so their work rides
-        # along with the next delta instead (cumulative retry).
+        # Work of failed or skipped uploads: the baseline already moved past it, so it rides along
+        # with the next delta (cumulative retry) and survives a global install meanwhile.
         self._carry: DeltaUploadJob | None = None
         self._prepared: dict[str, Any] | None = None
-        self._prepared_pending: DeltaUploadJob | None = None  # restored upload, sent once the lanes run
+        self._prepared_pending: list[DeltaUploadJob] = []  # restored uploads, sent once the lanes run
         self._lock = threading.Lock()
         self._candidate: GlobalCandidate | None = None
         self._staged = threading.Event()  # set whenever a candidate is staged
@@ -152,8 +152,8 @@ class DumbDiLoCoCoordinator:
         self._send_prepared_pending()
 
     def _send_prepared_pending(self) -> None:
-        if self._prepared_pending is not None:
-            job, self._prepared_pending = self._prepared_pending, None
+        jobs, self._prepared_pending = self._prepared_pending, []
+        for job in jobs:
             self._send(job)
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
@@ -204,11 +204,11 @@ class DumbDiLoCoCoordinator:
             self._staged.clear()
 
     def _resend_carry(self) -> None:
-        """Send the work of failed uploads now, when the upload lane is idle."""
+        """Send the work of failed or skipped uploads now, when the upload lane is idle."""
         if self._carry is None or (self._uploads is not None and (self._inflight is not None or not self._uploads.empty())):
             return
-        if self._send(self._carry):
-            self._carry = None
+        job, self._carry = self._carry, None
+        self._send(job)
 
     def stop(self) -> None:
         """Stop the lanes (waiting up to delta_upload_shutdown_timeout for a queued upload) and the master."""
@@ -284,18 +284,26 @@ class DumbDiLoCoCoordinator:
             return False
         current = cpu_state_dict(self.model.state_dict())
         delta = compute_pseudo_gradient(self._baseline, current)
-        base = self._last_global_step
-        carry = self._carry
-        if carry is not None:
-            delta = {k: v.add(carry.delta[k]) for k, v in delta.items()}
-            base = min(base, carry.base_outer_step)
-        if self._send(DeltaUploadJob(step, base, self._generation, delta, current)):
-            self._carry = None
-            return True
-        return False
+        return self._send(self._with_carry(DeltaUploadJob(step, self._last_global_step, self._generation, delta,
+                                                          current)))
+
+    def _with_carry(self, job: DeltaUploadJob) -> DeltaUploadJob:
+        """Return job with the kept work of earlier failed or skipped uploads added; the carry is emptied."""
+        carry, self._carry = self._carry, None
+        if carry is None:
+            return job
+        return DeltaUploadJob(job.step, min(job.base_outer_step, carry.base_outer_step), job.generation,
+                              {k: v.add(carry.delta[k]) for k, v in job.delta.items()}, job.target_state)
+
+    def _keep_for_later(self, job: DeltaUploadJob) -> None:
+        """Keep the work of a job that was not delivered; it rides with the next delta.
+
+        The baseline already moved past it, so the kept job has no target to move it back to.
+        """
+        self._carry = self._with_carry(replace(job, target_state={}))
 
     def _send(self, job: DeltaUploadJob) -> bool:
-        """Upload (sync) or enqueue (async) a job; on success the baseline moves to its target."""
+        """Upload (sync) or enqueue (async) a job; return whether it left. Work that did not is kept."""
         if self._uploads is None:
             ok = self._upload(job)
         else:
@@ -304,17 +312,18 @@ class DumbDiLoCoCoordinator:
                 ok = True
             except queue.Full:
                 ok = False
+        # The baseline moves at dispatch, not at acknowledgement: the job's work is now either in
+        # flight or kept for the next delta, never in both, and a global install cannot erase it.
+        if job.target_state:
+            self._baseline = job.target_state
         if ok:
-            # Moving the baseline at dispatch, not at acknowledgement, keeps the next delta from
-            # repeating this one's work while it is still in flight.
-            if job.target_state:
-                self._baseline = job.target_state
             return True
         if self._uploads is not None:
             self.counters["uploads_skipped"] += 1
-            self.logger.warning("upload lane full at local step %d: delta skipped; the next one is cumulative",
+            self.logger.warning("upload lane full at local step %d: delta skipped; its work rides with the next one",
                                 job.step)
             self._emit_event("diloco/upload_skipped", {"local_step": job.step})
+        self._keep_for_later(job)
         return False
 
     def _upload(self, job: DeltaUploadJob) -> bool:
@@ -358,12 +367,8 @@ class DumbDiLoCoCoordinator:
             except queue.Empty:
                 return
             self._count_result(job, ok)
-            if not ok:  # the baseline already moved past it: its work rides with the next delta
-                carry = self._carry
-                if carry is not None:
-                    job = DeltaUploadJob(job.step, min(job.base_outer_step, carry.base_outer_step), job.generation,
-                                         {k: v.add(carry.delta[k]) for k, v in job.delta.items()}, {})
-                self._carry = job
+            if not ok:
+                self._keep_for_later(job)
 
     def _count_result(self, job: DeltaUploadJob, ok: bool) -> None:
         if ok:
@@ -451,16 +456,15 @@ class DumbDiLoCoCoordinator:
 
     # -- checkpoint state ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Return checkpointable state: counters, baseline and any upload not yet acknowledged (no token)."""
+        """Return checkpointable state: counters, baseline and every upload not yet acknowledged (no token)."""
         with self._lock:
-            waiting = [self._inflight] if self._inflight is not None else []
+            pending = [job for job in (self._carry, self._inflight) if job is not None]
         if self._uploads is not None:
-            waiting += [job for job in list(self._uploads.queue) if isinstance(job, DeltaUploadJob)]
-        pending = self._carry or (waiting[0] if waiting else None)
+            pending += [job for job in list(self._uploads.queue) if isinstance(job, DeltaUploadJob)]
         return {"node_id": self.settings.node_id, "local_step": self._local_step,
                 "last_global_step": self._last_global_step,
                 "baseline": cpu_state_dict(self._baseline) if self._baseline is not None else None,
-                "pending_upload": pending.to_state() if pending is not None else None,
+                "pending_uploads": [job.to_state() for job in pending],
                 "counters": dict(self.counters),
                 "master": self.master.state_dict() if self.master is not None else None}
 
@@ -487,18 +491,17 @@ class DumbDiLoCoCoordinator:
         if state.get("baseline") is not None:
             self._baseline = cpu_state_dict(state["baseline"])
         self.counters.update(state.get("counters") or {})
-        self._restore_pending_upload(state.get("pending_upload"))
+        legacy = state.get("pending_upload")  # one job, in checkpoints of 2.0 and early 2.1 builds
+        self._restore_pending_uploads(state.get("pending_uploads", [legacy] if legacy else []))
         if self.master is not None and state.get("master"):
             self.master.load_state_dict(state["master"])
 
-    def _restore_pending_upload(self, pending: dict[str, Any] | None) -> None:
-        """Re-send an upload that was in flight at checkpoint time (same name: harmless if it had landed)."""
-        if pending is None:
-            return
-        # The checkpointed baseline already excludes this delta (it moved at dispatch), so re-sending
-        # it cannot double count; failing again carries it into the next delta.
-        self._prepared_pending = DeltaUploadJob(int(pending["step"]), int(pending["base_outer_step"]),
-                                                self._generation, cpu_state_dict(pending["delta"]), {})
+    def _restore_pending_uploads(self, pending: list[dict[str, Any]]) -> None:
+        """Re-send the uploads not acknowledged at checkpoint time (same names: harmless if they had landed)."""
+        # The checkpointed baseline already excludes these deltas (it moved at dispatch), so re-sending
+        # them cannot double count; one that fails or is skipped again rides with the next delta.
+        self._prepared_pending = [DeltaUploadJob(int(job["step"]), int(job["base_outer_step"]), self._generation,
+                                                 cpu_state_dict(job["delta"]), {}) for job in pending]
 
 
 def _event_sink(events: Any) -> Callable[[str, dict[str, Any]], None] | None:

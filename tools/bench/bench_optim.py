@@ -99,8 +99,9 @@ def muon_case(
             bf16_grads,
             device,
         ),
-        "ours bf16 gram": _muon_step(
-            lambda p: Muon(p, ns_dtype=torch.bfloat16, **settings), bf16_grads, device
+        # Gram runs in float32 only: in bf16 it amplifies rounding (newton_schulz.GRAM_DTYPES).
+        "ours fp32 gram": _muon_step(
+            lambda p: Muon(p, ns_dtype=torch.float32, **settings), bf16_grads, device
         ),
         "ours default": _muon_step(lambda p: Muon(p, **settings), grads, device),
     }

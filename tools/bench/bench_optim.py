@@ -81,10 +81,10 @@ def muon_case(
 ) -> dict[str, object]:
     """Time one Muon step over every hidden matrix of a `layers`-layer model.
 
-    The bf16 variants (torch.optim.Muon always works in bf16) step only the first `bf16_layers`
-    layers when asked and are scaled by layers / bf16_layers: both step matrices independently
-    per shape, so their time is additive over layers, and emulated bf16 on CPUs without BF16
-    instructions takes minutes per layer at d_model 768.
+    Every variant but "ours default" (torch.optim.Muon always works in bf16) steps only the first
+    `bf16_layers` layers when asked and is scaled by layers / bf16_layers: each steps matrices
+    independently per shape, so its time is additive over layers, and emulated bf16 on CPUs
+    without BF16 instructions takes minutes per layer at d_model 768.
     """
     torch.manual_seed(0)
     shapes = layer_shapes(d_model)

@@ -342,7 +342,8 @@ def assert_global_loss_falls(cluster: Cluster) -> tuple[float, float]:
     first, last = cluster.global_loss(publications[0]), cluster.global_loss(publications[-1])
     print(f"{cluster.repo_id}: held-out loss of the global model {first:.3f} -> {last:.3f} "
           f"over {len(publications)} publications")
-    assert last < first - LOSS_DROP, f"held-out loss of the global model went from {first:.3f} to {last:.3f}"
+    assert last < first - LOSS_DROP, (f"held-out loss of the global model went from {first:.3f} to {last:.3f}; "
+                                      f"every publication: {[round(cluster.global_loss(p), 3) for p in publications]}")
     return first, last
 
 

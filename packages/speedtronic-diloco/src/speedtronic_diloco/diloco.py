@@ -82,8 +82,8 @@ class DumbDiLoCoCoordinator:
         self._last_global_step = -1  # -1: no global installed yet, so no base to compute deltas against
         self._generation = 0
         self._baseline: dict[str, torch.Tensor] | None = None
-        # Work of failed or skipped uploads: the baseline already moved past it, so it rides along
-        # with the next delta (cumulative retry) and survives a global install meanwhile.
+        # Work of failed uploads: the baseline already moved past it, so it rides along with the
+        # next delta (cumulative retry) and survives a global install meanwhile.
         self._carry: DeltaUploadJob | None = None
         self._prepared: dict[str, Any] | None = None
         self._prepared_pending: list[DeltaUploadJob] = []  # restored uploads, sent once the lanes run
@@ -204,7 +204,7 @@ class DumbDiLoCoCoordinator:
             self._staged.clear()
 
     def _resend_carry(self) -> None:
-        """Send the work of failed or skipped uploads now, when the upload lane is idle."""
+        """Send the work of failed uploads now, when the upload lane is idle."""
         if self._carry is None or (self._uploads is not None and (self._inflight is not None or not self._uploads.empty())):
             return
         job, self._carry = self._carry, None
@@ -282,13 +282,19 @@ class DumbDiLoCoCoordinator:
         if self._last_global_step < 0 or self._baseline is None:
             self.logger.warning("local step %d: no global model installed yet, so no delta is sent", step)
             return False
+        if self._uploads is not None and self.settings.delta_upload_overflow == "skip" and self._uploads.full():
+            # 2.0's skip: the baseline stays, so the next delta is cumulative. Work skipped here and
+            # then overwritten by a global install is stale against it and is not sent later (sent
+            # later, merged into newer deltas under an older base, it made the published model diverge).
+            self._count_skip(step)
+            return False
         current = cpu_state_dict(self.model.state_dict())
         delta = compute_pseudo_gradient(self._baseline, current)
         return self._send(self._with_carry(DeltaUploadJob(step, self._last_global_step, self._generation, delta,
                                                           current)))
 
     def _with_carry(self, job: DeltaUploadJob) -> DeltaUploadJob:
-        """Return job with the kept work of earlier failed or skipped uploads added; the carry is emptied."""
+        """Return job with the kept work of earlier failed uploads added; the carry is emptied."""
         carry, self._carry = self._carry, None
         if carry is None:
             return job
@@ -318,13 +324,15 @@ class DumbDiLoCoCoordinator:
             self._baseline = job.target_state
         if ok:
             return True
-        if self._uploads is not None:
-            self.counters["uploads_skipped"] += 1
-            self.logger.warning("upload lane full at local step %d: delta skipped; its work rides with the next one",
-                                job.step)
-            self._emit_event("diloco/upload_skipped", {"local_step": job.step})
+        if self._uploads is not None:  # a re-sent job found the lane full: it is nowhere else, so keep it
+            self._count_skip(job.step)
         self._keep_for_later(job)
         return False
+
+    def _count_skip(self, step: int) -> None:
+        self.counters["uploads_skipped"] += 1
+        self.logger.warning("upload lane full at local step %d: delta skipped; the next one is cumulative", step)
+        self._emit_event("diloco/upload_skipped", {"local_step": step})
 
     def _upload(self, job: DeltaUploadJob) -> bool:
         """Upload one job (any thread); report the outcome to the training thread."""

@@ -21,7 +21,9 @@ def tiny_mlp_lm(vocab_size: int, d_model: int, **_: object) -> nn.Module:
         def __init__(self) -> None:
             super().__init__()
             self.embed = nn.Embedding(vocab_size, d_model)
-            self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+            self.mlp = nn.Sequential(
+                nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
+            )
             self.head = nn.Linear(d_model, vocab_size)
 
         def forward(self, input_ids: torch.Tensor, **_: object) -> dict[str, torch.Tensor]:
@@ -32,13 +34,19 @@ def tiny_mlp_lm(vocab_size: int, d_model: int, **_: object) -> nn.Module:
 
 
 def main(output_dir: str = "runs/example") -> None:
-    config = speedtronic.SpeedtronicConfig.from_dict({
-        "name": "example", "device": "cpu", "max_steps": 6, "output_dir": output_dir,
-        "model": {"name": "tiny_mlp_lm", "vocab_size": 64, "max_seq_len": 16, "d_model": 32},
-        "data": {"num_tokens": 256, "micro_batch_size": 4, "target_batch_size": 8},
-        "optimizer": "muon", "precision": "fp32",
-        "checkpoint": {"every_steps": 3},
-    })
+    config = speedtronic.SpeedtronicConfig.from_dict(
+        {
+            "name": "example",
+            "device": "cpu",
+            "max_steps": 6,
+            "output_dir": output_dir,
+            "model": {"name": "tiny_mlp_lm", "vocab_size": 64, "max_seq_len": 16, "d_model": 32},
+            "data": {"num_tokens": 256, "micro_batch_size": 4, "target_batch_size": 8},
+            "optimizer": "muon",
+            "precision": "fp32",
+            "checkpoint": {"every_steps": 3},
+        }
+    )
     first = speedtronic.train_from_config(config, max_steps=3)
     print(f"first run: step {first.steps}, loss {first.final_loss:.3f}")
     resumed = speedtronic.train_from_config(config, resume=True)  # continues from step 3 to 6

@@ -76,7 +76,9 @@ def check(root: Path) -> list[str]:
     for index, rule in enumerate(rules):
         for dep in sorted(rule.internal):
             if dep not in order[:index]:
-                errors.append(f"{GRAPH_FILE}: {rule.name} may not depend on {dep} (against the graph direction)")
+                errors.append(
+                    f"{GRAPH_FILE}: {rule.name} may not depend on {dep} (against the graph direction)"
+                )
     known = {rule.name: rule for rule in rules}
     packages_dir = root / "packages"
     for package_dir in sorted(p for p in packages_dir.iterdir() if (p / "pyproject.toml").exists()):
@@ -88,7 +90,9 @@ def check(root: Path) -> list[str]:
         declared = declared_dependencies(package_dir)
         allowed = rule.internal | rule.external
         for dep in sorted(declared - allowed):
-            errors.append(f"{package_dir}/pyproject.toml: {name} declares {dep}, which the graph does not allow")
+            errors.append(
+                f"{package_dir}/pyproject.toml: {name} declares {dep}, which the graph does not allow"
+            )
         own = name.replace("-", "_")
         for module, where in sorted(imported_modules(package_dir / "src").items()):
             if module == own or module in sys.stdlib_module_names or module == "__future__":

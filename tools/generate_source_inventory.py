@@ -39,13 +39,19 @@ def describe_module(path: Path, package_src: Path) -> list[str]:
     lines += [f"{purpose}" if purpose else "_No module docstring._", ""]
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and is_public(node.name):
-            lines.append(f"- `{signature(node)}`" + (f" — {first_line(node)}" if first_line(node) else ""))
+            lines.append(
+                f"- `{signature(node)}`" + (f" — {first_line(node)}" if first_line(node) else "")
+            )
         elif isinstance(node, ast.ClassDef) and is_public(node.name):
             bases = ", ".join(ast.unparse(b) for b in node.bases)
-            lines.append(f"- `class {node.name}{f'({bases})' if bases else ''}`"
-                         + (f" — {first_line(node)}" if first_line(node) else ""))
+            lines.append(
+                f"- `class {node.name}{f'({bases})' if bases else ''}`"
+                + (f" — {first_line(node)}" if first_line(node) else "")
+            )
             for item in node.body:
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and is_public(item.name):
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and is_public(
+                    item.name
+                ):
                     lines.append(f"  - `{signature(item)}`")
     lines.append("")
     return lines
@@ -74,7 +80,9 @@ def main(argv: list[str]) -> int:
     text = render()
     if "--check" in argv:
         if not OUTPUT.exists() or OUTPUT.read_text() != text:
-            print(f"{OUTPUT.relative_to(ROOT)} is stale: run `hatch run docs` and commit the result")
+            print(
+                f"{OUTPUT.relative_to(ROOT)} is stale: run `hatch run docs` and commit the result"
+            )
             return 1
         print(f"{OUTPUT.relative_to(ROOT)} is up to date")
         return 0

@@ -64,24 +64,36 @@ def closure(name: str, packages: dict[str, Path]) -> set[str]:
     return result
 
 
-def test_package(name: str, packages: dict[str, Path], wheelhouse: Path) -> tuple[int, dict[str, int]]:
+def test_package(
+    name: str, packages: dict[str, Path], wheelhouse: Path
+) -> tuple[int, dict[str, int]]:
     env_dir = CACHE / "envs" / name
     venv.EnvBuilder(clear=True, with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
     needed = closure(name, packages)
     if "torch" in needed:
-        site = run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-                   capture_output=True, text=True).stdout.strip()
+        site = run(
+            python,
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         Path(site, "shared-torch.pth").write_text(f"{shared_torch()}\n")
     # Local wheels by path: PyPI also has a `speedtronic`, which must never be picked instead.
-    wheels = [next(wheelhouse.glob(f"{dist.replace('-', '_')}-*.whl")) for dist in sorted(needed & packages.keys())]
+    wheels = [
+        next(wheelhouse.glob(f"{dist.replace('-', '_')}-*.whl"))
+        for dist in sorted(needed & packages.keys())
+    ]
     test_deps = project(packages[name]).get("dependency-groups", {}).get("test", [])
     run(python, "-m", "pip", "install", "-q", *wheels, *test_deps)
     tests = ROOT / "tests" / name
     if not any(tests.glob("test_*.py")):
         print(f"[{name}] no tests", flush=True)
         return 0, {}
-    proc = subprocess.run([str(python), "-m", "pytest", str(tests)], cwd=CACHE, capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(python), "-m", "pytest", str(tests)], cwd=CACHE, capture_output=True, text=True
+    )
     print(proc.stdout[-4000:], proc.stderr[-2000:], sep="", flush=True)
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     counts = {kind.rstrip("s"): int(n) for n, kind in SUMMARY.findall(last)}
@@ -89,10 +101,14 @@ def test_package(name: str, packages: dict[str, Path], wheelhouse: Path) -> tupl
 
 
 def main(argv: list[str]) -> int:
-    packages = {p.name: p for p in sorted((ROOT / "packages").iterdir()) if (p / "pyproject.toml").exists()}
+    packages = {
+        p.name: p for p in sorted((ROOT / "packages").iterdir()) if (p / "pyproject.toml").exists()
+    }
     selected = argv[1:] or list(packages)
     CACHE.mkdir(exist_ok=True)
-    (CACHE / "pytest.ini").write_text("[pytest]\naddopts = -q --import-mode=importlib -p no:cacheprovider\n")
+    (CACHE / "pytest.ini").write_text(
+        "[pytest]\naddopts = -q --import-mode=importlib -p no:cacheprovider\n"
+    )
     wheelhouse = build_wheels(list(packages.values()))
     totals = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
     failed: list[str] = []
@@ -103,8 +119,13 @@ def main(argv: list[str]) -> int:
             totals[kind] = totals.get(kind, 0) + n
         if code not in (0, 5):
             failed.append(name)
-    print(f"isolated packages: {len(selected) - len(failed)}/{len(selected)} green" + (f"; failing: {', '.join(failed)}" if failed else ""))
-    print(f"isolated: {totals['passed']} passed, {totals['failed'] + totals['error']} failed, {totals['skipped']} skipped")
+    print(
+        f"isolated packages: {len(selected) - len(failed)}/{len(selected)} green"
+        + (f"; failing: {', '.join(failed)}" if failed else "")
+    )
+    print(
+        f"isolated: {totals['passed']} passed, {totals['failed'] + totals['error']} failed, {totals['skipped']} skipped"
+    )
     return 1 if failed else 0
 
 

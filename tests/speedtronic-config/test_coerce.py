@@ -8,9 +8,17 @@ from speedtronic_config.coerce import coerce, coerce_fields
 from speedtronic_config.errors import ConfigError
 
 
-@pytest.mark.parametrize("raw, expected", [
-    (True, True), (False, False), ("true", True), ("false", False), ("FALSE", False), (" True ", True),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        (True, True),
+        (False, False),
+        ("true", True),
+        ("false", False),
+        ("FALSE", False),
+        (" True ", True),
+    ],
+)
 def test_bool_accepts_booleans_and_quoted_booleans(raw, expected):
     assert coerce(raw, "bool", "x") is expected
 

@@ -4,8 +4,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from speedtronic_config import (Config, ConfigError, DataConfig, DistributedConfig, ModelConfig, RunConfig,
-                                SchedulerConfig, SpeedtronicConfig, load_config)
+from speedtronic_config import (
+    Config,
+    ConfigError,
+    DataConfig,
+    DistributedConfig,
+    ModelConfig,
+    RunConfig,
+    SchedulerConfig,
+    SpeedtronicConfig,
+    load_config,
+)
 from speedtronic_config.normalize import ROOT_KEYS, SECTIONS, field_names
 
 
@@ -14,32 +23,49 @@ def test_defaults_and_alias():
     assert Config is SpeedtronicConfig
     assert config.scheduler.max_steps == 1000 and config.scheduler.follows_target
     assert (config.data.block_size, config.data.vocab_size, config.data.seed) == (128, 512, 1234)
-    assert (config.gradient_checkpointing, config.compile, config.ooo_backprop, config.ooo_streams) == \
-        (False, False, False, 4)
+    assert (
+        config.gradient_checkpointing,
+        config.compile,
+        config.ooo_backprop,
+        config.ooo_streams,
+    ) == (False, False, False, 4)
     assert config.accumulation_steps == 1
 
 
 def test_normalization_fills_data_from_model_and_run():
-    config = SpeedtronicConfig.from_dict({"seed": 7, "model": {"max_seq_len": 64, "vocab_size": 99}})
+    config = SpeedtronicConfig.from_dict(
+        {"seed": 7, "model": {"max_seq_len": 64, "vocab_size": 99}}
+    )
     assert (config.data.block_size, config.data.vocab_size, config.data.seed) == (64, 99, 7)
-    explicit = SpeedtronicConfig.from_dict({"model": {"max_seq_len": 64}, "data": {"block_size": 16, "seed": 3}})
+    explicit = SpeedtronicConfig.from_dict(
+        {"model": {"max_seq_len": 64}, "data": {"block_size": 16, "seed": 3}}
+    )
     assert (explicit.data.block_size, explicit.data.seed) == (16, 3)
 
 
 def test_log_every_copies_only_onto_the_default_cadence():
     assert SpeedtronicConfig.from_dict({"log_every": 10}).logging.every_steps == 10
-    assert SpeedtronicConfig.from_dict({"log_every": 10, "logging": {"every_steps": 5}}).logging.every_steps == 5
+    assert (
+        SpeedtronicConfig.from_dict(
+            {"log_every": 10, "logging": {"every_steps": 5}}
+        ).logging.every_steps
+        == 5
+    )
 
 
 def test_enabled_single_becomes_master():
     config = SpeedtronicConfig.from_dict({"distributed": {"enabled": True, "repo_id": "o/r"}})
     assert config.distributed.role == "master"
     assert SpeedtronicConfig().distributed.role == "single"
-    worker = SpeedtronicConfig.from_dict({"hub": {"enabled": True, "repo_id": "o/r", "role": "worker"}})
+    worker = SpeedtronicConfig.from_dict(
+        {"hub": {"enabled": True, "repo_id": "o/r", "role": "worker"}}
+    )
     assert worker.distributed.role == "worker"
 
 
-@pytest.mark.parametrize("values", [{"gradient_checkpointing": True}, {"model": {"gradient_checkpointing": True}}])
+@pytest.mark.parametrize(
+    "values", [{"gradient_checkpointing": True}, {"model": {"gradient_checkpointing": True}}]
+)
 def test_either_gradient_checkpointing_flag_sets_both(values):
     config = SpeedtronicConfig.from_dict(values)
     assert config.gradient_checkpointing and config.model.gradient_checkpointing
@@ -47,7 +73,10 @@ def test_either_gradient_checkpointing_flag_sets_both(values):
 
 def test_scheduler_horizon_follows_the_step_target_unless_given():
     assert SpeedtronicConfig.from_dict({"max_steps": 10}).scheduler.max_steps == 10
-    assert SpeedtronicConfig.from_dict({"max_steps": 10, "data": {"max_steps": 6}}).scheduler.max_steps == 6
+    assert (
+        SpeedtronicConfig.from_dict({"max_steps": 10, "data": {"max_steps": 6}}).scheduler.max_steps
+        == 6
+    )
     kept = SpeedtronicConfig.from_dict({"max_steps": 10, "scheduler": {"max_steps": 1000}})
     assert kept.scheduler.max_steps == 1000 and not kept.scheduler.follows_target
 
@@ -57,7 +86,9 @@ def test_scheduler_horizon_follows_from_python_and_after_mutation():
     assert config.scheduler.max_steps == 10
     config.run.max_steps = 30  # what a CLI --max-steps does
     assert config.validate() is config and config.scheduler.max_steps == 30
-    explicit = SpeedtronicConfig(run=RunConfig(max_steps=10), scheduler=SchedulerConfig(max_steps=50))
+    explicit = SpeedtronicConfig(
+        run=RunConfig(max_steps=10), scheduler=SchedulerConfig(max_steps=50)
+    )
     assert explicit.validate().scheduler.max_steps == 50
 
 
@@ -99,7 +130,9 @@ def test_unknown_nested_key_suggests_the_valid_name():
 
 def test_muon_shorthand_forms_are_equivalent():
     short = SpeedtronicConfig.from_dict({"optimizer": "muon", "muon_plus": True, "cautious": True})
-    long = SpeedtronicConfig.from_dict({"optimizer": {"name": "muon", "muon_plus": True, "cautious": True}})
+    long = SpeedtronicConfig.from_dict(
+        {"optimizer": {"name": "muon", "muon_plus": True, "cautious": True}}
+    )
     assert short == long and short.optimizer.muon_plus
     with pytest.raises(ConfigError, match="^optimizer.muon_plus: requires optimizer.name: muon"):
         SpeedtronicConfig.from_dict({"muon_plus": True})
@@ -112,24 +145,37 @@ def test_precision_shorthand():
 
 
 def test_2_1_fields_load():
-    config = SpeedtronicConfig.from_dict({
-        "run": {"nonfinite_loss": "skip"},
-        "data": {"shard_path": "d/train_*.bin", "val_shard_path": "d/val_*.bin", "val_text_path": "v.txt",
-                 "eval_every": 50, "eval_steps": 5},
-        "scheduler": {"name": "wsd", "decay_ratio": 0.3},
-        "checkpoint": {"save_final": False, "save_on_signal": "false"},
-        "logging": {"hooks": ["tensorboard"], "progress": False},
-        "distributed": {"transport": "filesystem", "endpoint": "/mnt/x", "staleness_limit": 1},
-    })
+    config = SpeedtronicConfig.from_dict(
+        {
+            "run": {"nonfinite_loss": "skip"},
+            "data": {
+                "shard_path": "d/train_*.bin",
+                "val_shard_path": "d/val_*.bin",
+                "val_text_path": "v.txt",
+                "eval_every": 50,
+                "eval_steps": 5,
+            },
+            "scheduler": {"name": "wsd", "decay_ratio": 0.3},
+            "checkpoint": {"save_final": False, "save_on_signal": "false"},
+            "logging": {"hooks": ["tensorboard"], "progress": False},
+            "distributed": {"transport": "filesystem", "endpoint": "/mnt/x", "staleness_limit": 1},
+        }
+    )
     assert config.run.nonfinite_loss == "skip" and config.data.eval_every == 50
     assert config.scheduler.decay_ratio == 0.3 and config.checkpoint.save_on_signal is False
     assert config.logging.hooks == ["tensorboard"] and config.distributed.staleness_limit == 1
 
 
 def test_dict_round_trip_is_exact():
-    values = {"name": "demo", "max_steps": 12, "model": {"n_head": 4, "d_model": 64, "n_kv_head": 2},
-              "data": {"micro_batch_size": 2, "target_batch_size": 8}, "optimizer": "muon",
-              "distributed": {"enabled": True, "repo_id": "o/r", "token": "hf_x"}, "compile": {"enabled": True}}
+    values = {
+        "name": "demo",
+        "max_steps": 12,
+        "model": {"n_head": 4, "d_model": 64, "n_kv_head": 2},
+        "data": {"micro_batch_size": 2, "target_batch_size": 8},
+        "optimizer": "muon",
+        "distributed": {"enabled": True, "repo_id": "o/r", "token": "hf_x"},
+        "compile": {"enabled": True},
+    }
     config = load_config(values)
     again = SpeedtronicConfig.from_dict(config.to_dict())
     assert again == config and again.to_dict() == config.to_dict()
@@ -163,15 +209,30 @@ def test_distributed_section_from_python():
 
 
 # Keys drawn mostly from the schema so the property reaches deep validation, not only unknown keys.
-_SECTION_KEYS = sorted({name for cls in SECTIONS.values() for name in field_names(cls)} | {"enabled"})
-_scalars = st.none() | st.booleans() | st.integers(-3, 2**33) | st.floats(allow_nan=True) | \
-    st.sampled_from(["true", "False", "auto", "muon", "bf16", "wsd", "tensorboard", "1e-3", "", "x"])
-_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3) |
-                       st.dictionaries(st.sampled_from(_SECTION_KEYS) | st.text(max_size=4), inner, max_size=3),
-                       max_leaves=8)
+_SECTION_KEYS = sorted(
+    {name for cls in SECTIONS.values() for name in field_names(cls)} | {"enabled"}
+)
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 2**33)
+    | st.floats(allow_nan=True)
+    | st.sampled_from(
+        ["true", "False", "auto", "muon", "bf16", "wsd", "tensorboard", "1e-3", "", "x"]
+    )
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(_SECTION_KEYS) | st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
 _sections = st.dictionaries(st.sampled_from(_SECTION_KEYS), _values, max_size=4)
-_roots = st.dictionaries(st.sampled_from(sorted(ROOT_KEYS)) | st.text(max_size=5),
-                         _sections | _values, max_size=5)
+_roots = st.dictionaries(
+    st.sampled_from(sorted(ROOT_KEYS)) | st.text(max_size=5), _sections | _values, max_size=5
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

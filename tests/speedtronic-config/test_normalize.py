@@ -9,8 +9,12 @@ from speedtronic_config.normalize import canonical
 def test_none_and_empty_give_empty_sections_and_default_flags():
     tree = canonical(None)
     assert tree["run"] == {} and tree["distributed"] == {}
-    assert (tree["gradient_checkpointing"], tree["compile"], tree["ooo_backprop"], tree["ooo_streams"]) == \
-        (False, False, False, 4)
+    assert (
+        tree["gradient_checkpointing"],
+        tree["compile"],
+        tree["ooo_backprop"],
+        tree["ooo_streams"],
+    ) == (False, False, False, 4)
 
 
 @pytest.mark.parametrize("root", [[1, 2], "text", 3])
@@ -31,7 +35,9 @@ def test_section_must_be_a_mapping():
 
 
 def test_top_level_run_aliases_win_over_nested_fields():
-    tree = canonical({"run": {"name": "nested", "seed": 1}, "name": "top", "max_steps": 5, "log_every": 2})
+    tree = canonical(
+        {"run": {"name": "nested", "seed": 1}, "name": "top", "max_steps": 5, "log_every": 2}
+    )
     assert tree["run"] == {"name": "top", "seed": 1, "max_steps": 5, "log_every": 2}
 
 
@@ -40,27 +46,40 @@ def test_section_aliases_stand_in_for_distributed(alias):
     assert canonical({alias: {"repo_id": "org/x"}})["distributed"] == {"repo_id": "org/x"}
 
 
-@pytest.mark.parametrize("keys", [("distributed", "hub"), ("distributed", "diloco"), ("hub", "diloco")])
+@pytest.mark.parametrize(
+    "keys", [("distributed", "hub"), ("distributed", "diloco"), ("hub", "diloco")]
+)
 def test_section_aliases_are_rejected_next_to_each_other(keys):
     with pytest.raises(ConfigError, match="conflicts with"):
         canonical({key: {} for key in keys})
 
 
 def test_optimizer_and_precision_shorthands():
-    tree = canonical({"optimizer": "muon", "muon_plus": True, "cautious": "true", "precision": "bf16"})
+    tree = canonical(
+        {"optimizer": "muon", "muon_plus": True, "cautious": "true", "precision": "bf16"}
+    )
     assert tree["optimizer"] == {"name": "muon", "muon_plus": True, "cautious": True}
     assert tree["precision"] == {"mode": "bf16"}
 
 
 def test_equal_duplicates_are_fine_and_conflicting_ones_rejected():
-    assert canonical({"optimizer": {"name": "muon", "cautious": True}, "cautious": True})["optimizer"]["cautious"]
+    assert canonical({"optimizer": {"name": "muon", "cautious": True}, "cautious": True})[
+        "optimizer"
+    ]["cautious"]
     with pytest.raises(ConfigError, match=r"^muon_plus: conflicts with optimizer.muon_plus"):
         canonical({"optimizer": {"name": "muon", "muon_plus": False}, "muon_plus": True})
 
 
-@pytest.mark.parametrize("value, expected", [
-    (True, True), ("false", False), ({"enabled": True}, True), ({"enabled": "False"}, False), ({}, False),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (True, True),
+        ("false", False),
+        ({"enabled": True}, True),
+        ({"enabled": "False"}, False),
+        ({}, False),
+    ],
+)
 def test_compile_bool_or_mapping(value, expected):
     assert canonical({"compile": value})["compile"] is expected
 

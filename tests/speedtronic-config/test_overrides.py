@@ -9,17 +9,27 @@ from speedtronic_config.overrides import parse_override
 def test_overrides_return_a_new_mapping_and_leave_the_input_alone():
     original = {"model": {"n_layer": 2}, "optimizer": {"lr": 0.1}}
     result = apply_overrides(original, ["model.n_layer=6", "optimizer=muon", "max_steps=10"])
-    assert result == {"model": {"n_layer": 6}, "optimizer": {"lr": 0.1, "name": "muon"}, "max_steps": 10}
+    assert result == {
+        "model": {"n_layer": 6},
+        "optimizer": {"lr": 0.1, "name": "muon"},
+        "max_steps": 10,
+    }
     assert original == {"model": {"n_layer": 2}, "optimizer": {"lr": 0.1}}
     config = SpeedtronicConfig.from_dict(result)
     assert (config.model.n_layer, config.optimizer.name, config.optimizer.lr) == (6, "muon", 0.1)
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("data.shuffle=true", True), ("optimizer.lr=0.001", 1e-3), ("run.name=demo", "demo"),
-    ("logging.hooks=[tensorboard, wandb]", ["tensorboard", "wandb"]), ("data.text_path=", None),
-    ("run.name='a=b'", "a=b"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("data.shuffle=true", True),
+        ("optimizer.lr=0.001", 1e-3),
+        ("run.name=demo", "demo"),
+        ("logging.hooks=[tensorboard, wandb]", ["tensorboard", "wandb"]),
+        ("data.text_path=", None),
+        ("run.name='a=b'", "a=b"),
+    ],
+)
 def test_values_are_parsed_as_yaml(text, expected):
     parts, value = parse_override(text)
     assert value == expected
@@ -28,17 +38,28 @@ def test_values_are_parsed_as_yaml(text, expected):
 
 
 def test_exponent_without_a_dot_still_sets_a_number():
-    assert SpeedtronicConfig.from_dict(apply_overrides({}, ["optimizer.lr=1e-3"])).optimizer.lr == 1e-3
+    assert (
+        SpeedtronicConfig.from_dict(apply_overrides({}, ["optimizer.lr=1e-3"])).optimizer.lr == 1e-3
+    )
 
 
 def test_override_into_shorthands_and_compile():
-    assert apply_overrides({"optimizer": "muon"}, ["optimizer.lr=0.01"])["optimizer"] == {"name": "muon", "lr": 0.01}
-    assert apply_overrides({"precision": "bf16"}, ["precision.dtype=fp16"])["precision"] == \
-        {"mode": "bf16", "dtype": "fp16"}
-    assert apply_overrides({"compile": True}, ["compile.enabled=false"])["compile"] == {"enabled": False}
+    assert apply_overrides({"optimizer": "muon"}, ["optimizer.lr=0.01"])["optimizer"] == {
+        "name": "muon",
+        "lr": 0.01,
+    }
+    assert apply_overrides({"precision": "bf16"}, ["precision.dtype=fp16"])["precision"] == {
+        "mode": "bf16",
+        "dtype": "fp16",
+    }
+    assert apply_overrides({"compile": True}, ["compile.enabled=false"])["compile"] == {
+        "enabled": False
+    }
     assert apply_overrides({}, ["compile=true"])["compile"] is True
-    assert apply_overrides({"precision": {"dtype": "fp16"}}, ["precision=fp32"])["precision"] == \
-        {"dtype": "fp16", "mode": "fp32"}
+    assert apply_overrides({"precision": {"dtype": "fp16"}}, ["precision=fp32"])["precision"] == {
+        "dtype": "fp16",
+        "mode": "fp32",
+    }
 
 
 def test_nested_run_override_beats_a_top_level_alias():
@@ -57,17 +78,20 @@ def test_scheduler_follows_an_overridden_step_target():
     assert config.scheduler.max_steps == 20
 
 
-@pytest.mark.parametrize("text, message", [
-    ("model.n_layers=3", r"^model.n_layers: unknown key; did you mean n_layer\?"),
-    ("modle.n_layer=3", r"^modle: unknown key; did you mean model\?"),
-    ("model.n_layer.x=3", r"model.n_layer is not a mapping"),
-    ("max_steps.x=3", r"max_steps is not a mapping"),
-    ("compile.on=1", r"^compile.on: unknown key"),
-    ("model.n_layer", r"override must look like section.key=value"),
-    ("=3", r"override must look like"),
-    ("model..x=1", r"override must look like"),
-    ("run.name=[1,", r"value is not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("model.n_layers=3", r"^model.n_layers: unknown key; did you mean n_layer\?"),
+        ("modle.n_layer=3", r"^modle: unknown key; did you mean model\?"),
+        ("model.n_layer.x=3", r"model.n_layer is not a mapping"),
+        ("max_steps.x=3", r"max_steps is not a mapping"),
+        ("compile.on=1", r"^compile.on: unknown key"),
+        ("model.n_layer", r"override must look like section.key=value"),
+        ("=3", r"override must look like"),
+        ("model..x=1", r"override must look like"),
+        ("run.name=[1,", r"value is not valid YAML"),
+    ],
+)
 def test_bad_overrides_are_config_errors(text, message):
     with pytest.raises(ConfigError, match=message):
         apply_overrides({}, [text])

@@ -13,7 +13,9 @@ TOKEN = "hf_very_secret_token_123"
 
 
 def _secret_config() -> SpeedtronicConfig:
-    return SpeedtronicConfig.from_dict({"distributed": {"enabled": True, "repo_id": "o/r", "token": TOKEN}})
+    return SpeedtronicConfig.from_dict(
+        {"distributed": {"enabled": True, "repo_id": "o/r", "token": TOKEN}}
+    )
 
 
 def test_to_dict_is_unredacted_by_default_and_redacts_on_request():
@@ -47,7 +49,9 @@ def test_save_always_redacts_and_reloads(tmp_path):
 
 
 def test_yaml_file_round_trip_is_stable(tmp_path):
-    config = SpeedtronicConfig.from_dict({"name": "x", "optimizer": "muon", "logging": {"hooks": ["wandb"]}})
+    config = SpeedtronicConfig.from_dict(
+        {"name": "x", "optimizer": "muon", "logging": {"hooks": ["wandb"]}}
+    )
     first = config.save(tmp_path / "a.yaml")
     second = SpeedtronicConfig.from_yaml(first).save(tmp_path / "b.yaml")
     assert first.read_text() == second.read_text()
@@ -80,5 +84,6 @@ def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatc
 def test_redact_and_dump_helpers():
     assert redact({"distributed": {"token": "t"}}) == {"distributed": {"token": None}}
     assert redact({"run": {}}) == {"run": {}}
-    assert yaml.safe_load(dump_yaml({"data": {"dataset": object(), "x": [1, (2, 3)]}})) == \
-        {"data": {"dataset": None, "x": [1, [2, 3]]}}
+    assert yaml.safe_load(dump_yaml({"data": {"dataset": object(), "x": [1, (2, 3)]}})) == {
+        "data": {"dataset": None, "x": [1, [2, 3]]}
+    }

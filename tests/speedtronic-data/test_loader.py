@@ -23,9 +23,21 @@ from speedtronic_data import (
 
 
 def section(**fields):
-    defaults = dict(text_path=None, dataset=None, synthetic=True, num_tokens=40, vocab_size=256, block_size=8,
-                    micro_batch_size=4, num_workers=0, prefetch_factor=None, pin_memory=None, shuffle=False,
-                    drop_last=True, seed=7)
+    defaults = dict(
+        text_path=None,
+        dataset=None,
+        synthetic=True,
+        num_tokens=40,
+        vocab_size=256,
+        block_size=8,
+        micro_batch_size=4,
+        num_workers=0,
+        prefetch_factor=None,
+        pin_memory=None,
+        shuffle=False,
+        drop_last=True,
+        seed=7,
+    )
     return SimpleNamespace(**{**defaults, **fields})
 
 
@@ -50,10 +62,14 @@ def test_selection_order(shards, text_file):
     everything = section(shard_path=str(shards / "train_*.bin"), text_path=str(text_file))
     assert build_dataloader(everything, dataset=dataset).dataset is dataset
     assert isinstance(build_dataloader(everything).dataset, TokenShardDataset)
-    assert isinstance(build_dataloader(section(text_path=str(text_file))).dataset, TextFileTokenDataset)
+    assert isinstance(
+        build_dataloader(section(text_path=str(text_file))).dataset, TextFileTokenDataset
+    )
     assert build_dataloader(section(dataset=dataset)).dataset is dataset
     synthetic = build_dataloader(section()).dataset
-    assert isinstance(synthetic, SyntheticTokenDataset) and len(synthetic) == 40  # num_tokens = samples
+    assert (
+        isinstance(synthetic, SyntheticTokenDataset) and len(synthetic) == 40
+    )  # num_tokens = samples
     with pytest.raises(DataError, match="no data source"):
         build_dataloader(section(synthetic=False))
 
@@ -67,12 +83,19 @@ def test_loader_options_follow_the_rules(text_file):
     text = build_dataloader(section(text_path=str(text_file), shuffle=True))
     first = next(iter(text))["input_ids"][0].tolist()
     assert first == list(b"0 lorem ")  # shuffle forced off for the streamed file
-    assert all(batch["input_ids"].shape == (4, 8) for batch in build_dataloader(section(num_tokens=10)))
+    assert all(
+        batch["input_ids"].shape == (4, 8) for batch in build_dataloader(section(num_tokens=10))
+    )
 
 
 def test_batches_are_the_contract_dict_and_vocab_override(shards):
-    batch = next(iter(build_dataloader(section(shard_path=str(shards / "train_*.bin"), vocab_size=None),
-                                       vocab_size=64)))
+    batch = next(
+        iter(
+            build_dataloader(
+                section(shard_path=str(shards / "train_*.bin"), vocab_size=None), vocab_size=64
+            )
+        )
+    )
     assert batch["input_ids"].dtype == torch.long and batch["attention_mask"].dtype == torch.bool
     assert torch.equal(batch["input_ids"][:, 1:], batch["labels"][:, :-1])
     with pytest.raises(DataError, match="vocab_size 10;"):
@@ -83,6 +106,7 @@ def test_shuffle_is_seeded_and_changes_per_epoch():
     def epochs(seed):
         loader = build_dataloader(section(shuffle=True, seed=seed))
         return [[b["input_ids"].tolist() for b in loader] for _ in range(2)]
+
     a, b = epochs(1), epochs(1)
     assert a == b and a[0] != a[1] and a != epochs(2)
 
@@ -101,7 +125,9 @@ def test_bad_settings_name_the_field():
 def test_dataset_setting_loads_saved_datasets_and_shard_globs(tmp_path, shards):
     torch.save(SyntheticTokenDataset(12, 8, 64, seed=3), tmp_path / "ds.pt")
     assert len(build_dataloader(section(dataset=str(tmp_path / "ds.pt"))).dataset) == 12
-    assert isinstance(build_dataloader(section(dataset=str(shards / "val_*.bin"))).dataset, TokenShardDataset)
+    assert isinstance(
+        build_dataloader(section(dataset=str(shards / "val_*.bin"))).dataset, TokenShardDataset
+    )
     torch.save({"not": "a dataset"}, tmp_path / "dict.pt")
     with pytest.raises(DataError, match="holds a dict, not a torch Dataset"):
         build_dataloader(section(dataset=str(tmp_path / "dict.pt")))
@@ -110,9 +136,15 @@ def test_dataset_setting_loads_saved_datasets_and_shard_globs(tmp_path, shards):
 def test_eval_loader(shards, text_file):
     assert build_eval_dataloader(section()) is None
     loader = build_eval_dataloader(section(val_shard_path=str(shards / "val_*.bin"), shuffle=True))
-    assert isinstance(loader.dataset, TokenShardDataset) and len(loader.dataset) == 12 and not loader.drop_last
+    assert (
+        isinstance(loader.dataset, TokenShardDataset)
+        and len(loader.dataset) == 12
+        and not loader.drop_last
+    )
     assert [b["input_ids"].tolist() for b in loader] == [b["input_ids"].tolist() for b in loader]
-    assert isinstance(build_eval_dataloader(section(val_text_path=str(text_file))).dataset, TextFileTokenDataset)
+    assert isinstance(
+        build_eval_dataloader(section(val_text_path=str(text_file))).dataset, TextFileTokenDataset
+    )
 
 
 class _Counting(IterableDataset):
@@ -125,14 +157,25 @@ def _resume_cases(shards, text_file):
     return {
         "synthetic shuffled": section(shuffle=True),
         "shards shuffled": section(shard_path=str(shards / "train_*.bin"), shuffle=True),
-        "shards sequential, 2 workers": section(shard_path=str(shards / "train_*.bin"), num_workers=2),
+        "shards sequential, 2 workers": section(
+            shard_path=str(shards / "train_*.bin"), num_workers=2
+        ),
         "text": section(text_path=str(text_file)),
         "text, 2 workers": section(text_path=str(text_file), num_workers=2, micro_batch_size=3),
     }
 
 
-@pytest.mark.parametrize("case", ["synthetic shuffled", "shards shuffled", "shards sequential, 2 workers", "text",
-                                  "text, 2 workers", "unknown iterable"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "synthetic shuffled",
+        "shards shuffled",
+        "shards sequential, 2 workers",
+        "text",
+        "text, 2 workers",
+        "unknown iterable",
+    ],
+)
 @pytest.mark.parametrize("stop_at", [0, 3])
 def test_resume_yields_exactly_the_remaining_batches(shards, text_file, case, stop_at):
     def build():
@@ -191,7 +234,10 @@ def _windows(shards, block_size=8):
     out = []
     for path in sorted(shards.glob("train_*.bin")):
         tokens = np.fromfile(path, dtype="<u2", offset=1024).astype(np.int64)
-        out += [tokens[i * block_size:(i + 1) * block_size + 1] for i in range((len(tokens) - 1) // block_size)]
+        out += [
+            tokens[i * block_size : (i + 1) * block_size + 1]
+            for i in range((len(tokens) - 1) // block_size)
+        ]
     return out
 
 
@@ -199,8 +245,14 @@ def _windows(shards, block_size=8):
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_shard_loader_batches_equal_the_per_window_reference(shards, shuffle, workers):
-    loader = build_dataloader(section(shard_path=str(shards / "train_*.bin"), shuffle=shuffle, num_workers=workers,
-                                      micro_batch_size=5))
+    loader = build_dataloader(
+        section(
+            shard_path=str(shards / "train_*.bin"),
+            shuffle=shuffle,
+            num_workers=workers,
+            micro_batch_size=5,
+        )
+    )
     windows = _windows(shards)
     for epoch in range(2):
         batches = list(loader)
@@ -208,22 +260,36 @@ def test_shard_loader_batches_equal_the_per_window_reference(shards, shuffle, wo
         assert sorted(order) == list(range(len(windows))) and (order != sorted(order)) == shuffle
         assert len(batches) == len(windows) // 5
         for b, batch in enumerate(batches):
-            expected = torch.from_numpy(np.stack([windows[i] for i in order[b * 5:(b + 1) * 5]]))
+            expected = torch.from_numpy(np.stack([windows[i] for i in order[b * 5 : (b + 1) * 5]]))
             assert set(batch) == {"input_ids", "labels", "attention_mask"}
             assert batch["input_ids"].dtype == batch["labels"].dtype == torch.long
-            assert batch["attention_mask"].dtype == torch.bool and batch["attention_mask"].shape == (5, 8)
+            assert batch["attention_mask"].dtype == torch.bool and batch[
+                "attention_mask"
+            ].shape == (5, 8)
             assert bool(batch["attention_mask"].all())
-            assert torch.equal(batch["input_ids"], expected[:, :-1]) and torch.equal(batch["labels"], expected[:, 1:])
+            assert torch.equal(batch["input_ids"], expected[:, :-1]) and torch.equal(
+                batch["labels"], expected[:, 1:]
+            )
 
 
 def _shard_run(shards, **fields):
     dataset = TokenShardDataset(str(shards / "train_*.bin"), 8, 64)
-    return dataset, build_dataloader(section(shard_path=str(shards / "train_*.bin"), **fields), dataset=dataset)
+    return dataset, build_dataloader(
+        section(shard_path=str(shards / "train_*.bin"), **fields), dataset=dataset
+    )
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
-@pytest.mark.parametrize("fields", [{}, {"shuffle": True}, {"shuffle": True, "num_workers": 2},
-                                    {"num_workers": 2, "drop_last": False}], ids=str)
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"shuffle": True},
+        {"shuffle": True, "num_workers": 2},
+        {"num_workers": 2, "drop_last": False},
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("stop_at", [0, 4, 17])  # 17: in the second epoch (13 batches per epoch)
 def test_dataset_state_resumes_at_exactly_the_next_batch(shards, fields, stop_at):
     _, reference = _shard_run(shards, **fields)
@@ -242,7 +308,10 @@ def test_dataset_state_resumes_at_exactly_the_next_batch(shards, fields, stop_at
     assert state == {"epoch": epoch, "windows": within * 4, "num_windows": len(dataset)}
     fresh, resumed = _shard_run(shards, **fields)
     fresh.load_state_dict(state)
-    assert resumed.state_dict() == {"epoch": epoch, "batches": within}  # the loader shares the dataset's position
+    assert resumed.state_dict() == {
+        "epoch": epoch,
+        "batches": within,
+    }  # the loader shares the dataset's position
     rest = [(b["input_ids"], b["labels"]) for _ in range(3 - epoch) for b in resumed]
     got = taken + rest
     assert len(got) == len(expected)
@@ -259,10 +328,18 @@ def test_dataset_state_resumes_under_another_batch_size(shards):
     fresh.load_state_dict(state)
     assert resumed.state_dict() == {"epoch": 0, "batches": 3, "samples": 12}
     batch = next(iter(resumed))
-    order = list(ResumableSampler(len(fresh), shuffle=True, seed=7))  # epoch 0 of seed 7, from the start
+    order = list(
+        ResumableSampler(len(fresh), shuffle=True, seed=7)
+    )  # epoch 0 of seed 7, from the start
     windows = _windows(shards)
     assert batch["input_ids"].tolist() == [windows[i][:-1].tolist() for i in order[12:17]]
-    assert fresh.state_dict()["windows"] == 17 and resumed.state_dict() == {"epoch": 0, "batches": 4, "samples": 17}
+    assert fresh.state_dict()["windows"] == 17 and resumed.state_dict() == {
+        "epoch": 0,
+        "batches": 4,
+        "samples": 17,
+    }
     _, other = _shard_run(shards, shuffle=True, micro_batch_size=5)
     other.load_state_dict(resumed.state_dict())  # the loader's form keeps the exact window too
-    assert next(iter(other))["input_ids"].tolist() == [windows[i][:-1].tolist() for i in order[17:22]]
+    assert next(iter(other))["input_ids"].tolist() == [
+        windows[i][:-1].tolist() for i in order[17:22]
+    ]

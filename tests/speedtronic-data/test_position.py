@@ -11,7 +11,10 @@ def test_each_pass_is_the_next_epoch_unless_a_resume_point_was_loaded():
     assert position.start_pass() == (0, 0)
     position.samples += 8
     assert (position.epoch, position.samples) == (0, 8)
-    assert position.start_pass() == (1, 0)  # a pass left early does not continue: the next one is a new epoch
+    assert position.start_pass() == (
+        1,
+        0,
+    )  # a pass left early does not continue: the next one is a new epoch
     position.resume_at(4, 12, "state")
     assert (position.epoch, position.samples) == (4, 12)  # reported at once, before the pass starts
     assert position.start_pass() == (4, 12)
@@ -26,5 +29,7 @@ def test_negative_positions_are_rejected_by_name():
 def test_read_state_names_the_expected_shape():
     assert read_state({"epoch": "2", "windows": 3}, "windows", "X") == (2, 3)
     for bad in ({"epoch": 1}, None, {"epoch": "one", "windows": 0}):
-        with pytest.raises(DataError, match=r"is not a X state \(expected \{'epoch': int, 'windows': int\}\)"):
+        with pytest.raises(
+            DataError, match=r"is not a X state \(expected \{'epoch': int, 'windows': int\}\)"
+        ):
             read_state(bad, "windows", "X")

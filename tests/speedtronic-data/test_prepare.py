@@ -3,7 +3,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from speedtronic_data import DataError, TokenShardDataset, prepare_shards, read_shard_tokens, stdlib_corpus
+from speedtronic_data import (
+    DataError,
+    TokenShardDataset,
+    prepare_shards,
+    read_shard_tokens,
+    stdlib_corpus,
+)
 
 
 def _tokens(paths) -> list[int]:
@@ -14,15 +20,21 @@ def test_files_and_texts_become_train_and_val_shards(tmp_path):
     source = tmp_path / "a.txt"
     source.write_text("".join(f"line {i}\n" for i in range(1000)))
     lines = []
-    result = prepare_shards([source], tmp_path / "out", val_fraction=0.1, shard_tokens=2000,
-                            texts=["extra text\n"], progress=lines.append)
+    result = prepare_shards(
+        [source],
+        tmp_path / "out",
+        val_fraction=0.1,
+        shard_tokens=2000,
+        texts=["extra text\n"],
+        progress=lines.append,
+    )
     data = source.read_bytes() + b"extra text\n"
     assert result.train_tokens + result.val_tokens == len(data)
     assert 0 < result.val_tokens < len(data) // 5
     assert sorted(_tokens(result.val_paths) + _tokens(result.train_paths)) == sorted(data)
     val = bytes(_tokens(result.val_paths))
     # Validation is the head of each source, rounded up to a whole line (so the one-line text is all val).
-    assert val == source.read_bytes()[:len(val) - 11] + b"extra text\n" and val.count(b"\n") > 50
+    assert val == source.read_bytes()[: len(val) - 11] + b"extra text\n" and val.count(b"\n") > 50
     assert [p.name for p in result.train_paths][:2] == ["train_000000.bin", "train_000001.bin"]
     assert all(len(read_shard_tokens(p)) == 2000 for p in result.train_paths[:-1])
     assert len(lines) == len(result.train_paths) + len(result.val_paths) and "tokens/s" in lines[0]
@@ -34,9 +46,16 @@ def test_rerun_removes_stale_shards_and_custom_tokenizer(tmp_path):
     source.write_text("word " * 5000)
     first = prepare_shards([source], tmp_path, shard_tokens=1000, progress=None)
     assert len(first.train_paths) > 3
-    second = prepare_shards([source], tmp_path, tokenizer=lambda t: [7] * len(t.split()), shard_tokens=10**6,
-                            progress=None)
-    assert sorted(tmp_path.glob("train_*.bin")) == second.train_paths and len(second.train_paths) == 1
+    second = prepare_shards(
+        [source],
+        tmp_path,
+        tokenizer=lambda t: [7] * len(t.split()),
+        shard_tokens=10**6,
+        progress=None,
+    )
+    assert (
+        sorted(tmp_path.glob("train_*.bin")) == second.train_paths and len(second.train_paths) == 1
+    )
     assert set(_tokens(second.train_paths)) == {7}
 
 

@@ -36,7 +36,13 @@ def test_windows_follow_the_shards_and_never_cross_them(tmp_path):
     write_shard(tmp_path / "s1.bin", np.arange(100, 112))  # 12 tokens: 2 windows
     ds = TokenShardDataset(str(tmp_path / "s*.bin"), block_size=5)
     assert len(ds) == 6 and ds.num_tokens == 33
-    assert ds[0]["input_ids"].tolist() == [0, 1, 2, 3, 4] and ds[0]["labels"].tolist() == [1, 2, 3, 4, 5]
+    assert ds[0]["input_ids"].tolist() == [0, 1, 2, 3, 4] and ds[0]["labels"].tolist() == [
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
     assert ds[3]["labels"].tolist() == [16, 17, 18, 19, 20]
     assert ds[4]["input_ids"].tolist() == [100, 101, 102, 103, 104]
     assert ds[-1]["labels"].tolist() == [106, 107, 108, 109, 110]
@@ -72,7 +78,9 @@ def test_bad_shards_are_named(tmp_path):
         read_shard_header(_raw(tmp_path / "magic.bin", [12345, 1, 0], b""))
     with pytest.raises(DataError, match="has version 7; magic 20240520 needs version 1"):
         read_shard_header(_raw(tmp_path / "version.bin", [20240520, 7, 0], b""))
-    with pytest.raises(DataError, match=r"promises 10 tokens \(20 bytes\) but the body has 8 bytes"):
+    with pytest.raises(
+        DataError, match=r"promises 10 tokens \(20 bytes\) but the body has 8 bytes"
+    ):
         read_shard_header(_raw(tmp_path / "cut.bin", [20240520, 1, 10], b"\0" * 8))
 
 
@@ -104,22 +112,36 @@ def _reference_windows(paths, block_size):
     for path in paths:
         magic = int(np.fromfile(path, dtype="<i4", count=1)[0])
         tokens = np.fromfile(path, dtype="<u2" if magic == 20240520 else "<u4", offset=HEADER_BYTES)
-        windows += [tokens[i * block_size:(i + 1) * block_size + 1].astype(np.int64)
-                    for i in range((len(tokens) - 1) // block_size)]
+        windows += [
+            tokens[i * block_size : (i + 1) * block_size + 1].astype(np.int64)
+            for i in range((len(tokens) - 1) // block_size)
+        ]
     return windows
 
 
 @pytest.fixture
 def mixed_shards(tmp_path):
     rng = np.random.default_rng(1)
-    paths = [write_shard(tmp_path / "m_0.bin", rng.integers(0, 500, 203)),
-             write_shard(tmp_path / "m_1.bin", rng.integers(0, 70_000, 97)),  # uint32 tokens
-             write_shard(tmp_path / "m_2.bin", rng.integers(0, 500, 150))]
+    paths = [
+        write_shard(tmp_path / "m_0.bin", rng.integers(0, 500, 203)),
+        write_shard(tmp_path / "m_1.bin", rng.integers(0, 70_000, 97)),  # uint32 tokens
+        write_shard(tmp_path / "m_2.bin", rng.integers(0, 500, 150)),
+    ]
     return paths
 
 
-@pytest.mark.parametrize("indices", [[0, 1, 2, 3], [20, 21, 22, 23], [7, 3, 3, 12], [23, 24, 25], [40, 0, 20, 31, 5],
-                                     np.array([8, 9]), range(10, 14)])
+@pytest.mark.parametrize(
+    "indices",
+    [
+        [0, 1, 2, 3],
+        [20, 21, 22, 23],
+        [7, 3, 3, 12],
+        [23, 24, 25],
+        [40, 0, 20, 31, 5],
+        np.array([8, 9]),
+        range(10, 14),
+    ],
+)
 def test_batches_equal_the_per_window_reference(mixed_shards, indices):
     ds = TokenShardDataset([str(p) for p in mixed_shards], block_size=8)
     reference = _reference_windows(mixed_shards, 8)
@@ -156,8 +178,15 @@ def test_vocab_is_checked_in_every_read_path(tmp_path):
     write_shard(tmp_path / "a.bin", np.arange(40) % 10)
     write_shard(tmp_path / "b.bin", np.r_[np.arange(30) % 10, 77])
     ds = TokenShardDataset(str(tmp_path / "*.bin"), 5, vocab_size=64)
-    assert ds.__getitems__([0, 1, 2]).input_ids.max() < 64 and ds.__getitems__([3, 0]).labels.max() < 64
-    for indices in ([11, 12], [12, 8], [6, 12]):  # the last window of b.bin ends on 77: slice, gather, two shards
+    assert (
+        ds.__getitems__([0, 1, 2]).input_ids.max() < 64
+        and ds.__getitems__([3, 0]).labels.max() < 64
+    )
+    for indices in (
+        [11, 12],
+        [12, 8],
+        [6, 12],
+    ):  # the last window of b.bin ends on 77: slice, gather, two shards
         with pytest.raises(DataError, match=r"b.bin' holds token id 77 >= vocab_size 64"):
             ds.__getitems__(indices)
 
@@ -172,10 +201,16 @@ def test_state_round_trip_and_bad_states(tmp_path):
     assert not hasattr(ds, "state_dict")
     with pytest.raises(AttributeError, match="only while a ResumableLoader drives the dataset"):
         ds.state_dict()
-    ds.load_state_dict({"epoch": 2, "windows": 5, "num_windows": 24})  # before the loader exists is fine
+    ds.load_state_dict(
+        {"epoch": 2, "windows": 5, "num_windows": 24}
+    )  # before the loader exists is fine
     loader = ResumableLoader(ds, batch_size=3)
     assert ds.state_dict() == {"epoch": 2, "windows": 5, "num_windows": 24}
-    assert next(iter(loader))["input_ids"][:, 0].tolist() == [20, 24, 28]  # windows 5, 6, 7 of epoch 2
+    assert next(iter(loader))["input_ids"][:, 0].tolist() == [
+        20,
+        24,
+        28,
+    ]  # windows 5, 6, 7 of epoch 2
     assert ds.state_dict() == {"epoch": 2, "windows": 8, "num_windows": 24}
     with pytest.raises(DataError, match="not a TokenShardDataset state"):
         ds.load_state_dict({"epoch": 0})

@@ -20,7 +20,9 @@ def test_reproducible_per_index_and_seed():
     assert torch.equal(a[4]["input_ids"], b[4]["input_ids"])
     assert torch.equal(a[-1]["input_ids"], a[9]["input_ids"])
     assert not torch.equal(a[4]["input_ids"], a[5]["input_ids"])
-    assert not torch.equal(a[4]["input_ids"], SyntheticTokenDataset(10, 8, 50, seed=2)[4]["input_ids"])
+    assert not torch.equal(
+        a[4]["input_ids"], SyntheticTokenDataset(10, 8, 50, seed=2)[4]["input_ids"]
+    )
 
 
 def test_bad_arguments_and_index():

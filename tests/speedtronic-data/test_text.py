@@ -27,8 +27,8 @@ def test_blocks_cover_the_file_with_shifted_labels(text_file):
     samples = list(ds)
     assert len(samples) == (len(data) - 1) // 32
     for i, sample in enumerate(samples):
-        assert sample["input_ids"].tolist() == data[i * 32:(i + 1) * 32]
-        assert sample["labels"].tolist() == data[i * 32 + 1:(i + 1) * 32 + 1]
+        assert sample["input_ids"].tolist() == data[i * 32 : (i + 1) * 32]
+        assert sample["labels"].tolist() == data[i * 32 + 1 : (i + 1) * 32 + 1]
         assert sample["input_ids"].dtype == torch.long
 
 
@@ -41,7 +41,9 @@ def test_small_read_chunks_give_the_same_blocks(text_file, monkeypatch):
 def test_custom_tokenizer_is_used(text_file):
     words = {}
     tokenizer = lambda text: [words.setdefault(w, len(words)) for w in text.split()]  # noqa: E731
-    samples = list(TextFileTokenDataset(text_file, block_size=4, tokenizer=tokenizer, vocab_size=10_000))
+    samples = list(
+        TextFileTokenDataset(text_file, block_size=4, tokenizer=tokenizer, vocab_size=10_000)
+    )
     assert samples and max(int(s["input_ids"].max()) for s in samples) < len(words)
 
 

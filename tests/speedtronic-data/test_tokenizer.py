@@ -48,6 +48,7 @@ def test_hugging_face_tokenizer_adapter():
     tokenizers = pytest.importorskip("tokenizers")
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import Whitespace
+
     tok = tokenizers.Tokenizer(WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
     tok.pre_tokenizer = Whitespace()
     assert encode_text(tok, "a b zz a") == [0, 1, 2, 0]

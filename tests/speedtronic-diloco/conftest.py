@@ -24,7 +24,11 @@ def server():
 @pytest.fixture
 def hub(server, tmp_path):
     """A HubClient driving the real huggingface_hub HfApi against the loopback server."""
-    transport = HfApiTransport("org/run", token=TOKEN, endpoint=server.url, cache_dir=tmp_path / "hf-cache")
-    client = HubClient("org/run", transport=transport, retry_initial=0.01, retry_max=0.02, sleeper=lambda s: None)
+    transport = HfApiTransport(
+        "org/run", token=TOKEN, endpoint=server.url, cache_dir=tmp_path / "hf-cache"
+    )
+    client = HubClient(
+        "org/run", transport=transport, retry_initial=0.01, retry_max=0.02, sleeper=lambda s: None
+    )
     client.create_repo()
     return client

@@ -20,7 +20,9 @@ TRUE_W = torch.tensor([[1.5, -2.0, 0.5, 3.0]])
 
 
 @runtime_checkable
-class SyncCoordinator(Protocol):  # the trainer's protocol (spec/02), restated: the trainer is never imported
+class SyncCoordinator(
+    Protocol
+):  # the trainer's protocol (spec/02), restated: the trainer is never imported
     def start(self) -> None: ...
     def after_optimizer_step(self, model: Any, step: int) -> bool | None: ...
     def stop(self) -> None: ...
@@ -29,18 +31,37 @@ class SyncCoordinator(Protocol):  # the trainer's protocol (spec/02), restated: 
 
 
 def section(**overrides):
-    values = dict(role="worker", node_id="w1", inner_steps=4, poll_interval=3600.0, outer_lr=0.7,
-                  outer_momentum=0.9, repo_id="org/run", token="hf_SECRET_in_config", async_delta_upload=False,
-                  async_global_poll=False, delta_upload_queue_size=1, delta_upload_overflow="skip",
-                  delta_upload_shutdown_timeout=5.0, global_wait_timeout=0.0, staleness_limit=2)
+    values = dict(
+        role="worker",
+        node_id="w1",
+        inner_steps=4,
+        poll_interval=3600.0,
+        outer_lr=0.7,
+        outer_momentum=0.9,
+        repo_id="org/run",
+        token="hf_SECRET_in_config",
+        async_delta_upload=False,
+        async_global_poll=False,
+        delta_upload_queue_size=1,
+        delta_upload_overflow="skip",
+        delta_upload_shutdown_timeout=5.0,
+        global_wait_timeout=0.0,
+        staleness_limit=2,
+    )
     values.update(overrides)
     return SimpleNamespace(**values)
 
 
 def client(server, tmp_path, name, **kwargs):
     transport = HfApiTransport("org/run", endpoint=server.url, cache_dir=tmp_path / f"cache-{name}")
-    return HubClient("org/run", transport=transport, retry_initial=0.01, retry_max=0.01,
-                     sleeper=lambda s: None, **kwargs)
+    return HubClient(
+        "org/run",
+        transport=transport,
+        retry_initial=0.01,
+        retry_max=0.01,
+        sleeper=lambda s: None,
+        **kwargs,
+    )
 
 
 def model(seed=0):
@@ -51,8 +72,12 @@ def model(seed=0):
 def node(server, tmp_path, name, seed=0, **overrides):
     net = model(seed)
     role = "master" if name == "master" else "worker"
-    coordinator = DumbDiLoCoCoordinator(section(role=role, node_id=name, **overrides), net,
-                                        hub=client(server, tmp_path, name), state_dir=tmp_path / "state" / name)
+    coordinator = DumbDiLoCoCoordinator(
+        section(role=role, node_id=name, **overrides),
+        net,
+        hub=client(server, tmp_path, name),
+        state_dir=tmp_path / "state" / name,
+    )
     return coordinator, net, torch.optim.AdamW(net.parameters(), lr=0.05)
 
 
@@ -69,8 +94,10 @@ def record_weights(coordinator):
     """Return {local step: the weight the coordinator saw at that step, before any global install}."""
     weights = {}
     boundary = coordinator.after_optimizer_step
-    coordinator.after_optimizer_step = lambda model, step: (weights.__setitem__(step, model.weight.detach().clone()),
-                                                            boundary(model, step))[1]
+    coordinator.after_optimizer_step = lambda model, step: (
+        weights.__setitem__(step, model.weight.detach().clone()),
+        boundary(model, step),
+    )[1]
     return weights
 
 
@@ -114,7 +141,9 @@ def test_rounds_with_master_and_two_workers_apply_every_delta_once(server, tmp_p
         assert coordinator.last_global_step == 0 and torch.equal(net.weight, master_net.weight)
     initial = held_out_loss(master.master.snapshot()[1])
     for round_index in range(4):
-        for seed, (coordinator, net, opt) in enumerate(workers + [(master, master_net, master_opt)]):
+        for seed, (coordinator, net, opt) in enumerate(
+            workers + [(master, master_net, master_opt)]
+        ):
             train(coordinator, net, opt, 4, seed=100 * round_index + seed)
         master.master.sync_once()
     outer_step, state = master.master.snapshot()
@@ -125,7 +154,9 @@ def test_rounds_with_master_and_two_workers_apply_every_delta_once(server, tmp_p
     uploaded = {p for c in server_log(server) for p in c["added"] if parse_delta_ref(p)}
     processed = master.master.processed_filenames
     assert uploaded and uploaded <= processed | set(master.hub.delta_paths())
-    assert master.master.counters["applied"] == len(uploaded & processed)  # each applied exactly once
+    assert master.master.counters["applied"] == len(
+        uploaded & processed
+    )  # each applied exactly once
     for coordinator, _, _ in workers + [(master, None, None)]:
         coordinator.stop()
 
@@ -138,7 +169,9 @@ def test_synchronous_delta_mode_remains_available(server, tmp_path):
     baseline = {k: v.clone() for k, v in net.state_dict().items()}
     assert train(worker, net, opt, 4, seed=1) == [4]  # uploaded at the boundary: reset requested
     data = worker.hub.read_bytes(delta_path("w1", 4, 0))
-    assert torch.allclose(from_safetensors_bytes(data)["weight"], baseline["weight"] - net.weight.detach())
+    assert torch.allclose(
+        from_safetensors_bytes(data)["weight"], baseline["weight"] - net.weight.detach()
+    )
     assert worker.counters["uploads"] == 1
     master.stop()
 
@@ -181,7 +214,9 @@ def test_async_delta_failure_keeps_baseline_for_cumulative_retry(server, tmp_pat
     train(worker, net, opt, 4, seed=2)
     worker.stop()
     data = worker.hub.read_bytes(delta_path("w1", 8, 0))
-    cumulative = baseline["weight"] - net.weight.detach()  # both rounds of work, against the old baseline
+    cumulative = (
+        baseline["weight"] - net.weight.detach()
+    )  # both rounds of work, against the old baseline
     assert torch.allclose(from_safetensors_bytes(data)["weight"], cumulative, atol=1e-6)
     master.stop()
 
@@ -190,7 +225,9 @@ def test_async_global_poll_installs_on_training_thread_at_a_boundary(server, tmp
     master, master_net, master_opt = node(server, tmp_path, "master")
     master.start()
     events = []
-    worker, net, opt = node(server, tmp_path, "w1", async_global_poll=True, poll_interval=0.01, inner_steps=3)
+    worker, net, opt = node(
+        server, tmp_path, "w1", async_global_poll=True, poll_interval=0.01, inner_steps=3
+    )
     worker.events = lambda event, payload: events.append((event, threading.get_ident(), payload))
     worker.start()
     train(master, master_net, master_opt, 4, seed=5)
@@ -225,12 +262,16 @@ def test_prepared_resume_restores_pending_upload_without_double_counting(server,
         checkpoint["pending_upload"] = checkpoint.pop("pending_uploads")[0]
     assert "hf_SECRET_in_config" not in repr(checkpoint)
     model_state = {k: v.clone() for k, v in net.state_dict().items()}
-    worker.settings = worker.settings.__class__(**{**worker.settings.__dict__, "delta_upload_shutdown_timeout": 0.0})
+    worker.settings = worker.settings.__class__(
+        **{**worker.settings.__dict__, "delta_upload_shutdown_timeout": 0.0}
+    )
     worker.stop()  # the process "dies" with the upload still stuck
     gate.set()
     # "block": the step-8 delta waits for the re-sent step-4 upload instead of being skipped when
     # a loaded machine has not finished it yet (skipping is tested on its own).
-    resumed, net2, opt2 = node(server, tmp_path, "w1", async_delta_upload=True, delta_upload_overflow="block")
+    resumed, net2, opt2 = node(
+        server, tmp_path, "w1", async_delta_upload=True, delta_upload_overflow="block"
+    )
     net2.load_state_dict(model_state)
     resumed.prepare_state(checkpoint)
     resumed.start()
@@ -238,7 +279,9 @@ def test_prepared_resume_restores_pending_upload_without_double_counting(server,
     resumed.stop()
     first = from_safetensors_bytes(resumed.hub.read_bytes(delta_path("w1", 4, 0)))["weight"]
     second = from_safetensors_bytes(resumed.hub.read_bytes(delta_path("w1", 8, 0)))["weight"]
-    assert torch.allclose(second, model_state["weight"] - net2.weight.detach(), atol=1e-6)  # only new work
+    assert torch.allclose(
+        second, model_state["weight"] - net2.weight.detach(), atol=1e-6
+    )  # only new work
     assert not torch.allclose(first, second)
     master.stop()
 
@@ -301,7 +344,9 @@ def test_failed_delta_after_a_global_install_is_carried_forward(server, tmp_path
     worker.hub.transport.commit = failing_commit
     train(master, master_net, master_opt, 4, seed=3)
     master.master.sync_once()
-    train(worker, net, opt, 4, seed=1)  # boundary: delta queued (its upload blocked), then global 1 installed
+    train(
+        worker, net, opt, 4, seed=1
+    )  # boundary: delta queued (its upload blocked), then global 1 installed
     assert worker.last_global_step == 1
     failed = worker.state_dict()["pending_uploads"][0]["delta"]["weight"].clone()
     gate.set()
@@ -314,7 +359,9 @@ def test_failed_delta_after_a_global_install_is_carried_forward(server, tmp_path
     worker.stop()
     path = [p for p in worker.hub.delta_paths() if "/w1/" in p][0]
     ref = parse_delta_ref(path)
-    assert ref.local_step == 8 and ref.base_outer_step == 0  # the carried delta keeps its older base
+    assert (
+        ref.local_step == 8 and ref.base_outer_step == 0
+    )  # the carried delta keeps its older base
     sent = from_safetensors_bytes(worker.hub.read_bytes(path))["weight"]
     assert torch.allclose(sent, failed + installed["weight"] - net.weight.detach(), atol=1e-6)
     master.stop()
@@ -324,26 +371,42 @@ def test_a_node_waits_after_max_local_rounds_until_a_newer_global_arrives(server
     master, _, _ = node(server, tmp_path, "master")
     master.start()
     events = []
-    worker, net, opt = node(server, tmp_path, "w1", max_local_rounds=2, global_wait_timeout=60.0,
-                            async_global_poll=True, poll_interval=0.05)
+    worker, net, opt = node(
+        server,
+        tmp_path,
+        "w1",
+        max_local_rounds=2,
+        global_wait_timeout=60.0,
+        async_global_poll=True,
+        poll_interval=0.05,
+    )
     worker.events = lambda event, payload: events.append((event, payload))
     worker.start()
     training = threading.Thread(target=train, args=(worker, net, opt, 8, 1))
     training.start()
     wait_for(lambda: worker.local_step == 8, "the worker to reach its second boundary")
     training.join(0.5)
-    assert training.is_alive() and worker.last_global_step == 0  # waiting instead of drifting further
+    assert (
+        training.is_alive() and worker.last_global_step == 0
+    )  # waiting instead of drifting further
     assert master.master.sync_once() == 1  # the worker's two deltas make outer step 1
     training.join(30)
     assert not training.is_alive() and worker.last_global_step == 1
     assert torch.equal(net.weight.detach(), master.master.snapshot()[1]["weight"])
     waits = [payload for event, payload in events if event == "diloco/global_wait"]
-    assert len(waits) == 1 and waits[0]["installed"] and waits[0]["rounds"] == 2 and waits[0]["seconds"] >= 0.5
+    assert (
+        len(waits) == 1
+        and waits[0]["installed"]
+        and waits[0]["rounds"] == 2
+        and waits[0]["seconds"] >= 0.5
+    )
     worker.stop()
     master.stop()
 
 
-def test_a_waiting_node_trains_on_after_global_wait_timeout_and_waits_again_later(server, tmp_path, caplog):
+def test_a_waiting_node_trains_on_after_global_wait_timeout_and_waits_again_later(
+    server, tmp_path, caplog
+):
     master, _, _ = node(server, tmp_path, "master")
     master.start()  # publishes outer step 0 and never runs a round
     worker, net, opt = node(server, tmp_path, "w1", max_local_rounds=2, global_wait_timeout=0.2)
@@ -352,7 +415,9 @@ def test_a_waiting_node_trains_on_after_global_wait_timeout_and_waits_again_late
     assert worker.local_step == 16 and worker.counters["global_waits"] == 2
     assert worker.counters["seconds_waited"] >= 0.4
     assert "no global model newer than outer step 0 after" in caplog.text
-    unbounded, net2, opt2 = node(server, tmp_path, "w2", max_local_rounds=None, global_wait_timeout=60.0)
+    unbounded, net2, opt2 = node(
+        server, tmp_path, "w2", max_local_rounds=None, global_wait_timeout=60.0
+    )
     unbounded.start()
     train(unbounded, net2, opt2, 16, seed=1)
     assert unbounded.counters["global_waits"] == 0
@@ -363,8 +428,9 @@ def test_a_waiting_node_trains_on_after_global_wait_timeout_and_waits_again_late
 def test_a_failed_delta_resent_during_a_wait_does_not_move_the_baseline_back(server, tmp_path):
     master, _, _ = node(server, tmp_path, "master")
     master.start()  # publishes outer step 0 and runs no round, so the worker's wait times out
-    worker, net, opt = node(server, tmp_path, "w1", async_delta_upload=True, max_local_rounds=2,
-                            global_wait_timeout=3.0)
+    worker, net, opt = node(
+        server, tmp_path, "w1", async_delta_upload=True, max_local_rounds=2, global_wait_timeout=3.0
+    )
     worker.hub.retry_attempts = 1
     worker.start()
     weights = record_weights(worker)
@@ -382,7 +448,9 @@ def test_a_failed_delta_resent_during_a_wait_does_not_move_the_baseline_back(ser
     train(worker, net, opt, 4, seed=1)  # boundary 4: in flight, then fails
     wait_for(lambda: worker._inflight is not None, "the lane to take the step-4 upload")
     threading.Timer(0.3, gate.set).start()
-    train(worker, net, opt, 4, seed=2)  # boundary 8: queued; waits: step 4 fails, step 8 lands, step 4 re-sent
+    train(
+        worker, net, opt, 4, seed=2
+    )  # boundary 8: queued; waits: step 4 fails, step 8 lands, step 4 re-sent
     assert worker.counters["global_waits"] == 1 and worker.counters["upload_failures"] == 1
     train(worker, net, opt, 4, seed=3)  # boundary 12
     worker.stop()
@@ -395,8 +463,16 @@ def test_a_failed_delta_resent_during_a_wait_does_not_move_the_baseline_back(ser
 def test_a_waiting_node_resends_a_failed_delta_at_once(server, tmp_path):
     master, _, _ = node(server, tmp_path, "master")
     master.start()
-    worker, net, opt = node(server, tmp_path, "w1", async_delta_upload=True, async_global_poll=True,
-                            poll_interval=0.05, max_local_rounds=1, global_wait_timeout=60.0)
+    worker, net, opt = node(
+        server,
+        tmp_path,
+        "w1",
+        async_delta_upload=True,
+        async_global_poll=True,
+        poll_interval=0.05,
+        max_local_rounds=1,
+        global_wait_timeout=60.0,
+    )
     worker.hub.retry_attempts = 1
     worker.start()
     server.faults.add("503", method="POST", path="/commit/", times=1)
@@ -459,10 +535,18 @@ def test_a_metric_logger_passed_as_logger_gets_the_events(server, tmp_path):
             self.events.append(event)
 
     metrics = MetricLogger()
-    coordinator = DumbDiLoCoCoordinator(section(role="master", node_id="master"), model(),
-                                        hub=client(server, tmp_path, "m"), state_dir=tmp_path / "m", logger=metrics)
+    coordinator = DumbDiLoCoCoordinator(
+        section(role="master", node_id="master"),
+        model(),
+        hub=client(server, tmp_path, "m"),
+        state_dir=tmp_path / "m",
+        logger=metrics,
+    )
     coordinator.start()
-    assert "diloco/global_installed" in metrics.events and coordinator.logger.name == "speedtronic_diloco.diloco"
+    assert (
+        "diloco/global_installed" in metrics.events
+        and coordinator.logger.name == "speedtronic_diloco.diloco"
+    )
     coordinator.stop()
 
 
@@ -480,15 +564,29 @@ def test_shared_folder_transport_from_config(tmp_path):
     nodes = []
     for name, seed in [("master", 0), ("w1", 1)]:
         net = model(seed)
-        cfg = SimpleNamespace(run=SimpleNamespace(output_dir=str(tmp_path / name)),
-                              distributed=section(role="master" if name == "master" else "worker", node_id=name,
-                                                  transport="filesystem", endpoint=str(shared)))
+        cfg = SimpleNamespace(
+            run=SimpleNamespace(output_dir=str(tmp_path / name)),
+            distributed=section(
+                role="master" if name == "master" else "worker",
+                node_id=name,
+                transport="filesystem",
+                endpoint=str(shared),
+            ),
+        )
         coordinator = DumbDiLoCoCoordinator(cfg, net)
         coordinator.start()
         nodes.append((coordinator, net, torch.optim.AdamW(net.parameters(), lr=0.05)))
     (master, _, _), (worker, net, opt) = nodes
     assert (shared / "org" / "run" / "refs").is_dir()
-    assert (tmp_path / "master" / ".speedtronic" / "diloco" / "master" / "outer" / "outer_state.safetensors").exists()
+    assert (
+        tmp_path
+        / "master"
+        / ".speedtronic"
+        / "diloco"
+        / "master"
+        / "outer"
+        / "outer_state.safetensors"
+    ).exists()
     train(worker, net, opt, 4, seed=1)
     assert master.master.sync_once() == 1
     train(worker, net, opt, 4, seed=2)

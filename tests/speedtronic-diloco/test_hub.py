@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from speedtronic_diloco.hub import (
-    CAS_ATTEMPTS, GLOBAL_MANIFEST, GLOBAL_METADATA, GLOBAL_MODEL, GlobalMetadata, HubClient, HubError, HubUnavailable,
+    CAS_ATTEMPTS,
+    GLOBAL_MANIFEST,
+    GLOBAL_METADATA,
+    GLOBAL_MODEL,
+    GlobalMetadata,
+    HubClient,
+    HubError,
+    HubUnavailable,
     build_hub_client,
 )
 from speedtronic_diloco.tensors import delta_path
@@ -22,8 +29,11 @@ def any_hub(request, tmp_path):
     """The same client contract over both transports."""
     if request.param == "hub":
         return request.getfixturevalue("hub")
-    client = HubClient("org/run", transport=FilesystemTransport(tmp_path / "shared" / "org" / "run"),
-                       sleeper=lambda s: None)
+    client = HubClient(
+        "org/run",
+        transport=FilesystemTransport(tmp_path / "shared" / "org" / "run"),
+        sleeper=lambda s: None,
+    )
     client.create_repo()
     return client
 
@@ -57,8 +67,9 @@ def test_publish_is_one_commit_and_readers_pin_the_revision(any_hub):
     any_hub.upload_delta({"w": torch.ones(3)}, node_id="n1", local_step=10, base_outer_step=0)
     seen = any_hub.global_metadata()
     assert seen.outer_step == 0 and seen.revision is not None and seen.sha256 == first.sha256
-    second = any_hub.publish_global({"w": torch.full((3,), 2.0)}, outer_step=1,
-                                    consumed=[delta_path("n1", 10, 0)])
+    second = any_hub.publish_global(
+        {"w": torch.full((3,), 2.0)}, outer_step=1, consumed=[delta_path("n1", 10, 0)]
+    )
     # The metadata read before the second publish still downloads the model it describes.
     assert torch.equal(any_hub.download_global_state(seen)["w"], torch.zeros(3))
     latest = any_hub.global_metadata()
@@ -95,11 +106,18 @@ def test_publish_retry_after_lost_response_and_stale_parent(hub, server):
 
 def test_publish_lands_while_every_attempt_loses_the_race_to_a_delta_commit(hub, server):
     hub.publish_global({"w": torch.zeros(2)}, outer_step=0)
-    server.faults.add("stale", method="POST", path="/commit/", times=1000)  # a worker's delta always lands first
+    server.faults.add(
+        "stale", method="POST", path="/commit/", times=1000
+    )  # a worker's delta always lands first
     meta = hub.publish_global({"w": torch.ones(2)}, outer_step=1)
     server.faults.script.clear()
-    assert server.faults.injected["stale"] == CAS_ATTEMPTS + 1  # bounded rebasing, then one commit without CAS
-    assert hub.global_metadata().publish_id == meta.publish_id and hub.global_metadata().outer_step == 1
+    assert (
+        server.faults.injected["stale"] == CAS_ATTEMPTS + 1
+    )  # bounded rebasing, then one commit without CAS
+    assert (
+        hub.global_metadata().publish_id == meta.publish_id
+        and hub.global_metadata().outer_step == 1
+    )
     assert [GLOBAL_MODEL in c["added"] for c in _commits(server)].count(True) == 2
 
 
@@ -109,7 +127,9 @@ def test_republishing_a_step_that_already_landed_is_a_no_op(hub, server):
     commits = len(_commits(server))
     hub.publish_global({"w": torch.ones(2)}, outer_step=3)
     assert len(_commits(server)) == commits and hub.global_metadata().outer_step == 3
-    with pytest.raises(HubError, match="second master"):  # a different model at that step is another master's
+    with pytest.raises(
+        HubError, match="second master"
+    ):  # a different model at that step is another master's
         hub.publish_global({"w": torch.zeros(2)}, outer_step=3)
 
 
@@ -117,12 +137,22 @@ def test_publish_retries_each_read_on_its_own(server, tmp_path):
     """Retried as a whole, a publish (head, list, read, commit) under a failure on each request would
     need every request to succeed in one attempt; each one retrying alone, two attempts suffice."""
     transport = HfApiTransport("org/run", endpoint=server.url, cache_dir=tmp_path / "cache")
-    client = HubClient("org/run", transport=transport, retry_initial=0.01, retry_max=0.01, retry_attempts=2,
-                       sleeper=lambda s: None)
+    client = HubClient(
+        "org/run",
+        transport=transport,
+        retry_initial=0.01,
+        retry_max=0.01,
+        retry_attempts=2,
+        sleeper=lambda s: None,
+    )
     client.create_repo()
     client.publish_global({"w": torch.zeros(2)}, outer_step=0)
-    for method, path in (("GET", "/revision/main"), ("GET", "/tree/"), ("HEAD", "step_count.json"),
-                         ("POST", "/commit/")):
+    for method, path in (
+        ("GET", "/revision/main"),
+        ("GET", "/tree/"),
+        ("HEAD", "step_count.json"),
+        ("POST", "/commit/"),
+    ):
         server.faults.add("503", method=method, path=path)
     client.publish_global({"w": torch.ones(2)}, outer_step=1)
     assert client.global_metadata().outer_step == 1 and not server.faults.script
@@ -139,9 +169,14 @@ def test_reads_leave_no_files_behind_in_the_cache_folder(hub, tmp_path):
 
 def test_transient_failures_back_off_then_succeed_or_give_up(server, tmp_path, token):
     sleeps = []
-    client = HubClient("org/run", transport=HfApiTransport("org/run", endpoint=server.url, token=token,
-                                                           cache_dir=tmp_path),
-                       retry_initial=0.5, retry_max=1.5, retry_attempts=4, sleeper=sleeps.append)
+    client = HubClient(
+        "org/run",
+        transport=HfApiTransport("org/run", endpoint=server.url, token=token, cache_dir=tmp_path),
+        retry_initial=0.5,
+        retry_max=1.5,
+        retry_attempts=4,
+        sleeper=sleeps.append,
+    )
     client.create_repo()
     server.faults.add("503", method="POST", path="/commit/", times=2)
     client.write_json("a.json", 1)
@@ -155,8 +190,11 @@ def test_transient_failures_back_off_then_succeed_or_give_up(server, tmp_path, t
 
 def test_permanent_errors_are_not_retried(server, tmp_path):
     sleeps = []
-    client = HubClient("org/absent", transport=HfApiTransport("org/absent", endpoint=server.url, cache_dir=tmp_path),
-                       sleeper=sleeps.append)
+    client = HubClient(
+        "org/absent",
+        transport=HfApiTransport("org/absent", endpoint=server.url, cache_dir=tmp_path),
+        sleeper=sleeps.append,
+    )
     with pytest.raises(HubError, match="org/absent"):
         client.write_json("a.json", 1)  # 404 RepoNotFound: retrying cannot help
     assert sleeps == []
@@ -183,9 +221,14 @@ def test_malformed_metadata_is_a_clear_error(any_hub):
 
 def test_token_never_logged_or_shown(server, tmp_path, caplog, token):
     caplog.set_level(logging.DEBUG)
-    client = HubClient("org/run", transport=HfApiTransport("org/run", endpoint=server.url, token=token,
-                                                           cache_dir=tmp_path),
-                       retry_initial=0.01, retry_max=0.01, retry_attempts=2, sleeper=lambda s: None)
+    client = HubClient(
+        "org/run",
+        transport=HfApiTransport("org/run", endpoint=server.url, token=token, cache_dir=tmp_path),
+        retry_initial=0.01,
+        retry_max=0.01,
+        retry_attempts=2,
+        sleeper=lambda s: None,
+    )
     client.create_repo()
     server.faults.add("503", method="POST", path="/commit/", times=5)
     with pytest.raises(HubUnavailable) as info:
@@ -200,12 +243,18 @@ def test_add_collaborator_warns_instead_of_pretending(any_hub):
 
 
 def test_build_hub_client_from_a_config_section(tmp_path, server, token):
-    fs = build_hub_client(SimpleNamespace(transport="filesystem", endpoint=str(tmp_path), repo_id="org/run",
-                                          retry_attempts=2))
+    fs = build_hub_client(
+        SimpleNamespace(
+            transport="filesystem", endpoint=str(tmp_path), repo_id="org/run", retry_attempts=2
+        )
+    )
     fs.create_repo()
     assert (tmp_path / "org" / "run" / "refs").is_dir() and fs.retry_attempts == 2
-    hub = build_hub_client(SimpleNamespace(repo_id="org/run", endpoint=server.url, token=token,
-                                           cache_dir=str(tmp_path / "c")))
+    hub = build_hub_client(
+        SimpleNamespace(
+            repo_id="org/run", endpoint=server.url, token=token, cache_dir=str(tmp_path / "c")
+        )
+    )
     hub.create_repo()
     assert hub.list_files() == [".gitattributes"]
     with pytest.raises(ValueError, match="distributed.repo_id"):

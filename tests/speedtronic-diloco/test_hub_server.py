@@ -21,7 +21,9 @@ def api(server):
 
 
 def _add(api, path, data=b"1", **kwargs):
-    return api.create_commit("org/r", operations=[CommitOperationAdd(path, data)], commit_message="m", **kwargs)
+    return api.create_commit(
+        "org/r", operations=[CommitOperationAdd(path, data)], commit_message="m", **kwargs
+    )
 
 
 def test_create_commit_list_download_delete(api, server, tmp_path):
@@ -30,7 +32,9 @@ def test_create_commit_list_download_delete(api, server, tmp_path):
     assert len(first.oid) == 40 and api.repo_info("org/r").sha == first.oid
     assert api.list_repo_files("org/r") == [".gitattributes", "dir/a.bin"]
     assert api.file_exists("org/r", "dir/a.bin") and not api.file_exists("org/r", "dir/b.bin")
-    second = api.create_commit("org/r", operations=[CommitOperationDelete("dir/a.bin")], commit_message="rm")
+    second = api.create_commit(
+        "org/r", operations=[CommitOperationDelete("dir/a.bin")], commit_message="rm"
+    )
     assert "dir/a.bin" not in api.list_repo_files("org/r")
     # The old revision still serves the deleted file: readers pin revisions.
     path = api.hf_hub_download("org/r", "dir/a.bin", revision=first.oid, cache_dir=tmp_path)
@@ -38,11 +42,17 @@ def test_create_commit_list_download_delete(api, server, tmp_path):
     assert api.repo_info("org/r", revision=second.oid).sha == second.oid
     log = json.loads(urllib.request.urlopen(server.url + "/_test/log").read())
     assert [e["added"] for e in log] == [["dir/a.bin"], []]
-    assert log[0]["bytes"] > len(b"\x00\x01\x02") and all(e["bytes"] > 0 for e in log)  # request sizes
+    assert log[0]["bytes"] > len(b"\x00\x01\x02") and all(
+        e["bytes"] > 0 for e in log
+    )  # request sizes
 
 
 def test_missing_repo_revision_and_entry_map_to_client_errors(api, tmp_path):
-    from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     with pytest.raises(RepositoryNotFoundError):
         api.repo_info("org/absent")
@@ -94,7 +104,12 @@ def test_random_fault_plan_is_seeded_and_validated():
     assert sequence(3) == sequence(3) != sequence(4)
     assert 5 < sum(pick is None for pick in sequence(3)) < 35
     plan = FaultPlan(1.0, seed=1)
-    assert {plan.pick("GET", "/x", mutating=False) for _ in range(50)} <= {"500", "503", "429", "drop"}
+    assert {plan.pick("GET", "/x", mutating=False) for _ in range(50)} <= {
+        "500",
+        "503",
+        "429",
+        "drop",
+    }
     with pytest.raises(ValueError, match="unknown"):
         FaultPlan(0.1, kinds=("teapot",))
     with pytest.raises(ValueError, match="rate"):
@@ -102,8 +117,11 @@ def test_random_fault_plan_is_seeded_and_validated():
 
 
 def test_fault_hook_configures_a_running_server(server):
-    request = urllib.request.Request(server.url + "/_test/faults", data=json.dumps({"rate": 1.0, "kinds": ["503"]}).encode(),
-                                     method="POST")
+    request = urllib.request.Request(
+        server.url + "/_test/faults",
+        data=json.dumps({"rate": 1.0, "kinds": ["503"]}).encode(),
+        method="POST",
+    )
     assert json.loads(urllib.request.urlopen(request).read()) == {"ok": True}
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(server.url + "/api/whoami-v2")
@@ -115,8 +133,11 @@ def test_fault_hook_configures_a_running_server(server):
 
 
 def test_command_line_entry_point_serves(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "speedtronic_diloco.testing.hub_server", "--port", "0"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "speedtronic_diloco.testing.hub_server", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("hub server listening on http://127.0.0.1:")

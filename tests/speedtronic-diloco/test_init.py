@@ -21,9 +21,16 @@ def test_public_names_resolve_to_the_defining_modules():
 
 
 def test_import_and_the_test_server_stay_light():
-    code = ("import sys, speedtronic_diloco, speedtronic_diloco.testing.hub_server; "
-            "print(sorted(m for m in ('torch', 'huggingface_hub') if m in sys.modules))")
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    code = (
+        "import sys, speedtronic_diloco, speedtronic_diloco.testing.hub_server; "
+        "print(sorted(m for m in ('torch', 'huggingface_hub') if m in sys.modules))"
+    )
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        == "[]"
+    )
 
 
 @pytest.mark.parametrize("module", ["diloco", "hub", "outer", "settings", "tensors", "transport"])

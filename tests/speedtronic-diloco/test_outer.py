@@ -14,7 +14,9 @@ def test_nesterov_outer_optimizer_matches_torch_sgd(lr, momentum):
     gen = torch.Generator().manual_seed(0)
     state = {"w": torch.randn(5, 3, generator=gen), "b": torch.randn(3, generator=gen)}
     params = {k: torch.nn.Parameter(v.clone()) for k, v in state.items()}
-    reference = torch.optim.SGD(list(params.values()), lr=lr, momentum=momentum, nesterov=momentum > 0)
+    reference = torch.optim.SGD(
+        list(params.values()), lr=lr, momentum=momentum, nesterov=momentum > 0
+    )
     ours = NesterovOuterOptimizer(state, lr, momentum)
     for _ in range(6):
         delta = {k: torch.randn(v.shape, generator=gen) for k, v in state.items()}
@@ -43,11 +45,15 @@ def test_integer_buffers_are_not_updated():
     state = {"w": torch.zeros(2), "n": torch.tensor([4])}
     opt = NesterovOuterOptimizer(state, 0.5, 0.9)
     opt.step(state, {"w": torch.ones(2)})
-    assert torch.equal(state["n"], torch.tensor([4])) and torch.equal(state["w"], torch.full((2,), -0.95))
+    assert torch.equal(state["n"], torch.tensor([4])) and torch.equal(
+        state["w"], torch.full((2,), -0.95)
+    )
 
 
 def _master(tmp_path, state, **kwargs):
-    hub = HubClient("org/run", transport=FilesystemTransport(tmp_path / "repo"), sleeper=lambda s: None)
+    hub = HubClient(
+        "org/run", transport=FilesystemTransport(tmp_path / "repo"), sleeper=lambda s: None
+    )
     hub.create_repo()
     return hub, MasterOuterLoop(hub, state, node_state_dir=tmp_path / "master", **kwargs)
 
@@ -66,7 +72,9 @@ def test_sync_once_applies_each_delta_once_and_persists_ledger(tmp_path):
     # A retried upload whose first response was lost re-creates the same path: it is not applied again.
     hub.upload_delta({"w": torch.ones(3)}, node_id="a", local_step=5, base_outer_step=0)
     assert loop.sync_once() == 1
-    restarted = MasterOuterLoop(hub, state, node_state_dir=tmp_path / "master", outer_lr=1.0, outer_momentum=0.0)
+    restarted = MasterOuterLoop(
+        hub, state, node_state_dir=tmp_path / "master", outer_lr=1.0, outer_momentum=0.0
+    )
     assert restarted.outer_step == 1 and delta_path("a", 5, 0) in restarted.processed_filenames
     assert torch.equal(restarted.snapshot()[1]["w"], torch.full((3,), -2.0))
 
@@ -76,9 +84,16 @@ def test_a_round_downloads_many_deltas_in_parallel_and_aggregates_them_in_order(
     loop.recover()
     nodes = 2 * DOWNLOAD_THREADS + 3  # more than one batch of downloads
     for index in range(nodes):
-        hub.upload_delta({"w": torch.full((2,), float(index))}, node_id=f"n{index:02d}", local_step=4, base_outer_step=0)
+        hub.upload_delta(
+            {"w": torch.full((2,), float(index))},
+            node_id=f"n{index:02d}",
+            local_step=4,
+            base_outer_step=0,
+        )
     assert loop.sync_once() == 1
-    assert torch.equal(loop.snapshot()[1]["w"], torch.full((2,), -(nodes - 1) / 2))  # minus the mean delta
+    assert torch.equal(
+        loop.snapshot()[1]["w"], torch.full((2,), -(nodes - 1) / 2)
+    )  # minus the mean delta
     assert len(loop.processed_filenames) == nodes and loop.counters["applied"] == nodes
 
 
@@ -96,15 +111,30 @@ def test_a_nodes_consecutive_deltas_add_up_and_nodes_average(tmp_path):
 def test_invalid_and_stale_deltas_are_skipped_with_reasons(tmp_path, caplog):
     state = {"w": torch.zeros(3)}
     events = []
-    hub, loop = _master(tmp_path, state, outer_lr=1.0, outer_momentum=0.0, staleness_limit=0,
-                        events=lambda e, p: events.append((e, p)))
+    hub, loop = _master(
+        tmp_path,
+        state,
+        outer_lr=1.0,
+        outer_momentum=0.0,
+        staleness_limit=0,
+        events=lambda e, p: events.append((e, p)),
+    )
     loop.recover()
     hub.upload_bytes(b"\x80\x04not safetensors", delta_path("bad", 1, 0))
     hub.upload_delta({"w": torch.ones(4)}, node_id="shape", local_step=1, base_outer_step=0)
-    hub.upload_delta({"w": torch.tensor([1.0, float("nan"), 0.0])}, node_id="nan", local_step=1, base_outer_step=0)
-    hub.upload_delta({"w": torch.ones(3, dtype=torch.float64)}, node_id="dtype", local_step=1, base_outer_step=0)
-    hub.upload_bytes(to_safetensors_bytes({"w": torch.zeros(3), "x": torch.zeros(400_000)}),
-                     delta_path("huge", 1, 0))
+    hub.upload_delta(
+        {"w": torch.tensor([1.0, float("nan"), 0.0])},
+        node_id="nan",
+        local_step=1,
+        base_outer_step=0,
+    )
+    hub.upload_delta(
+        {"w": torch.ones(3, dtype=torch.float64)}, node_id="dtype", local_step=1, base_outer_step=0
+    )
+    hub.upload_bytes(
+        to_safetensors_bytes({"w": torch.zeros(3), "x": torch.zeros(400_000)}),
+        delta_path("huge", 1, 0),
+    )
     hub.upload_delta({"w": torch.ones(3)}, node_id="good", local_step=1, base_outer_step=0)
     assert loop.sync_once() == 1
     assert torch.equal(loop.snapshot()[1]["w"], -torch.ones(3))
@@ -114,7 +144,15 @@ def test_invalid_and_stale_deltas_are_skipped_with_reasons(tmp_path, caplog):
     assert loop.sync_once() == 1
     assert loop.counters["skipped_stale"] == 1 and loop.counters["skipped_invalid"] == 6
     text = caplog.text
-    for reason in ["not a valid safetensors", "shape", "non-finite", "dtype", "implausible size", "stale", "ahead"]:
+    for reason in [
+        "not a valid safetensors",
+        "shape",
+        "non-finite",
+        "dtype",
+        "implausible size",
+        "stale",
+        "ahead",
+    ]:
         assert reason in text
     assert events and events[-1][0] == "diloco/outer_round" and events[-1][1]["skipped"] == 2
     # This round's counts stay apart from the running totals.
@@ -128,8 +166,11 @@ def test_failed_publish_is_resent_before_the_next_round(tmp_path):
     loop.recover()
     hub.upload_delta({"w": torch.ones(2)}, node_id="a", local_step=1, base_outer_step=0)
     original = hub.transport.commit
-    hub.transport.commit = lambda *a, **k: (_ for _ in ()).throw(__import__(
-        "speedtronic_diloco.transport", fromlist=["x"]).TransportError("down", transient=True))
+    hub.transport.commit = lambda *a, **k: (_ for _ in ()).throw(
+        __import__("speedtronic_diloco.transport", fromlist=["x"]).TransportError(
+            "down", transient=True
+        )
+    )
     assert loop.sync_once() == 1
     assert hub.global_metadata().outer_step == 0 and loop.counters["publish_failures"] == 1
     hub.transport.commit = original
@@ -168,11 +209,15 @@ def test_bad_loop_settings_are_rejected(tmp_path):
 def test_thread_runs_rounds_and_restarts(tmp_path):
     state = {"w": torch.zeros(2)}
     rounds = []
-    hub, loop = _master(tmp_path, state, poll_interval=0.01, on_global_update=lambda s, n: rounds.append(n))
+    hub, loop = _master(
+        tmp_path, state, poll_interval=0.01, on_global_update=lambda s, n: rounds.append(n)
+    )
     loop.recover()
     for attempt in range(2):
         loop.start()
-        hub.upload_delta({"w": torch.ones(2)}, node_id="a", local_step=attempt + 1, base_outer_step=attempt)
+        hub.upload_delta(
+            {"w": torch.ones(2)}, node_id="a", local_step=attempt + 1, base_outer_step=attempt
+        )
         for _ in range(1500):  # up to 15 s on a loaded machine
             if hub.global_metadata().outer_step == attempt + 1:
                 break

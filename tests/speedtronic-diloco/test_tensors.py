@@ -4,9 +4,22 @@ import pytest
 import torch
 
 from speedtronic_diloco.tensors import (
-    DeltaRef, average_deltas, check_node_id, compute_pseudo_gradient, cpu_state_dict, delta_path, delta_problem,
-    floating_state, load_delta, load_safetensors, metadata_json, parse_delta_path, parse_delta_ref,
-    read_metadata, save_safetensors, state_nbytes,
+    DeltaRef,
+    average_deltas,
+    check_node_id,
+    compute_pseudo_gradient,
+    cpu_state_dict,
+    delta_path,
+    delta_problem,
+    floating_state,
+    load_delta,
+    load_safetensors,
+    metadata_json,
+    parse_delta_path,
+    parse_delta_ref,
+    read_metadata,
+    save_safetensors,
+    state_nbytes,
 )
 
 
@@ -25,7 +38,9 @@ def test_tied_model_state_can_be_safetensors_serialized(tmp_path):
     save_safetensors(model.state_dict(), path, metadata={"k": "v"})
     loaded = load_safetensors(path)
     assert set(loaded) == {"emb.weight", "head.weight", "count"}
-    assert torch.equal(loaded["emb.weight"], model.emb.weight) and torch.equal(loaded["head.weight"], model.emb.weight)
+    assert torch.equal(loaded["emb.weight"], model.emb.weight) and torch.equal(
+        loaded["head.weight"], model.emb.weight
+    )
     assert read_metadata(path) == {"k": "v"}
     assert not list(tmp_path.glob("*.tmp"))
 
@@ -73,8 +88,13 @@ def test_delta_path_parser():
     assert parse_delta_ref(path) == DeltaRef("node-1", 1500, 7)
     assert DeltaRef("node-1", 1500, 7).path == path
     assert parse_delta_path(path) == ("node-1", 1500)
-    for bad in ["global/model.safetensors", "deltas/a/b/step-1-base-1.safetensors", "deltas/../step-1-base-1.safetensors",
-                "deltas/n/step-x-base-1.safetensors", "deltas/n/step-1-base-1.bin"]:
+    for bad in [
+        "global/model.safetensors",
+        "deltas/a/b/step-1-base-1.safetensors",
+        "deltas/../step-1-base-1.safetensors",
+        "deltas/n/step-x-base-1.safetensors",
+        "deltas/n/step-1-base-1.bin",
+    ]:
         assert parse_delta_ref(bad) is None and parse_delta_path(bad) is None
 
 
@@ -97,13 +117,23 @@ def test_delta_problem_reasons():
 
 def test_load_delta_and_metadata_json(tmp_path):
     path = tmp_path / "d.safetensors"
-    save_safetensors({"w": torch.ones(2)}, path, metadata={"n": "3", "name": "node", "obj": '{"a": 1}'})
+    save_safetensors(
+        {"w": torch.ones(2)}, path, metadata={"n": "3", "name": "node", "obj": '{"a": 1}'}
+    )
     tensors, meta = load_delta(path)
     assert torch.equal(tensors["w"], torch.ones(2))
     assert metadata_json(meta) == {"n": 3, "name": "node", "obj": {"a": 1}}
 
 
 def test_state_nbytes_counts_floating_payload():
-    assert state_nbytes({"w": torch.zeros(4, dtype=torch.float32), "h": torch.zeros(2, dtype=torch.float16),
-                         "n": torch.zeros(9, dtype=torch.long)}) == 20
+    assert (
+        state_nbytes(
+            {
+                "w": torch.zeros(4, dtype=torch.float32),
+                "h": torch.zeros(2, dtype=torch.float16),
+                "n": torch.zeros(9, dtype=torch.long),
+            }
+        )
+        == 20
+    )
     assert floating_state({"n": torch.zeros(1, dtype=torch.long)}) == {}

@@ -8,7 +8,11 @@ from types import SimpleNamespace
 import pytest
 
 from speedtronic_diloco.transport import (
-    FilesystemTransport, NotFound, StaleParent, TransportError, _classify_http,
+    FilesystemTransport,
+    NotFound,
+    StaleParent,
+    TransportError,
+    _classify_http,
 )
 
 
@@ -74,10 +78,18 @@ def test_corrupt_object_is_detected(repo):
         repo.read("a", rev)
 
 
-@pytest.mark.parametrize("status,kind,transient", [
-    (412, StaleParent, False), (404, NotFound, False), (429, TransportError, True), (503, TransportError, True),
-    (500, TransportError, True), (400, TransportError, False), (403, TransportError, False),
-])
+@pytest.mark.parametrize(
+    "status,kind,transient",
+    [
+        (412, StaleParent, False),
+        (404, NotFound, False),
+        (429, TransportError, True),
+        (503, TransportError, True),
+        (500, TransportError, True),
+        (400, TransportError, False),
+        (403, TransportError, False),
+    ],
+)
 def test_http_errors_are_classified(status, kind, transient):
     error = _classify_http(type("HfHubHTTPError", (Exception,), {})("boom"))
     assert error.transient  # no response at all: connection trouble, retry
@@ -95,13 +107,19 @@ def test_a_hub_that_never_answers_times_out_as_a_transient_error():
 
     listener = socket.create_server(("127.0.0.1", 0))
     accepted = []
-    threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()  # accept, never answer
+    threading.Thread(
+        target=lambda: accepted.append(listener.accept()), daemon=True
+    ).start()  # accept, never answer
     previous = _http._GLOBAL_CLIENT_FACTORY
     try:
         _http.set_client_factory(_http.default_client_factory)  # as a fresh process starts
         assert bound_hub_http_timeouts(0.5)
-        assert not bound_hub_http_timeouts(0.5)  # once per process; a user's own factory is left alone
-        transport = HfApiTransport("org/run", endpoint=f"http://127.0.0.1:{listener.getsockname()[1]}")
+        assert not bound_hub_http_timeouts(
+            0.5
+        )  # once per process; a user's own factory is left alone
+        transport = HfApiTransport(
+            "org/run", endpoint=f"http://127.0.0.1:{listener.getsockname()[1]}"
+        )
         with pytest.raises(TransportError) as error:
             transport.head()
         assert error.value.transient and accepted

@@ -96,7 +96,9 @@ def test_labels_are_already_shifted_not_shifted_again():
     # position t's logits are scored against labels[t], never labels[t + 1]
     expected = F.cross_entropy(logits[keep], labels[keep])
     torch.testing.assert_close(out["loss"], expected)
-    double_shift = F.cross_entropy(logits[:, :-1].reshape(-1, 97), labels[:, 1:].reshape(-1), ignore_index=-100)
+    double_shift = F.cross_entropy(
+        logits[:, :-1].reshape(-1, 97), labels[:, 1:].reshape(-1), ignore_index=-100
+    )
     assert not torch.isclose(out["loss"], double_shift)
 
 
@@ -115,7 +117,10 @@ def test_all_ignored_labels_give_zero_loss_and_gradients():
         (lambda m, ids: m(ids[0]), "input_ids must be"),
         (lambda m, ids: m(torch.zeros(1, 17, dtype=torch.long)), "exceeds block_size 16"),
         (lambda m, ids: m(ids, labels=ids[:, 1:]), "already shifted"),
-        (lambda m, ids: m(ids, attention_mask=torch.ones(2, 3, dtype=torch.bool)), "attention_mask shape"),
+        (
+            lambda m, ids: m(ids, attention_mask=torch.ones(2, 3, dtype=torch.bool)),
+            "attention_mask shape",
+        ),
     ],
 )
 def test_bad_inputs_are_rejected(call, message):
@@ -142,7 +147,9 @@ def test_left_padding_mask_gives_the_unpadded_logits():
     model = small().eval()
     real = tokens(1, 10)
     padded = torch.cat([torch.zeros(1, 6, dtype=torch.long), real], dim=1)
-    mask = torch.cat([torch.zeros(1, 6, dtype=torch.bool), torch.ones(1, 10, dtype=torch.bool)], dim=1)
+    mask = torch.cat(
+        [torch.zeros(1, 6, dtype=torch.bool), torch.ones(1, 10, dtype=torch.bool)], dim=1
+    )
     out = model(padded, attention_mask=mask)["logits"]
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out[:, 6:], model(real)["logits"], rtol=1e-4, atol=1e-5)
@@ -155,7 +162,9 @@ def test_all_true_mask_takes_the_plain_causal_path():
     assert _attention_mask(torch.tensor([[1, 1, 0]]), 3).shape == (1, 1, 3, 3)
 
 
-def naive_attention(attn: CausalSelfAttention, x: torch.Tensor, rope: RotaryEmbedding, keep: torch.Tensor) -> torch.Tensor:
+def naive_attention(
+    attn: CausalSelfAttention, x: torch.Tensor, rope: RotaryEmbedding, keep: torch.Tensor
+) -> torch.Tensor:
     """Textbook attention: repeat KV heads, explicit masked softmax."""
     B, T, _ = x.shape
     H, KV, D = attn.n_head, attn.n_kv_head, attn.head_dim
@@ -192,7 +201,9 @@ def test_gqa_shapes_and_parameter_savings():
     assert attn.q_proj.weight.shape == (32, 32)
     assert attn.k_proj.weight.shape == attn.v_proj.weight.shape == (8, 32)  # one KV head of dim 8
     saved = full.num_parameters() - grouped.num_parameters()
-    assert saved == 2 * 2 * (4 - 1) * 8 * 32  # layers * (k and v) * dropped heads * head_dim * d_model
+    assert (
+        saved == 2 * 2 * (4 - 1) * 8 * 32
+    )  # layers * (k and v) * dropped heads * head_dim * d_model
     assert grouped(tokens())["logits"].shape == (2, 16, 97)
 
 
@@ -212,7 +223,9 @@ def test_rope_scores_depend_only_on_relative_position():
 
 
 def test_rope_tables_are_not_saved_in_the_state_dict():
-    assert not any("cos" in key or "sin" in key or "inv_freq" in key for key in small().state_dict())
+    assert not any(
+        "cos" in key or "sin" in key or "inv_freq" in key for key in small().state_dict()
+    )
 
 
 # -- tying, init, optimizer roles ----------------------------------------------------------
@@ -261,7 +274,9 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
 def test_set_gradient_checkpointing_toggles_every_block():
     model = small()
     model.set_gradient_checkpointing(True)
-    assert model.config.gradient_checkpointing and all(b.gradient_checkpointing for b in model.blocks)
+    assert model.config.gradient_checkpointing and all(
+        b.gradient_checkpointing for b in model.blocks
+    )
     model.set_gradient_checkpointing(False)
     assert not any(b.gradient_checkpointing for b in model.blocks)
 
@@ -297,8 +312,12 @@ def test_greedy_generate_matches_a_manual_argmax_loop_past_block_size():
 def test_sampling_is_reproducible_with_a_generator_and_respects_top_k():
     model = small()
     prompt = tokens(4, 3)
-    a = model.generate(prompt, 8, temperature=1.5, top_k=3, generator=torch.Generator().manual_seed(7))
-    b = model.generate(prompt, 8, temperature=1.5, top_k=3, generator=torch.Generator().manual_seed(7))
+    a = model.generate(
+        prompt, 8, temperature=1.5, top_k=3, generator=torch.Generator().manual_seed(7)
+    )
+    b = model.generate(
+        prompt, 8, temperature=1.5, top_k=3, generator=torch.Generator().manual_seed(7)
+    )
     assert torch.equal(a, b)
     first = a[:, 3]
     top3 = model.eval()(prompt)["logits"][:, -1].topk(3).indices
@@ -307,8 +326,11 @@ def test_sampling_is_reproducible_with_a_generator_and_respects_top_k():
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [(dict(max_new_tokens=-1), "max_new_tokens"), (dict(max_new_tokens=1, temperature=-0.1), "temperature"),
-     (dict(max_new_tokens=1, top_k=0), "top_k")],
+    [
+        (dict(max_new_tokens=-1), "max_new_tokens"),
+        (dict(max_new_tokens=1, temperature=-0.1), "temperature"),
+        (dict(max_new_tokens=1, top_k=0), "top_k"),
+    ],
 )
 def test_generate_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -319,7 +341,10 @@ def test_flops_per_token_follows_palm():
     model = small()
     cfg = model.config
     n = sum(p.numel() for p in model.parameters())
-    assert model.flops_per_token() == 6 * n + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * cfg.block_size
+    assert (
+        model.flops_per_token()
+        == 6 * n + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * cfg.block_size
+    )
     assert model.flops_per_token(8) == 6 * n + 12 * 2 * 4 * 8 * 8
     # Untying adds a lookup table that does no matmul: the head is counted either way, once.
     assert small(tie_weights=False).flops_per_token() == model.flops_per_token()

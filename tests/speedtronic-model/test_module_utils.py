@@ -55,7 +55,9 @@ def test_reference_transformer_opts_in():
 
 
 def test_unsupported_module_warns_when_enabling_only(recwarn):
-    with pytest.warns(GradientCheckpointingWarning, match="Linear has no set_gradient_checkpointing"):
+    with pytest.warns(
+        GradientCheckpointingWarning, match="Linear has no set_gradient_checkpointing"
+    ):
         set_gradient_checkpointing(nn.Linear(2, 2), True)
     set_gradient_checkpointing(nn.Linear(2, 2), False)
     assert not [w for w in recwarn if issubclass(w.category, GradientCheckpointingWarning)]
@@ -63,5 +65,8 @@ def test_unsupported_module_warns_when_enabling_only(recwarn):
 
 def test_failing_hook_warns_instead_of_raising():
     module = Failing()
-    with pytest.warns(GradientCheckpointingWarning, match="Failing.set_gradient_checkpointing\\(True\\) failed.*boom"):
+    with pytest.warns(
+        GradientCheckpointingWarning,
+        match="Failing.set_gradient_checkpointing\\(True\\) failed.*boom",
+    ):
         assert set_gradient_checkpointing(module) is module

@@ -60,7 +60,9 @@ def test_bad_registrations_are_rejected(name, factory, error):
 def test_unknown_name_lists_the_registered_names():
     reg = ModelRegistry()
     reg.register("mine", dict)
-    with pytest.raises(ConfigError, match="model.name: unknown model 'nope'; registered models: mine"):
+    with pytest.raises(
+        ConfigError, match="model.name: unknown model 'nope'; registered models: mine"
+    ):
         reg.get("nope")
 
 
@@ -74,7 +76,9 @@ def test_global_registry_resolves_the_builtin_lazily():
 
 def test_importing_the_registry_does_not_import_torch():
     code = "import speedtronic_model.registry, sys; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "False"
 
 
@@ -103,9 +107,18 @@ def test_custom_factory_receives_every_field_and_extra_overrides():
     register_model("test_registry_custom", factory, replace=True)
     assert build_model(Section(name="test_registry_custom"), hidden_act="relu") == "built"
     assert seen == {
-        "vocab_size": 64, "block_size": 8, "n_layer": 1, "n_head": 2, "n_kv_head": None, "d_model": 16,
-        "d_ff": None, "dropout": 0.0, "tie_weights": True, "rope_base": 10000.0,
-        "gradient_checkpointing": False, "hidden_act": "relu",
+        "vocab_size": 64,
+        "block_size": 8,
+        "n_layer": 1,
+        "n_head": 2,
+        "n_kv_head": None,
+        "d_model": 16,
+        "d_ff": None,
+        "dropout": 0.0,
+        "tie_weights": True,
+        "rope_base": 10000.0,
+        "gradient_checkpointing": False,
+        "hidden_act": "relu",
     }
 
 

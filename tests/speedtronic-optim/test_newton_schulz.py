@@ -16,7 +16,9 @@ def _svals(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("method", ["standard", "gram", "auto"])
 def test_reference_singular_values_in_band(shape: tuple[int, int], method: str) -> None:
     torch.manual_seed(sum(shape))
-    dtype = torch.float32 if method == "gram" else None  # Gram refuses 16-bit work (the default on BF16 CPUs)
+    dtype = (
+        torch.float32 if method == "gram" else None
+    )  # Gram refuses 16-bit work (the default on BF16 CPUs)
     s = _svals(newton_schulz(torch.randn(*shape), method=method, dtype=dtype))
     assert s.min() >= 0.66 and s.max() <= 1.16, (s.min(), s.max())
 
@@ -95,7 +97,10 @@ def _low_rank_heavy(shape: tuple[int, ...]) -> torch.Tensor:
 def test_auto_stays_in_band_in_bf16_on_rectangular_gradients(shape: tuple[int, ...]) -> None:
     torch.manual_seed(6)
     s = _svals(orthogonalize(_low_rank_heavy(shape), method="auto", dtype=torch.bfloat16))
-    assert s.min() >= 0.6 and s.max() <= 1.25, (s.min(), s.max())  # the bf16 Gram form gave 0.1..1e4
+    assert s.min() >= 0.6 and s.max() <= 1.25, (
+        s.min(),
+        s.max(),
+    )  # the bf16 Gram form gave 0.1..1e4
 
 
 def test_gram_refuses_16_bit_work() -> None:

@@ -11,7 +11,12 @@ import time
 import pytest
 import torch
 from speedtronic_systems import atomic
-from speedtronic_systems.atomic import atomic_json_dump, atomic_torch_save, atomic_write, atomic_write_bytes
+from speedtronic_systems.atomic import (
+    atomic_json_dump,
+    atomic_torch_save,
+    atomic_write,
+    atomic_write_bytes,
+)
 
 
 class Unpicklable:
@@ -156,4 +161,8 @@ def test_a_killed_writer_keeps_the_old_file(tmp_path, temp_kind):
         assert leftovers == []  # an unnamed file dies with its process
     else:
         # The portable fallback cannot clean up after SIGKILL: its temp is hidden and never read as state.
-        assert len(leftovers) == 1 and leftovers[0].startswith(".state.bin.") and leftovers[0].endswith(".tmp")
+        assert (
+            len(leftovers) == 1
+            and leftovers[0].startswith(".state.bin.")
+            and leftovers[0].endswith(".tmp")
+        )

@@ -28,7 +28,9 @@ class Section:
 
 
 def fallbacks(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
+    return [
+        r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING
+    ]
 
 
 # ----------------------------------------------------------------------------------- resolve_device
@@ -56,7 +58,9 @@ def test_missing_cuda_names_what_is_available(bare_cpu):
 
 
 def test_cuda_index_past_the_device_count_is_rejected(fake_cuda):
-    with pytest.raises(DeviceError, match=r"only 2 CUDA device\(s\).*available: cpu, cuda:0, cuda:1"):
+    with pytest.raises(
+        DeviceError, match=r"only 2 CUDA device\(s\).*available: cpu, cuda:0, cuda:1"
+    ):
         resolve_device("cuda:2")
 
 
@@ -76,7 +80,12 @@ def test_unknown_device_names_are_rejected_with_the_accepted_forms(bad, bare_cpu
 
 def test_auto_on_cuda_with_bf16_is_bf16_without_scaler(fake_cuda, caplog):
     plan = resolve_precision(Section(), "cuda")
-    assert (plan.mode, plan.dtype, plan.autocast_enabled, plan.use_scaler) == ("bf16", torch.bfloat16, True, False)
+    assert (plan.mode, plan.dtype, plan.autocast_enabled, plan.use_scaler) == (
+        "bf16",
+        torch.bfloat16,
+        True,
+        False,
+    )
     assert plan.is_mixed_precision() and fallbacks(caplog) == []
 
 
@@ -84,14 +93,20 @@ def test_auto_on_cuda_without_bf16_is_fp16_with_scaler_and_says_why(fake_cuda, c
     fake_cuda["bf16"] = False
     plan = resolve_precision(Section(), "cuda")
     assert (plan.mode, plan.dtype, plan.use_scaler) == ("fp16", torch.float16, True)
-    assert fallbacks(caplog) == ["precision auto (bf16) on cuda falls back to fp16: "
-                                 "this CUDA device does not support BF16"]
+    assert fallbacks(caplog) == [
+        "precision auto (bf16) on cuda falls back to fp16: this CUDA device does not support BF16"
+    ]
 
 
 @pytest.mark.parametrize("device", ["cpu", "mps"])
 def test_auto_on_cpu_and_mps_is_fp32(device, caplog):
     plan = resolve_precision(Section(), device)
-    assert (plan.mode, plan.autocast_enabled, plan.use_scaler, plan.device_type) == ("fp32", False, False, device)
+    assert (plan.mode, plan.autocast_enabled, plan.use_scaler, plan.device_type) == (
+        "fp32",
+        False,
+        False,
+        device,
+    )
     assert fallbacks(caplog) == []
 
 
@@ -99,8 +114,10 @@ def test_auto_dtype_steers_cuda_only(fake_cuda, caplog):
     assert resolve_precision(Section(dtype="fp16"), "cuda").mode == "fp16"
     assert resolve_precision(Section(dtype="fp32"), "cuda").mode == "fp32"
     assert resolve_precision(Section(dtype="bf16"), "cpu").mode == "fp32"
-    assert fallbacks(caplog) == ["precision auto (dtype bf16) on cpu falls back to fp32: auto precision is FP32 "
-                                 "on CPU and MPS; set precision.mode to request BF16"]
+    assert fallbacks(caplog) == [
+        "precision auto (dtype bf16) on cpu falls back to fp32: auto precision is FP32 "
+        "on CPU and MPS; set precision.mode to request BF16"
+    ]
 
 
 def test_explicit_mode_wins_over_dtype(fake_cuda):
@@ -113,12 +130,19 @@ def test_explicit_bf16_on_cuda(fake_cuda, caplog):
     fake_cuda["bf16"] = False
     plan = resolve_precision("bf16", "cuda:0")
     assert (plan.mode, plan.autocast_enabled) == ("fp32", False)
-    assert fallbacks(caplog) == ["precision bf16 on cuda falls back to fp32: this CUDA device does not support BF16"]
+    assert fallbacks(caplog) == [
+        "precision bf16 on cuda falls back to fp32: this CUDA device does not support BF16"
+    ]
 
 
 def test_explicit_fp16_on_cuda_uses_a_scaler(fake_cuda):
     plan = resolve_precision({"mode": "fp16"}, "cuda")
-    assert (plan.mode, plan.dtype, plan.use_scaler, plan.autocast_enabled) == ("fp16", torch.float16, True, True)
+    assert (plan.mode, plan.dtype, plan.use_scaler, plan.autocast_enabled) == (
+        "fp16",
+        torch.float16,
+        True,
+        True,
+    )
 
 
 def test_explicit_fp16_on_cpu_falls_back_to_fp32(caplog):
@@ -130,7 +154,12 @@ def test_explicit_fp16_on_cpu_falls_back_to_fp32(caplog):
 def test_explicit_bf16_on_cpu_is_used_when_the_cpu_supports_it(monkeypatch, caplog):
     monkeypatch.setattr(precision, "cpu_bf16_supported", lambda: True)
     plan = resolve_precision("bf16", "cpu")
-    assert (plan.mode, plan.dtype, plan.autocast_enabled, plan.use_scaler) == ("bf16", torch.bfloat16, True, False)
+    assert (plan.mode, plan.dtype, plan.autocast_enabled, plan.use_scaler) == (
+        "bf16",
+        torch.bfloat16,
+        True,
+        False,
+    )
     assert fallbacks(caplog) == []
 
 
@@ -138,8 +167,10 @@ def test_explicit_bf16_on_cpu_without_support_falls_back_with_a_warning(monkeypa
     monkeypatch.setattr(precision, "cpu_bf16_supported", lambda: False)
     plan = resolve_precision("bf16", "cpu")
     assert (plan.mode, plan.autocast_enabled) == ("fp32", False)
-    assert fallbacks(caplog) == ["precision bf16 on cpu falls back to fp32: PyTorch reports no native BF16 support "
-                                 "on this CPU (needs AVX512-BF16/AMX); BF16 would be emulated and slower"]
+    assert fallbacks(caplog) == [
+        "precision bf16 on cpu falls back to fp32: PyTorch reports no native BF16 support "
+        "on this CPU (needs AVX512-BF16/AMX); BF16 would be emulated and slower"
+    ]
 
 
 def test_cpu_bf16_capability_follows_what_pytorch_reports(monkeypatch):
@@ -159,7 +190,9 @@ def test_cpu_bf16_capability_follows_what_pytorch_reports(monkeypatch):
 def test_mixed_precision_on_mps_falls_back_to_fp32(mode, caplog):
     plan = resolve_precision(mode, "mps")
     assert (plan.mode, plan.device_type) == ("fp32", "mps")
-    assert fallbacks(caplog) == [f"precision {mode} on mps falls back to fp32: mixed precision is not supported on MPS"]
+    assert fallbacks(caplog) == [
+        f"precision {mode} on mps falls back to fp32: mixed precision is not supported on MPS"
+    ]
 
 
 def test_each_fallback_is_logged_once(caplog):
@@ -172,7 +205,12 @@ def test_each_fallback_is_logged_once(caplog):
 def test_fp32_is_fp32_everywhere(fake_cuda):
     for device in ("cpu", "cuda", "mps"):
         plan = resolve_precision(Section(mode="FP32"), device)
-        assert (plan.mode, plan.dtype, plan.autocast_enabled, plan.use_scaler) == ("fp32", torch.float32, False, False)
+        assert (plan.mode, plan.dtype, plan.autocast_enabled, plan.use_scaler) == (
+            "fp32",
+            torch.float32,
+            False,
+            False,
+        )
 
 
 def test_missing_section_and_null_mode_mean_auto(fake_cuda):
@@ -180,11 +218,17 @@ def test_missing_section_and_null_mode_mean_auto(fake_cuda):
     assert resolve_precision(Section(mode=None), "cuda").mode == "bf16"  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("section", "message"), [
-    ("fp8", r"precision.mode must be one of auto, bf16, fp16, fp32; got 'fp8'"),
-    (Section(mode="half"), r"precision.mode .* got 'half'"),
-    (Section(dtype="float64"), r"precision.dtype must be one of bf16, fp16, fp32 or null; got 'float64'"),
-])
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ("fp8", r"precision.mode must be one of auto, bf16, fp16, fp32; got 'fp8'"),
+        (Section(mode="half"), r"precision.mode .* got 'half'"),
+        (
+            Section(dtype="float64"),
+            r"precision.dtype must be one of bf16, fp16, fp32 or null; got 'float64'",
+        ),
+    ],
+)
 def test_bad_sections_name_the_field_and_value(section, message):
     with pytest.raises(PrecisionError, match=message):
         resolve_precision(section, "cpu")
@@ -210,7 +254,9 @@ def test_autocast_context_runs_cpu_matmuls_in_bf16_when_planned(monkeypatch):
     assert (torch.ones(4, 4) @ torch.ones(4, 4)).dtype == torch.float32
 
 
-@pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled, but CUDA is not available")
+@pytest.mark.filterwarnings(
+    "ignore:torch.cuda.amp.GradScaler is enabled, but CUDA is not available"
+)
 def test_grad_scaler_only_for_cuda_fp16(fake_cuda):
     assert make_grad_scaler(resolve_precision("bf16", "cuda")) is None
     assert make_grad_scaler(resolve_precision("fp32", "cpu")) is None
@@ -254,13 +300,16 @@ def test_parameter_count_counts_shared_weights_once():
 # ------------------------------------------------------------------------------------- peak FLOPs
 
 
-@pytest.mark.parametrize(("name", "dtype", "expected"), [
-    ("NVIDIA H200", torch.bfloat16, 989e12),
-    ("NVIDIA H100 80GB HBM3", "bf16", 989e12),
-    ("NVIDIA H100 PCIe", torch.float16, 756e12),
-    ("NVIDIA A100-SXM4-40GB", torch.float32, 19.5e12),
-    ("NVIDIA L4", "fp16", 121e12),
-])
+@pytest.mark.parametrize(
+    ("name", "dtype", "expected"),
+    [
+        ("NVIDIA H200", torch.bfloat16, 989e12),
+        ("NVIDIA H100 80GB HBM3", "bf16", 989e12),
+        ("NVIDIA H100 PCIe", torch.float16, 756e12),
+        ("NVIDIA A100-SXM4-40GB", torch.float32, 19.5e12),
+        ("NVIDIA L4", "fp16", 121e12),
+    ],
+)
 def test_known_gpus_use_their_datasheet_peak(fake_cuda, name, dtype, expected):
     fake_cuda["name"] = name
     assert device_peak_flops("cuda", dtype) == expected
@@ -268,7 +317,11 @@ def test_known_gpus_use_their_datasheet_peak(fake_cuda, name, dtype, expected):
 
 def test_unknown_gpus_and_missing_dtypes_are_measured(fake_cuda, monkeypatch):
     calls = []
-    monkeypatch.setattr(precision, "measured_matmul_flops", lambda device, dtype: calls.append((device, dtype)) or 1e12)
+    monkeypatch.setattr(
+        precision,
+        "measured_matmul_flops",
+        lambda device, dtype: calls.append((device, dtype)) or 1e12,
+    )
     fake_cuda["name"] = "Some Future GPU"
     assert device_peak_flops("cuda:0", torch.bfloat16) == 1e12
     fake_cuda["name"] = "Tesla V100-SXM2-16GB"  # no BF16 in hardware: the table has no number
@@ -301,5 +354,7 @@ def test_a_failing_probe_reports_no_peak(monkeypatch, caplog):
 
 
 def test_bad_peak_dtype_is_rejected():
-    with pytest.raises(PrecisionError, match="dtype must be one of bf16, fp16, fp32 or a torch.dtype; got 'int8'"):
+    with pytest.raises(
+        PrecisionError, match="dtype must be one of bf16, fp16, fp32 or a torch.dtype; got 'int8'"
+    ):
         device_peak_flops("cpu", "int8")

@@ -5,7 +5,12 @@ import logging
 import pytest
 import torch
 from torch import nn
-from speedtronic_systems.scheduling import StageInfo, StageStreamScheduler, _expand_stage_modules, _iter_tensors
+from speedtronic_systems.scheduling import (
+    StageInfo,
+    StageStreamScheduler,
+    _expand_stage_modules,
+    _iter_tensors,
+)
 
 
 class Branchy(nn.Module):
@@ -14,8 +19,10 @@ class Branchy(nn.Module):
     def __init__(self, width: int = 32, depth: int = 3) -> None:
         super().__init__()
         self.embed = nn.Embedding(50, width)
-        self.blocks = nn.ModuleList(nn.ModuleDict({"left": nn.Linear(width, width), "right": nn.Linear(width, width)})
-                                    for _ in range(depth))
+        self.blocks = nn.ModuleList(
+            nn.ModuleDict({"left": nn.Linear(width, width), "right": nn.Linear(width, width)})
+            for _ in range(depth)
+        )
         self.drop = nn.Dropout(0.0)
         self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 50))
 
@@ -27,7 +34,9 @@ class Branchy(nn.Module):
         return nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
 
 
-def loss_and_grads(model: nn.Module, tokens: torch.Tensor, scheduler: StageStreamScheduler | None = None):
+def loss_and_grads(
+    model: nn.Module, tokens: torch.Tensor, scheduler: StageStreamScheduler | None = None
+):
     model.zero_grad(set_to_none=True)
     if scheduler is not None:
         scheduler.begin()
@@ -41,7 +50,15 @@ def loss_and_grads(model: nn.Module, tokens: torch.Tensor, scheduler: StageStrea
 def test_stage_roots_are_disjoint_and_skip_containers_and_parameterless_modules():
     model = Branchy(depth=2)
     names = [name for name, _ in _expand_stage_modules(model)]
-    assert names == ["embed", "blocks.0.left", "blocks.0.right", "blocks.1.left", "blocks.1.right", "head.0", "head.1"]
+    assert names == [
+        "embed",
+        "blocks.0.left",
+        "blocks.0.right",
+        "blocks.1.left",
+        "blocks.1.right",
+        "head.0",
+        "head.1",
+    ]
     modules = [module for _, module in _expand_stage_modules(model)]
     for outer in modules:  # no stage contains another, so no hook ever nests
         inner = [m for m in outer.modules() if m is not outer]
@@ -72,14 +89,23 @@ def test_cpu_is_an_explicit_noop_equal_to_the_sequential_path(caplog):
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
     loss, grads = loss_and_grads(model, tokens, scheduler)
     assert torch.equal(loss, expected_loss)
-    assert grads.keys() == expected_grads.keys() and all(torch.equal(grads[n], expected_grads[n]) for n in grads)
-    assert scheduler.as_dict() == {"active": False, "device": "cpu", "num_streams": 4,
-                                   "reason": scheduler.reason, "stages": []}
+    assert grads.keys() == expected_grads.keys() and all(
+        torch.equal(grads[n], expected_grads[n]) for n in grads
+    )
+    assert scheduler.as_dict() == {
+        "active": False,
+        "device": "cpu",
+        "num_streams": 4,
+        "reason": scheduler.reason,
+        "stages": [],
+    }
     scheduler.dispose()  # safe and still a no-op
 
 
 def test_mps_is_a_noop_too():
-    scheduler = StageStreamScheduler(Branchy(), torch.device("mps"), num_streams=2, logger=logging.getLogger("x"))
+    scheduler = StageStreamScheduler(
+        Branchy(), torch.device("mps"), num_streams=2, logger=logging.getLogger("x")
+    )
     assert scheduler.active is False and "mps uses sequential backward" in scheduler.reason
 
 
@@ -127,21 +153,41 @@ def test_hooks_enter_and_leave_stage_streams_in_order(monkeypatch):
     model = Branchy(depth=1)
     scheduler = StageStreamScheduler(model, "cuda", num_streams=3)
     assert [(s.name, s.stream_index) for s in scheduler.stages] == [
-        ("embed", 0), ("blocks.0.left", 1), ("blocks.0.right", 2), ("head.0", 0), ("head.1", 1)]
+        ("embed", 0),
+        ("blocks.0.left", 1),
+        ("blocks.0.right", 2),
+        ("head.0", 0),
+        ("head.1", 1),
+    ]
     seen = []
-    for name, module in _expand_stage_modules(model):  # registered after the scheduler's, so they run inside
-        module.register_forward_pre_hook(lambda m, a, name=name: seen.append((name, current[0].name)))
+    for name, module in _expand_stage_modules(
+        model
+    ):  # registered after the scheduler's, so they run inside
+        module.register_forward_pre_hook(
+            lambda m, a, name=name: seen.append((name, current[0].name))
+        )
     scheduler.begin()
     model(torch.randint(0, 50, (2, 4)))
     scheduler.finish()
-    assert seen == [("embed", "A"), ("blocks.0.left", "B"), ("blocks.0.right", "C"), ("head.0", "A"),
-                    ("head.1", "B")]
+    assert seen == [
+        ("embed", "A"),
+        ("blocks.0.left", "B"),
+        ("blocks.0.right", "C"),
+        ("head.0", "A"),
+        ("head.1", "B"),
+    ]
     assert current[0] is default  # every stage handed the caller's stream back
     a, b, c = (scheduler._streams[i] for i in range(3))
     # begin: all wait for the caller; each stage entry waits for it again (its inputs' producer)
-    assert a.waited_for == ["default"] * 3 and b.waited_for == ["default"] * 3 and c.waited_for == ["default"] * 2
+    assert (
+        a.waited_for == ["default"] * 3
+        and b.waited_for == ["default"] * 3
+        and c.waited_for == ["default"] * 2
+    )
     # each stage exit makes the caller wait for the stage; finish waits for all three
     assert default.waited_for == ["A", "B", "C", "A", "B"] + ["A", "B", "C"]
     scheduler.dispose()
     assert scheduler.active is False
-    assert sum(len(m._forward_pre_hooks) for m in model.modules()) == 5  # only the test's own hooks remain
+    assert (
+        sum(len(m._forward_pre_hooks) for m in model.modules()) == 5
+    )  # only the test's own hooks remain

@@ -37,10 +37,16 @@ class ShapeSection:
 @dataclass
 class Config:
     shape_validation: ShapeSection = field(default_factory=ShapeSection)
-    data: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(
-        micro_batch_size=8, target_batch_size=64, block_size=1024))
-    model: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(
-        d_model=768, d_ff=3072, n_head=12, n_kv_head=4, vocab_size=50304))
+    data: SimpleNamespace = field(
+        default_factory=lambda: SimpleNamespace(
+            micro_batch_size=8, target_batch_size=64, block_size=1024
+        )
+    )
+    model: SimpleNamespace = field(
+        default_factory=lambda: SimpleNamespace(
+            d_model=768, d_ff=3072, n_head=12, n_kv_head=4, vocab_size=50304
+        )
+    )
 
 
 class RecordingLogger:
@@ -65,7 +71,9 @@ def check(config, device="cuda", plan=BF16_CUDA, logger=None) -> ShapeReport:
 
 @pytest.mark.parametrize(("plan", "alignment"), [(BF16_CUDA, 64), (FP16_CUDA, 64), (FP32_CUDA, 8)])
 def test_cuda_auto_alignment_depends_on_dtype(plan, alignment):
-    assert resolve_shape_profile("cuda:0", plan) == ShapeProfile("cuda", plan.mode, alignment, "auto")
+    assert resolve_shape_profile("cuda:0", plan) == ShapeProfile(
+        "cuda", plan.mode, alignment, "auto"
+    )
 
 
 def test_cpu_auto_profile_is_quiet_and_mps_auto_is_eight():
@@ -74,14 +82,17 @@ def test_cpu_auto_profile_is_quiet_and_mps_auto_is_eight():
 
 
 def test_explicit_alignment_overrides_auto():
-    assert resolve_shape_profile("cpu", FP32_CPU, requested_alignment=16) == ShapeProfile("cpu", "fp32", 16,
-                                                                                           "explicit")
+    assert resolve_shape_profile("cpu", FP32_CPU, requested_alignment=16) == ShapeProfile(
+        "cpu", "fp32", 16, "explicit"
+    )
     assert resolve_shape_profile("cuda", BF16_CUDA, requested_alignment="32").alignment == 32
 
 
 @pytest.mark.parametrize("bad", [0, -8, 2.5, "eight", True, "08"])
 def test_bad_alignment_is_rejected_with_its_value(bad):
-    with pytest.raises(ShapeConfigError, match=r"shape_validation.alignment must be 'auto' or a positive integer"):
+    with pytest.raises(
+        ShapeConfigError, match=r"shape_validation.alignment must be 'auto' or a positive integer"
+    ):
         resolve_shape_profile("cuda", BF16_CUDA, requested_alignment=bad)
 
 
@@ -96,7 +107,12 @@ def test_aligned_gpt2_shapes_are_quiet_on_cuda():
 def test_each_misaligned_dimension_warns_with_value_alignment_and_suggestion():
     config = Config()
     config.data.block_size = 1000
-    config.model.d_model, config.model.d_ff, config.model.n_head, config.model.n_kv_head = 520, 2000, 8, 2
+    config.model.d_model, config.model.d_ff, config.model.n_head, config.model.n_kv_head = (
+        520,
+        2000,
+        8,
+        2,
+    )
     logger = RecordingLogger()
     report = check(config, logger=logger)
     got = {(w.code, w.field, w.value, w.suggested, w.alignment) for w in report.warnings}
@@ -115,7 +131,12 @@ def test_batch_suggestion_keeps_target_divisible():
     config = Config()
     config.data.micro_batch_size, config.data.target_batch_size = 10, 48
     (warning,) = check(config).warnings
-    assert (warning.field, warning.value, warning.alignment, warning.suggested) == ("data.micro_batch_size", 10, 8, 8)
+    assert (warning.field, warning.value, warning.alignment, warning.suggested) == (
+        "data.micro_batch_size",
+        10,
+        8,
+        8,
+    )
     config.data.micro_batch_size, config.data.target_batch_size = 20, 48  # 16 and 24 both divide 48
     assert check(config).warnings[0].suggested == 24  # the tie goes to the larger batch
     config.data.micro_batch_size, config.data.target_batch_size = 30, 40  # 32 would not divide 40
@@ -163,7 +184,12 @@ def test_check_switches_turn_each_family_off():
 
 def test_duplicate_dimensions_warn_once():
     config = Config()
-    config.model.d_model, config.model.d_ff, config.model.n_head, config.model.n_kv_head = 100, 100, 1, 1
+    config.model.d_model, config.model.d_ff, config.model.n_head, config.model.n_kv_head = (
+        100,
+        100,
+        1,
+        1,
+    )
     # d_model, d_ff, head_dim and kv width are all 100: one warning, not four.
     assert [w.field for w in check(config).warnings] == ["model.d_model"]
 
@@ -174,7 +200,9 @@ def test_model_modules_are_inspected_when_the_config_has_no_model_section():
     model = torch.nn.Sequential(torch.nn.Linear(64, 100), torch.nn.Linear(100, 64))
     report = validate_startup_shapes(config, model, "cuda", BF16_CUDA, logger=RecordingLogger())
     assert [(w.field, w.value) for w in report.warnings] == [("0.out_features", 100)]
-    report = validate_startup_shapes(config, torch.nn.Linear(64, 10), "cuda", BF16_CUDA, logger=RecordingLogger())
+    report = validate_startup_shapes(
+        config, torch.nn.Linear(64, 10), "cuda", BF16_CUDA, logger=RecordingLogger()
+    )
     assert [(w.field, w.value) for w in report.warnings] == [("model.out_features", 10)]
 
 
@@ -210,8 +238,11 @@ def test_stdlib_logger_and_default_logger_both_receive_warnings(caplog):
 
 
 def test_sections_may_be_mappings_bools_or_missing():
-    config = SimpleNamespace(data=SimpleNamespace(micro_batch_size=8, target_batch_size=8, block_size=1000),
-                             model=None, shape_validation={"alignment": 16, "check_model": False})
+    config = SimpleNamespace(
+        data=SimpleNamespace(micro_batch_size=8, target_batch_size=8, block_size=1000),
+        model=None,
+        shape_validation={"alignment": 16, "check_model": False},
+    )
     (warning,) = check(config).warnings
     assert (warning.alignment, warning.suggested) == (16, 1008)  # a tie rounds up
     config.shape_validation = False
@@ -225,6 +256,11 @@ def test_report_as_dict_is_plain_data():
     config.data.block_size = 1000
     data = check(config).as_dict()
     assert data["warning_count"] == 1
-    assert data["profile"] == {"device_type": "cuda", "precision": "bf16", "alignment": 64, "source": "auto"}
+    assert data["profile"] == {
+        "device_type": "cuda",
+        "precision": "bf16",
+        "alignment": 64,
+        "source": "auto",
+    }
     assert data["warnings"][0]["suggested"] == 1024
     assert data["warnings"][0]["message"].startswith("shape: data.block_size=1000")

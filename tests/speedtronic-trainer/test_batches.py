@@ -19,14 +19,17 @@ BATCH = {"input_ids": torch.zeros(2, 3, dtype=torch.long), "labels": LABELS}
 EXPECTED = F.cross_entropy(LOGITS.flatten(0, 1), LABELS.flatten(), ignore_index=-100)
 
 
-@pytest.mark.parametrize("output", [
-    EXPECTED,
-    {"loss": EXPECTED, "accuracy": 0.5},
-    {"logits": LOGITS},
-    {"loss": None, "logits": LOGITS},
-    (EXPECTED, LOGITS),
-    [LOGITS],
-])
+@pytest.mark.parametrize(
+    "output",
+    [
+        EXPECTED,
+        {"loss": EXPECTED, "accuracy": 0.5},
+        {"logits": LOGITS},
+        {"loss": None, "logits": LOGITS},
+        (EXPECTED, LOGITS),
+        [LOGITS],
+    ],
+)
 def test_every_output_form_yields_the_same_loss(output):
     assert torch.allclose(loss_from_output(output, BATCH), EXPECTED)
 
@@ -35,12 +38,15 @@ def test_logits_from_tuple_batches_use_the_second_item_as_labels():
     assert torch.allclose(loss_from_output((LOGITS,), (BATCH["input_ids"], LABELS)), EXPECTED)
 
 
-@pytest.mark.parametrize("output, message", [
-    (torch.ones(3), "must be a scalar"),
-    ({"accuracy": 1.0}, "without 'loss' or 'logits'"),
-    ((torch.ones(2, 2),), "expected a scalar loss or 3-D logits"),
-    ("loss", "unsupported model output"),
-])
+@pytest.mark.parametrize(
+    "output, message",
+    [
+        (torch.ones(3), "must be a scalar"),
+        ({"accuracy": 1.0}, "without 'loss' or 'logits'"),
+        ((torch.ones(2, 2),), "expected a scalar loss or 3-D logits"),
+        ("loss", "unsupported model output"),
+    ],
+)
 def test_bad_outputs_are_explained(output, message):
     with pytest.raises((TypeError, ValueError), match=message):
         loss_from_output(output, BATCH)
@@ -64,7 +70,11 @@ def test_call_model_forms():
 
 
 def test_labels_counts_and_sizes():
-    assert batch_labels(BATCH) is LABELS and batch_labels((1, LABELS)) is LABELS and batch_labels([1]) is None
+    assert (
+        batch_labels(BATCH) is LABELS
+        and batch_labels((1, LABELS)) is LABELS
+        and batch_labels([1]) is None
+    )
     assert valid_label_count(BATCH) == 3
     assert valid_label_count((torch.zeros(2), torch.zeros(2))) is None  # float targets: regression
     assert batch_size_and_tokens(BATCH) == (2, 6)

@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from speedtronic_trainer import CheckpointError, CheckpointManager, capture_rng_state, restore_rng_state
+from speedtronic_trainer import (
+    CheckpointError,
+    CheckpointManager,
+    capture_rng_state,
+    restore_rng_state,
+)
 
 
 def state(step: int) -> dict:
@@ -32,12 +37,17 @@ def test_save_writes_step_file_and_latest_pointer(tmp_path):
     manager = CheckpointManager(tmp_path / "ckpt", every_steps=1)
     path = manager.save(4, state(4))
     assert path == manager.path_for(4) == tmp_path / "ckpt" / "step_4.pt"
-    assert json.loads((tmp_path / "ckpt" / "latest").read_text()) == {"step": 4, "file": "step_4.pt"}
+    assert json.loads((tmp_path / "ckpt" / "latest").read_text()) == {
+        "step": 4,
+        "file": "step_4.pt",
+    }
     assert manager.latest_path() == path
     loaded = manager.load_latest()
     assert loaded["step"] == 4 and torch.equal(loaded["weights"], state(4)["weights"])
     assert loaded["checkpoint_path"] == str(path)
-    assert not [p for p in (tmp_path / "ckpt").iterdir() if p.name.startswith(".")]  # no temp files left
+    assert not [
+        p for p in (tmp_path / "ckpt").iterdir() if p.name.startswith(".")
+    ]  # no temp files left
 
 
 def test_pointer_wins_over_file_order_and_damaged_pointer_falls_back(tmp_path):
@@ -80,7 +90,10 @@ def test_truncated_latest_raises_naming_the_file_and_resume_falls_back(tmp_path)
 def test_every_checkpoint_corrupt_is_an_error(tmp_path):
     manager = CheckpointManager(tmp_path)
     manager.save(1, state(1)).write_bytes(b"garbage")
-    with pytest.warns(RuntimeWarning), pytest.raises(CheckpointError, match="no loadable checkpoint"):
+    with (
+        pytest.warns(RuntimeWarning),
+        pytest.raises(CheckpointError, match="no loadable checkpoint"),
+    ):
         manager.load_latest()
 
 
@@ -90,7 +103,9 @@ class NotATensor:
 
 def test_loading_is_weights_only(tmp_path):
     path = tmp_path / "step_1.pt"
-    torch.save({"step": 1, "payload": NotATensor()}, path)  # pickled code would run on an unsafe load
+    torch.save(
+        {"step": 1, "payload": NotATensor()}, path
+    )  # pickled code would run on an unsafe load
     with pytest.raises(CheckpointError, match="weights_only"):
         CheckpointManager(tmp_path).load(path)
 
@@ -110,13 +125,24 @@ def test_from_config_roots_relative_directory_under_output_dir(tmp_path):
     section = SimpleNamespace(directory="checkpoints", every_steps=7, keep_last=None, enabled=False)
     manager = CheckpointManager.from_config(section, output_dir=tmp_path)
     assert (manager.directory, manager.every_steps, manager.keep_last, manager.enabled) == (
-        tmp_path / "checkpoints", 7, None, False)
+        tmp_path / "checkpoints",
+        7,
+        None,
+        False,
+    )
     section.directory = str(tmp_path / "abs")
-    assert CheckpointManager.from_config(section, output_dir="elsewhere").directory == tmp_path / "abs"
+    assert (
+        CheckpointManager.from_config(section, output_dir="elsewhere").directory == tmp_path / "abs"
+    )
 
 
 def draw() -> tuple:
-    return random.random(), float(np.random.rand()), float(np.random.randn()), torch.rand(3).tolist()
+    return (
+        random.random(),
+        float(np.random.rand()),
+        float(np.random.randn()),
+        torch.rand(3).tolist(),
+    )
 
 
 def test_rng_round_trip_through_a_weights_only_file(tmp_path):

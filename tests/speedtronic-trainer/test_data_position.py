@@ -8,7 +8,9 @@ from speedtronic_trainer import BatchStream
 
 
 def loader(shuffle=True, generator=None, n=10):
-    return DataLoader(TensorDataset(torch.arange(n)), batch_size=3, shuffle=shuffle, generator=generator)
+    return DataLoader(
+        TensorDataset(torch.arange(n)), batch_size=3, shuffle=shuffle, generator=generator
+    )
 
 
 def take(stream, k):
@@ -19,7 +21,9 @@ def take(stream, k):
 @pytest.mark.parametrize("stop_at", [1, 3, 4, 7])
 def test_resumed_stream_continues_exactly(with_generator, stop_at):
     def make():
-        return BatchStream(loader(generator=torch.Generator().manual_seed(3) if with_generator else None))
+        return BatchStream(
+            loader(generator=torch.Generator().manual_seed(3) if with_generator else None)
+        )
 
     torch.manual_seed(0)
     expected = take(make(), 12)

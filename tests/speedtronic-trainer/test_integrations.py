@@ -7,7 +7,14 @@ import pytest
 import torch
 from trainer_testkit import TinyLM, make_loader
 
-from speedtronic_trainer import MetricLogger, TensorboardHook, Trainer, TrainerSettings, WandbHook, hooks_from_names
+from speedtronic_trainer import (
+    MetricLogger,
+    TensorboardHook,
+    Trainer,
+    TrainerSettings,
+    WandbHook,
+    hooks_from_names,
+)
 
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
@@ -17,8 +24,14 @@ NO_TENSORBOARD = "tensorboard not installed (pip install speedtronic-trainer[ten
 def train_with(hook, steps=3):
     model = TinyLM()
     logger = MetricLogger(stream=io.StringIO(), hooks=[hook])
-    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), make_loader(), device="cpu",
-                      logger=logger, settings=TrainerSettings())
+    trainer = Trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        make_loader(),
+        device="cpu",
+        logger=logger,
+        settings=TrainerSettings(),
+    )
     trainer.fit(steps)
     logger.close()
     return trainer
@@ -39,7 +52,9 @@ def test_tensorboard_hook_writes_event_files_that_read_back(tmp_path):
     assert "fit_end/tokens_per_s" in events.Tags()["scalars"]
 
 
-@pytest.mark.skipif(not HAS_WANDB, reason="wandb not installed (pip install speedtronic-trainer[wandb])")
+@pytest.mark.skipif(
+    not HAS_WANDB, reason="wandb not installed (pip install speedtronic-trainer[wandb])"
+)
 def test_wandb_hook_runs_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     logged: list[float] = []
@@ -51,14 +66,19 @@ def test_wandb_hook_runs_offline(tmp_path, monkeypatch):
             super().on_event(event, payload)
 
         def close(self):
-            self.summary = dict(self.run.summary)  # what wandb itself recorded, before the run closes
+            self.summary = dict(
+                self.run.summary
+            )  # what wandb itself recorded, before the run closes
             super().close()
 
     hook = ReadBack(project="speedtronic-test", mode="offline", dir=str(tmp_path))
     train_with(hook)
     assert len(logged) == 3
     # wandb commits a step's row when a later step arrives, so the summary holds step 2 or 3
-    assert hook.summary["_step"] in (2, 3) and hook.summary["train_step/loss"] == logged[hook.summary["_step"] - 1]
+    assert (
+        hook.summary["_step"] in (2, 3)
+        and hook.summary["train_step/loss"] == logged[hook.summary["_step"] - 1]
+    )
     run_dirs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(run_dirs) == 1 and list(run_dirs[0].glob("*.wandb"))
 

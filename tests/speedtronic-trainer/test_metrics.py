@@ -27,12 +27,19 @@ def test_flops_per_token_from_the_model_hook():
 
 def test_record_fields_and_mfu():
     metrics = StepMetrics(TinyLM(), torch.device("cpu"), plan())
-    record = metrics.record(step=3, loss=1.5, lr=0.01, grad_norm=0.7, samples=4, tokens=24, step_time=0.5)
-    assert record["tokens_per_s"] == 48.0 and record["samples_per_s"] == 8.0 and record["grad_norm"] == 0.7
+    record = metrics.record(
+        step=3, loss=1.5, lr=0.01, grad_norm=0.7, samples=4, tokens=24, step_time=0.5
+    )
+    assert (
+        record["tokens_per_s"] == 48.0
+        and record["samples_per_s"] == 8.0
+        and record["grad_norm"] == 0.7
+    )
     if metrics.peak_flops:
         assert record["mfu"] == metrics.flops_per_token * 48.0 / metrics.peak_flops
     plain = StepMetrics(nn.Linear(2, 2), torch.device("cpu"), plan()).record(
-        step=1, loss=1.0, lr=0.1, grad_norm=None, samples=1, tokens=1, step_time=0.0)
+        step=1, loss=1.0, lr=0.1, grad_norm=None, samples=1, tokens=1, step_time=0.0
+    )
     assert "mfu" not in plain and "grad_norm" not in plain and plain["tokens_per_s"] == 0.0
 
 

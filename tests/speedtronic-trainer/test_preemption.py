@@ -45,8 +45,12 @@ CHILD = textwrap.dedent("""
 def test_signal_saves_a_checkpoint_and_stops_cleanly(tmp_path, signum):
     ready = tmp_path / "ready"
     script = tmp_path / "child.py"
-    script.write_text(CHILD.format(kit=str(Path(__file__).parent), ready=str(ready), ckpt=str(tmp_path / "ckpt")))
-    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    script.write_text(
+        CHILD.format(kit=str(Path(__file__).parent), ready=str(ready), ckpt=str(tmp_path / "ckpt"))
+    )
+    child = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 120
         while not ready.exists():

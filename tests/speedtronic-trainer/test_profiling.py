@@ -13,17 +13,24 @@ from speedtronic_trainer import CallbackList, MetricLogger, memory_usage_bytes
 
 def test_text_and_jsonl_outputs(tmp_path):
     stream = io.StringIO()
-    logger = MetricLogger(stream=stream, file=str(tmp_path / "logs" / "run.log"),
-                          json_file=str(tmp_path / "logs" / "run.jsonl"))
+    logger = MetricLogger(
+        stream=stream,
+        file=str(tmp_path / "logs" / "run.log"),
+        json_file=str(tmp_path / "logs" / "run.jsonl"),
+    )
     logger.emit("train_step", {"step": 1, "loss": 2.5, "lr": 0.001})
     logger.info("hello %s", "world")
     logger.close()
     text = (tmp_path / "logs" / "run.log").read_text()
     assert "train_step step=1 loss=2.5 lr=0.001" in text and "INFO hello world" in text
     assert text.splitlines() == stream.getvalue().splitlines()
-    records = [json.loads(line) for line in (tmp_path / "logs" / "run.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (tmp_path / "logs" / "run.jsonl").read_text().splitlines()
+    ]
     assert len(records) == 1
-    assert records[0]["event"] == "train_step" and records[0]["loss"] == 2.5 and "time" in records[0]
+    assert (
+        records[0]["event"] == "train_step" and records[0]["loss"] == 2.5 and "time" in records[0]
+    )
 
 
 def test_level_filters_text_lines():
@@ -35,7 +42,9 @@ def test_level_filters_text_lines():
     logger.error("louder")
     assert "quiet" not in stream.getvalue() and "WARNING loud 1" in stream.getvalue()
     assert "ERROR louder" in stream.getvalue()
-    assert MetricLogger(level="nonsense", stream=io.StringIO())._level == 20  # unknown names map to INFO
+    assert (
+        MetricLogger(level="nonsense", stream=io.StringIO())._level == 20
+    )  # unknown names map to INFO
 
 
 def test_cadence():
@@ -72,8 +81,14 @@ def test_failing_hook_never_stops_training():
 
     model = TinyLM()
     logger = MetricLogger(stream=io.StringIO(), hooks=[bad])
-    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), make_loader(), device="cpu",
-                      logger=logger, settings=TrainerSettings())
+    trainer = Trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        make_loader(),
+        device="cpu",
+        logger=logger,
+        settings=TrainerSettings(),
+    )
     assert trainer.fit(3).steps == 3
 
 
@@ -96,12 +111,17 @@ def test_close_closes_hooks():
 
 
 def test_from_config_reads_the_section(tmp_path):
-    section = SimpleNamespace(level="DEBUG", file=None, json_file=str(tmp_path / "m.jsonl"), every_steps=5, hooks=[])
+    section = SimpleNamespace(
+        level="DEBUG", file=None, json_file=str(tmp_path / "m.jsonl"), every_steps=5, hooks=[]
+    )
     logger = MetricLogger.from_config(section)
     assert logger.every_steps == 5 and logger.json_file.endswith("m.jsonl") and logger.hooks == []
     with pytest.raises(ValueError, match="logging.hooks"):
-        MetricLogger.from_config(SimpleNamespace(level="INFO", file=None, json_file=None, every_steps=1,
-                                                 hooks=["mlflow"]))
+        MetricLogger.from_config(
+            SimpleNamespace(
+                level="INFO", file=None, json_file=None, every_steps=1, hooks=["mlflow"]
+            )
+        )
 
 
 def test_callback_list_fans_out():

@@ -51,8 +51,14 @@ def test_trainer_logs_plain_lines_when_not_a_terminal(capsys):
 
     model = TinyLM()
     stream = io.StringIO()
-    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), make_loader(), device="cpu",
-            logger=MetricLogger(stream=stream), settings=TrainerSettings()).fit(2)
+    Trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        make_loader(),
+        device="cpu",
+        logger=MetricLogger(stream=stream),
+        settings=TrainerSettings(),
+    ).fit(2)
     assert stream.getvalue().count("train_step") == 2
     err = capsys.readouterr().err
     assert "step/s" not in err and "s/step" not in err

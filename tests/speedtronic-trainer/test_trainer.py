@@ -11,17 +11,33 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import speedtronic_trainer.trainer as trainer_module
-from speedtronic_trainer import CheckpointManager, MetricLogger, NonFiniteLossError, Trainer, TrainerSettings
+from speedtronic_trainer import (
+    CheckpointManager,
+    MetricLogger,
+    NonFiniteLossError,
+    Trainer,
+    TrainerSettings,
+)
 
 
-def make_trainer(model=None, loader=None, *, accumulation=1, lr=0.1, optimizer=None, logger=None, **kwargs):
+def make_trainer(
+    model=None, loader=None, *, accumulation=1, lr=0.1, optimizer=None, logger=None, **kwargs
+):
     model = model or TinyLM()
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=lr)
-    settings = kwargs.pop("settings", None) or TrainerSettings(accumulation_steps=accumulation,
-                                                               **kwargs.pop("settings_kwargs", {}))
+    settings = kwargs.pop("settings", None) or TrainerSettings(
+        accumulation_steps=accumulation, **kwargs.pop("settings_kwargs", {})
+    )
     logger = logger or MetricLogger(stream=io.StringIO(), hooks=[RecordingHook()])
-    return Trainer(model, optimizer, loader if loader is not None else make_loader(), device="cpu", settings=settings, logger=logger,
-                   **kwargs)
+    return Trainer(
+        model,
+        optimizer,
+        loader if loader is not None else make_loader(),
+        device="cpu",
+        settings=settings,
+        logger=logger,
+        **kwargs,
+    )
 
 
 def full_batch_loss(model, samples):
@@ -117,8 +133,14 @@ def test_missing_or_bad_target_is_a_clear_error():
 def test_target_from_config_run_max_steps():
     config = make_config(run={"max_steps": 2})
     model = TinyLM()
-    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), make_loader(), device="cpu",
-                      config=config, logger=MetricLogger(stream=io.StringIO()))
+    trainer = Trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        make_loader(),
+        device="cpu",
+        config=config,
+        logger=MetricLogger(stream=io.StringIO()),
+    )
     assert trainer.fit().steps == 2
 
 
@@ -190,7 +212,15 @@ def test_coordinator_lifecycle_is_restarted_by_every_fit():
     trainer = make_trainer(coordinator=coordinator, accumulation=2)
     trainer.fit(2)
     trainer.fit(3)
-    assert coordinator.calls == [("start",), ("step", 1), ("step", 2), ("stop",), ("start",), ("step", 3), ("stop",)]
+    assert coordinator.calls == [
+        ("start",),
+        ("step", 1),
+        ("step", 2),
+        ("stop",),
+        ("start",),
+        ("step", 3),
+        ("stop",),
+    ]
 
 
 def test_coordinator_stopped_even_when_training_fails():
@@ -204,8 +234,12 @@ def test_coordinator_stopped_even_when_training_fails():
 def test_truthy_coordinator_result_resets_inner_optimizer(reset):
     model = TinyLM()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    trainer = make_trainer(model, optimizer=optimizer, coordinator=FakeCoordinator(reset_at={2}),
-                           settings=TrainerSettings(reset_inner_optimizer=reset))
+    trainer = make_trainer(
+        model,
+        optimizer=optimizer,
+        coordinator=FakeCoordinator(reset_at={2}),
+        settings=TrainerSettings(reset_inner_optimizer=reset),
+    )
     trainer.fit(1)
     assert len(optimizer.state) > 0
     trainer.fit(2)
@@ -221,7 +255,9 @@ def test_compile_construction_failure_falls_back_to_eager(monkeypatch):
 
     monkeypatch.setattr(torch, "compile", broken)
     stream = io.StringIO()
-    trainer = make_trainer(logger=MetricLogger(stream=stream), settings=TrainerSettings(compile=True))
+    trainer = make_trainer(
+        logger=MetricLogger(stream=stream), settings=TrainerSettings(compile=True)
+    )
     assert trainer.fit(2).steps == 2
     assert stream.getvalue().count("torch.compile failed") == 1
 
@@ -235,7 +271,9 @@ def test_compile_first_run_failure_retries_eagerly_and_logs_once(monkeypatch):
 
     monkeypatch.setattr(torch, "compile", lambda model: fails_when_called)
     stream = io.StringIO()
-    trainer = make_trainer(logger=MetricLogger(stream=stream), settings=TrainerSettings(compile=True))
+    trainer = make_trainer(
+        logger=MetricLogger(stream=stream), settings=TrainerSettings(compile=True)
+    )
     result = trainer.fit(3)
     assert result.steps == 3 and math.isfinite(result.final_loss)
     assert len(calls) == 1
@@ -249,6 +287,7 @@ def test_compiled_model_is_used_when_it_works(monkeypatch):
         def run(*args, **kwargs):
             used.append(1)
             return model(*args, **kwargs)
+
         return run
 
     monkeypatch.setattr(torch, "compile", fake_compile)
@@ -267,7 +306,9 @@ def test_gradient_checkpointing_uses_the_model_hook_or_warns():
     make_trainer(model, settings=TrainerSettings(gradient_checkpointing=True))
     assert model.enabled is True
     stream = io.StringIO()
-    make_trainer(logger=MetricLogger(stream=stream), settings=TrainerSettings(gradient_checkpointing=True))
+    make_trainer(
+        logger=MetricLogger(stream=stream), settings=TrainerSettings(gradient_checkpointing=True)
+    )
     assert "no set_gradient_checkpointing" in stream.getvalue()
 
 
@@ -281,11 +322,16 @@ def test_gradient_clipping_reports_the_norm():
 
 
 def test_grad_scaler_path_steps_and_checkpoints_scaler(monkeypatch, tmp_path):
-    monkeypatch.setattr(trainer_module, "make_grad_scaler", lambda plan: torch.amp.GradScaler("cpu", init_scale=4.0))
+    monkeypatch.setattr(
+        trainer_module, "make_grad_scaler", lambda plan: torch.amp.GradScaler("cpu", init_scale=4.0)
+    )
     model = TinyLM()
     before = model.head.weight.detach().clone()
-    trainer = make_trainer(model, checkpoint_manager=CheckpointManager(tmp_path, every_steps=2),
-                           settings=TrainerSettings(grad_clip=10.0))
+    trainer = make_trainer(
+        model,
+        checkpoint_manager=CheckpointManager(tmp_path, every_steps=2),
+        settings=TrainerSettings(grad_clip=10.0),
+    )
     result = trainer.fit(2)
     assert not torch.equal(before, model.head.weight)
     assert math.isfinite(hook_of(trainer).values("train_step", "grad_norm")[0])
@@ -313,7 +359,9 @@ class NaNAtCall(TinyLM):
 def test_nonfinite_stop_policy_raises_without_checkpoint(tmp_path):
     model = NaNAtCall({3})
     manager = CheckpointManager(tmp_path, every_steps=1)
-    trainer = make_trainer(model, checkpoint_manager=manager, settings=TrainerSettings(nonfinite_loss="stop"))
+    trainer = make_trainer(
+        model, checkpoint_manager=manager, settings=TrainerSettings(nonfinite_loss="stop")
+    )
     with pytest.raises(NonFiniteLossError, match="step 3"):
         trainer.fit(5)
     assert trainer.step == 2
@@ -353,14 +401,32 @@ def test_checkpoint_contents(tmp_path):
     model = TinyLM()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (s + 1))
-    trainer = make_trainer(model, optimizer=optimizer, scheduler=scheduler, coordinator=FakeCoordinator(),
-                           checkpoint_manager=CheckpointManager(tmp_path, every_steps=2), accumulation=2,
-                           settings=None, settings_kwargs={})
+    trainer = make_trainer(
+        model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        coordinator=FakeCoordinator(),
+        checkpoint_manager=CheckpointManager(tmp_path, every_steps=2),
+        accumulation=2,
+        settings=None,
+        settings_kwargs={},
+    )
     trainer.config = Config()
     trainer.fit(2)
     state = CheckpointManager(tmp_path).load_latest()
-    assert {"model", "optimizer", "scheduler", "scaler", "step", "samples", "tokens", "rng", "data", "config",
-            "coordinator"} <= state.keys()
+    assert {
+        "model",
+        "optimizer",
+        "scheduler",
+        "scaler",
+        "step",
+        "samples",
+        "tokens",
+        "rng",
+        "data",
+        "config",
+        "coordinator",
+    } <= state.keys()
     assert state["step"] == 2 and state["samples"] == 8 and state["tokens"] == 48
     assert state["config"] == {"distributed": {"token": "***"}}
     assert state["scheduler"]["last_epoch"] == 2
@@ -369,7 +435,9 @@ def test_checkpoint_contents(tmp_path):
 
 
 def test_final_checkpoint_saved_off_interval(tmp_path):
-    trainer = make_trainer(checkpoint_manager=CheckpointManager(tmp_path, every_steps=4, keep_last=None))
+    trainer = make_trainer(
+        checkpoint_manager=CheckpointManager(tmp_path, every_steps=4, keep_last=None)
+    )
     result = trainer.fit(5)
     assert sorted(p.name for p in tmp_path.glob("step_*.pt")) == ["step_4.pt", "step_5.pt"]
     assert result.checkpoint == tmp_path / "step_5.pt"
@@ -377,14 +445,18 @@ def test_final_checkpoint_saved_off_interval(tmp_path):
 
 
 def test_final_checkpoint_can_be_turned_off(tmp_path):
-    trainer = make_trainer(checkpoint_manager=CheckpointManager(tmp_path, every_steps=4),
-                           settings=TrainerSettings(save_final=False))
+    trainer = make_trainer(
+        checkpoint_manager=CheckpointManager(tmp_path, every_steps=4),
+        settings=TrainerSettings(save_final=False),
+    )
     trainer.fit(5)
     assert [p.name for p in tmp_path.glob("step_*.pt")] == ["step_4.pt"]
 
 
 def test_disabled_manager_writes_nothing(tmp_path):
-    make_trainer(checkpoint_manager=CheckpointManager(tmp_path, every_steps=1, enabled=False)).fit(3)
+    make_trainer(checkpoint_manager=CheckpointManager(tmp_path, every_steps=1, enabled=False)).fit(
+        3
+    )
     assert not list(tmp_path.iterdir())
 
 
@@ -397,8 +469,14 @@ def build_run(tmp_path, *, every_steps=3, dataset=None, batch_size=2):
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 3))
     loader = make_loader(dataset or TokenDataset(n=10), batch_size=batch_size, shuffle=True)
-    return make_trainer(model, loader, optimizer=optimizer, scheduler=scheduler, accumulation=2,
-                        checkpoint_manager=CheckpointManager(tmp_path, every_steps=every_steps))
+    return make_trainer(
+        model,
+        loader,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        accumulation=2,
+        checkpoint_manager=CheckpointManager(tmp_path, every_steps=every_steps),
+    )
 
 
 def test_exact_resume_reproduces_losses_bit_for_bit(tmp_path):
@@ -412,7 +490,9 @@ def test_exact_resume_reproduces_losses_bit_for_bit(tmp_path):
     resumed = build_run(tmp_path / "b")
     assert resumed.resume_latest()
     resumed.fit(7)
-    got = hook_of(first).values("train_step", "loss") + hook_of(resumed).values("train_step", "loss")
+    got = hook_of(first).values("train_step", "loss") + hook_of(resumed).values(
+        "train_step", "loss"
+    )
     assert got == expected
     for a, b in zip(uninterrupted.model.parameters(), resumed.model.parameters()):
         assert torch.equal(a, b)
@@ -443,25 +523,34 @@ def test_exact_resume_uses_a_stateful_dataset_position(tmp_path):
     def run(path):
         torch.manual_seed(5)
         model = TinyLM()
-        return make_trainer(model, DataLoader(CountingStream(), batch_size=2), accumulation=2,
-                            optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
-                            checkpoint_manager=CheckpointManager(path, every_steps=2))
+        return make_trainer(
+            model,
+            DataLoader(CountingStream(), batch_size=2),
+            accumulation=2,
+            optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
+            checkpoint_manager=CheckpointManager(path, every_steps=2),
+        )
 
     whole = run(tmp_path / "a")
     whole.fit(5)
     first = run(tmp_path / "b")
     first.fit(2)
-    assert CheckpointManager(tmp_path / "b").load_latest()["data"]["source"]["state"] == {"position": 8}
+    assert CheckpointManager(tmp_path / "b").load_latest()["data"]["source"]["state"] == {
+        "position": 8
+    }
     resumed = run(tmp_path / "b")
     resumed.resume_latest()
     resumed.fit(5)
-    assert (hook_of(first).values("train_step", "loss") + hook_of(resumed).values("train_step", "loss")
-            == hook_of(whole).values("train_step", "loss"))
+    assert hook_of(first).values("train_step", "loss") + hook_of(resumed).values(
+        "train_step", "loss"
+    ) == hook_of(whole).values("train_step", "loss")
 
 
 def test_resume_without_checkpoint_warns_and_starts_fresh(tmp_path):
     stream = io.StringIO()
-    trainer = make_trainer(logger=MetricLogger(stream=stream), checkpoint_manager=CheckpointManager(tmp_path))
+    trainer = make_trainer(
+        logger=MetricLogger(stream=stream), checkpoint_manager=CheckpointManager(tmp_path)
+    )
     assert trainer.resume_latest() is False
     assert "no checkpoint was found" in stream.getvalue() and trainer.step == 0
 
@@ -476,22 +565,32 @@ def test_resume_rejects_foreign_state():
 
 def test_validation_loss_every_eval_every_steps():
     eval_loader = make_loader(TokenDataset(n=8), batch_size=2)
-    trainer = make_trainer(eval_dataloader=eval_loader, settings=TrainerSettings(eval_every=2, eval_steps=1))
+    trainer = make_trainer(
+        eval_dataloader=eval_loader, settings=TrainerSettings(eval_every=2, eval_steps=1)
+    )
     result = trainer.fit(5)
     steps = hook_of(trainer).values("eval", "step")
     assert steps == [2, 4]
     assert result.metrics["val_loss"] == hook_of(trainer).values("eval", "val_loss")[-1]
-    one_batch = full_batch_loss(trainer.model.eval(), [eval_loader.dataset[i] for i in range(2)]).item()
-    assert trainer.evaluate() == pytest.approx(one_batch, rel=1e-6)  # eval_steps=1 limits it to one batch
+    one_batch = full_batch_loss(
+        trainer.model.eval(), [eval_loader.dataset[i] for i in range(2)]
+    ).item()
+    assert trainer.evaluate() == pytest.approx(
+        one_batch, rel=1e-6
+    )  # eval_steps=1 limits it to one batch
     assert trainer.evaluate(max_batches=4) != pytest.approx(one_batch, rel=1e-6)
 
 
 def test_train_step_metrics_cadence_and_fields():
-    trainer = make_trainer(logger=MetricLogger(stream=io.StringIO(), every_steps=2, hooks=[RecordingHook()]))
+    trainer = make_trainer(
+        logger=MetricLogger(stream=io.StringIO(), every_steps=2, hooks=[RecordingHook()])
+    )
     trainer.fit(4)
     records = [p for e, p in hook_of(trainer).events if e == "train_step"]
     assert [r["step"] for r in records] == [2, 4]
-    assert {"loss", "lr", "tokens_per_s", "samples_per_s", "step_time_s", "mfu"} <= records[0].keys()
+    assert {"loss", "lr", "tokens_per_s", "samples_per_s", "step_time_s", "mfu"} <= records[
+        0
+    ].keys()
     assert records[0]["lr"] == 0.1
 
 
@@ -506,7 +605,9 @@ def test_infinite_gradient_with_finite_loss_is_caught_by_the_policy():
 
     model = InfGrad()
     data = TensorDataset(torch.zeros(4, 1), torch.zeros(4))
-    trainer = make_trainer(model, DataLoader(data, batch_size=2), settings=TrainerSettings(grad_clip=1.0))
+    trainer = make_trainer(
+        model, DataLoader(data, batch_size=2), settings=TrainerSettings(grad_clip=1.0)
+    )
     with pytest.raises(NonFiniteLossError, match="grad_norm=inf"):
         trainer.fit(1)
     assert torch.equal(model.w.detach(), torch.ones(1))

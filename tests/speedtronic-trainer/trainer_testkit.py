@@ -15,7 +15,9 @@ SEQ = 6
 class TokenDataset(Dataset):
     """Deterministic causal samples; index i always yields the same tokens."""
 
-    def __init__(self, n: int = 16, seq: int = SEQ, vocab: int = VOCAB, ignore_every: int = 0) -> None:
+    def __init__(
+        self, n: int = 16, seq: int = SEQ, vocab: int = VOCAB, ignore_every: int = 0
+    ) -> None:
         g = torch.Generator().manual_seed(7)
         self.tokens = torch.randint(0, vocab, (n, seq + 1), generator=g)
         self.ignore_every = ignore_every
@@ -40,20 +42,26 @@ class TinyLM(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.head = nn.Linear(dim, vocab)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **_: object) -> dict:
+    def forward(
+        self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **_: object
+    ) -> dict:
         return {"logits": self.head(self.drop(self.embed(input_ids)))}
 
     def flops_per_token(self) -> float:
         return 6.0 * sum(p.numel() for p in self.parameters())
 
 
-def make_loader(dataset: Dataset | None = None, batch_size: int = 2, shuffle: bool = False, **kwargs) -> DataLoader:
+def make_loader(
+    dataset: Dataset | None = None, batch_size: int = 2, shuffle: bool = False, **kwargs
+) -> DataLoader:
     return DataLoader(dataset or TokenDataset(), batch_size=batch_size, shuffle=shuffle, **kwargs)
 
 
 def make_config(**sections) -> SimpleNamespace:
     """A duck-typed config holding only the sections a test sets."""
-    return SimpleNamespace(**{k: SimpleNamespace(**v) if isinstance(v, dict) else v for k, v in sections.items()})
+    return SimpleNamespace(
+        **{k: SimpleNamespace(**v) if isinstance(v, dict) else v for k, v in sections.items()}
+    )
 
 
 class RecordingHook:

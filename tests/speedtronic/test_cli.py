@@ -14,8 +14,13 @@ SECRET = "hf_SECRETtoken123"
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "speedtronic", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "speedtronic", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *fragments: str) -> None:
@@ -27,7 +32,11 @@ def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *fragm
 
 
 def tiny_config(tmp_path: Path, **extra: str) -> Path:
-    text = (ROOT / "configs" / "smoke.yaml").read_text().replace("output_dir: runs/smoke", f"output_dir: {tmp_path / 'run'}")
+    text = (
+        (ROOT / "configs" / "smoke.yaml")
+        .read_text()
+        .replace("output_dir: runs/smoke", f"output_dir: {tmp_path / 'run'}")
+    )
     text += f"\nlogging:\n  json_file: {tmp_path / 'run' / 'metrics.jsonl'}\n"
     for key, value in extra.items():
         text += f"{key}: {value}\n"
@@ -49,17 +58,22 @@ def test_validate_prints_the_normalized_redacted_config(tmp_path):
 def test_validate_applies_set_overrides(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("max_steps: 7\n")
-    result = cli("validate", str(config), "--set", "model.n_layer=6", "--set", "optimizer=muon", cwd=tmp_path)
+    result = cli(
+        "validate", str(config), "--set", "model.n_layer=6", "--set", "optimizer=muon", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert "n_layer: 6" in result.stdout and "name: muon" in result.stdout
 
 
-@pytest.mark.parametrize("content, fragments", [
-    ("model:\n  n_layers: 3\n", ["model.n_layers", "n_layer"]),
-    ("model:\n  n_head: 0\n", ["model.n_head"]),
-    ("- just\n- a list\n", ["mapping"]),
-    ("model: {n_layer: [\n", ["line"]),
-])
+@pytest.mark.parametrize(
+    "content, fragments",
+    [
+        ("model:\n  n_layers: 3\n", ["model.n_layers", "n_layer"]),
+        ("model:\n  n_head: 0\n", ["model.n_head"]),
+        ("- just\n- a list\n", ["mapping"]),
+        ("model: {n_layer: [\n", ["line"]),
+    ],
+)
 def test_bad_configs_exit_2_in_one_line(tmp_path, content, fragments):
     config = tmp_path / "bad.yaml"
     config.write_text(content)
@@ -67,13 +81,17 @@ def test_bad_configs_exit_2_in_one_line(tmp_path, content, fragments):
 
 
 def test_missing_config_file_names_the_path(tmp_path):
-    assert_one_line_error(cli("validate", str(tmp_path / "nope.yaml"), cwd=tmp_path), 2, "nope.yaml")
+    assert_one_line_error(
+        cli("validate", str(tmp_path / "nope.yaml"), cwd=tmp_path), 2, "nope.yaml"
+    )
 
 
 def test_bad_override_exits_2(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("max_steps: 7\n")
-    assert_one_line_error(cli("validate", str(config), "--set", "model.n_layr=3", cwd=tmp_path), 2, "n_layr")
+    assert_one_line_error(
+        cli("validate", str(config), "--set", "model.n_layr=3", cwd=tmp_path), 2, "n_layr"
+    )
 
 
 def test_usage_error_exits_2(tmp_path):
@@ -85,8 +103,17 @@ def test_train_plot_sample_export_end_to_end(tmp_path):
     config = tiny_config(tmp_path, **{"distributed": f"{{token: {SECRET}}}"})
     overlay = tmp_path / "cuda.yaml"
     overlay.write_text("model.n_layer: 3\nrun.max_steps: 1\n")  # CUDA only: must not apply on CPU
-    result = cli("train", str(config), "--max-steps", "6", "--device", "cpu", "--cuda-overlay", str(overlay),
-                 cwd=tmp_path)
+    result = cli(
+        "train",
+        str(config),
+        "--max-steps",
+        "6",
+        "--device",
+        "cpu",
+        "--cuda-overlay",
+        str(overlay),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "applying" not in result.stderr
     assert SECRET not in result.stdout + result.stderr
@@ -103,7 +130,9 @@ def test_train_plot_sample_export_end_to_end(tmp_path):
     assert result.returncode == 0, result.stderr
     assert png.read_bytes()[:4] == b"\x89PNG"
 
-    result = cli("sample", str(checkpoint), "--prompt", "def ", "--max-new-tokens", "20", cwd=tmp_path)
+    result = cli(
+        "sample", str(checkpoint), "--prompt", "def ", "--max-new-tokens", "20", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("def ")
 
@@ -121,23 +150,40 @@ def test_train_plot_sample_export_end_to_end(tmp_path):
     assert torch.equal(original(ids)["logits"], exported(ids)["logits"])
 
     # resuming at the target does nothing and says so; a further target continues from step 6
-    result = cli("train", str(config), "--max-steps", "8", "--device", "cpu", "--resume", cwd=tmp_path)
+    result = cli(
+        "train", str(config), "--max-steps", "8", "--device", "cpu", "--resume", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (run / "checkpoints" / "step_8.pt").exists()
 
 
-@pytest.mark.parametrize("content, fragment", [("- a\n- list\n", "mapping of dotted keys"),
-                                               ("model.n_layr: 3\n", "n_layr")])
+@pytest.mark.parametrize(
+    "content, fragment",
+    [("- a\n- list\n", "mapping of dotted keys"), ("model.n_layr: 3\n", "n_layr")],
+)
 def test_bad_cuda_overlay_exits_2_even_on_cpu(tmp_path, content, fragment):
     overlay = tmp_path / "cuda.yaml"
     overlay.write_text(content)
-    result = cli("train", str(tiny_config(tmp_path)), "--device", "cpu", "--cuda-overlay", str(overlay),
-                 cwd=tmp_path)
+    result = cli(
+        "train",
+        str(tiny_config(tmp_path)),
+        "--device",
+        "cpu",
+        "--cuda-overlay",
+        str(overlay),
+        cwd=tmp_path,
+    )
     assert_one_line_error(result, 2, fragment)
 
 
 def test_missing_cuda_overlay_names_the_path(tmp_path):
-    result = cli("train", str(tiny_config(tmp_path)), "--cuda-overlay", str(tmp_path / "gone.yaml"), cwd=tmp_path)
+    result = cli(
+        "train",
+        str(tiny_config(tmp_path)),
+        "--cuda-overlay",
+        str(tmp_path / "gone.yaml"),
+        cwd=tmp_path,
+    )
     assert_one_line_error(result, 2, "gone.yaml")
 
 
@@ -145,8 +191,17 @@ def test_missing_cuda_overlay_names_the_path(tmp_path):
 def test_cuda_overlay_applies_on_a_gpu(tmp_path):
     overlay = tmp_path / "cuda.yaml"
     overlay.write_text("model.n_layer: 3\nprecision.mode: bf16\n")
-    result = cli("train", str(tiny_config(tmp_path)), "--max-steps", "2", "--device", "cuda",
-                 "--cuda-overlay", str(overlay), cwd=tmp_path)
+    result = cli(
+        "train",
+        str(tiny_config(tmp_path)),
+        "--max-steps",
+        "2",
+        "--device",
+        "cuda",
+        "--cuda-overlay",
+        str(overlay),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "applying" in result.stderr
     import torch
@@ -157,7 +212,9 @@ def test_cuda_overlay_applies_on_a_gpu(tmp_path):
 
 @pytest.mark.parametrize("command", [["sample"], ["export"], ["plot"]])
 def test_commands_on_missing_paths_exit_2(tmp_path, command):
-    args = [*command, str(tmp_path / "missing.pt")] + ([str(tmp_path / "out")] if command == ["export"] else [])
+    args = [*command, str(tmp_path / "missing.pt")] + (
+        [str(tmp_path / "out")] if command == ["export"] else []
+    )
     assert_one_line_error(cli(*args, cwd=tmp_path), 2, "missing.pt")
 
 
@@ -166,7 +223,9 @@ def test_sample_on_a_non_checkpoint_exits_2(tmp_path):
     import torch
 
     torch.save({"weights": torch.zeros(2)}, bogus)
-    assert_one_line_error(cli("sample", str(bogus), cwd=tmp_path), 2, "not a Speedtronic trainer checkpoint")
+    assert_one_line_error(
+        cli("sample", str(bogus), cwd=tmp_path), 2, "not a Speedtronic trainer checkpoint"
+    )
 
 
 def test_distributed_without_repo_is_a_config_error(tmp_path):

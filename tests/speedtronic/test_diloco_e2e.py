@@ -28,14 +28,20 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "diloco.yaml"
 EXAMPLE = ROOT / "examples" / "diloco_master.yaml"
 INNER_STEPS = 10
-UNTIL_STOPPED = 100_000  # nodes train until the test SIGTERMs them (conditions, not step counts or sleeps)
+UNTIL_STOPPED = (
+    100_000  # nodes train until the test SIGTERMs them (conditions, not step counts or sleeps)
+)
 MIN_UPLOADS = 3  # deltas each worker sends before it may be stopped
 MIN_OUTER_STEP = 3
 LOSS_DROP = 0.5  # the published model's held-out loss must fall this far below the first version's
-DEADLINE = 300.0  # generous: the suite also runs on two loaded cores, where faulty rounds take seconds
+DEADLINE = (
+    300.0  # generous: the suite also runs on two loaded cores, where faulty rounds take seconds
+)
 
 
-_LIVE: list[subprocess.Popen] = []  # every node process started, so a failing test leaves none behind
+_LIVE: list[
+    subprocess.Popen
+] = []  # every node process started, so a failing test leaves none behind
 
 
 @pytest.fixture(autouse=True)
@@ -65,11 +71,19 @@ def hub_url(tmp_path_factory):
     """The loopback Hub server as its own process; yields its endpoint URL."""
     log = tmp_path_factory.mktemp("hub") / "server.log"
     with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "speedtronic_diloco.testing.hub_server", "--port", "0"],
-                                   stdout=out, stderr=subprocess.STDOUT, env=_env(log.parent))
+        process = subprocess.Popen(
+            [sys.executable, "-m", "speedtronic_diloco.testing.hub_server", "--port", "0"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_env(log.parent),
+        )
     try:
-        line = _wait_for(lambda: next((l for l in log.read_text().splitlines() if "listening on" in l), None),
-                         "the hub server to listen", process=process, timeout=60)
+        line = _wait_for(
+            lambda: next((l for l in log.read_text().splitlines() if "listening on" in l), None),
+            "the hub server to listen",
+            process=process,
+            timeout=60,
+        )
         yield line.split()[-1]
     finally:
         process.terminate()
@@ -77,9 +91,16 @@ def hub_url(tmp_path_factory):
 
 
 def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}  # no real token, no offline mode
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HOME=str(home / "hf-home"),
-               HF_HUB_DISABLE_TELEMETRY="1")
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("HF_")
+    }  # no real token, no offline mode
+    env.update(
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        HF_HOME=str(home / "hf-home"),
+        HF_HUB_DISABLE_TELEMETRY="1",
+    )
     return env
 
 
@@ -90,14 +111,24 @@ def _get(url: str) -> Any:
 
 def set_faults(hub_url: str, rate: float, seed: int = 0) -> None:
     """Configure the server's random fault injection (the /_test hooks themselves never fail)."""
-    request = urllib.request.Request(f"{hub_url}/_test/faults", data=json.dumps({"rate": rate, "seed": seed}).encode(),
-                                     method="POST", headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{hub_url}/_test/faults",
+        data=json.dumps({"rate": rate, "seed": seed}).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=30) as answer:
         assert json.loads(answer.read())["ok"]
 
 
-def _wait_for(probe: Callable[[], Any], what: str, *, timeout: float = DEADLINE,
-              process: subprocess.Popen | None = None, nodes: list[Node] = ()) -> Any:
+def _wait_for(
+    probe: Callable[[], Any],
+    what: str,
+    *,
+    timeout: float = DEADLINE,
+    process: subprocess.Popen | None = None,
+    nodes: list[Node] = (),
+) -> Any:
     """Poll probe until it returns something truthy; fail naming what never happened."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -108,11 +139,15 @@ def _wait_for(probe: Callable[[], Any], what: str, *, timeout: float = DEADLINE,
             pytest.fail(f"process exited with {process.returncode} while waiting for {what}")
         for node in nodes:
             if node.process.poll() not in (None, 0):
-                pytest.fail(f"{node.name} exited with {node.process.returncode} while waiting for {what}:\n"
-                            f"{node.output()[-3000:]}")
+                pytest.fail(
+                    f"{node.name} exited with {node.process.returncode} while waiting for {what}:\n"
+                    f"{node.output()[-3000:]}"
+                )
         time.sleep(0.1)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}:\n" +
-                "\n".join(f"--- {n.name}\n{n.output()[-2000:]}" for n in nodes))
+    pytest.fail(
+        f"timed out after {timeout:.0f}s waiting for {what}:\n"
+        + "\n".join(f"--- {n.name}\n{n.output()[-2000:]}" for n in nodes)
+    )
 
 
 # -- nodes ---------------------------------------------------------------------------------------
@@ -131,8 +166,13 @@ class Node:
     def start(self, *extra: str) -> Node:
         self.runs += 1
         log = (self.out_dir.parent / f"{self.name}.{self.runs}.log").open("w")
-        self.process = subprocess.Popen([sys.executable, "-m", "speedtronic", "train", str(self.config), *self.args, *extra],
-                                        cwd=self.out_dir.parent, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "speedtronic", "train", str(self.config), *self.args, *extra],
+            cwd=self.out_dir.parent,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+        )
         _LIVE.append(self.process)
         log.close()
         return self
@@ -159,7 +199,9 @@ class Node:
 class Cluster:
     """A master and workers sharing one repository on the loopback Hub."""
 
-    def __init__(self, root: Path, hub_url: str, repo_id: str, corpus: Path, config: Path = CONFIG) -> None:
+    def __init__(
+        self, root: Path, hub_url: str, repo_id: str, corpus: Path, config: Path = CONFIG
+    ) -> None:
         self.root, self.hub_url, self.repo_id, self.config = root, hub_url, repo_id, config
         self.corpus = corpus
         self.nodes: dict[str, Node] = {}
@@ -169,18 +211,33 @@ class Cluster:
         role = "master" if name == "master" else "worker"
         out = self.root / name
         values = {
-            "run.device": "cpu", "run.output_dir": out, "logging.json_file": out / "metrics.jsonl",
-            "logging.every_steps": 1, "checkpoint.every_steps": INNER_STEPS,
-            "model.n_layer": 1, "model.n_head": 2, "model.d_model": 32, "model.max_seq_len": 32,
-            "data.shard_path": self.corpus / "train_*.bin", "data.val_shard_path": self.corpus / "val_*.bin",
-            "data.micro_batch_size": 8, "data.target_batch_size": 8,
-            "distributed.role": role, "distributed.node_id": name, "distributed.repo_id": self.repo_id,
-            "distributed.endpoint": self.hub_url, "distributed.inner_steps": INNER_STEPS,
+            "run.device": "cpu",
+            "run.output_dir": out,
+            "logging.json_file": out / "metrics.jsonl",
+            "logging.every_steps": 1,
+            "checkpoint.every_steps": INNER_STEPS,
+            "model.n_layer": 1,
+            "model.n_head": 2,
+            "model.d_model": 32,
+            "model.max_seq_len": 32,
+            "data.shard_path": self.corpus / "train_*.bin",
+            "data.val_shard_path": self.corpus / "val_*.bin",
+            "data.micro_batch_size": 8,
+            "data.target_batch_size": 8,
+            "distributed.role": role,
+            "distributed.node_id": name,
+            "distributed.repo_id": self.repo_id,
+            "distributed.endpoint": self.hub_url,
+            "distributed.inner_steps": INNER_STEPS,
             # One Hub cache per node, as on separate machines.
             "distributed.cache_dir": out / "hub-cache",
-            "distributed.poll_interval": 0.2, "distributed.retry_initial": 0.05, "distributed.retry_max": 0.4,
-            "distributed.retry_attempts": 12, "distributed.delta_upload_shutdown_timeout": 60,
-            "distributed.global_wait_timeout": DEADLINE, "distributed.staleness_limit": 4,
+            "distributed.poll_interval": 0.2,
+            "distributed.retry_initial": 0.05,
+            "distributed.retry_max": 0.4,
+            "distributed.retry_attempts": 12,
+            "distributed.delta_upload_shutdown_timeout": 60,
+            "distributed.global_wait_timeout": DEADLINE,
+            "distributed.staleness_limit": 4,
             # Rounds here are a few steps apart and deltas a few rounds stale; the paper's momentum
             # 0.9 (tuned for synchronous rounds of hundreds of steps) then overshoots and oscillates.
             "distributed.outer_momentum": 0.5,
@@ -192,7 +249,13 @@ class Cluster:
     def launch(self, name: str, max_steps: int) -> Node:
         out = self.root / name
         out.mkdir(parents=True, exist_ok=True)
-        node = Node(name, out, [*self.overrides(name), "--max-steps", str(max_steps)], _env(self.root), self.config)
+        node = Node(
+            name,
+            out,
+            [*self.overrides(name), "--max-steps", str(max_steps)],
+            _env(self.root),
+            self.config,
+        )
         self.nodes[name] = node
         return node.start()
 
@@ -227,7 +290,9 @@ class Cluster:
         cache = self.root / "verify-cache"
         for _ in range(30):  # the test's own reads retry through injected faults, as the nodes' do
             try:
-                return Path(api.hf_hub_download(self.repo_id, filename, revision=revision, cache_dir=cache))
+                return Path(
+                    api.hf_hub_download(self.repo_id, filename, revision=revision, cache_dir=cache)
+                )
             except Exception:
                 time.sleep(0.05)
         return Path(api.hf_hub_download(self.repo_id, filename, revision=revision, cache_dir=cache))
@@ -242,7 +307,15 @@ class Cluster:
         """Return the master's local processed-delta ledger (path -> applied or the skip reason)."""
         from safetensors import safe_open
 
-        path = self.root / "master" / ".speedtronic" / "diloco" / "master" / "outer" / "outer_state.safetensors"
+        path = (
+            self.root
+            / "master"
+            / ".speedtronic"
+            / "diloco"
+            / "master"
+            / "outer"
+            / "outer_state.safetensors"
+        )
         with safe_open(str(path), framework="pt") as handle:
             return json.loads(handle.metadata()["outer"])["processed"]
 
@@ -256,7 +329,8 @@ class Cluster:
         """Return whether the latest published model's loss is LOSS_DROP below the first one's."""
         publications = self.publications()
         return len(publications) > 1 and (
-            self.global_loss(publications[-1]) < self.global_loss(publications[0]) - LOSS_DROP)
+            self.global_loss(publications[-1]) < self.global_loss(publications[0]) - LOSS_DROP
+        )
 
     def _evaluate(self, revision: str) -> float:
         from safetensors.torch import load_file
@@ -265,11 +339,14 @@ class Cluster:
         from speedtronic_data import read_shard_tokens
         from speedtronic_model import build_model
 
-        config = SpeedtronicConfig.from_dict(apply_overrides(read_source(str(self.config)),
-                                                             self.overrides("master")[1::2]))
+        config = SpeedtronicConfig.from_dict(
+            apply_overrides(read_source(str(self.config)), self.overrides("master")[1::2])
+        )
         model = build_model(config.model)
         model.load_state_dict(load_file(str(self.download("global/model.safetensors", revision))))
-        tokens = torch.from_numpy(read_shard_tokens(next(self.corpus.glob("val_*.bin"))).astype("int64"))
+        tokens = torch.from_numpy(
+            read_shard_tokens(next(self.corpus.glob("val_*.bin"))).astype("int64")
+        )
         T = config.model.max_seq_len
         windows = tokens[: (len(tokens) - 1) // T * T + 1]
         inputs, labels = windows[:-1].view(-1, T)[:64], windows[1:].view(-1, T)[:64]
@@ -301,9 +378,13 @@ def assert_exactly_once(cluster: Cluster) -> None:
     ledger = cluster.ledger()
     manifest = cluster.read_json("global/manifest.json")
     uploaded = cluster.uploaded_deltas()
-    reported = {e["path"] for name in worker_names() for e in cluster.nodes[name].events("diloco/upload")}
+    reported = {
+        e["path"] for name in worker_names() for e in cluster.nodes[name].events("diloco/upload")
+    }
     assert reported, "the workers reported no uploads"
-    assert reported <= uploaded, f"uploads reported but never committed: {sorted(reported - uploaded)}"
+    assert reported <= uploaded, (
+        f"uploads reported but never committed: {sorted(reported - uploaded)}"
+    )
     worker_deltas = {p for p in uploaded if not p.startswith("deltas/master/")}
     assert worker_deltas <= set(ledger), f"lost deltas: {sorted(worker_deltas - set(ledger))}"
     assert set(ledger) <= uploaded, "the ledger names deltas the server never received"
@@ -315,14 +396,19 @@ def assert_exactly_once(cluster: Cluster) -> None:
     assert len(applied) >= len(worker_deltas) // 2, f"most worker deltas were skipped: {ledger}"
     # A consumed delta is deleted by a publishing commit, never more often than it was uploaded (a
     # retried upload whose first answer was lost can land again after the master consumed it).
-    added = Counter(p for commit in cluster.log() for p in commit["added"] if p.startswith("deltas/"))
+    added = Counter(
+        p for commit in cluster.log() for p in commit["added"] if p.startswith("deltas/")
+    )
     deleted = Counter(p for commit in cluster.log() for p in commit["deleted"])
     assert all(deleted[p] <= added[p] for p in deleted), deleted - added
 
 
 def assert_outer_steps_advance(cluster: Cluster, *, consecutive: bool) -> list[int]:
     """Each publication carries a higher outer step (exactly one higher without faults)."""
-    steps = [cluster.read_json("global/step_count.json", oid)["outer_step"] for oid in cluster.publications()]
+    steps = [
+        cluster.read_json("global/step_count.json", oid)["outer_step"]
+        for oid in cluster.publications()
+    ]
     assert steps[0] == 0 and steps[-1] >= 3, steps
     assert all(b > a for a, b in zip(steps, steps[1:])), steps
     if consecutive:
@@ -340,10 +426,14 @@ def assert_workers_install_newer_globals(cluster: Cluster) -> None:
 def assert_global_loss_falls(cluster: Cluster) -> tuple[float, float]:
     publications = cluster.publications()
     first, last = cluster.global_loss(publications[0]), cluster.global_loss(publications[-1])
-    print(f"{cluster.repo_id}: held-out loss of the global model {first:.3f} -> {last:.3f} "
-          f"over {len(publications)} publications")
-    assert last < first - LOSS_DROP, (f"held-out loss of the global model went from {first:.3f} to {last:.3f}; "
-                                      f"every publication: {[round(cluster.global_loss(p), 3) for p in publications]}")
+    print(
+        f"{cluster.repo_id}: held-out loss of the global model {first:.3f} -> {last:.3f} "
+        f"over {len(publications)} publications"
+    )
+    assert last < first - LOSS_DROP, (
+        f"held-out loss of the global model went from {first:.3f} to {last:.3f}; "
+        f"every publication: {[round(cluster.global_loss(p), 3) for p in publications]}"
+    )
     return first, last
 
 
@@ -374,17 +464,25 @@ def stop(node: Node) -> None:
 def finish(cluster: Cluster, since: dict[str, int] | None = None) -> None:
     """Let the workers make progress and the global model learn, stop them, then stop the master once it caught up."""
     since = since or {}
-    _wait_for(lambda: all(progressed(cluster.nodes[n], since.get(n, 0)) for n in worker_names())
-              and cluster.published_step() >= MIN_OUTER_STEP and cluster.learned(),
-              "every worker to send deltas and install a newer global, outer step "
-              f"{MIN_OUTER_STEP}, and the global model's held-out loss to fall by {LOSS_DROP}", nodes=cluster.all)
+    _wait_for(
+        lambda: (
+            all(progressed(cluster.nodes[n], since.get(n, 0)) for n in worker_names())
+            and cluster.published_step() >= MIN_OUTER_STEP
+            and cluster.learned()
+        ),
+        "every worker to send deltas and install a newer global, outer step "
+        f"{MIN_OUTER_STEP}, and the global model's held-out loss to fall by {LOSS_DROP}",
+        nodes=cluster.all,
+    )
     for name in worker_names():
         stop(cluster.nodes[name])
     cluster.stop_master_once_caught_up()
 
 
 # -- the tests -----------------------------------------------------------------------------------
-def test_master_and_two_workers_train_the_reference_model_through_the_cli(tmp_path, hub_url, corpus):
+def test_master_and_two_workers_train_the_reference_model_through_the_cli(
+    tmp_path, hub_url, corpus
+):
     set_faults(hub_url, 0.0)
     cluster = run_cluster(tmp_path, hub_url, corpus, "user/e2e-clean")
     finish(cluster)
@@ -396,7 +494,8 @@ def test_master_and_two_workers_train_the_reference_model_through_the_cli(tmp_pa
 
 
 def test_thirty_percent_server_faults_and_a_killed_worker_that_resumes_at_the_latest_global(
-        tmp_path, hub_url, corpus):
+    tmp_path, hub_url, corpus
+):
     set_faults(hub_url, 0.0)
     cluster = run_cluster(tmp_path, hub_url, corpus, "user/e2e-faults")
     victim = cluster.nodes["worker-2"]
@@ -405,15 +504,23 @@ def test_thirty_percent_server_faults_and_a_killed_worker_that_resumes_at_the_la
         # cannot reach the Hub at startup fails fast by design, and that is not what this tests.
         set_faults(hub_url, 0.3, seed=7)
         # Mid-round: past the checkpoint at step 20, before the next inner boundary is reached.
-        _wait_for(lambda: any(e["step"] > 2 * INNER_STEPS for e in victim.events("train_step"))
-                  and any(e["step"] >= 2 * INNER_STEPS for e in victim.events("checkpoint")),
-                  "worker-2 to pass its second checkpoint", nodes=cluster.all)
+        _wait_for(
+            lambda: (
+                any(e["step"] > 2 * INNER_STEPS for e in victim.events("train_step"))
+                and any(e["step"] >= 2 * INNER_STEPS for e in victim.events("checkpoint"))
+            ),
+            "worker-2 to pass its second checkpoint",
+            nodes=cluster.all,
+        )
         victim.process.send_signal(signal.SIGKILL)
         assert victim.process.wait(30) == -signal.SIGKILL
         # The others move the global model on, so rejoining at the latest version means something.
         killed_at = cluster.published_step()
-        _wait_for(lambda: cluster.published_step() > killed_at, "an outer round without worker-2",
-                  nodes=cluster.all[:2])
+        _wait_for(
+            lambda: cluster.published_step() > killed_at,
+            "an outer round without worker-2",
+            nodes=cluster.all[:2],
+        )
         before = len(victim.events())
         latest = cluster.published_step()
         victim.start("--resume")
@@ -425,21 +532,35 @@ def test_thirty_percent_server_faults_and_a_killed_worker_that_resumes_at_the_la
     assert "resumed at step" in victim.output()
     rejoined = [e for e in victim.events()[before:] if e["event"] == "diloco/global_installed"]
     assert rejoined[0]["outer_step"] >= latest, (latest, rejoined)
-    assert rejoined[0]["local_step"] % INNER_STEPS == 0 and rejoined[0]["local_step"] >= 2 * INNER_STEPS
+    assert (
+        rejoined[0]["local_step"] % INNER_STEPS == 0
+        and rejoined[0]["local_step"] >= 2 * INNER_STEPS
+    )
     assert_outer_steps_advance(cluster, consecutive=False)
     assert_workers_install_newer_globals(cluster)
     assert_exactly_once(cluster)
     assert_global_loss_falls(cluster)
 
 
-def test_example_master_config_validates_and_runs_against_the_loopback_hub(tmp_path, hub_url, corpus):
-    shown = subprocess.run([sys.executable, "-m", "speedtronic", "validate", str(EXAMPLE)], capture_output=True,
-                           text=True, timeout=120, env=_env(tmp_path))
+def test_example_master_config_validates_and_runs_against_the_loopback_hub(
+    tmp_path, hub_url, corpus
+):
+    shown = subprocess.run(
+        [sys.executable, "-m", "speedtronic", "validate", str(EXAMPLE)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(tmp_path),
+    )
     assert shown.returncode == 0, shown.stderr
-    assert "role: master" in shown.stdout and "repo_id: my-org/speedtronic-diloco-run" in shown.stdout
+    assert (
+        "role: master" in shown.stdout and "repo_id: my-org/speedtronic-diloco-run" in shown.stdout
+    )
     set_faults(hub_url, 0.0)
     cluster = Cluster(tmp_path, hub_url, "user/e2e-example", corpus, config=EXAMPLE)
-    master = cluster.launch("master", 4 * INNER_STEPS)  # alone: publishes, trains, sends its own deltas
+    master = cluster.launch(
+        "master", 4 * INNER_STEPS
+    )  # alone: publishes, trains, sends its own deltas
     assert master.wait() == 0, master.output()[-3000:]
     assert cluster.read_json("global/step_count.json")["outer_step"] >= 0
     assert {e["path"] for e in master.events("diloco/upload")} <= cluster.uploaded_deltas()

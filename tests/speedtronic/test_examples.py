@@ -24,7 +24,9 @@ def test_quickstart_cuda_overlay_gives_the_larger_bf16_model():
     from speedtronic_config.loading import read_file
 
     overrides = _cuda_overrides(str(ROOT / "configs" / "quickstart-cuda.yaml"))
-    config = SpeedtronicConfig.from_dict(apply_overrides(read_file(ROOT / "configs" / "quickstart.yaml"), overrides))
+    config = SpeedtronicConfig.from_dict(
+        apply_overrides(read_file(ROOT / "configs" / "quickstart.yaml"), overrides)
+    )
     assert (config.model.n_layer, config.model.d_model, config.model.max_seq_len) == (8, 512, 512)
     assert config.data.block_size == 512  # the data follows the model's context
     assert config.precision.mode == "bf16" and config.compile
@@ -40,7 +42,11 @@ def test_v2_smoke_config_trains(tmp_path):
 
 
 def test_reference_example_trains_and_resumes(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "train_reference.py"), str(tmp_path)],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_reference.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "first run: step 3" in result.stdout and "resumed run: step 6" in result.stdout

@@ -6,15 +6,31 @@ import pytest
 import speedtronic.runtime as runtime
 from speedtronic_config import ConfigError, SpeedtronicConfig
 
-ORDER = ["seed", "device", "model", "data", "optimizer", "scheduler", "checkpoint", "logger",
-         "coordinator", "trainer", "resume"]
+ORDER = [
+    "seed",
+    "device",
+    "model",
+    "data",
+    "optimizer",
+    "scheduler",
+    "checkpoint",
+    "logger",
+    "coordinator",
+    "trainer",
+    "resume",
+]
 
 
 def small_config(tmp_path, **overrides):
-    config = {"name": "order", "device": "cpu", "max_steps": 2, "output_dir": str(tmp_path),
-              "model": {"vocab_size": 64, "max_seq_len": 16, "n_layer": 1, "n_head": 2, "d_model": 16},
-              "data": {"num_tokens": 32, "micro_batch_size": 2, "target_batch_size": 2},
-              "precision": "fp32"}
+    config = {
+        "name": "order",
+        "device": "cpu",
+        "max_steps": 2,
+        "output_dir": str(tmp_path),
+        "model": {"vocab_size": 64, "max_seq_len": 16, "n_layer": 1, "n_head": 2, "d_model": 16},
+        "data": {"num_tokens": 32, "micro_batch_size": 2, "target_batch_size": 2},
+        "precision": "fp32",
+    }
     config.update(overrides)
     return config
 
@@ -26,6 +42,7 @@ def test_construction_order(tmp_path, monkeypatch):
         def wrapper(*args, **kwargs):
             calls.append(name)
             return original(*args, **kwargs)
+
         monkeypatch.setattr(runtime, original.__name__, wrapper)
 
     record("seed", runtime.seed_everything)

@@ -14,7 +14,9 @@ TOOL = ROOT / "tools" / "dependency_contract.py"
 def copy_repo(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
     shutil.copytree(ROOT / "tools", root / "tools")
-    shutil.copytree(ROOT / "packages", root / "packages", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "packages", root / "packages", ignore=shutil.ignore_patterns("__pycache__")
+    )
     return root
 
 
@@ -34,7 +36,9 @@ def test_undeclared_import_fails(tmp_path):
     module.write_text("import torch\n")
     result = run_check(root)
     assert result.returncode == 1
-    assert "planted.py:1: speedtronic-config imports torch but does not declare torch" in result.stdout
+    assert (
+        "planted.py:1: speedtronic-config imports torch but does not declare torch" in result.stdout
+    )
 
 
 def test_declaring_a_dependency_against_the_graph_fails(tmp_path):
@@ -50,12 +54,16 @@ def test_graph_edge_against_the_direction_fails(tmp_path):
     root = copy_repo(tmp_path)
     graph = root / "tools" / "package_graph.toml"
     text = graph.read_text().replace(
-        'name = "speedtronic-config"\ninternal = []', 'name = "speedtronic-config"\ninternal = ["speedtronic-trainer"]'
+        'name = "speedtronic-config"\ninternal = []',
+        'name = "speedtronic-config"\ninternal = ["speedtronic-trainer"]',
     )
     graph.write_text(text)
     result = run_check(root)
     assert result.returncode == 1
-    assert "speedtronic-config may not depend on speedtronic-trainer (against the graph direction)" in result.stdout
+    assert (
+        "speedtronic-config may not depend on speedtronic-trainer (against the graph direction)"
+        in result.stdout
+    )
 
 
 def test_unlisted_package_fails(tmp_path):

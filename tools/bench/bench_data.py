@@ -40,8 +40,17 @@ class Result:
 
 
 def _section(**fields) -> SimpleNamespace:
-    return SimpleNamespace(**{"vocab_size": 256, "micro_batch_size": 32, "num_workers": 0, "drop_last": True,
-                              "seed": 0, "shuffle": False, **fields})
+    return SimpleNamespace(
+        **{
+            "vocab_size": 256,
+            "micro_batch_size": 32,
+            "num_workers": 0,
+            "drop_last": True,
+            "seed": 0,
+            "shuffle": False,
+            **fields,
+        }
+    )
 
 
 def _time_loader(build, batches: int) -> float:
@@ -75,7 +84,7 @@ def _time_raw(tokens: np.ndarray, block: int, batch: int, batches: int, shuffle:
     for _ in range(3):
         start = time.perf_counter()
         for b in range(batches):
-            idx = order[(b * batch) % (windows - batch):][:batch]
+            idx = order[(b * batch) % (windows - batch) :][:batch]
             torch.from_numpy(tokens[(idx * block)[:, None] + span].astype(np.int64))
         rates.append(batches * batch * block / (time.perf_counter() - start))
     return statistics.median(rates)
@@ -92,32 +101,61 @@ def main() -> None:
     text = stdlib_corpus(corpus_bytes)
     results: list[Result] = []
     with tempfile.TemporaryDirectory() as tmp:
-        shard = write_shard(Path(tmp) / "train_000000.bin", np.frombuffer(text.encode("utf-8"), dtype=np.uint8))
+        shard = write_shard(
+            Path(tmp) / "train_000000.bin", np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        )
         tokens = np.memmap(shard, dtype="<u2", mode="r", offset=1024)
         for block, batch in ((128, 32), (1024, 16)):
             count = max(batches, _epoch_batches(len(tokens), block, batch))
             for shuffle in (False, True):
-                section = _section(shard_path=str(shard), block_size=block, micro_batch_size=batch, shuffle=shuffle)
+                section = _section(
+                    shard_path=str(shard), block_size=block, micro_batch_size=batch, shuffle=shuffle
+                )
                 rate = _time_loader(lambda: build_dataloader(section), count)
                 raw = _time_raw(tokens, block, batch, count, shuffle)
-                results.append(Result(f"shards B={batch} T={block} {'shuffled' if shuffle else 'sequential'}",
-                                      rate, raw, raw and rate / raw, count))
+                results.append(
+                    Result(
+                        f"shards B={batch} T={block} {'shuffled' if shuffle else 'sequential'}",
+                        rate,
+                        raw,
+                        raw and rate / raw,
+                        count,
+                    )
+                )
         text_path = Path(tmp) / "corpus.txt"
         text_path.write_text(text, encoding="utf-8")
         for block, batch in ((128, 32), (1024, 16)):
             section = _section(text_path=str(text_path), block_size=block, micro_batch_size=batch)
-            count = max(batches, _epoch_batches(len(tokens), block, batch))  # byte tokenizer: a token per byte
-            results.append(Result(f"text stream B={batch} T={block}",
-                                  _time_loader(lambda: build_dataloader(section), count), None, None, count))
+            count = max(
+                batches, _epoch_batches(len(tokens), block, batch)
+            )  # byte tokenizer: a token per byte
+            results.append(
+                Result(
+                    f"text stream B={batch} T={block}",
+                    _time_loader(lambda: build_dataloader(section), count),
+                    None,
+                    None,
+                    count,
+                )
+            )
     print(f"{'case':<36}{'tokens/s':>14}{'raw tokens/s':>16}{'loader/raw':>12}")
     for r in results:
         raw = f"{r.raw_tokens_per_s:>16,.0f}" if r.raw_tokens_per_s else f"{'-':>16}"
         ratio = f"{r.loader_over_raw:>12.2f}" if r.loader_over_raw else f"{'-':>12}"
-        goal = "" if r.raw_tokens_per_s is None else ("  ok" if r.tokens_per_s >= GOAL else "  BELOW 20M GOAL")
+        goal = (
+            ""
+            if r.raw_tokens_per_s is None
+            else ("  ok" if r.tokens_per_s >= GOAL else "  BELOW 20M GOAL")
+        )
         print(f"{r.case:<36}{r.tokens_per_s:>14,.0f}{raw}{ratio}{goal}")
-    report = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
-              "torch": torch.__version__, "quick": args.quick, "goal_tokens_per_s": GOAL,
-              "results": [asdict(r) for r in results]}
+    report = {
+        "machine": platform.processor() or platform.machine(),
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "quick": args.quick,
+        "goal_tokens_per_s": GOAL,
+        "results": [asdict(r) for r in results],
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = args.out.with_suffix(".json.tmp")
     tmp_out.write_text(json.dumps(report, indent=2) + "\n")

@@ -54,12 +54,16 @@ class Text:
     """Random causal windows from the corpus; each node draws from its own generator."""
 
     def __init__(self, pattern: str) -> None:
-        self.tokens = np.concatenate([np.asarray(read_shard_tokens(p)) for p in resolve_shards(pattern)])
+        self.tokens = np.concatenate(
+            [np.asarray(read_shard_tokens(p)) for p in resolve_shards(pattern)]
+        )
 
     def batch(self, generator: np.random.Generator, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         T = MODEL["block_size"]
         starts = generator.integers(0, len(self.tokens) - T - 1, size)
-        windows = torch.from_numpy(np.stack([self.tokens[s:s + T + 1] for s in starts]).astype(np.int64))
+        windows = torch.from_numpy(
+            np.stack([self.tokens[s : s + T + 1] for s in starts]).astype(np.int64)
+        )
         return windows[:, :-1], windows[:, 1:]
 
 
@@ -68,7 +72,11 @@ def new_model() -> ReferenceTransformer:
     return ReferenceTransformer(**MODEL)
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: tuple[torch.Tensor, torch.Tensor],
+) -> None:
     inputs, labels = batch
     loss = model(inputs, labels=labels)["loss"]
     optimizer.zero_grad(set_to_none=True)
@@ -81,27 +89,50 @@ def held_out_loss(model: torch.nn.Module, val: Text) -> float:
     generator = np.random.default_rng(12345)
     model.eval()
     with torch.no_grad():
-        losses = [float(model(inputs, labels=labels)["loss"]) for inputs, labels in
-                  (val.batch(generator, 16) for _ in range(16))]
+        losses = [
+            float(model(inputs, labels=labels)["loss"])
+            for inputs, labels in (val.batch(generator, 16) for _ in range(16))
+        ]
     model.train()
     return statistics.fmean(losses)
 
 
 def section(role: str, node_id: str, url: str, inner_steps: int, **extra: Any) -> SimpleNamespace:
-    values = dict(role=role, node_id=node_id, repo_id="bench/diloco", endpoint=url, inner_steps=inner_steps,
-                  poll_interval=3600.0, retry_initial=0.05, retry_max=0.5, retry_attempts=6, global_wait_timeout=60.0,
-                  staleness_limit=None)
+    values = dict(
+        role=role,
+        node_id=node_id,
+        repo_id="bench/diloco",
+        endpoint=url,
+        inner_steps=inner_steps,
+        poll_interval=3600.0,
+        retry_initial=0.05,
+        retry_max=0.5,
+        retry_attempts=6,
+        global_wait_timeout=60.0,
+        staleness_limit=None,
+    )
     values.update(extra)
     return SimpleNamespace(**values)
 
 
 def client(url: str, cache: Path) -> HubClient:
-    return HubClient("bench/diloco", transport=HfApiTransport("bench/diloco", endpoint=url, cache_dir=cache))
+    return HubClient(
+        "bench/diloco", transport=HfApiTransport("bench/diloco", endpoint=url, cache_dir=cache)
+    )
 
 
 # -- (a) + (b): two DiLoCo nodes in lock step against one process with twice the batch -------------
-def diloco_pair(train: Text, val: Text, steps: int, inner_steps: int, work: Path, *, reset: bool,
-                outer_lr: float, outer_momentum: float) -> dict[str, Any]:
+def diloco_pair(
+    train: Text,
+    val: Text,
+    steps: int,
+    inner_steps: int,
+    work: Path,
+    *,
+    reset: bool,
+    outer_lr: float,
+    outer_momentum: float,
+) -> dict[str, Any]:
     """Train two nodes in synchronous rounds; reset: clear AdamW's state at every round (the 2.0 default)."""
     tag = f"{reset}-{outer_lr}-{outer_momentum}"
     with HubServer() as server:
@@ -109,26 +140,48 @@ def diloco_pair(train: Text, val: Text, steps: int, inner_steps: int, work: Path
         for index, (role, name) in enumerate([("master", "master"), ("worker", "worker-1")]):
             model = new_model()
             coordinator = DumbDiLoCoCoordinator(
-                section(role, name, server.url, inner_steps, async_delta_upload=False, async_global_poll=False,
-                        reset_inner_optimizer=reset, outer_lr=outer_lr, outer_momentum=outer_momentum),
-                model, hub=client(server.url, work / f"cache-{name}-{tag}"), state_dir=work / f"state-{tag}" / name)
+                section(
+                    role,
+                    name,
+                    server.url,
+                    inner_steps,
+                    async_delta_upload=False,
+                    async_global_poll=False,
+                    reset_inner_optimizer=reset,
+                    outer_lr=outer_lr,
+                    outer_momentum=outer_momentum,
+                ),
+                model,
+                hub=client(server.url, work / f"cache-{name}-{tag}"),
+                state_dir=work / f"state-{tag}" / name,
+            )
             coordinator.start()
-            nodes.append((coordinator, model, torch.optim.AdamW(model.parameters(), lr=LR),
-                          np.random.default_rng(100 + index)))
+            nodes.append(
+                (
+                    coordinator,
+                    model,
+                    torch.optim.AdamW(model.parameters(), lr=LR),
+                    np.random.default_rng(100 + index),
+                )
+            )
         master = nodes[0][0].master
         for step in range(1, steps + 1):
             for coordinator, model, optimizer, generator in nodes:
                 train_step(model, optimizer, train.batch(generator, BATCH))
                 if coordinator.after_optimizer_step(model, step):
                     optimizer.state.clear()
-            if step % inner_steps == 0:  # synchronous DiLoCo: one round over both deltas, then both install it
+            if (
+                step % inner_steps == 0
+            ):  # synchronous DiLoCo: one round over both deltas, then both install it
                 master.sync_once()
                 for coordinator, model, optimizer, _ in nodes:
                     if coordinator.install_latest_global() and reset:
                         optimizer.state.clear()
         global_model = new_model()
         global_model.load_state_dict(nodes[0][0].hub.download_global_state())
-        deltas = [c for c in server.store.log if any(p.startswith("deltas/worker-1/") for p in c["added"])]
+        deltas = [
+            c for c in server.store.log if any(p.startswith("deltas/worker-1/") for p in c["added"])
+        ]
         payload = [len(server.files("bench/diloco", c["oid"])[c["added"][0]]) for c in deltas]
         outer_step = master.outer_step
         for coordinator, *_ in nodes:
@@ -138,11 +191,17 @@ def diloco_pair(train: Text, val: Text, steps: int, inner_steps: int, work: Path
     ddp_per_step = 2 * (nodes_n - 1) / nodes_n * params
     wire_per_step = sum(c["bytes"] for c in deltas) / steps
     payload_per_step = sum(payload) / steps
-    return {"global_loss": held_out_loss(global_model, val), "outer_steps": outer_step,
-            "worker_deltas": len(deltas), "param_bytes": params,
-            "ddp_bytes_per_step": ddp_per_step, "diloco_payload_bytes_per_step": payload_per_step,
-            "diloco_wire_bytes_per_step": wire_per_step,
-            "payload_ratio_to_ddp": payload_per_step / ddp_per_step, "wire_ratio_to_ddp": wire_per_step / ddp_per_step}
+    return {
+        "global_loss": held_out_loss(global_model, val),
+        "outer_steps": outer_step,
+        "worker_deltas": len(deltas),
+        "param_bytes": params,
+        "ddp_bytes_per_step": ddp_per_step,
+        "diloco_payload_bytes_per_step": payload_per_step,
+        "diloco_wire_bytes_per_step": wire_per_step,
+        "payload_ratio_to_ddp": payload_per_step / ddp_per_step,
+        "wire_ratio_to_ddp": wire_per_step / ddp_per_step,
+    }
 
 
 def single_process(train: Text, val: Text, steps: int) -> float:
@@ -150,12 +209,16 @@ def single_process(train: Text, val: Text, steps: int) -> float:
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     generator = np.random.default_rng(100)
     for _ in range(steps):
-        train_step(model, optimizer, train.batch(generator, 2 * BATCH))  # the same total tokens as 2 nodes
+        train_step(
+            model, optimizer, train.batch(generator, 2 * BATCH)
+        )  # the same total tokens as 2 nodes
     return held_out_loss(model, val)
 
 
 # -- (c): the inner loop with and without a worker's asynchronous lanes ---------------------------
-def timed_loop(train: Text, steps: int, coordinator: DumbDiLoCoCoordinator | None) -> tuple[float, float]:
+def timed_loop(
+    train: Text, steps: int, coordinator: DumbDiLoCoCoordinator | None
+) -> tuple[float, float]:
     """Return (tokens/s, CPU seconds other threads used meanwhile) for steps of the inner loop."""
     model = new_model() if coordinator is None else coordinator.model
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -174,19 +237,30 @@ def timed_loop(train: Text, steps: int, coordinator: DumbDiLoCoCoordinator | Non
 
 def lane_overhead(train: Text, inner_steps: int, rounds: int, work: Path) -> dict[str, Any]:
     """Alternate short blocks without and with a worker's lanes; the median ratio cancels machine drift."""
-    server = subprocess.Popen([sys.executable, "-m", "speedtronic_diloco.testing.hub_server", "--port", "0"],
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "speedtronic_diloco.testing.hub_server", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = server.stdout.readline().split()[-1]
-        master = DumbDiLoCoCoordinator(section("master", "master", url, inner_steps), new_model(),
-                                       hub=client(url, work / "lanes-master"), state_dir=work / "lanes" / "master")
+        master = DumbDiLoCoCoordinator(
+            section("master", "master", url, inner_steps),
+            new_model(),
+            hub=client(url, work / "lanes-master"),
+            state_dir=work / "lanes" / "master",
+        )
         master.start()  # publishes outer step 0, then only the worker's lanes run
         master.stop()
         # No rounds run here, so the drift bound would make the worker wait: this measures the lanes alone.
-        worker = DumbDiLoCoCoordinator(section("worker", "worker-1", url, inner_steps, poll_interval=1.0,
-                                               max_local_rounds=None),
-                                       new_model(), hub=client(url, work / "lanes-worker"),
-                                       state_dir=work / "lanes" / "worker-1")
+        worker = DumbDiLoCoCoordinator(
+            section(
+                "worker", "worker-1", url, inner_steps, poll_interval=1.0, max_local_rounds=None
+            ),
+            new_model(),
+            hub=client(url, work / "lanes-worker"),
+            state_dir=work / "lanes" / "worker-1",
+        )
         worker.start()
         plain, lanes, lane_cpu, lane_time = [], [], 0.0, 0.0
         timed_loop(train, inner_steps, None)  # warm-up
@@ -203,40 +277,88 @@ def lane_overhead(train: Text, inner_steps: int, rounds: int, work: Path) -> dic
         server.wait(10)
     ratios = sorted(a / b for a, b in zip(lanes, plain))
     quartiles = statistics.quantiles(ratios, n=4)
-    return {"plain_tokens_per_s": statistics.median(plain), "lanes_tokens_per_s": statistics.median(lanes),
-            "slowdown": 1 - statistics.median(ratios), "ratio_quartiles": [quartiles[0], quartiles[2]],
-            "rounds": rounds, "lane_cpu_per_training_s": lane_cpu / lane_time, "uploads": uploads}
+    return {
+        "plain_tokens_per_s": statistics.median(plain),
+        "lanes_tokens_per_s": statistics.median(lanes),
+        "slowdown": 1 - statistics.median(ratios),
+        "ratio_quartiles": [quartiles[0], quartiles[2]],
+        "rounds": rounds,
+        "lane_cpu_per_training_s": lane_cpu / lane_time,
+        "uploads": uploads,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=960, help="local steps per DiLoCo node")
     parser.add_argument("--inner-steps", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=20, help="interleaved block pairs for the overhead ratio")
+    parser.add_argument(
+        "--rounds", type=int, default=20, help="interleaved block pairs for the overhead ratio"
+    )
     parser.add_argument("--data", default=str(ROOT / "data" / "stdlib"))
     parser.add_argument("--output", default=str(RESULTS))
     args = parser.parse_args()
     torch.set_num_threads(1)  # the lanes' threads compete for the cores a real run would have
     if not list(Path(args.data).glob("train_*.bin")):
         sys.exit(f"no shards in {args.data}: run `python -m speedtronic prepare {args.data}` first")
-    train, val = Text(str(Path(args.data) / "train_*.bin")), Text(str(Path(args.data) / "val_*.bin"))
+    train, val = (
+        Text(str(Path(args.data) / "train_*.bin")),
+        Text(str(Path(args.data) / "val_*.bin")),
+    )
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        pair = diloco_pair(train, val, args.steps, args.inner_steps, work, reset=True, outer_lr=0.7, outer_momentum=0.9)
-        tuned = diloco_pair(train, val, args.steps, args.inner_steps, work, reset=TUNED["reset_inner_optimizer"],
-                            outer_lr=TUNED["outer_lr"], outer_momentum=TUNED["outer_momentum"])
+        pair = diloco_pair(
+            train,
+            val,
+            args.steps,
+            args.inner_steps,
+            work,
+            reset=True,
+            outer_lr=0.7,
+            outer_momentum=0.9,
+        )
+        tuned = diloco_pair(
+            train,
+            val,
+            args.steps,
+            args.inner_steps,
+            work,
+            reset=TUNED["reset_inner_optimizer"],
+            outer_lr=TUNED["outer_lr"],
+            outer_momentum=TUNED["outer_momentum"],
+        )
         single = single_process(train, val, args.steps)
         lanes = lane_overhead(train, args.inner_steps, args.rounds, work)
     result = {
-        "benchmark": "diloco", "machine": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "model": MODEL, "batch": BATCH, "steps": args.steps, "inner_steps": args.inner_steps,
-        "communication": {k: pair[k] for k in ("param_bytes", "ddp_bytes_per_step", "diloco_payload_bytes_per_step",
-                                               "diloco_wire_bytes_per_step", "payload_ratio_to_ddp",
-                                               "wire_ratio_to_ddp", "worker_deltas")},
-        "loss": {"diloco_2_nodes": pair["global_loss"], "single_process_same_tokens": single,
-                 "relative_gap": pair["global_loss"] / single - 1, "outer_steps": pair["outer_steps"],
-                 "diloco_2_nodes_tuned": tuned["global_loss"], "tuned": TUNED,
-                 "relative_gap_tuned": tuned["global_loss"] / single - 1},
+        "benchmark": "diloco",
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "model": MODEL,
+        "batch": BATCH,
+        "steps": args.steps,
+        "inner_steps": args.inner_steps,
+        "communication": {
+            k: pair[k]
+            for k in (
+                "param_bytes",
+                "ddp_bytes_per_step",
+                "diloco_payload_bytes_per_step",
+                "diloco_wire_bytes_per_step",
+                "payload_ratio_to_ddp",
+                "wire_ratio_to_ddp",
+                "worker_deltas",
+            )
+        },
+        "loss": {
+            "diloco_2_nodes": pair["global_loss"],
+            "single_process_same_tokens": single,
+            "relative_gap": pair["global_loss"] / single - 1,
+            "outer_steps": pair["outer_steps"],
+            "diloco_2_nodes_tuned": tuned["global_loss"],
+            "tuned": TUNED,
+            "relative_gap_tuned": tuned["global_loss"] / single - 1,
+        },
         "lanes": lanes,
     }
     output = Path(args.output)
@@ -245,11 +367,17 @@ def main() -> None:
     c, loss = result["communication"], result["loss"]
     print(f"{'metric':<46}{'value':>14}")
     print(f"{'DDP all-reduce bytes / step / worker':<46}{c['ddp_bytes_per_step']:>14,.0f}")
-    print(f"{'DiLoCo payload bytes / inner step / worker':<46}{c['diloco_payload_bytes_per_step']:>14,.0f}")
+    print(
+        f"{'DiLoCo payload bytes / inner step / worker':<46}{c['diloco_payload_bytes_per_step']:>14,.0f}"
+    )
     print(f"{'  ratio (expect ~1/inner_steps for N=2)':<46}{c['payload_ratio_to_ddp']:>14.4f}")
-    print(f"{'DiLoCo wire bytes (base64 inline) / step':<46}{c['diloco_wire_bytes_per_step']:>14,.0f}")
+    print(
+        f"{'DiLoCo wire bytes (base64 inline) / step':<46}{c['diloco_wire_bytes_per_step']:>14,.0f}"
+    )
     print(f"{'held-out loss, 2 DiLoCo nodes':<46}{loss['diloco_2_nodes']:>14.4f}")
-    print(f"{'held-out loss, 1 process, same tokens':<46}{loss['single_process_same_tokens']:>14.4f}")
+    print(
+        f"{'held-out loss, 1 process, same tokens':<46}{loss['single_process_same_tokens']:>14.4f}"
+    )
     print(f"{'  relative gap, 2.0 defaults':<46}{loss['relative_gap']:>14.2%}")
     print(f"{'held-out loss, 2 DiLoCo nodes, tuned':<46}{loss['diloco_2_nodes_tuned']:>14.4f}")
     print(f"{'  relative gap, tuned (goal <= 3%)':<46}{loss['relative_gap_tuned']:>14.2%}")

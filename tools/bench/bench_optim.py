@@ -93,7 +93,9 @@ def muon_case(
     bf16_grads = grads[: bf16_layers * len(shapes)]
     settings = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.1, ns_steps=5)
     variants = {
-        "torch.optim.Muon": _muon_step(lambda p: torch.optim.Muon(p, **settings), bf16_grads, device),
+        "torch.optim.Muon": _muon_step(
+            lambda p: torch.optim.Muon(p, **settings), bf16_grads, device
+        ),
         "ours bf16 standard": _muon_step(
             lambda p: Muon(p, ns_method="standard", ns_dtype=torch.bfloat16, **settings),
             bf16_grads,
@@ -107,7 +109,9 @@ def muon_case(
     }
     seconds = _interleaved(variants, repeats, device)
     scale = layers / bf16_layers
-    seconds = {name: value * (1.0 if name == "ours default" else scale) for name, value in seconds.items()}
+    seconds = {
+        name: value * (1.0 if name == "ours default" else scale) for name, value in seconds.items()
+    }
     base = seconds["torch.optim.Muon"]
     return {
         "case": f"Muon step, {layers} layers x {len(shapes)} matrices (d_model {d_model})",
@@ -155,8 +159,12 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=None)
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--bf16-layers", type=int, default=None,
-                        help="time the bf16 variants on this many layers and scale (emulated-bf16 CPUs)")
+    parser.add_argument(
+        "--bf16-layers",
+        type=int,
+        default=None,
+        help="time the bf16 variants on this many layers and scale (emulated-bf16 CPUs)",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()

@@ -41,7 +41,9 @@ def matmul_case(size: int) -> tuple[str, Callable[[], torch.Tensor]]:
 
 
 def mlp_case(tokens: int, width: int) -> tuple[str, Callable[[], torch.Tensor]]:
-    mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width))
+    mlp = torch.nn.Sequential(
+        torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)
+    )
     x = torch.randn(tokens, width)
 
     def step() -> torch.Tensor:
@@ -70,14 +72,20 @@ def measure(name: str, fn: Callable[[], torch.Tensor], repeats: int) -> Result:
             seconds, outputs[bf16] = run(fn, bf16)
             times[bf16].append(seconds)
     fp32, bf16 = statistics.median(times[False]) * 1e3, statistics.median(times[True]) * 1e3
-    error = ((outputs[True] - outputs[False]).abs().max() / outputs[False].abs().max().clamp_min(1e-12)).item()
-    return Result(name, round(fp32, 3), round(bf16, 3), round(fp32 / bf16, 3), float(f"{error:.3g}"))
+    error = (
+        (outputs[True] - outputs[False]).abs().max() / outputs[False].abs().max().clamp_min(1e-12)
+    ).item()
+    return Result(
+        name, round(fp32, 3), round(bf16, 3), round(fp32 / bf16, 3), float(f"{error:.3g}")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller shapes and fewer repeats")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     if args.threads:
@@ -85,8 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     # Emulated BF16 is ~50x slower than FP32 on CPUs without native support: keep the shapes modest.
     repeats = 5 if args.quick else 9
-    cases = [matmul_case(512), mlp_case(512, 256)] if args.quick else \
-        [matmul_case(512), matmul_case(1024), mlp_case(512, 256), mlp_case(1024, 512)]
+    cases = (
+        [matmul_case(512), mlp_case(512, 256)]
+        if args.quick
+        else [matmul_case(512), matmul_case(1024), mlp_case(512, 256), mlp_case(1024, 512)]
+    )
     results = [measure(name, fn, repeats) for name, fn in cases]
     machine = {
         "torch": torch.__version__,
@@ -96,13 +107,24 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "mkldnn_bf16_supported": cpu_bf16_supported(),
     }
-    print(f"CPU BF16 autocast vs FP32  (torch {machine['torch']}, {machine['threads']} threads, "
-          f"capability {machine['cpu_capability']}, native BF16 reported: {machine['mkldnn_bf16_supported']})")
+    print(
+        f"CPU BF16 autocast vs FP32  (torch {machine['torch']}, {machine['threads']} threads, "
+        f"capability {machine['cpu_capability']}, native BF16 reported: {machine['mkldnn_bf16_supported']})"
+    )
     print(f"{'case':<34}{'fp32 ms':>10}{'bf16 ms':>10}{'fp32/bf16':>11}{'max rel err':>13}")
     for r in results:
-        print(f"{r.case:<34}{r.fp32_ms:>10.2f}{r.bf16_ms:>10.2f}{r.ratio:>11.2f}{r.max_rel_error:>13.2g}")
-    atomic_json_dump({"benchmark": "precision", "machine": machine, "repeats": repeats,
-                      "results": [asdict(r) for r in results]}, args.out)
+        print(
+            f"{r.case:<34}{r.fp32_ms:>10.2f}{r.bf16_ms:>10.2f}{r.ratio:>11.2f}{r.max_rel_error:>13.2g}"
+        )
+    atomic_json_dump(
+        {
+            "benchmark": "precision",
+            "machine": machine,
+            "repeats": repeats,
+            "results": [asdict(r) for r in results],
+        },
+        args.out,
+    )
     print(f"wrote {args.out}")
     return 0
 

@@ -30,8 +30,12 @@ MICRO_BATCH, ACCUMULATION = 8, 2
 
 class Tokens(Dataset):
     def __init__(self, n: int = 512) -> None:
-        self.tokens = torch.randint(0, MODEL["vocab_size"], (n, MODEL["block_size"] + 1),
-                                    generator=torch.Generator().manual_seed(0))
+        self.tokens = torch.randint(
+            0,
+            MODEL["vocab_size"],
+            (n, MODEL["block_size"] + 1),
+            generator=torch.Generator().manual_seed(0),
+        )
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -44,13 +48,23 @@ def setup(device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer,
     torch.manual_seed(0)
     model = ReferenceTransformer(**MODEL).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    return model, optimizer, DataLoader(Tokens(), batch_size=MICRO_BATCH, shuffle=True, drop_last=True)
+    return (
+        model,
+        optimizer,
+        DataLoader(Tokens(), batch_size=MICRO_BATCH, shuffle=True, drop_last=True),
+    )
 
 
 def run_trainer(steps: int, device: torch.device) -> float:
     model, optimizer, loader = setup(device)
-    trainer = Trainer(model, optimizer, loader, device=device, settings=TrainerSettings(
-        accumulation_steps=ACCUMULATION, progress=False), logger=MetricLogger(stream=io.StringIO(), every_steps=10))
+    trainer = Trainer(
+        model,
+        optimizer,
+        loader,
+        device=device,
+        settings=TrainerSettings(accumulation_steps=ACCUMULATION, progress=False),
+        logger=MetricLogger(stream=io.StringIO(), every_steps=10),
+    )
     result = trainer.fit(steps)
     return result.tokens / result.elapsed_s
 
@@ -87,7 +101,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     device = torch.device(args.device)
-    run_trainer(3, device), run_manual(3, device)  # warm-up: allocator, kernels, the peak-FLOPs probe
+    (
+        run_trainer(3, device),
+        run_manual(3, device),
+    )  # warm-up: allocator, kernels, the peak-FLOPs probe
     trainer, manual = [], []
     for _ in range(args.rounds):
         trainer.append(run_trainer(args.steps, device))
@@ -115,8 +132,10 @@ def main() -> None:
     print(f"{'round':>5} {'trainer tok/s':>14} {'manual tok/s':>13} {'ratio':>7}")
     for i, (t, m, r) in enumerate(zip(trainer, manual, ratios), 1):
         print(f"{i:>5} {t:>14,.0f} {m:>13,.0f} {r:>7.3f}")
-    print(f"{'median':>5} {result['median_trainer_tokens_per_s']:>14,.0f} "
-          f"{result['median_manual_tokens_per_s']:>13,.0f} {result['median_ratio']:>7.3f}   (goal >= 0.97)")
+    print(
+        f"{'median':>5} {result['median_trainer_tokens_per_s']:>14,.0f} "
+        f"{result['median_manual_tokens_per_s']:>13,.0f} {result['median_ratio']:>7.3f}   (goal >= 0.97)"
+    )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {RESULTS}")

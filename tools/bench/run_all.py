@@ -14,12 +14,16 @@ HERE = Path(__file__).resolve().parent
 
 
 def main(argv: list[str]) -> int:
-    names, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    names, extra = (
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    )
     scripts = sorted(HERE.glob("bench_*.py"))
     chosen = [s for s in scripts if not names or s.stem.removeprefix("bench_") in names]
     unknown = set(names) - {s.stem.removeprefix("bench_") for s in scripts}
     if unknown:
-        print(f"unknown benchmark(s) {sorted(unknown)}; choose from {[s.stem[6:] for s in scripts]}")
+        print(
+            f"unknown benchmark(s) {sorted(unknown)}; choose from {[s.stem[6:] for s in scripts]}"
+        )
         return 2
     failed = []
     for script in chosen:

@@ -6,13 +6,37 @@ from speedtronic_config.__about__ import __version__
 from speedtronic_config.config import Config, SpeedtronicConfig, load_config, load_yaml_config
 from speedtronic_config.errors import ConfigError
 from speedtronic_config.overrides import apply_overrides
-from speedtronic_config.sections import (HOOK_NAMES, CheckpointConfig, DataConfig, DistributedConfig,
-                                         LoggingConfig, ModelConfig, OptimizerConfig, PrecisionConfig,
-                                         RunConfig, SchedulerConfig, ShapeValidationConfig)
+from speedtronic_config.sections import (
+    HOOK_NAMES,
+    CheckpointConfig,
+    DataConfig,
+    DistributedConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimizerConfig,
+    PrecisionConfig,
+    RunConfig,
+    SchedulerConfig,
+    ShapeValidationConfig,
+)
 
 __all__ = [
-    "HOOK_NAMES", "CheckpointConfig", "Config", "ConfigError", "DataConfig", "DistributedConfig",
-    "LoggingConfig", "ModelConfig", "OptimizerConfig", "PrecisionConfig", "RunConfig", "SchedulerConfig",
-    "ShapeValidationConfig", "SpeedtronicConfig", "__version__", "apply_overrides", "load_config",
+    "HOOK_NAMES",
+    "CheckpointConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "DistributedConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "PrecisionConfig",
+    "RunConfig",
+    "SchedulerConfig",
+    "ShapeValidationConfig",
+    "SpeedtronicConfig",
+    "__version__",
+    "apply_overrides",
+    "load_config",
     "load_yaml_config",
 ]

@@ -15,7 +15,9 @@ def _bool(value: Any, path: str) -> bool:
     # 2.0 passed strings through bool(), so a quoted "false" became true; read it as the boolean instead.
     if isinstance(value, str) and value.strip().lower() in {"true", "false"}:
         return value.strip().lower() == "true"
-    raise ConfigError(path, "expected a boolean", value=value, allowed="use true or false (unquoted)")
+    raise ConfigError(
+        path, "expected a boolean", value=value, allowed="use true or false (unquoted)"
+    )
 
 
 def _int(value: Any, path: str) -> int:
@@ -64,7 +66,9 @@ def _str_list(value: Any, path: str) -> list[str]:
 
 def _float_pair(value: Any, path: str) -> tuple[float, float]:
     if not isinstance(value, (list, tuple)) or len(value) != 2:
-        raise ConfigError(path, "expected exactly two numbers", value=value, allowed="e.g. [0.9, 0.95]")
+        raise ConfigError(
+            path, "expected exactly two numbers", value=value, allowed="e.g. [0.9, 0.95]"
+        )
     return (_float(value[0], f"{path}[0]"), _float(value[1], f"{path}[1]"))
 
 

@@ -12,9 +12,18 @@ from speedtronic_config.coerce import coerce
 from speedtronic_config.errors import ConfigError
 from speedtronic_config.loading import read_file, read_source
 from speedtronic_config.normalize import ROOT_FLAGS, SECTIONS, canonical, check_keys
-from speedtronic_config.sections import (CheckpointConfig, DataConfig, DistributedConfig, LoggingConfig,
-                                         ModelConfig, OptimizerConfig, PrecisionConfig, RunConfig,
-                                         SchedulerConfig, ShapeValidationConfig)
+from speedtronic_config.sections import (
+    CheckpointConfig,
+    DataConfig,
+    DistributedConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimizerConfig,
+    PrecisionConfig,
+    RunConfig,
+    SchedulerConfig,
+    ShapeValidationConfig,
+)
 from speedtronic_config.serialize import dump_yaml, redact, section_dict, write_atomic
 
 OOO_STREAMS_RANGE = (1, 8)
@@ -56,7 +65,9 @@ class SpeedtronicConfig:
         self.ooo_streams = coerce(self.ooo_streams, "int", "ooo_streams")
         low, high = OOO_STREAMS_RANGE
         if not low <= self.ooo_streams <= high:
-            raise ConfigError("ooo_streams", f"must be between {low} and {high}", value=self.ooo_streams)
+            raise ConfigError(
+                "ooo_streams", f"must be between {low} and {high}", value=self.ooo_streams
+            )
         if self.run.max_steps <= 0:
             raise ConfigError("run.max_steps", "must be positive", value=self.run.max_steps)
         if self.distributed.enabled and self.distributed.role == "single":
@@ -94,7 +105,9 @@ class SpeedtronicConfig:
         """Return plain data that from_dict turns back into an equal config."""
         tree: dict[str, Any] = {name: section_dict(getattr(self, name)) for name in SECTIONS}
         if self.scheduler.follows_target:
-            tree["scheduler"]["max_steps"] = None  # keep "follow the step target" through a round trip
+            tree["scheduler"]["max_steps"] = (
+                None  # keep "follow the step target" through a round trip
+            )
         for spec in fields(self):
             if spec.name not in SECTIONS:
                 tree[spec.name] = getattr(self, spec.name)
@@ -112,7 +125,10 @@ class SpeedtronicConfig:
     def from_dict(cls, values: Mapping[str, Any] | None = None) -> SpeedtronicConfig:
         """Return a validated config from a mapping (aliases and shorthands accepted)."""
         tree = canonical(values)
-        sections = {name: _build_section(section_cls, tree[name], name) for name, section_cls in SECTIONS.items()}
+        sections = {
+            name: _build_section(section_cls, tree[name], name)
+            for name, section_cls in SECTIONS.items()
+        }
         flags = {name: tree[name] for name in ROOT_FLAGS}
         return cls(**sections, **flags)
 
@@ -130,7 +146,9 @@ class SpeedtronicConfig:
 def _build_section(cls: type, values: Mapping[str, Any], path: str) -> Any:
     check_keys(values, cls, path)
     # Copy lists so the section never shares them with the caller's mapping.
-    return cls(**{key: list(value) if isinstance(value, list) else value for key, value in values.items()})
+    return cls(
+        **{key: list(value) if isinstance(value, list) else value for key, value in values.items()}
+    )
 
 
 Config = SpeedtronicConfig

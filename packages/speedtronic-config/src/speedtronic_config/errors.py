@@ -12,7 +12,9 @@ _NO_VALUE = object()
 class ConfigError(ValueError):
     """Raised when a run configuration is invalid; names the dotted path, the value and what is allowed."""
 
-    def __init__(self, path: str, problem: str, *, value: Any = _NO_VALUE, allowed: str | None = None) -> None:
+    def __init__(
+        self, path: str, problem: str, *, value: Any = _NO_VALUE, allowed: str | None = None
+    ) -> None:
         self.path = path
         self.problem = problem
         self.value = None if value is _NO_VALUE else value

@@ -19,7 +19,9 @@ def parse_text(text: str, source: str, *, as_json: bool = False) -> Any:
         try:
             return json.loads(text)
         except json.JSONDecodeError as error:
-            raise ConfigError(source, f"invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}")
+            raise ConfigError(
+                source, f"invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
+            )
     try:
         return yaml.safe_load(text)
     except yaml.MarkedYAMLError as error:
@@ -53,8 +55,11 @@ def read_source(source: str | os.PathLike[str] | Mapping[str, Any]) -> Any:
     if isinstance(source, os.PathLike):
         return read_file(source)
     if not isinstance(source, str):
-        raise ConfigError("", f"cannot load a config from {type(source).__name__}",
-                          allowed="pass a mapping, a file path or YAML/JSON text")
+        raise ConfigError(
+            "",
+            f"cannot load a config from {type(source).__name__}",
+            allowed="pass a mapping, a file path or YAML/JSON text",
+        )
     # Multi-line text or a JSON object is inline; a single line is a path if such a file exists,
     # else inline text when it parses to a mapping, else a path that is missing.
     if "\n" in source or source.lstrip().startswith("{"):

@@ -8,14 +8,30 @@ from typing import Any
 
 from speedtronic_config.coerce import coerce
 from speedtronic_config.errors import ConfigError, unknown_key
-from speedtronic_config.sections import (CheckpointConfig, DataConfig, DistributedConfig, LoggingConfig,
-                                         ModelConfig, OptimizerConfig, PrecisionConfig, RunConfig,
-                                         SchedulerConfig, ShapeValidationConfig)
+from speedtronic_config.sections import (
+    CheckpointConfig,
+    DataConfig,
+    DistributedConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimizerConfig,
+    PrecisionConfig,
+    RunConfig,
+    SchedulerConfig,
+    ShapeValidationConfig,
+)
 
 SECTIONS: dict[str, type] = {
-    "run": RunConfig, "model": ModelConfig, "data": DataConfig, "optimizer": OptimizerConfig,
-    "scheduler": SchedulerConfig, "precision": PrecisionConfig, "checkpoint": CheckpointConfig,
-    "logging": LoggingConfig, "distributed": DistributedConfig, "shape_validation": ShapeValidationConfig,
+    "run": RunConfig,
+    "model": ModelConfig,
+    "data": DataConfig,
+    "optimizer": OptimizerConfig,
+    "scheduler": SchedulerConfig,
+    "precision": PrecisionConfig,
+    "checkpoint": CheckpointConfig,
+    "logging": LoggingConfig,
+    "distributed": DistributedConfig,
+    "shape_validation": ShapeValidationConfig,
 }
 ROOT_FLAGS = ("gradient_checkpointing", "compile", "ooo_backprop", "ooo_streams")
 RUN_ALIASES = ("name", "seed", "device", "max_steps", "output_dir", "log_every")
@@ -49,8 +65,11 @@ def check_keys(section: Mapping[str, Any], cls: type, path: str) -> None:
 def _distributed(values: Mapping[str, Any]) -> dict[str, Any]:
     present = [key for key in ("distributed", *SECTION_ALIASES) if key in values]
     if len(present) > 1:
-        raise ConfigError(present[1], f"conflicts with {present[0]}",
-                          allowed="hub: and diloco: are aliases accepted only when distributed: is absent")
+        raise ConfigError(
+            present[1],
+            f"conflicts with {present[0]}",
+            allowed="hub: and diloco: are aliases accepted only when distributed: is absent",
+        )
     return _section(values, present[0]) if present else {}
 
 
@@ -62,8 +81,12 @@ def _optimizer(values: Mapping[str, Any]) -> dict[str, Any]:
             continue
         root = coerce(values[key], "bool", key)
         if key in section and coerce(section[key], "bool", f"optimizer.{key}") != root:
-            raise ConfigError(key, f"conflicts with optimizer.{key}={section[key]!r}", value=values[key],
-                              allowed="set it in one place")
+            raise ConfigError(
+                key,
+                f"conflicts with optimizer.{key}={section[key]!r}",
+                value=values[key],
+                allowed="set it in one place",
+            )
         section[key] = root
     return section
 
@@ -87,19 +110,24 @@ def canonical(values: Mapping[str, Any] | None) -> dict[str, Any]:
     if values is None:
         values = {}
     if not isinstance(values, Mapping):
-        raise ConfigError("", f"the configuration root must be a mapping, not {type(values).__name__}",
-                          allowed="write `key: value` lines at the top level")
+        raise ConfigError(
+            "",
+            f"the configuration root must be a mapping, not {type(values).__name__}",
+            allowed="write `key: value` lines at the top level",
+        )
     for key in values:
         if key not in ROOT_KEYS:
             raise unknown_key("", key, ROOT_KEYS)
     special = {"distributed": _distributed, "optimizer": _optimizer, "precision": _precision}
-    result: dict[str, Any] = {name: special.get(name, lambda v, n=name: _section(v, n))(values)
-                              for name in SECTIONS}
+    result: dict[str, Any] = {
+        name: special.get(name, lambda v, n=name: _section(v, n))(values) for name in SECTIONS
+    }
     for alias in RUN_ALIASES:
         if alias in values:  # the top-level alias wins over the nested run field (spec/03)
             result["run"][alias] = values[alias]
-    result["gradient_checkpointing"] = coerce(values.get("gradient_checkpointing", False), "bool",
-                                              "gradient_checkpointing")
+    result["gradient_checkpointing"] = coerce(
+        values.get("gradient_checkpointing", False), "bool", "gradient_checkpointing"
+    )
     result["compile"] = _compile(values.get("compile", False))
     result["ooo_backprop"] = coerce(values.get("ooo_backprop", False), "bool", "ooo_backprop")
     result["ooo_streams"] = coerce(values.get("ooo_streams", 4), "int", "ooo_streams")

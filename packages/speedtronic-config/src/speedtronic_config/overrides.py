@@ -9,7 +9,13 @@ from typing import Any
 import yaml
 
 from speedtronic_config.errors import ConfigError, unknown_key
-from speedtronic_config.normalize import ROOT_KEYS, RUN_ALIASES, SECTION_ALIASES, SECTIONS, field_names
+from speedtronic_config.normalize import (
+    ROOT_KEYS,
+    RUN_ALIASES,
+    SECTION_ALIASES,
+    SECTIONS,
+    field_names,
+)
 
 # A scalar given for these sections is their shorthand field (optimizer=muon, precision=bf16).
 SHORTHAND_FIELD = {"optimizer": "name", "precision": "mode", "compile": "enabled"}
@@ -20,8 +26,12 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, sep, raw = text.partition("=")
     parts = key.strip().split(".")
     if not sep or not all(parts):
-        raise ConfigError(key.strip() or text, "an override must look like section.key=value",
-                          value=text, allowed="e.g. model.n_layer=6")
+        raise ConfigError(
+            key.strip() or text,
+            "an override must look like section.key=value",
+            value=text,
+            allowed="e.g. model.n_layer=6",
+        )
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as error:
@@ -40,7 +50,11 @@ def _target(tree: dict[str, Any], parts: list[str]) -> tuple[str, str | None]:
         raise ConfigError(".".join(parts), f"{'.'.join(parts[:depth])} is not a mapping")
     if len(parts) == 1:
         return root, None
-    valid = ["enabled"] if root == "compile" else field_names(SECTIONS.get(root, SECTIONS["distributed"]))
+    valid = (
+        ["enabled"]
+        if root == "compile"
+        else field_names(SECTIONS.get(root, SECTIONS["distributed"]))
+    )
     if parts[1] not in valid:
         raise unknown_key(root, parts[1], valid)
     if root == "distributed" and "distributed" not in tree:
@@ -50,8 +64,12 @@ def _target(tree: dict[str, Any], parts: list[str]) -> tuple[str, str | None]:
 
 
 def _set(tree: dict[str, Any], root: str, name: str | None, value: Any) -> None:
-    if name is None and root in SHORTHAND_FIELD and isinstance(tree.get(root), Mapping) and \
-            not isinstance(value, Mapping):
+    if (
+        name is None
+        and root in SHORTHAND_FIELD
+        and isinstance(tree.get(root), Mapping)
+        and not isinstance(value, Mapping)
+    ):
         name = SHORTHAND_FIELD[root]  # keep the section's other fields
     if name is None:
         tree[root] = value
@@ -64,7 +82,9 @@ def _set(tree: dict[str, Any], root: str, name: str | None, value: Any) -> None:
     elif isinstance(section, bool) and root == "compile":
         section = {"enabled": section}
     elif not isinstance(section, Mapping):
-        raise ConfigError(root, "cannot set a field: the current value is not a mapping", value=section)
+        raise ConfigError(
+            root, "cannot set a field: the current value is not a mapping", value=section
+        )
     tree[root] = {**section, name: value}
     if root == "run" and name in RUN_ALIASES:
         tree.pop(name, None)  # a top-level alias would otherwise win over this override

@@ -27,8 +27,13 @@ def _positive(section: Any, *names: str) -> None:
 
 def _choice(section: Any, name: str, choices: tuple[str, ...]) -> None:
     value = getattr(section, name)
-    _check(value in choices, f"{section.SECTION}.{name}", "unsupported value", value,
-           f"choose one of {', '.join(choices)}")
+    _check(
+        value in choices,
+        f"{section.SECTION}.{name}",
+        "unsupported value",
+        value,
+        f"choose one of {', '.join(choices)}",
+    )
 
 
 def _seed(value: int | None, path: str) -> None:
@@ -53,8 +58,13 @@ class RunConfig:
         coerce_fields(self, self.SECTION)
         _seed(self.seed, "run.seed")
         _positive(self, "max_steps", "log_every")
-        _check(bool(self.device.strip()), "run.device", "must not be empty", self.device,
-               "use auto, cpu, cuda, cuda:N or mps")
+        _check(
+            bool(self.device.strip()),
+            "run.device",
+            "must not be empty",
+            self.device,
+            "use auto, cpu, cuda, cuda:N or mps",
+        )
         _choice(self, "nonfinite_loss", ("stop", "skip"))
 
 
@@ -78,16 +88,31 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
-        _positive(self, "vocab_size", "max_seq_len", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff")
+        _positive(
+            self, "vocab_size", "max_seq_len", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff"
+        )
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
-        _check(self.n_head % self.n_kv_head == 0, "model.n_kv_head", f"must divide n_head={self.n_head}",
-               self.n_kv_head)
-        _check(self.d_model % self.n_head == 0, "model.d_model", f"must be divisible by n_head={self.n_head}",
-               self.d_model)
+        _check(
+            self.n_head % self.n_kv_head == 0,
+            "model.n_kv_head",
+            f"must divide n_head={self.n_head}",
+            self.n_kv_head,
+        )
+        _check(
+            self.d_model % self.n_head == 0,
+            "model.d_model",
+            f"must be divisible by n_head={self.n_head}",
+            self.d_model,
+        )
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
-        _check(0.0 <= self.dropout < 1.0, "model.dropout", "must satisfy 0 <= dropout < 1", self.dropout)
+        _check(
+            0.0 <= self.dropout < 1.0,
+            "model.dropout",
+            "must satisfy 0 <= dropout < 1",
+            self.dropout,
+        )
         # 2.0 did not check the rotary base; a base <= 1 makes every frequency 1 or undefined.
         _check(self.rope_base > 1.0, "model.rope_base", "must be greater than 1", self.rope_base)
 
@@ -120,12 +145,30 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
-        _positive(self, "num_tokens", "vocab_size", "block_size", "micro_batch_size", "target_batch_size",
-                  "prefetch_factor", "max_steps", "eval_every", "eval_steps")
-        _check(self.target_batch_size >= self.micro_batch_size, "data.target_batch_size",
-               f"must be at least micro_batch_size={self.micro_batch_size}", self.target_batch_size)
-        _check(self.target_batch_size % self.micro_batch_size == 0, "data.target_batch_size",
-               f"must be divisible by micro_batch_size={self.micro_batch_size}", self.target_batch_size)
+        _positive(
+            self,
+            "num_tokens",
+            "vocab_size",
+            "block_size",
+            "micro_batch_size",
+            "target_batch_size",
+            "prefetch_factor",
+            "max_steps",
+            "eval_every",
+            "eval_steps",
+        )
+        _check(
+            self.target_batch_size >= self.micro_batch_size,
+            "data.target_batch_size",
+            f"must be at least micro_batch_size={self.micro_batch_size}",
+            self.target_batch_size,
+        )
+        _check(
+            self.target_batch_size % self.micro_batch_size == 0,
+            "data.target_batch_size",
+            f"must be divisible by micro_batch_size={self.micro_batch_size}",
+            self.target_batch_size,
+        )
         _check(self.num_workers >= 0, "data.num_workers", "must be non-negative", self.num_workers)
         _seed(self.seed, "data.seed")
 
@@ -160,10 +203,24 @@ class OptimizerConfig:
         _positive(self, "lr", "eps", "grad_clip", "muon_ns_steps", "muon_norm_eps")
         for index, beta in enumerate(self.betas):
             _check(0.0 <= beta < 1.0, f"optimizer.betas[{index}]", "must be in [0, 1)", beta)
-        _check(self.weight_decay >= 0, "optimizer.weight_decay", "must be non-negative", self.weight_decay)
-        _check(not self.muon_plus or self.name == "muon", "optimizer.muon_plus", "requires optimizer.name: muon",
-               self.muon_plus)
-        _check(0.0 <= self.muon_momentum < 1.0, "optimizer.muon_momentum", "must be in [0, 1)", self.muon_momentum)
+        _check(
+            self.weight_decay >= 0,
+            "optimizer.weight_decay",
+            "must be non-negative",
+            self.weight_decay,
+        )
+        _check(
+            not self.muon_plus or self.name == "muon",
+            "optimizer.muon_plus",
+            "requires optimizer.name: muon",
+            self.muon_plus,
+        )
+        _check(
+            0.0 <= self.muon_momentum < 1.0,
+            "optimizer.muon_momentum",
+            "must be in [0, 1)",
+            self.muon_momentum,
+        )
 
 
 @dataclass
@@ -182,15 +239,30 @@ class SchedulerConfig:
         coerce_fields(self, self.SECTION)
         self.name = self.name.lower()
         _choice(self, "name", ("cosine", "constant", "wsd"))
-        _check(self.warmup_steps >= 0, "scheduler.warmup_steps", "must be non-negative", self.warmup_steps)
+        _check(
+            self.warmup_steps >= 0,
+            "scheduler.warmup_steps",
+            "must be non-negative",
+            self.warmup_steps,
+        )
         _positive(self, "max_steps")
         if self.max_steps is None:
             self.max_steps = DEFAULT_SCHEDULE_HORIZON
             self._auto_horizon: int | None = DEFAULT_SCHEDULE_HORIZON
         elif not hasattr(self, "_auto_horizon"):
             self._auto_horizon = None
-        _check(0.0 <= self.min_lr_ratio <= 1.0, "scheduler.min_lr_ratio", "must be in [0, 1]", self.min_lr_ratio)
-        _check(0.0 < self.decay_ratio <= 1.0, "scheduler.decay_ratio", "must be in (0, 1]", self.decay_ratio)
+        _check(
+            0.0 <= self.min_lr_ratio <= 1.0,
+            "scheduler.min_lr_ratio",
+            "must be in [0, 1]",
+            self.min_lr_ratio,
+        )
+        _check(
+            0.0 < self.decay_ratio <= 1.0,
+            "scheduler.decay_ratio",
+            "must be in (0, 1]",
+            self.decay_ratio,
+        )
 
     @property
     def follows_target(self) -> bool:
@@ -236,7 +308,12 @@ class CheckpointConfig:
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
         _positive(self, "every_steps", "keep_last")
-        _check(bool(self.directory.strip()), "checkpoint.directory", "must not be empty", self.directory)
+        _check(
+            bool(self.directory.strip()),
+            "checkpoint.directory",
+            "must not be empty",
+            self.directory,
+        )
 
 
 @dataclass
@@ -256,9 +333,19 @@ class LoggingConfig:
         self.level = self.level.upper()
         _positive(self, "every_steps")
         for index, hook in enumerate(self.hooks):
-            _check(hook in HOOK_NAMES, f"logging.hooks[{index}]", "unknown hook", hook,
-                   f"choose from {', '.join(HOOK_NAMES)}")
-        _check(len(set(self.hooks)) == len(self.hooks), "logging.hooks", "lists a hook twice", self.hooks)
+            _check(
+                hook in HOOK_NAMES,
+                f"logging.hooks[{index}]",
+                "unknown hook",
+                hook,
+                f"choose from {', '.join(HOOK_NAMES)}",
+            )
+        _check(
+            len(set(self.hooks)) == len(self.hooks),
+            "logging.hooks",
+            "lists a hook twice",
+            self.hooks,
+        )
         self.progress = _progress(self.progress)
 
 
@@ -288,8 +375,13 @@ class ShapeValidationConfig:
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
         if isinstance(self.alignment, str):
-            _check(self.alignment.lower() == "auto", "shape_validation.alignment", "unsupported value",
-                   self.alignment, "use auto or a positive integer")
+            _check(
+                self.alignment.lower() == "auto",
+                "shape_validation.alignment",
+                "unsupported value",
+                self.alignment,
+                "use auto or a positive integer",
+            )
             self.alignment = "auto"
         else:
             _positive(self, "alignment")
@@ -335,24 +427,60 @@ class DistributedConfig:
         _choice(self, "transport", ("hub", "filesystem"))
         _choice(self, "delta_upload_overflow", ("skip", "block"))
         if self.node_id is not None:
-            _check(bool(_NODE_ID.fullmatch(self.node_id)) and self.node_id not in {".", ".."},
-                   "distributed.node_id", "must be path-safe", self.node_id, "use letters, digits, '_', '.', '-'")
-        _positive(self, "inner_steps", "poll_interval", "outer_lr", "retry_initial", "retry_attempts",
-                  "delta_upload_queue_size")
-        _check(0.0 <= self.outer_momentum < 1.0, "distributed.outer_momentum", "must be in [0, 1)",
-               self.outer_momentum)
-        _check(self.retry_max >= self.retry_initial, "distributed.retry_max",
-               f"must be at least retry_initial={self.retry_initial}", self.retry_max)
+            _check(
+                bool(_NODE_ID.fullmatch(self.node_id)) and self.node_id not in {".", ".."},
+                "distributed.node_id",
+                "must be path-safe",
+                self.node_id,
+                "use letters, digits, '_', '.', '-'",
+            )
+        _positive(
+            self,
+            "inner_steps",
+            "poll_interval",
+            "outer_lr",
+            "retry_initial",
+            "retry_attempts",
+            "delta_upload_queue_size",
+        )
+        _check(
+            0.0 <= self.outer_momentum < 1.0,
+            "distributed.outer_momentum",
+            "must be in [0, 1)",
+            self.outer_momentum,
+        )
+        _check(
+            self.retry_max >= self.retry_initial,
+            "distributed.retry_max",
+            f"must be at least retry_initial={self.retry_initial}",
+            self.retry_max,
+        )
         for name in ("delta_upload_shutdown_timeout", "global_wait_timeout", "staleness_limit"):
             value = getattr(self, name)
-            _check(value is None or value >= 0, f"distributed.{name}", "must be non-negative", value)
-        _check(self.max_local_rounds is None or self.max_local_rounds >= 1, "distributed.max_local_rounds",
-               "must be at least 1", self.max_local_rounds, "or null to never wait for a newer global model")
+            _check(
+                value is None or value >= 0, f"distributed.{name}", "must be non-negative", value
+            )
+        _check(
+            self.max_local_rounds is None or self.max_local_rounds >= 1,
+            "distributed.max_local_rounds",
+            "must be at least 1",
+            self.max_local_rounds,
+            "or null to never wait for a newer global model",
+        )
         if self.enabled and self.mode == "dumb_diloco":
-            _check(bool(self.repo_id), "distributed.repo_id", "is required when distributed.enabled is true",
-                   self.repo_id, "e.g. my-org/run-1")
-            _check(self.transport != "filesystem" or bool(self.endpoint), "distributed.endpoint",
-                   "must name a shared folder when transport is filesystem", self.endpoint)
+            _check(
+                bool(self.repo_id),
+                "distributed.repo_id",
+                "is required when distributed.enabled is true",
+                self.repo_id,
+                "e.g. my-org/run-1",
+            )
+            _check(
+                self.transport != "filesystem" or bool(self.endpoint),
+                "distributed.endpoint",
+                "must name a shared folder when transport is filesystem",
+                self.endpoint,
+            )
 
     def __repr__(self) -> str:
         # The token must never reach a log line, even through repr(config).

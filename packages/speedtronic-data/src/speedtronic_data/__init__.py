@@ -14,14 +14,36 @@ from speedtronic_data.loader import (
     restore_loader,
 )
 from speedtronic_data.prepare import PrepareResult, prepare_shards, stdlib_corpus
-from speedtronic_data.shards import TokenShardDataset, read_shard_header, read_shard_tokens, write_shard
+from speedtronic_data.shards import (
+    TokenShardDataset,
+    read_shard_header,
+    read_shard_tokens,
+    write_shard,
+)
 from speedtronic_data.synthetic import SyntheticTokenDataset
 from speedtronic_data.text import TextFileTokenDataset
 from speedtronic_data.tokenizer import CharTokenizer
 
 __all__ = [
-    "CharTokenizer", "DataError", "PrepareResult", "ResumableLoader", "ResumableSampler", "SyntheticTokenDataset",
-    "TextFileTokenDataset", "TokenShardDataset", "__version__", "build_dataloader", "build_eval_dataloader",
-    "collate_batch", "collate_causal", "infinite_batches", "loader_state", "prepare_shards", "read_shard_header",
-    "read_shard_tokens", "restore_loader", "stdlib_corpus", "write_shard",
+    "CharTokenizer",
+    "DataError",
+    "PrepareResult",
+    "ResumableLoader",
+    "ResumableSampler",
+    "SyntheticTokenDataset",
+    "TextFileTokenDataset",
+    "TokenShardDataset",
+    "__version__",
+    "build_dataloader",
+    "build_eval_dataloader",
+    "collate_batch",
+    "collate_causal",
+    "infinite_batches",
+    "loader_state",
+    "prepare_shards",
+    "read_shard_header",
+    "read_shard_tokens",
+    "restore_loader",
+    "stdlib_corpus",
+    "write_shard",
 ]

@@ -15,15 +15,22 @@ from speedtronic_data.shards import WindowBatch
 def collate_causal(batch: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Stack causal examples into {"input_ids", "labels": LongTensor[B, T], "attention_mask": BoolTensor[B, T]}."""
     if not batch:
-        raise DataError("collate_causal got an empty batch; check micro_batch_size and the dataset size")
+        raise DataError(
+            "collate_causal got an empty batch; check micro_batch_size and the dataset size"
+        )
     if isinstance(batch, WindowBatch):  # token shards read a whole batch at once: nothing to stack
         rows, width = batch.input_ids.shape
-        return {"input_ids": batch.input_ids, "labels": batch.labels,
-                "attention_mask": torch.ones((rows, width), dtype=torch.bool)}
+        return {
+            "input_ids": batch.input_ids,
+            "labels": batch.labels,
+            "attention_mask": torch.ones((rows, width), dtype=torch.bool),
+        }
     missing = [key for key in ("input_ids", "labels") if key not in batch[0]]
     if missing:
-        raise DataError(f"collate_causal needs input_ids and labels in every example; missing {missing} "
-                        f"(keys: {sorted(batch[0])}); pass your own collate_fn for other dictionaries")
+        raise DataError(
+            f"collate_causal needs input_ids and labels in every example; missing {missing} "
+            f"(keys: {sorted(batch[0])}); pass your own collate_fn for other dictionaries"
+        )
     input_ids = torch.stack([example["input_ids"] for example in batch]).long()
     labels = torch.stack([example["labels"] for example in batch]).long()
     if "attention_mask" in batch[0]:
@@ -36,18 +43,25 @@ def collate_causal(batch: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.
 def collate_batch(batch: list[Any]) -> Any:
     """Collate causal dictionaries or homogeneous tuple/list examples (stacked field by field)."""
     if not batch:
-        raise DataError("collate_batch got an empty batch; check micro_batch_size and the dataset size")
+        raise DataError(
+            "collate_batch got an empty batch; check micro_batch_size and the dataset size"
+        )
     if isinstance(batch, WindowBatch):
         return collate_causal(batch)
     first = batch[0]
     if isinstance(first, dict):
         return collate_causal(batch)
     if isinstance(first, (tuple, list)):
-        if any(not isinstance(example, (tuple, list)) or len(example) != len(first) for example in batch):
+        if any(
+            not isinstance(example, (tuple, list)) or len(example) != len(first)
+            for example in batch
+        ):
             raise DataError("collate_batch: tuple/list examples must all have the same length")
         return type(first)(default_collate(list(field)) for field in zip(*batch))
-    raise DataError(f"collate_batch cannot collate {type(first).__name__} examples; return causal dicts or "
-                    "tuples from the dataset, or build your own DataLoader with a collate_fn")
+    raise DataError(
+        f"collate_batch cannot collate {type(first).__name__} examples; return causal dicts or "
+        "tuples from the dataset, or build your own DataLoader with a collate_fn"
+    )
 
 
 def infinite_batches(loader: Iterable[Any]) -> Iterator[Any]:
@@ -58,8 +72,10 @@ def infinite_batches(loader: Iterable[Any]) -> Iterator[Any]:
             produced = True
             yield batch
         if not produced:
-            raise DataError("the dataloader produced no batches; check the dataset size, micro_batch_size "
-                            "and drop_last")
+            raise DataError(
+                "the dataloader produced no batches; check the dataset size, micro_batch_size "
+                "and drop_last"
+            )
 
 
 __all__ = ["collate_batch", "collate_causal", "infinite_batches"]

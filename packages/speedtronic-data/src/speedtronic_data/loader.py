@@ -29,7 +29,7 @@ class ResumableSampler(Sampler[int]):
         if not self.shuffle:
             return iter(range(self.start, self.size))
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return _as_ints(torch.randperm(self.size, generator=generator)[self.start:])
+        return _as_ints(torch.randperm(self.size, generator=generator)[self.start :])
 
     def __len__(self) -> int:
         return self.size  # a full epoch; a resumed pass is shorter
@@ -38,7 +38,7 @@ class ResumableSampler(Sampler[int]):
 def _as_ints(order: torch.Tensor, chunk: int = 1 << 12) -> Iterator[int]:
     # In chunks: a python list of every index of a large shard set would cost gigabytes.
     for begin in range(0, len(order), chunk):
-        yield from order[begin:begin + chunk].tolist()
+        yield from order[begin : begin + chunk].tolist()
 
 
 class ResumableLoader(DataLoader):
@@ -49,12 +49,24 @@ class ResumableLoader(DataLoader):
     dataset's own state_dict/load_state_dict are the same position counted in samples.
     """
 
-    def __init__(self, dataset: Dataset | IterableDataset, *, batch_size: int, shuffle: bool = False,
-                 seed: int = 0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset: Dataset | IterableDataset,
+        *,
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
         iterable = isinstance(dataset, IterableDataset)
         sampler = None if iterable else ResumableSampler(len(dataset), shuffle, seed)
-        super().__init__(dataset, batch_size=batch_size, sampler=sampler,
-                         generator=torch.Generator().manual_seed(seed), **kwargs)
+        super().__init__(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            generator=torch.Generator().manual_seed(seed),
+            **kwargs,
+        )
         shared = getattr(dataset, "position", None)
         self.position = shared if isinstance(shared, DataPosition) else DataPosition()
         self.position.driven = True
@@ -68,7 +80,9 @@ class ResumableLoader(DataLoader):
             # Workers get a copy of the dataset when the pass starts, so set this first.
             self.dataset.start_block, self.dataset.batch_size = skip, self.batch_size
             return 0
-        return skip // self.batch_size  # an unknown iterable dataset: replay it and drop the consumed batches
+        return (
+            skip // self.batch_size
+        )  # an unknown iterable dataset: replay it and drop the consumed batches
 
     def __iter__(self) -> Iterator[Any]:
         # A generator, so merely calling iter() (without drawing a batch) does not start an epoch.
@@ -102,14 +116,18 @@ class ResumableLoader(DataLoader):
 def loader_state(loader: Any) -> dict[str, int]:
     """Return the resumable position of a ResumableLoader (what build_dataloader returns)."""
     if not isinstance(loader, ResumableLoader):
-        raise DataError(f"loader_state needs a ResumableLoader (from build_dataloader), got {type(loader).__name__}")
+        raise DataError(
+            f"loader_state needs a ResumableLoader (from build_dataloader), got {type(loader).__name__}"
+        )
     return loader.state_dict()
 
 
 def restore_loader(loader: Any, state: dict[str, int]) -> None:
     """Position loader so its next pass yields exactly the batches after the saved state."""
     if not isinstance(loader, ResumableLoader):
-        raise DataError(f"restore_loader needs a ResumableLoader (from build_dataloader), got {type(loader).__name__}")
+        raise DataError(
+            f"restore_loader needs a ResumableLoader (from build_dataloader), got {type(loader).__name__}"
+        )
     loader.load_state_dict(state)
 
 
@@ -126,7 +144,9 @@ def _positive(config: Any, name: str, default: int | None = None) -> int:
     return value
 
 
-def _config_dataset(value: Any, block_size: int, vocab_size: int | None) -> Dataset | IterableDataset:
+def _config_dataset(
+    value: Any, block_size: int, vocab_size: int | None
+) -> Dataset | IterableDataset:
     """Return the dataset data.dataset names: a Dataset object, a .bin shard glob, or a torch.save'd Dataset."""
     if isinstance(value, (Dataset, IterableDataset)):
         return value
@@ -134,17 +154,22 @@ def _config_dataset(value: Any, block_size: int, vocab_size: int | None) -> Data
         return TokenShardDataset(str(value), block_size, vocab_size)
     path = Path(value)
     if not path.is_file():
-        raise DataError(f"data.dataset = {str(value)!r} does not exist; give a Dataset object, a .bin shard "
-                        "glob, or a file written by torch.save(dataset)")
+        raise DataError(
+            f"data.dataset = {str(value)!r} does not exist; give a Dataset object, a .bin shard "
+            "glob, or a file written by torch.save(dataset)"
+        )
     # A local file the user saved themselves; a Dataset object cannot be loaded weights-only.
     loaded = torch.load(path, weights_only=False)
     if not isinstance(loaded, (Dataset, IterableDataset)):
-        raise DataError(f"data.dataset file {str(path)!r} holds a {type(loaded).__name__}, not a torch Dataset")
+        raise DataError(
+            f"data.dataset file {str(path)!r} holds a {type(loaded).__name__}, not a torch Dataset"
+        )
     return loaded
 
 
-def select_dataset(config: Any, *, dataset: Any = None, tokenizer: Any = None,
-                   vocab_size: int | None = None) -> Dataset | IterableDataset:
+def select_dataset(
+    config: Any, *, dataset: Any = None, tokenizer: Any = None, vocab_size: int | None = None
+) -> Dataset | IterableDataset:
     """Return the training dataset: dataset=, then shard_path, text_path, data.dataset, synthetic."""
     if dataset is not None:
         return dataset
@@ -158,14 +183,26 @@ def select_dataset(config: Any, *, dataset: Any = None, tokenizer: Any = None,
     if _setting(config, "dataset") is not None:
         return _config_dataset(config.dataset, block_size, vocab)
     if _setting(config, "synthetic", True):
-        return SyntheticTokenDataset(_positive(config, "num_tokens", 100000), block_size, vocab or 512,
-                                     _setting(config, "seed", 1234))
-    raise DataError("no data source: set data.shard_path, data.text_path or data.dataset, "
-                    "or enable data.synthetic")
+        return SyntheticTokenDataset(
+            _positive(config, "num_tokens", 100000),
+            block_size,
+            vocab or 512,
+            _setting(config, "seed", 1234),
+        )
+    raise DataError(
+        "no data source: set data.shard_path, data.text_path or data.dataset, "
+        "or enable data.synthetic"
+    )
 
 
-def make_loader(config: Any, dataset: Dataset | IterableDataset, *, shuffle: bool, drop_last: bool,
-                pin_memory_device: bool = False) -> ResumableLoader:
+def make_loader(
+    config: Any,
+    dataset: Dataset | IterableDataset,
+    *,
+    shuffle: bool,
+    drop_last: bool,
+    pin_memory_device: bool = False,
+) -> ResumableLoader:
     """Return a ResumableLoader over dataset with the section's batch, worker and memory settings."""
     workers = _setting(config, "num_workers", 0)
     if not isinstance(workers, int) or workers < 0:
@@ -173,34 +210,70 @@ def make_loader(config: Any, dataset: Dataset | IterableDataset, *, shuffle: boo
     prefetch = _setting(config, "prefetch_factor", 2 if workers > 0 else None)
     pin = _setting(config, "pin_memory", pin_memory_device)
     iterable = isinstance(dataset, IterableDataset)
-    return ResumableLoader(dataset, batch_size=_positive(config, "micro_batch_size", 1),
-                           shuffle=bool(shuffle) and not iterable, seed=_setting(config, "seed", 0),
-                           num_workers=workers, prefetch_factor=prefetch if workers > 0 else None,
-                           pin_memory=bool(pin), drop_last=bool(drop_last), collate_fn=collate_batch)
+    return ResumableLoader(
+        dataset,
+        batch_size=_positive(config, "micro_batch_size", 1),
+        shuffle=bool(shuffle) and not iterable,
+        seed=_setting(config, "seed", 0),
+        num_workers=workers,
+        prefetch_factor=prefetch if workers > 0 else None,
+        pin_memory=bool(pin),
+        drop_last=bool(drop_last),
+        collate_fn=collate_batch,
+    )
 
 
-def build_dataloader(config: Any, *, dataset: Dataset | IterableDataset | None = None, tokenizer: Any | None = None,
-                     pin_memory_device: bool = False, vocab_size: int | None = None) -> DataLoader:
+def build_dataloader(
+    config: Any,
+    *,
+    dataset: Dataset | IterableDataset | None = None,
+    tokenizer: Any | None = None,
+    pin_memory_device: bool = False,
+    vocab_size: int | None = None,
+) -> DataLoader:
     """Build the training loader from a DataConfig (a ResumableLoader; dataset= takes precedence)."""
     source = select_dataset(config, dataset=dataset, tokenizer=tokenizer, vocab_size=vocab_size)
-    return make_loader(config, source, shuffle=_setting(config, "shuffle", False),
-                       drop_last=_setting(config, "drop_last", True), pin_memory_device=pin_memory_device)
+    return make_loader(
+        config,
+        source,
+        shuffle=_setting(config, "shuffle", False),
+        drop_last=_setting(config, "drop_last", True),
+        pin_memory_device=pin_memory_device,
+    )
 
 
-def build_eval_dataloader(config: Any, *, tokenizer: Any | None = None, pin_memory_device: bool = False,
-                          vocab_size: int | None = None) -> DataLoader | None:
+def build_eval_dataloader(
+    config: Any,
+    *,
+    tokenizer: Any | None = None,
+    pin_memory_device: bool = False,
+    vocab_size: int | None = None,
+) -> DataLoader | None:
     """Build the validation loader from data.val_shard_path or data.val_text_path; None when neither is set."""
     vocab = vocab_size if vocab_size is not None else _setting(config, "vocab_size")
     if _setting(config, "val_shard_path") is not None:
-        source: Dataset | IterableDataset = TokenShardDataset(config.val_shard_path, _positive(config, "block_size"),
-                                                              vocab)
+        source: Dataset | IterableDataset = TokenShardDataset(
+            config.val_shard_path, _positive(config, "block_size"), vocab
+        )
     elif _setting(config, "val_text_path") is not None:
         tok = tokenizer if tokenizer is not None else CharTokenizer(vocab or 256)
-        source = TextFileTokenDataset(config.val_text_path, _positive(config, "block_size"), tok, vocab or 256)
+        source = TextFileTokenDataset(
+            config.val_text_path, _positive(config, "block_size"), tok, vocab or 256
+        )
     else:
         return None
-    return make_loader(config, source, shuffle=False, drop_last=False, pin_memory_device=pin_memory_device)
+    return make_loader(
+        config, source, shuffle=False, drop_last=False, pin_memory_device=pin_memory_device
+    )
 
 
-__all__ = ["ResumableLoader", "ResumableSampler", "build_dataloader", "build_eval_dataloader", "loader_state",
-           "make_loader", "restore_loader", "select_dataset"]
+__all__ = [
+    "ResumableLoader",
+    "ResumableSampler",
+    "build_dataloader",
+    "build_eval_dataloader",
+    "loader_state",
+    "make_loader",
+    "restore_loader",
+    "select_dataset",
+]

@@ -20,7 +20,9 @@ class DataPosition:
     samples: int = 0  # samples of `epoch` handed out (a whole batch counts batch_size)
     next_epoch: int = 0  # where the next pass starts: a fresh epoch, or a loaded resume point
     next_samples: int = 0
-    driven: bool = False  # set by the ResumableLoader that advances it; until then the counts mean nothing
+    driven: bool = (
+        False  # set by the ResumableLoader that advances it; until then the counts mean nothing
+    )
 
     def start_pass(self) -> tuple[int, int]:
         """Begin the next pass and return its (epoch, samples to skip); the pass after it is a fresh epoch."""
@@ -31,7 +33,9 @@ class DataPosition:
     def resume_at(self, epoch: int, samples: int, what: str) -> None:
         """Make the next pass continue `epoch` after `samples` samples; `what` names the state in errors."""
         if epoch < 0 or samples < 0:
-            raise DataError(f"{what} has a negative epoch or position (epoch={epoch}, position={samples})")
+            raise DataError(
+                f"{what} has a negative epoch or position (epoch={epoch}, position={samples})"
+            )
         self.epoch, self.samples = epoch, samples
         self.next_epoch, self.next_samples = epoch, samples
 
@@ -41,8 +45,9 @@ def read_state(state: Any, count_key: str, owner: str) -> tuple[int, int]:
     try:
         return int(state["epoch"]), int(state[count_key])
     except (KeyError, TypeError, ValueError):
-        raise DataError(f"state {state!r} is not a {owner} state (expected {{'epoch': int, '{count_key}': int}})"
-                        ) from None
+        raise DataError(
+            f"state {state!r} is not a {owner} state (expected {{'epoch': int, '{count_key}': int}})"
+        ) from None
 
 
 __all__ = ["DataPosition", "read_state"]

@@ -33,8 +33,15 @@ class PrepareResult:
 class _ShardWriter:
     """Accumulate tokens and write `{split}_{n:06d}.bin` shards of shard_tokens each."""
 
-    def __init__(self, out_dir: Path, split: str, shard_tokens: int, report: Callable[[str], None]) -> None:
-        self.out_dir, self.split, self.shard_tokens, self.report = out_dir, split, shard_tokens, report
+    def __init__(
+        self, out_dir: Path, split: str, shard_tokens: int, report: Callable[[str], None]
+    ) -> None:
+        self.out_dir, self.split, self.shard_tokens, self.report = (
+            out_dir,
+            split,
+            shard_tokens,
+            report,
+        )
         self.parts: list[np.ndarray] = []
         self.buffered, self.total, self.paths = 0, 0, []
         self.started = time.perf_counter()
@@ -51,11 +58,15 @@ class _ShardWriter:
     def flush(self) -> None:
         if not self.buffered:
             return
-        path = write_shard(self.out_dir / f"{self.split}_{len(self.paths):06d}.bin", np.concatenate(self.parts))
+        path = write_shard(
+            self.out_dir / f"{self.split}_{len(self.paths):06d}.bin", np.concatenate(self.parts)
+        )
         self.paths.append(path)
         self.total += self.buffered
         rate = self.total / max(time.perf_counter() - self.started, 1e-9)
-        self.report(f"wrote {path} ({self.buffered:,} tokens; {self.split} total {self.total:,}, {rate:,.0f} tokens/s)")
+        self.report(
+            f"wrote {path} ({self.buffered:,} tokens; {self.split} total {self.total:,}, {rate:,.0f} tokens/s)"
+        )
         self.parts, self.buffered = [], 0
 
 
@@ -86,12 +97,19 @@ def _split_at_line(text: str, head_bytes: float) -> tuple[str, str]:
 
 def _chunks(text: str) -> Iterator[str]:
     for start in range(0, len(text), CHUNK_BYTES):
-        yield text[start:start + CHUNK_BYTES]
+        yield text[start : start + CHUNK_BYTES]
 
 
-def prepare_shards(text_paths: Iterable[str | Path], out_dir: str | Path, tokenizer: Any | None = None,
-                   val_fraction: float = 0.05, shard_tokens: int = DEFAULT_SHARD_TOKENS, *,
-                   texts: Iterable[str] = (), progress: Callable[[str], None] | None = print) -> PrepareResult:
+def prepare_shards(
+    text_paths: Iterable[str | Path],
+    out_dir: str | Path,
+    tokenizer: Any | None = None,
+    val_fraction: float = 0.05,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    *,
+    texts: Iterable[str] = (),
+    progress: Callable[[str], None] | None = print,
+) -> PrepareResult:
     """Tokenize text files (and in-memory texts) into train_*.bin / val_*.bin llm.c shards under out_dir.
 
     The first val_fraction of each source's text goes to validation, the rest to training. Every shard is
@@ -103,7 +121,11 @@ def prepare_shards(text_paths: Iterable[str | Path], out_dir: str | Path, tokeni
         raise DataError(f"shard_tokens must be positive, got {shard_tokens}")
     tokenizer = tokenizer if tokenizer is not None else CharTokenizer()
     vocab = getattr(tokenizer, "vocab_size", None)
-    vocab = tokenizer.get_vocab_size() if callable(getattr(tokenizer, "get_vocab_size", None)) else vocab
+    vocab = (
+        tokenizer.get_vocab_size()
+        if callable(getattr(tokenizer, "get_vocab_size", None))
+        else vocab
+    )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     report = progress or (lambda line: None)
@@ -130,21 +152,30 @@ def prepare_shards(text_paths: Iterable[str | Path], out_dir: str | Path, tokeni
         for stale in sorted(out.glob(f"{writer.split}_*.bin")):
             if stale not in writer.paths:
                 stale.unlink()
-    result = PrepareResult(writers["train"].paths, writers["val"].paths, writers["train"].total, writers["val"].total)
+    result = PrepareResult(
+        writers["train"].paths, writers["val"].paths, writers["train"].total, writers["val"].total
+    )
     if not result.train_tokens:
-        raise DataError(f"prepare_shards produced no training tokens from {[s[0] for s in sources]}; "
-                        "lower val_fraction or add text")
+        raise DataError(
+            f"prepare_shards produced no training tokens from {[s[0] for s in sources]}; "
+            "lower val_fraction or add text"
+        )
     return result
 
 
 def stdlib_corpus(max_bytes: int | None = None) -> str:
     """Return the running Python's standard-library .py sources, sorted by path and joined, cut at max_bytes."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.rglob("*.py")
-                   if "site-packages" not in p.parts and "dist-packages" not in p.parts)
+    files = sorted(
+        p
+        for p in root.rglob("*.py")
+        if "site-packages" not in p.parts and "dist-packages" not in p.parts
+    )
     if not files:
-        raise DataError(f"no .py files under the standard library at {root} ({sys.executable}); "
-                        "pass your own text files to prepare_shards instead")
+        raise DataError(
+            f"no .py files under the standard library at {root} ({sys.executable}); "
+            "pass your own text files to prepare_shards instead"
+        )
     parts, size = [], 0
     for path in files:
         try:
@@ -154,7 +185,7 @@ def stdlib_corpus(max_bytes: int | None = None) -> str:
         piece = f"# {path.relative_to(root).as_posix()}\n{text}\n"
         encoded = piece.encode("utf-8")
         if max_bytes is not None and size + len(encoded) > max_bytes:
-            parts.append(encoded[:max_bytes - size].decode("utf-8", errors="ignore"))
+            parts.append(encoded[: max_bytes - size].decode("utf-8", errors="ignore"))
             break
         parts.append(piece)
         size += len(encoded)

@@ -21,7 +21,10 @@ from speedtronic_data.position import DataPosition, read_state
 
 HEADER_INTS = 256  # the header is 256 little-endian int32s: magic, version, token count, then zeros
 HEADER_BYTES = HEADER_INTS * 4
-FORMATS = {20240520: (1, np.dtype("<u2")), 20240801: (7, np.dtype("<u4"))}  # magic -> (version, token dtype)
+FORMATS = {
+    20240520: (1, np.dtype("<u2")),
+    20240801: (7, np.dtype("<u4")),
+}  # magic -> (version, token dtype)
 
 
 @dataclass(frozen=True)
@@ -37,25 +40,35 @@ def read_shard_header(path: str | Path) -> ShardInfo:
     """Return the shard's header after checking magic, version and that the body is complete."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"token shard {str(path)!r} does not exist; run `speedtronic prepare` or fix data.shard_path")
+        raise DataError(
+            f"token shard {str(path)!r} does not exist; run `speedtronic prepare` or fix data.shard_path"
+        )
     size = path.stat().st_size
     if size < HEADER_BYTES:
-        raise DataError(f"token shard {str(path)!r} is {size} bytes, shorter than its {HEADER_BYTES}-byte header; "
-                        "the file is truncated: write it again")
+        raise DataError(
+            f"token shard {str(path)!r} is {size} bytes, shorter than its {HEADER_BYTES}-byte header; "
+            "the file is truncated: write it again"
+        )
     header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
     magic, version, num_tokens = int(header[0]), int(header[1]), int(header[2])
     if magic not in FORMATS:
-        raise DataError(f"token shard {str(path)!r} has magic {magic}, not an llm.c shard "
-                        f"(expected one of {sorted(FORMATS)}); write it with prepare_shards or write_shard")
+        raise DataError(
+            f"token shard {str(path)!r} has magic {magic}, not an llm.c shard "
+            f"(expected one of {sorted(FORMATS)}); write it with prepare_shards or write_shard"
+        )
     expected_version, dtype = FORMATS[magic]
     if version != expected_version:
-        raise DataError(f"token shard {str(path)!r} has version {version}; magic {magic} needs version "
-                        f"{expected_version}: write it again with prepare_shards")
+        raise DataError(
+            f"token shard {str(path)!r} has version {version}; magic {magic} needs version "
+            f"{expected_version}: write it again with prepare_shards"
+        )
     body = size - HEADER_BYTES
     if num_tokens < 0 or body != num_tokens * dtype.itemsize:
-        raise DataError(f"token shard {str(path)!r} header promises {num_tokens} tokens "
-                        f"({num_tokens * dtype.itemsize} bytes) but the body has {body} bytes; the file is "
-                        "truncated or corrupt: write it again")
+        raise DataError(
+            f"token shard {str(path)!r} header promises {num_tokens} tokens "
+            f"({num_tokens * dtype.itemsize} bytes) but the body has {body} bytes; the file is "
+            "truncated or corrupt: write it again"
+        )
     return ShardInfo(path, dtype, num_tokens)
 
 
@@ -64,7 +77,9 @@ def read_shard_tokens(path: str | Path) -> np.ndarray:
     info = read_shard_header(path)
     if info.num_tokens == 0:
         return np.zeros(0, dtype=info.dtype)
-    return np.memmap(info.path, dtype=info.dtype, mode="r", offset=HEADER_BYTES, shape=(info.num_tokens,))
+    return np.memmap(
+        info.path, dtype=info.dtype, mode="r", offset=HEADER_BYTES, shape=(info.num_tokens,)
+    )
 
 
 def write_shard(path: str | Path, tokens: Any) -> Path:
@@ -74,7 +89,9 @@ def write_shard(path: str | Path, tokens: Any) -> Path:
     if ids.ndim != 1:
         raise DataError(f"write_shard needs a 1-D array of token ids, got shape {ids.shape}")
     if ids.size and (ids.min() < 0 or ids.max() >= 2**32):
-        raise DataError(f"write_shard: token ids must lie in [0, 2**32), got [{ids.min()}, {ids.max()}]")
+        raise DataError(
+            f"write_shard: token ids must lie in [0, 2**32), got [{ids.min()}, {ids.max()}]"
+        )
     magic = 20240520 if not ids.size or ids.max() < 2**16 else 20240801
     version, dtype = FORMATS[magic]
     header = np.zeros(HEADER_INTS, dtype="<i4")
@@ -94,13 +111,17 @@ def write_shard(path: str | Path, tokens: Any) -> Path:
     return path
 
 
-def resolve_shards(pattern: str | Path | list[str | Path], setting: str = "data.shard_path") -> list[Path]:
+def resolve_shards(
+    pattern: str | Path | list[str | Path], setting: str = "data.shard_path"
+) -> list[Path]:
     """Return the sorted shard files matching a glob (or list of paths/globs); DataError when none match."""
     patterns = pattern if isinstance(pattern, (list, tuple)) else [pattern]
     paths = sorted({Path(p) for item in patterns for p in (glob.glob(str(item)) or [])})
     if not paths:
-        raise DataError(f"{setting} = {pattern!r} matches no files; run `speedtronic prepare OUT_DIR` "
-                        "(or prepare_shards) first, or fix the glob")
+        raise DataError(
+            f"{setting} = {pattern!r} matches no files; run `speedtronic prepare OUT_DIR` "
+            "(or prepare_shards) first, or fix the glob"
+        )
     return paths
 
 
@@ -115,22 +136,32 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
     load_state_dict may come before or after the loader is built.
     """
 
-    def __init__(self, paths: str | Path | list[str | Path], block_size: int, vocab_size: int | None = None) -> None:
+    def __init__(
+        self, paths: str | Path | list[str | Path], block_size: int, vocab_size: int | None = None
+    ) -> None:
         if block_size < 1:
             raise DataError(f"TokenShardDataset block_size must be positive, got {block_size}")
         self.block_size, self.vocab_size = block_size, vocab_size
         self.shards = [read_shard_header(p) for p in resolve_shards(paths)]
         windows = [max(0, (s.num_tokens - 1) // block_size) for s in self.shards]
-        self.offsets = np.concatenate([[0], np.cumsum(windows)]).astype(np.int64)  # first window of each shard
+        self.offsets = np.concatenate([[0], np.cumsum(windows)]).astype(
+            np.int64
+        )  # first window of each shard
         if self.offsets[-1] == 0:
             largest = max(s.num_tokens for s in self.shards)
-            raise DataError(f"token shards {[str(s.path) for s in self.shards][:3]} hold at most {largest} tokens "
-                            f"each, fewer than block_size + 1 = {block_size + 1}; lower data.block_size "
-                            "(model.max_seq_len) or prepare more text")
-        self._bounds = self.offsets.tolist()  # python ints: bisect on them is cheaper than numpy per batch
+            raise DataError(
+                f"token shards {[str(s.path) for s in self.shards][:3]} hold at most {largest} tokens "
+                f"each, fewer than block_size + 1 = {block_size + 1}; lower data.block_size "
+                "(model.max_seq_len) or prepare more text"
+            )
+        self._bounds = (
+            self.offsets.tolist()
+        )  # python ints: bisect on them is cheaper than numpy per batch
         self.position = DataPosition()
         # Which shards can hold an id >= vocab_size at all (a uint16 shard under a vocabulary of 65536 cannot).
-        self._check_ids = [vocab_size is not None and int(np.iinfo(s.dtype).max) >= vocab_size for s in self.shards]
+        self._check_ids = [
+            vocab_size is not None and int(np.iinfo(s.dtype).max) >= vocab_size for s in self.shards
+        ]
         self._maps: list[tuple[np.ndarray, np.ndarray]] | None = None
 
     @property
@@ -158,7 +189,7 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
         if len(tokens) < width:
             return tokens, np.zeros((0, width), dtype=tokens.dtype)
         # Row i is window i (a strided view, no copy): fancy-indexing rows gathers a batch without index math.
-        return tokens, sliding_window_view(tokens, width)[::self.block_size]
+        return tokens, sliding_window_view(tokens, width)[:: self.block_size]
 
     def _check_vocab(self, tokens: np.ndarray, shard: int) -> None:
         """Raise DataError when the tokens just read hold an id >= vocab_size (checked per read, on the raw dtype)."""
@@ -166,16 +197,18 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
             return
         largest = int(tokens.max())
         if largest >= self.vocab_size:
-            raise DataError(f"token shard {str(self.shards[shard].path)!r} holds token id {largest} >= "
-                            f"vocab_size {self.vocab_size}; raise model.vocab_size to at least {largest + 1} "
-                            "or prepare the shards with a tokenizer of that size")
+            raise DataError(
+                f"token shard {str(self.shards[shard].path)!r} holds token id {largest} >= "
+                f"vocab_size {self.vocab_size}; raise model.vocab_size to at least {largest + 1} "
+                "or prepare the shards with a tokenizer of that size"
+            )
 
     def _one_shard(self, shard: int, local: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Return (inputs, labels) views of windows `local` of one shard: a slice when they are consecutive."""
         (tokens, rows), block, first = self._tokens()[shard], self.block_size, local[0]
         if local == list(range(first, first + len(local))):
             # Consecutive windows overlap by one token: they are one contiguous run, no gather needed.
-            run = tokens[first * block:(first + len(local)) * block + 1]
+            run = tokens[first * block : (first + len(local)) * block + 1]
             self._check_vocab(run, shard)
             return run[:-1].reshape(-1, block), run[1:].reshape(-1, block)
         windows = rows[local]
@@ -191,11 +224,15 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
             raise IndexError("TokenShardDataset.batch needs at least one window index")
         low, high = min(indices), max(indices)
         if low < 0 or high >= len(self):
-            raise IndexError(f"window index {low if low < 0 else high} out of range for {len(self)} windows")
+            raise IndexError(
+                f"window index {low if low < 0 else high} out of range for {len(self)} windows"
+            )
         first = bisect.bisect_right(self._bounds, low) - 1
         if high < self._bounds[first + 1]:  # the common case: every window in one shard
             base = self._bounds[first]
-            inputs, labels = self._one_shard(first, [i - base for i in indices] if base else indices)
+            inputs, labels = self._one_shard(
+                first, [i - base for i in indices] if base else indices
+            )
         else:
             shard_of = np.searchsorted(self.offsets, indices, side="right") - 1
             inputs = np.empty((len(indices), self.block_size), dtype=np.int64)
@@ -205,8 +242,10 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
                 local = [indices[r] - self._bounds[shard] for r in rows.tolist()]
                 inputs[rows], labels[rows] = self._one_shard(shard, local)
         # One cast each, straight into contiguous int64: the only copies of the batch's tokens.
-        return WindowBatch(torch.from_numpy(np.ascontiguousarray(inputs, dtype=np.int64)),
-                           torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)))
+        return WindowBatch(
+            torch.from_numpy(np.ascontiguousarray(inputs, dtype=np.int64)),
+            torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)),
+        )
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if index < 0:
@@ -225,23 +264,30 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
         the method makes the trainer's BatchStream fall back to replaying the loader instead of trusting it.
         """
         if not self.position.driven:
-            raise AttributeError("TokenShardDataset.state_dict exists only while a ResumableLoader drives the dataset "
-                                 "(build_dataloader(config, dataset=ds)); a plain DataLoader does not count batches")
+            raise AttributeError(
+                "TokenShardDataset.state_dict exists only while a ResumableLoader drives the dataset "
+                "(build_dataloader(config, dataset=ds)); a plain DataLoader does not count batches"
+            )
         return self._position_state
 
     def _position_state(self) -> dict[str, int]:
         """Return {"epoch", "windows", "num_windows"}: the epoch in progress and the windows of it handed out."""
-        return {"epoch": self.position.epoch, "windows": min(self.position.samples, len(self)),
-                "num_windows": len(self)}
+        return {
+            "epoch": self.position.epoch,
+            "windows": min(self.position.samples, len(self)),
+            "num_windows": len(self),
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Make the next pass of the loader over this dataset continue after state["windows"] windows."""
         epoch, windows = read_state(state, "windows", "TokenShardDataset")
         saved = state.get("num_windows", len(self))
         if saved != len(self):
-            raise DataError(f"TokenShardDataset state was saved over {saved} windows but these shards hold "
-                            f"{len(self)} (block_size {self.block_size}); resume with the same data.shard_path "
-                            "and block_size")
+            raise DataError(
+                f"TokenShardDataset state was saved over {saved} windows but these shards hold "
+                f"{len(self)} (block_size {self.block_size}); resume with the same data.shard_path "
+                "and block_size"
+            )
         self.position.resume_at(epoch, windows, "TokenShardDataset state")
 
 
@@ -259,5 +305,12 @@ class WindowBatch(Sequence):
         return {"input_ids": self.input_ids[index], "labels": self.labels[index]}
 
 
-__all__ = ["ShardInfo", "TokenShardDataset", "WindowBatch", "read_shard_header", "read_shard_tokens", "resolve_shards",
-           "write_shard"]
+__all__ = [
+    "ShardInfo",
+    "TokenShardDataset",
+    "WindowBatch",
+    "read_shard_header",
+    "read_shard_tokens",
+    "resolve_shards",
+    "write_shard",
+]

@@ -11,12 +11,26 @@ from speedtronic_data.errors import DataError
 class SyntheticTokenDataset(Dataset[dict[str, torch.Tensor]]):
     """A reproducible random-token dataset for smoke tests and examples."""
 
-    def __init__(self, num_samples: int = 10000, block_size: int = 128, vocab_size: int = 512,
-                 seed: int = 1234) -> None:
-        for name, value in (("num_samples", num_samples), ("block_size", block_size), ("vocab_size", vocab_size)):
+    def __init__(
+        self,
+        num_samples: int = 10000,
+        block_size: int = 128,
+        vocab_size: int = 512,
+        seed: int = 1234,
+    ) -> None:
+        for name, value in (
+            ("num_samples", num_samples),
+            ("block_size", block_size),
+            ("vocab_size", vocab_size),
+        ):
             if value < 1:
                 raise DataError(f"SyntheticTokenDataset {name} must be positive, got {value}")
-        self.num_samples, self.block_size, self.vocab_size, self.seed = num_samples, block_size, vocab_size, seed
+        self.num_samples, self.block_size, self.vocab_size, self.seed = (
+            num_samples,
+            block_size,
+            vocab_size,
+            seed,
+        )
 
     def __len__(self) -> int:
         return self.num_samples

@@ -21,10 +21,14 @@ CHUNK_BYTES = 1 << 20  # read granularity: memory stays O(chunk + block) for any
 def check_text_file(path: Path, what: str = "text file") -> Path:
     """Return path when it is a non-empty file, else raise DataError naming it."""
     if not path.is_file():
-        raise DataError(f"{what} {str(path)!r} does not exist; set data.text_path to a UTF-8 text file "
-                        "(relative paths start at the working directory)")
+        raise DataError(
+            f"{what} {str(path)!r} does not exist; set data.text_path to a UTF-8 text file "
+            "(relative paths start at the working directory)"
+        )
     if path.stat().st_size == 0:
-        raise DataError(f"{what} {str(path)!r} is empty; point data.text_path at a file with text in it")
+        raise DataError(
+            f"{what} {str(path)!r} is empty; point data.text_path at a file with text in it"
+        )
     return path
 
 
@@ -40,8 +44,10 @@ def iter_text_chunks(path: Path) -> Iterator[str]:
             try:
                 text = decoder.decode(raw, final=not raw)
             except UnicodeDecodeError as error:
-                raise DataError(f"{str(path)!r} is not valid UTF-8 near byte {offset + error.start}; "
-                                "re-encode it as UTF-8") from None
+                raise DataError(
+                    f"{str(path)!r} is not valid UTF-8 near byte {offset + error.start}; "
+                    "re-encode it as UTF-8"
+                ) from None
             if text:
                 yield text
             if not raw:
@@ -58,7 +64,9 @@ def iter_token_chunks(path: Path, tokenizer: Any, vocab_size: int) -> Iterator[n
         else:
             ids = np.asarray(encode_text(tokenizer, text), dtype=np.int64)
         if ids.size:
-            if ids.dtype != np.uint8 or vocab_size < 256:  # bytes always fit a vocabulary of 256 or more
+            if (
+                ids.dtype != np.uint8 or vocab_size < 256
+            ):  # bytes always fit a vocabulary of 256 or more
                 check_ids(ids, vocab_size, str(path))
             yield ids
 
@@ -70,8 +78,8 @@ def iter_blocks(chunks: Iterator[np.ndarray], block_size: int) -> Iterator[np.nd
         buffer = np.concatenate([buffer, chunk.astype(np.int64)])
         starts = range(0, len(buffer) - block_size, block_size)
         for start in starts:
-            yield buffer[start:start + block_size + 1]
-        buffer = buffer[len(starts) * block_size:]
+            yield buffer[start : start + block_size + 1]
+        buffer = buffer[len(starts) * block_size :]
 
 
 class TextFileTokenDataset(IterableDataset[dict[str, torch.Tensor]]):
@@ -82,8 +90,13 @@ class TextFileTokenDataset(IterableDataset[dict[str, torch.Tensor]]):
     copy an example before writing into it.
     """
 
-    def __init__(self, path: str | Path, block_size: int, tokenizer: Callable[[str], Any] | Any | None = None,
-                 vocab_size: int = 256) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        block_size: int,
+        tokenizer: Callable[[str], Any] | Any | None = None,
+        vocab_size: int = 256,
+    ) -> None:
         if block_size < 1:
             raise DataError(f"TextFileTokenDataset block_size must be positive, got {block_size}")
         self.path = check_text_file(Path(path))
@@ -95,23 +108,36 @@ class TextFileTokenDataset(IterableDataset[dict[str, torch.Tensor]]):
         self.start_block, self.batch_size = 0, 1
 
     def _too_short(self, tokens: int) -> str:
-        return (f"{str(self.path)!r} holds {tokens} tokens, fewer than block_size + 1 = {self.block_size + 1}; "
-                "lower data.block_size (model.max_seq_len) or use a longer file")
+        return (
+            f"{str(self.path)!r} holds {tokens} tokens, fewer than block_size + 1 = {self.block_size + 1}; "
+            "lower data.block_size (model.max_seq_len) or use a longer file"
+        )
 
     def _encode(self, text: str) -> list[int]:
         return encode_text(self.tokenizer, text)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         plan = block_plan(self.start_block, self.batch_size)
-        blocks = iter_blocks(iter_token_chunks(self.path, self.tokenizer, self.vocab_size), self.block_size)
+        blocks = iter_blocks(
+            iter_token_chunks(self.path, self.tokenizer, self.vocab_size), self.block_size
+        )
         index = -1
         for index, block in enumerate(blocks):
             if plan.owns(index):
                 # Views, no copy: blocks are slices of a buffer that is never written after it is built.
-                yield {"input_ids": torch.from_numpy(block[:-1]), "labels": torch.from_numpy(block[1:])}
+                yield {
+                    "input_ids": torch.from_numpy(block[:-1]),
+                    "labels": torch.from_numpy(block[1:]),
+                }
         if index < 0:
-            raise DataError(self._too_short(sum(len(c) for c in iter_token_chunks(
-                self.path, self.tokenizer, self.vocab_size))))
+            raise DataError(
+                self._too_short(
+                    sum(
+                        len(c)
+                        for c in iter_token_chunks(self.path, self.tokenizer, self.vocab_size)
+                    )
+                )
+            )
 
 
 __all__ = ["TextFileTokenDataset", "check_text_file", "iter_text_chunks"]

@@ -42,8 +42,10 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
     encode = getattr(tokenizer, "encode", None)
     out = encode(text) if callable(encode) else tokenizer(text) if callable(tokenizer) else None
     if out is None:
-        raise DataError(f"tokenizer {type(tokenizer).__name__} is neither callable nor has encode(); "
-                        "pass a callable, an object with encode(text) -> ids, or a tokenizers.Tokenizer")
+        raise DataError(
+            f"tokenizer {type(tokenizer).__name__} is neither callable nor has encode(); "
+            "pass a callable, an object with encode(text) -> ids, or a tokenizers.Tokenizer"
+        )
     ids = getattr(out, "ids", out)  # a tokenizers.Encoding carries its ids in .ids
     if isinstance(ids, dict) and "input_ids" in ids:  # transformers tokenizers called directly
         ids = ids["input_ids"]
@@ -52,13 +54,19 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
 
 def check_ids(ids: Any, vocab_size: int, source: str) -> None:
     """Raise DataError naming source when an id is negative or not below vocab_size."""
-    values = np.asarray(ids)  # numpy reductions: builtin max/min walk an array one boxed element at a time
+    values = np.asarray(
+        ids
+    )  # numpy reductions: builtin max/min walk an array one boxed element at a time
     largest, smallest = int(values.max()), int(values.min())
     if largest >= vocab_size:
-        raise DataError(f"{source}: token id {largest} is >= vocab_size {vocab_size}; raise data.vocab_size "
-                        f"(or model.vocab_size) to at least {largest + 1} or use a smaller tokenizer")
+        raise DataError(
+            f"{source}: token id {largest} is >= vocab_size {vocab_size}; raise data.vocab_size "
+            f"(or model.vocab_size) to at least {largest + 1} or use a smaller tokenizer"
+        )
     if smallest < 0:
-        raise DataError(f"{source}: negative token id {smallest}; the tokenizer must return ids >= 0")
+        raise DataError(
+            f"{source}: negative token id {smallest}; the tokenizer must return ids >= 0"
+        )
 
 
 __all__ = ["CharTokenizer", "check_ids", "encode_text", "is_byte_tokenizer"]

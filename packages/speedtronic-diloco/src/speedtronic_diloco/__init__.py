@@ -12,14 +12,27 @@ from typing import Any
 from .__about__ import __version__
 
 _EXPORTS = {
-    "DeltaUploadJob": "diloco", "DumbDiLoCo": "diloco", "DumbDiLoCoCoordinator": "diloco", "SyncResult": "diloco",
-    "GlobalMetadata": "hub", "HubClient": "hub", "HubError": "hub", "HubTransport": "hub", "HubUnavailable": "hub",
+    "DeltaUploadJob": "diloco",
+    "DumbDiLoCo": "diloco",
+    "DumbDiLoCoCoordinator": "diloco",
+    "SyncResult": "diloco",
+    "GlobalMetadata": "hub",
+    "HubClient": "hub",
+    "HubError": "hub",
+    "HubTransport": "hub",
+    "HubUnavailable": "hub",
     "build_hub_client": "hub",
-    "MasterOuterLoop": "outer", "NesterovOuterOptimizer": "outer",
+    "MasterOuterLoop": "outer",
+    "NesterovOuterOptimizer": "outer",
     "DistributedSettings": "settings",
-    "average_deltas": "tensors", "compute_pseudo_gradient": "tensors", "load_delta": "tensors",
-    "load_safetensors": "tensors", "save_safetensors": "tensors",
-    "FilesystemTransport": "transport", "HfApiTransport": "transport", "Transport": "transport",
+    "average_deltas": "tensors",
+    "compute_pseudo_gradient": "tensors",
+    "load_delta": "tensors",
+    "load_safetensors": "tensors",
+    "save_safetensors": "tensors",
+    "FilesystemTransport": "transport",
+    "HfApiTransport": "transport",
+    "Transport": "transport",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -63,9 +63,16 @@ class GlobalCandidate:
 class DumbDiLoCoCoordinator:
     """Coordinate local inner loops and a Hub-backed outer loop (implements SyncCoordinator)."""
 
-    def __init__(self, config: Any, model: torch.nn.Module, *, hub: HubClient | None = None,
-                 state_dir: str | Path | None = None, logger: logging.Logger | Any | None = None,
-                 events: Callable[[str, dict[str, Any]], None] | Any | None = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        model: torch.nn.Module,
+        *,
+        hub: HubClient | None = None,
+        state_dir: str | Path | None = None,
+        logger: logging.Logger | Any | None = None,
+        events: Callable[[str, dict[str, Any]], None] | Any | None = None,
+    ) -> None:
         self.settings = DistributedSettings.from_config(config, state_dir=state_dir)
         self._section = getattr(config, "distributed", config)
         self.model = model
@@ -76,17 +83,28 @@ class DumbDiLoCoCoordinator:
         self.logger = logger or LOGGER
         self.events = events
         self.master: MasterOuterLoop | None = None
-        self.counters = {"uploads": 0, "upload_failures": 0, "uploads_skipped": 0, "globals_installed": 0,
-                         "bytes_uploaded": 0, "global_waits": 0, "seconds_waited": 0.0}
+        self.counters = {
+            "uploads": 0,
+            "upload_failures": 0,
+            "uploads_skipped": 0,
+            "globals_installed": 0,
+            "bytes_uploaded": 0,
+            "global_waits": 0,
+            "seconds_waited": 0.0,
+        }
         self._local_step = 0
-        self._last_global_step = -1  # -1: no global installed yet, so no base to compute deltas against
+        self._last_global_step = (
+            -1
+        )  # -1: no global installed yet, so no base to compute deltas against
         self._generation = 0
         self._baseline: dict[str, torch.Tensor] | None = None
         # Work of failed uploads: the baseline already moved past it, so it rides along with the
         # next delta (cumulative retry) and survives a global install meanwhile.
         self._carry: DeltaUploadJob | None = None
         self._prepared: dict[str, Any] | None = None
-        self._prepared_pending: list[DeltaUploadJob] = []  # restored uploads, sent once the lanes run
+        self._prepared_pending: list[
+            DeltaUploadJob
+        ] = []  # restored uploads, sent once the lanes run
         self._lock = threading.Lock()
         self._candidate: GlobalCandidate | None = None
         self._staged = threading.Event()  # set whenever a candidate is staged
@@ -157,7 +175,9 @@ class DumbDiLoCoCoordinator:
             self._send(job)
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
-        thread = threading.Thread(target=target, name=f"{name}-{self.settings.node_id}", daemon=True)
+        thread = threading.Thread(
+            target=target, name=f"{name}-{self.settings.node_id}", daemon=True
+        )
         thread.start()
         self._threads.append(thread)
 
@@ -168,10 +188,17 @@ class DumbDiLoCoCoordinator:
             self.hub.add_collaborator(user)
         if self.master is None:
             self.master = MasterOuterLoop(
-                self.hub, self.model.state_dict(), node_state_dir=self.settings.state_dir / "outer",
-                outer_lr=self.settings.outer_lr, outer_momentum=self.settings.outer_momentum,
-                poll_interval=self.settings.poll_interval, staleness_limit=self.settings.staleness_limit,
-                on_global_update=self._on_outer_update, events=self._emit_event, logger=self.logger)
+                self.hub,
+                self.model.state_dict(),
+                node_state_dir=self.settings.state_dir / "outer",
+                outer_lr=self.settings.outer_lr,
+                outer_momentum=self.settings.outer_momentum,
+                poll_interval=self.settings.poll_interval,
+                staleness_limit=self.settings.staleness_limit,
+                on_global_update=self._on_outer_update,
+                events=self._emit_event,
+                logger=self.logger,
+            )
         self.master.recover()
         self.master.start()
 
@@ -181,8 +208,12 @@ class DumbDiLoCoCoordinator:
         if candidate is not None:
             self._install_state(candidate)
             return
-        self.logger.warning("no global model in %s after %.0fs; training locally and uploading no deltas until "
-                            "one is installed", self.hub.repo_id if self.hub else "?", self.settings.global_wait_timeout)
+        self.logger.warning(
+            "no global model in %s after %.0fs; training locally and uploading no deltas until "
+            "one is installed",
+            self.hub.repo_id if self.hub else "?",
+            self.settings.global_wait_timeout,
+        )
 
     def _wait_for_global(self) -> GlobalCandidate | None:
         """Block the training thread until a newer global model is staged, or global_wait_timeout passes.
@@ -194,7 +225,9 @@ class DumbDiLoCoCoordinator:
         deadline = time.monotonic() + self.settings.global_wait_timeout
         lane_polls = self._started and self.settings.async_global_poll
         while True:
-            candidate = self._take_candidate() or (None if lane_polls else self._fetch_global_candidate())
+            candidate = self._take_candidate() or (
+                None if lane_polls else self._fetch_global_candidate()
+            )
             if candidate is not None or time.monotonic() >= deadline:
                 return candidate
             if self._started:
@@ -205,7 +238,9 @@ class DumbDiLoCoCoordinator:
 
     def _resend_carry(self) -> None:
         """Send the work of failed uploads now, when the upload lane is idle."""
-        if self._carry is None or (self._uploads is not None and (self._inflight is not None or not self._uploads.empty())):
+        if self._carry is None or (
+            self._uploads is not None and (self._inflight is not None or not self._uploads.empty())
+        ):
             return
         job, self._carry = self._carry, None
         self._send(job)
@@ -224,8 +259,11 @@ class DumbDiLoCoCoordinator:
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
-                self.logger.warning("%s still busy after the shutdown timeout; its job stays pending in "
-                                    "the coordinator state and is re-sent on resume", thread.name)
+                self.logger.warning(
+                    "%s still busy after the shutdown timeout; its job stays pending in "
+                    "the coordinator state and is re-sent on resume",
+                    thread.name,
+                )
         self._threads = [t for t in self._threads if t.is_alive()]
         self._collect_upload_results()
         if self.master is not None:
@@ -269,20 +307,38 @@ class DumbDiLoCoCoordinator:
         waited = time.monotonic() - started
         self.counters["global_waits"] += 1
         self.counters["seconds_waited"] += waited
-        self._emit_event("diloco/global_wait", {"local_step": step, "outer_step": self._last_global_step,
-                                                "rounds": self._rounds_on_global, "seconds": waited,
-                                                "installed": candidate is not None})
+        self._emit_event(
+            "diloco/global_wait",
+            {
+                "local_step": step,
+                "outer_step": self._last_global_step,
+                "rounds": self._rounds_on_global,
+                "seconds": waited,
+                "installed": candidate is not None,
+            },
+        )
         if candidate is None:
             self._rounds_on_global = 0  # train another max_local_rounds before waiting again
-            self.logger.warning("local step %d: no global model newer than outer step %d after %.0fs; training on "
-                                "(is the master running?)", step, self._last_global_step, waited)
+            self.logger.warning(
+                "local step %d: no global model newer than outer step %d after %.0fs; training on "
+                "(is the master running?)",
+                step,
+                self._last_global_step,
+                waited,
+            )
         return candidate
 
     def _dispatch_delta(self, step: int) -> bool:
         if self._last_global_step < 0 or self._baseline is None:
-            self.logger.warning("local step %d: no global model installed yet, so no delta is sent", step)
+            self.logger.warning(
+                "local step %d: no global model installed yet, so no delta is sent", step
+            )
             return False
-        if self._uploads is not None and self.settings.delta_upload_overflow == "skip" and self._uploads.full():
+        if (
+            self._uploads is not None
+            and self.settings.delta_upload_overflow == "skip"
+            and self._uploads.full()
+        ):
             # 2.0's skip: the baseline stays, so the next delta is cumulative. Work skipped here and
             # then overwritten by a global install is stale against it and is not sent later (sent
             # later, merged into newer deltas under an older base, it made the published model diverge).
@@ -290,16 +346,24 @@ class DumbDiLoCoCoordinator:
             return False
         current = cpu_state_dict(self.model.state_dict())
         delta = compute_pseudo_gradient(self._baseline, current)
-        return self._send(self._with_carry(DeltaUploadJob(step, self._last_global_step, self._generation, delta,
-                                                          current)))
+        return self._send(
+            self._with_carry(
+                DeltaUploadJob(step, self._last_global_step, self._generation, delta, current)
+            )
+        )
 
     def _with_carry(self, job: DeltaUploadJob) -> DeltaUploadJob:
         """Return job with the kept work of earlier failed uploads added; the carry is emptied."""
         carry, self._carry = self._carry, None
         if carry is None:
             return job
-        return DeltaUploadJob(job.step, min(job.base_outer_step, carry.base_outer_step), job.generation,
-                              {k: v.add(carry.delta[k]) for k, v in job.delta.items()}, job.target_state)
+        return DeltaUploadJob(
+            job.step,
+            min(job.base_outer_step, carry.base_outer_step),
+            job.generation,
+            {k: v.add(carry.delta[k]) for k, v in job.delta.items()},
+            job.target_state,
+        )
 
     def _keep_for_later(self, job: DeltaUploadJob) -> None:
         """Keep the work of a job that was not delivered; it rides with the next delta.
@@ -324,22 +388,30 @@ class DumbDiLoCoCoordinator:
             self._baseline = job.target_state
         if ok:
             return True
-        if self._uploads is not None:  # a re-sent job found the lane full: it is nowhere else, so keep it
+        if (
+            self._uploads is not None
+        ):  # a re-sent job found the lane full: it is nowhere else, so keep it
             self._count_skip(job.step)
         self._keep_for_later(job)
         return False
 
     def _count_skip(self, step: int) -> None:
         self.counters["uploads_skipped"] += 1
-        self.logger.warning("upload lane full at local step %d: delta skipped; the next one is cumulative", step)
+        self.logger.warning(
+            "upload lane full at local step %d: delta skipped; the next one is cumulative", step
+        )
         self._emit_event("diloco/upload_skipped", {"local_step": step})
 
     def _upload(self, job: DeltaUploadJob) -> bool:
         """Upload one job (any thread); report the outcome to the training thread."""
         assert self.hub is not None
         try:
-            path = self.hub.upload_delta(job.delta, node_id=self.settings.node_id, local_step=job.step,
-                                         base_outer_step=job.base_outer_step)
+            path = self.hub.upload_delta(
+                job.delta,
+                node_id=self.settings.node_id,
+                local_step=job.step,
+                base_outer_step=job.base_outer_step,
+            )
             ok = True
         except HubError as exc:
             self.logger.warning("delta upload for local step %d failed: %s", job.step, exc)
@@ -349,8 +421,10 @@ class DumbDiLoCoCoordinator:
         else:
             self._count_result(job, ok)
         if ok:
-            self._emit_event("diloco/upload", {"local_step": job.step, "base_outer_step": job.base_outer_step,
-                                               "path": path})
+            self._emit_event(
+                "diloco/upload",
+                {"local_step": job.step, "base_outer_step": job.base_outer_step, "path": path},
+            )
         return ok
 
     def _upload_worker(self) -> None:
@@ -381,7 +455,9 @@ class DumbDiLoCoCoordinator:
     def _count_result(self, job: DeltaUploadJob, ok: bool) -> None:
         if ok:
             self.counters["uploads"] += 1
-            self.counters["bytes_uploaded"] += sum(t.numel() * t.element_size() for t in job.delta.values())
+            self.counters["bytes_uploaded"] += sum(
+                t.numel() * t.element_size() for t in job.delta.values()
+            )
         else:
             self.counters["upload_failures"] += 1
             self._emit_event("diloco/upload_failed", {"local_step": job.step})
@@ -393,7 +469,9 @@ class DumbDiLoCoCoordinator:
             return None
         try:
             metadata: GlobalMetadata | None = self.hub.global_metadata()
-            known = max(self._last_global_step, self._candidate.outer_step if self._candidate else -1)
+            known = max(
+                self._last_global_step, self._candidate.outer_step if self._candidate else -1
+            )
             if metadata is None or metadata.outer_step <= known:
                 return None
             return GlobalCandidate(metadata.outer_step, self.hub.download_global_state(metadata))
@@ -426,8 +504,10 @@ class DumbDiLoCoCoordinator:
             own = self.model.state_dict()
             missing = sorted(set(own) - set(candidate.state))
             if missing:
-                raise HubError(f"global model at outer step {candidate.outer_step} lacks {missing[:5]}: "
-                               "the repository belongs to a different model")
+                raise HubError(
+                    f"global model at outer step {candidate.outer_step} lacks {missing[:5]}: "
+                    "the repository belongs to a different model"
+                )
             for name, tensor in own.items():
                 tensor.copy_(candidate.state[name])
         self._baseline = cpu_state_dict(candidate.state)
@@ -436,8 +516,10 @@ class DumbDiLoCoCoordinator:
         self._generation += 1
         self.counters["globals_installed"] += 1
         self.logger.info("installed global model at outer step %d", candidate.outer_step)
-        self._emit_event("diloco/global_installed", {"outer_step": candidate.outer_step,
-                                                     "local_step": self._local_step})
+        self._emit_event(
+            "diloco/global_installed",
+            {"outer_step": candidate.outer_step, "local_step": self._local_step},
+        )
 
     def install_latest_global(self) -> bool:
         """Install a newer published global model now (training thread); return whether one was installed.
@@ -453,7 +535,10 @@ class DumbDiLoCoCoordinator:
 
     def _maybe_poll_global(self) -> None:
         """Synchronous mode only: a time-based poll between boundaries (async mode has its own lane)."""
-        if self.settings.async_global_poll or time.monotonic() - self._last_poll < self.settings.poll_interval:
+        if (
+            self.settings.async_global_poll
+            or time.monotonic() - self._last_poll < self.settings.poll_interval
+        ):
             return
         self._last_poll = time.monotonic()
         self._stage(self._fetch_global_candidate())
@@ -469,12 +554,15 @@ class DumbDiLoCoCoordinator:
             pending = [job for job in (self._carry, self._inflight) if job is not None]
         if self._uploads is not None:
             pending += [job for job in list(self._uploads.queue) if isinstance(job, DeltaUploadJob)]
-        return {"node_id": self.settings.node_id, "local_step": self._local_step,
-                "last_global_step": self._last_global_step,
-                "baseline": cpu_state_dict(self._baseline) if self._baseline is not None else None,
-                "pending_uploads": [job.to_state() for job in pending],
-                "counters": dict(self.counters),
-                "master": self.master.state_dict() if self.master is not None else None}
+        return {
+            "node_id": self.settings.node_id,
+            "local_step": self._local_step,
+            "last_global_step": self._last_global_step,
+            "baseline": cpu_state_dict(self._baseline) if self._baseline is not None else None,
+            "pending_uploads": [job.to_state() for job in pending],
+            "counters": dict(self.counters),
+            "master": self.master.state_dict() if self.master is not None else None,
+        }
 
     def prepare_state(self, state: dict[str, Any]) -> None:
         """Stage resume state before startup performs any remote refresh."""
@@ -492,8 +580,11 @@ class DumbDiLoCoCoordinator:
         if not state:
             return
         if state.get("node_id") not in (None, self.settings.node_id):
-            self.logger.warning("checkpoint was written by node %r, resuming as %r", state["node_id"],
-                                self.settings.node_id)
+            self.logger.warning(
+                "checkpoint was written by node %r, resuming as %r",
+                state["node_id"],
+                self.settings.node_id,
+            )
         self._local_step = int(state.get("local_step", 0))
         self._last_global_step = int(state.get("last_global_step", -1))
         if state.get("baseline") is not None:
@@ -508,8 +599,16 @@ class DumbDiLoCoCoordinator:
         """Re-send the uploads not acknowledged at checkpoint time (same names: harmless if they had landed)."""
         # The checkpointed baseline already excludes these deltas (it moved at dispatch), so re-sending
         # them cannot double count; one that fails or is skipped again rides with the next delta.
-        self._prepared_pending = [DeltaUploadJob(int(job["step"]), int(job["base_outer_step"]), self._generation,
-                                                 cpu_state_dict(job["delta"]), {}) for job in pending]
+        self._prepared_pending = [
+            DeltaUploadJob(
+                int(job["step"]),
+                int(job["base_outer_step"]),
+                self._generation,
+                cpu_state_dict(job["delta"]),
+                {},
+            )
+            for job in pending
+        ]
 
 
 def _event_sink(events: Any) -> Callable[[str, dict[str, Any]], None] | None:

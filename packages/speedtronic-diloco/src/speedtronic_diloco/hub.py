@@ -21,8 +21,21 @@ from typing import Any, Callable, Mapping
 import torch
 
 from speedtronic_systems.atomic import atomic_write_bytes
-from .tensors import DeltaRef, delta_path, from_safetensors_bytes, parse_delta_ref, to_safetensors_bytes
-from .transport import FilesystemTransport, HfApiTransport, NotFound, StaleParent, Transport, TransportError
+from .tensors import (
+    DeltaRef,
+    delta_path,
+    from_safetensors_bytes,
+    parse_delta_ref,
+    to_safetensors_bytes,
+)
+from .transport import (
+    FilesystemTransport,
+    HfApiTransport,
+    NotFound,
+    StaleParent,
+    Transport,
+    TransportError,
+)
 
 LOGGER = logging.getLogger("speedtronic_diloco.hub")
 GLOBAL_MODEL = "global/model.safetensors"
@@ -64,23 +77,37 @@ class GlobalMetadata:
     def from_dict(cls, value: Mapping[str, Any], *, revision: str | None = None) -> GlobalMetadata:
         """Return metadata parsed from JSON; raise HubError when it is malformed."""
         try:
-            return cls(outer_step=int(value["outer_step"]), updated_at=str(value.get("updated_at", "")),
-                       model_file=str(value.get("model_file", GLOBAL_MODEL)), sha256=value.get("sha256"),
-                       publish_id=value.get("publish_id"), revision=revision)
+            return cls(
+                outer_step=int(value["outer_step"]),
+                updated_at=str(value.get("updated_at", "")),
+                model_file=str(value.get("model_file", GLOBAL_MODEL)),
+                sha256=value.get("sha256"),
+                publish_id=value.get("publish_id"),
+                revision=revision,
+            )
         except (KeyError, TypeError, ValueError) as exc:
-            raise HubError(f"{GLOBAL_METADATA} is malformed ({exc!r}): {dict(value)!r:.200}") from None
+            raise HubError(
+                f"{GLOBAL_METADATA} is malformed ({exc!r}): {dict(value)!r:.200}"
+            ) from None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form (the revision is where it was read, not part of the file)."""
-        return {"outer_step": self.outer_step, "updated_at": self.updated_at, "model_file": self.model_file,
-                "sha256": self.sha256, "publish_id": self.publish_id}
+        return {
+            "outer_step": self.outer_step,
+            "updated_at": self.updated_at,
+            "model_file": self.model_file,
+            "sha256": self.sha256,
+            "publish_id": self.publish_id,
+        }
 
 
 def check_repo_path(path: str) -> str:
     """Return path when it is a relative repository path without '..' segments, else raise ValueError."""
     parts = path.split("/")
     if not path or path.startswith("/") or "\\" in path or any(p in {"", ".", ".."} for p in parts):
-        raise ValueError(f"repository path {path!r} must be relative, use '/' separators and contain no '.' or '..'")
+        raise ValueError(
+            f"repository path {path!r} must be relative, use '/' separators and contain no '.' or '..'"
+        )
     return path
 
 
@@ -91,19 +118,36 @@ def _utc_now() -> str:
 class HubClient:
     """A small retrying client for the DiLoCo repository over any Transport."""
 
-    def __init__(self, repo_id: str, *, token: str | None = None, cache_dir: str | os.PathLike[str] | None = None,
-                 api: Any | None = None, retry_initial: float = 1.0, retry_max: float = 60.0,
-                 retry_attempts: int = 6, sleeper: Callable[[float], None] = time.sleep,
-                 transport: Transport | None = None, endpoint: str | None = None,
-                 logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        repo_id: str,
+        *,
+        token: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        api: Any | None = None,
+        retry_initial: float = 1.0,
+        retry_max: float = 60.0,
+        retry_attempts: int = 6,
+        sleeper: Callable[[float], None] = time.sleep,
+        transport: Transport | None = None,
+        endpoint: str | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
         if not retry_initial > 0 or retry_max < retry_initial or retry_attempts < 1:
-            raise ValueError(f"bad retry settings: retry_initial={retry_initial} (> 0), retry_max={retry_max} "
-                             f"(>= retry_initial), retry_attempts={retry_attempts} (>= 1)")
+            raise ValueError(
+                f"bad retry settings: retry_initial={retry_initial} (> 0), retry_max={retry_max} "
+                f"(>= retry_initial), retry_attempts={retry_attempts} (>= 1)"
+            )
         self.repo_id = repo_id
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
-        self.transport: Transport = transport or HfApiTransport(repo_id, token=token, endpoint=endpoint,
-                                                                cache_dir=cache_dir, api=api)
-        self.retry_initial, self.retry_max, self.retry_attempts = retry_initial, retry_max, retry_attempts
+        self.transport: Transport = transport or HfApiTransport(
+            repo_id, token=token, endpoint=endpoint, cache_dir=cache_dir, api=api
+        )
+        self.retry_initial, self.retry_max, self.retry_attempts = (
+            retry_initial,
+            retry_max,
+            retry_attempts,
+        )
         self.sleeper = sleeper
         self.logger = logger or LOGGER
 
@@ -129,9 +173,17 @@ class HubClient:
                 if not exc.transient:
                     raise
                 if attempt == self.retry_attempts:
-                    raise HubUnavailable(f"{operation} on {self.repo_id} failed {attempt} times; last error: {exc}") from None
-                self.logger.warning("%s failed (attempt %d/%d), retrying in %.2fs: %s",
-                                    operation, attempt, self.retry_attempts, delay, exc)
+                    raise HubUnavailable(
+                        f"{operation} on {self.repo_id} failed {attempt} times; last error: {exc}"
+                    ) from None
+                self.logger.warning(
+                    "%s failed (attempt %d/%d), retrying in %.2fs: %s",
+                    operation,
+                    attempt,
+                    self.retry_attempts,
+                    delay,
+                    exc,
+                )
                 self.sleeper(delay)
                 delay = min(delay * 2, self.retry_max)
         raise AssertionError("unreachable")
@@ -150,8 +202,12 @@ class HubClient:
 
     def add_collaborator(self, username: str, permission: str = "write") -> bool:
         """Warn that write access cannot be granted through the API; always return False."""
-        warnings.warn(f"{COLLABORATOR_WARNING} (requested: {username!r} with {permission!r})", stacklevel=2)
-        self.logger.warning("cannot grant %s access to %r: %s", permission, username, COLLABORATOR_WARNING)
+        warnings.warn(
+            f"{COLLABORATOR_WARNING} (requested: {username!r} with {permission!r})", stacklevel=2
+        )
+        self.logger.warning(
+            "cannot grant %s access to %r: %s", permission, username, COLLABORATOR_WARNING
+        )
         return False
 
     def head(self) -> str:
@@ -160,7 +216,9 @@ class HubClient:
 
     def list_files(self, revision: str | None = None) -> list[str]:
         """Return every file path at revision (default: the head)."""
-        return self._call("list_files", lambda: self.transport.list_files(revision or self.transport.head()))
+        return self._call(
+            "list_files", lambda: self.transport.list_files(revision or self.transport.head())
+        )
 
     def file_exists(self, remote_path: str) -> bool:
         """Return whether remote_path exists at the head."""
@@ -168,9 +226,14 @@ class HubClient:
 
     def read_bytes(self, remote_path: str, revision: str | None = None) -> bytes:
         """Return the contents of remote_path at revision (default: the head); raise HubError when absent."""
-        return self._call(f"read {remote_path}", lambda: self.transport.read(remote_path, revision or self.transport.head()))
+        return self._call(
+            f"read {remote_path}",
+            lambda: self.transport.read(remote_path, revision or self.transport.head()),
+        )
 
-    def _commit(self, operation: str, files: Mapping[str, bytes], *, already_done: Callable[[], bool]) -> None:
+    def _commit(
+        self, operation: str, files: Mapping[str, bytes], *, already_done: Callable[[], bool]
+    ) -> None:
         """Commit files; a retry first checks already_done, so a commit whose response was lost is not redone."""
         state = {"retrying": False}
 
@@ -189,8 +252,11 @@ class HubClient:
     def upload_bytes(self, data: bytes, remote_path: str) -> None:
         """Upload bytes to remote_path (idempotent under retries)."""
         check_repo_path(remote_path)
-        self._commit(f"upload {remote_path}", {remote_path: data},
-                     already_done=lambda: self._holds(remote_path, data))
+        self._commit(
+            f"upload {remote_path}",
+            {remote_path: data},
+            already_done=lambda: self._holds(remote_path, data),
+        )
 
     def _head(self) -> str:
         """One head request, retried on its own."""
@@ -198,7 +264,9 @@ class HubClient:
 
     def _read_at(self, remote_path: str, revision: str) -> bytes:
         """One read request, retried on its own (NotFound passes through)."""
-        return self._retry(f"read {remote_path}", lambda: self.transport.read(remote_path, revision))
+        return self._retry(
+            f"read {remote_path}", lambda: self.transport.read(remote_path, revision)
+        )
 
     def _metadata_at(self, revision: str) -> GlobalMetadata | None:
         """Return global/step_count.json at revision, or None before the first publish."""
@@ -225,8 +293,11 @@ class HubClient:
             local_path = self.cache_dir / self.repo_id.replace("/", "--") / remote_path
         return atomic_write_bytes(Path(local_path), self.read_bytes(remote_path))
 
-    def read_json(self, remote_path: str, *, default: Any = None, revision: str | None = None) -> Any:
+    def read_json(
+        self, remote_path: str, *, default: Any = None, revision: str | None = None
+    ) -> Any:
         """Return parsed JSON at remote_path, or default when the file does not exist."""
+
         def read() -> bytes | None:
             try:
                 return self.transport.read(remote_path, revision or self.transport.head())
@@ -254,35 +325,64 @@ class HubClient:
         """Return global/manifest.json at the metadata's revision (empty when absent)."""
         return self.read_json(GLOBAL_MANIFEST, default={}, revision=metadata.revision)
 
-    def download_global_state(self, metadata: GlobalMetadata | None = None) -> dict[str, torch.Tensor]:
+    def download_global_state(
+        self, metadata: GlobalMetadata | None = None
+    ) -> dict[str, torch.Tensor]:
         """Return the global model pinned to the metadata's revision, checked against its sha256."""
         metadata = metadata or self.global_metadata()
         if metadata is None:
             raise HubError(f"{self.repo_id} has no published global model yet")
         data = self.read_bytes(metadata.model_file, revision=metadata.revision)
         if metadata.sha256 is not None and hashlib.sha256(data).hexdigest() != metadata.sha256:
-            raise HubError(f"{metadata.model_file} at {metadata.revision} does not match its published sha256")
+            raise HubError(
+                f"{metadata.model_file} at {metadata.revision} does not match its published sha256"
+            )
         return from_safetensors_bytes(data)
 
-    def download_global(self, local_path: str | os.PathLike[str], metadata: GlobalMetadata | None = None) -> Path:
+    def download_global(
+        self, local_path: str | os.PathLike[str], metadata: GlobalMetadata | None = None
+    ) -> Path:
         """Download the global model (pinned like download_global_state) to local_path."""
         metadata = metadata or self.global_metadata()
         if metadata is None:
             raise HubError(f"{self.repo_id} has no published global model yet")
-        return atomic_write_bytes(Path(local_path), self.read_bytes(metadata.model_file, revision=metadata.revision))
+        return atomic_write_bytes(
+            Path(local_path), self.read_bytes(metadata.model_file, revision=metadata.revision)
+        )
 
-    def publish_global(self, state: Mapping[str, torch.Tensor], *, outer_step: int,
-                       work_dir: str | os.PathLike[str] | None = None, updated_at: str | None = None,
-                       metadata_extra: dict[str, str] | None = None, consumed: list[str] | tuple = ()) -> GlobalMetadata:
+    def publish_global(
+        self,
+        state: Mapping[str, torch.Tensor],
+        *,
+        outer_step: int,
+        work_dir: str | os.PathLike[str] | None = None,
+        updated_at: str | None = None,
+        metadata_extra: dict[str, str] | None = None,
+        consumed: list[str] | tuple = (),
+    ) -> GlobalMetadata:
         """Publish model, step_count.json and manifest in one compare-and-swap commit; delete consumed deltas."""
         del work_dir  # 2.0 staged files on disk; contents now travel from memory
-        model = to_safetensors_bytes(state, metadata={"outer_step": str(outer_step), **(metadata_extra or {})})
-        metadata = GlobalMetadata(outer_step, updated_at or _utc_now(), GLOBAL_MODEL,
-                                  hashlib.sha256(model).hexdigest(), uuid.uuid4().hex)
-        manifest = {"outer_step": outer_step, "publish_id": metadata.publish_id, "processed": list(consumed),
-                    "files": {GLOBAL_MODEL: {"sha256": metadata.sha256, "size": len(model)}}}
-        files = {GLOBAL_MODEL: model, GLOBAL_METADATA: json.dumps(metadata.to_dict()).encode(),
-                 GLOBAL_MANIFEST: json.dumps(manifest).encode()}
+        model = to_safetensors_bytes(
+            state, metadata={"outer_step": str(outer_step), **(metadata_extra or {})}
+        )
+        metadata = GlobalMetadata(
+            outer_step,
+            updated_at or _utc_now(),
+            GLOBAL_MODEL,
+            hashlib.sha256(model).hexdigest(),
+            uuid.uuid4().hex,
+        )
+        manifest = {
+            "outer_step": outer_step,
+            "publish_id": metadata.publish_id,
+            "processed": list(consumed),
+            "files": {GLOBAL_MODEL: {"sha256": metadata.sha256, "size": len(model)}},
+        }
+        files = {
+            GLOBAL_MODEL: model,
+            GLOBAL_METADATA: json.dumps(metadata.to_dict()).encode(),
+            GLOBAL_MANIFEST: json.dumps(manifest).encode(),
+        }
         consumed_set = set(consumed)
 
         def attempt() -> str:  # the reads retry on their own; a failed commit retries the attempt
@@ -292,30 +392,53 @@ class HubClient:
             deletions = [p for p in listed if p in consumed_set][:MAX_DELETIONS_PER_COMMIT]
             for rebase in range(CAS_ATTEMPTS + 1):
                 current = self._metadata_at(head)
-                if current is not None and (current.publish_id == metadata.publish_id or
-                                            (current.outer_step, current.sha256) == (outer_step, metadata.sha256)):
+                if current is not None and (
+                    current.publish_id == metadata.publish_id
+                    or (current.outer_step, current.sha256) == (outer_step, metadata.sha256)
+                ):
                     return head  # an earlier attempt (or call) published this model; its answer was lost
                 if current is not None and current.outer_step >= outer_step:
-                    raise HubError(f"{self.repo_id} already holds outer step {current.outer_step} >= {outer_step} "
-                                   "from another publisher: is a second master running?")
+                    raise HubError(
+                        f"{self.repo_id} already holds outer step {current.outer_step} >= {outer_step} "
+                        "from another publisher: is a second master running?"
+                    )
                 try:
-                    return self.transport.commit(files, deletions, message=f"outer step {outer_step}",
-                                                 parent=head if rebase < CAS_ATTEMPTS else None)
-                except StaleParent:  # mostly a worker's delta landed meanwhile: check global/ again, retry
+                    return self.transport.commit(
+                        files,
+                        deletions,
+                        message=f"outer step {outer_step}",
+                        parent=head if rebase < CAS_ATTEMPTS else None,
+                    )
+                except (
+                    StaleParent
+                ):  # mostly a worker's delta landed meanwhile: check global/ again, retry
                     head = self._head()
             raise AssertionError("unreachable: the last attempt commits without a parent")
 
         revision = self._call(f"publish outer step {outer_step}", attempt)
         return GlobalMetadata(**{**metadata.__dict__, "revision": revision})
 
-    def upload_delta(self, state: Mapping[str, torch.Tensor], *, node_id: str, local_step: int,
-                     base_outer_step: int, work_dir: str | os.PathLike[str] | None = None,
-                     metadata: dict[str, str] | None = None) -> str:
+    def upload_delta(
+        self,
+        state: Mapping[str, torch.Tensor],
+        *,
+        node_id: str,
+        local_step: int,
+        base_outer_step: int,
+        work_dir: str | os.PathLike[str] | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> str:
         """Upload one node delta at its deterministic path and return the path (safe to retry)."""
         del work_dir  # 2.0 staged files on disk; contents now travel from memory
         path = delta_path(node_id, local_step, base_outer_step)
-        header = {"node_id": node_id, "local_step": str(local_step), "base_outer_step": str(base_outer_step)}
-        self.upload_bytes(to_safetensors_bytes(state, metadata={**(metadata or {}), **header}), path)
+        header = {
+            "node_id": node_id,
+            "local_step": str(local_step),
+            "base_outer_step": str(base_outer_step),
+        }
+        self.upload_bytes(
+            to_safetensors_bytes(state, metadata={**(metadata or {}), **header}), path
+        )
         return path
 
     def delta_paths(self) -> list[str]:
@@ -327,33 +450,64 @@ class HubClient:
         return [ref for ref in map(parse_delta_ref, self.list_files(revision)) if ref is not None]
 
 
-def build_hub_client(section: Any, *, logger: logging.Logger | None = None,
-                     sleeper: Callable[[float], None] = time.sleep) -> HubClient:
+def build_hub_client(
+    section: Any,
+    *,
+    logger: logging.Logger | None = None,
+    sleeper: Callable[[float], None] = time.sleep,
+) -> HubClient:
     """Return a HubClient for a distributed config section (duck-typed; transport "hub" or "filesystem")."""
     transport_name = getattr(section, "transport", "hub") or "hub"
     repo_id = getattr(section, "repo_id", None)
     endpoint = getattr(section, "endpoint", None)
     if not repo_id:
-        raise ValueError("distributed.repo_id is required when distributed.enabled is true (e.g. 'my-org/run-1')")
-    retry = {"retry_initial": float(getattr(section, "retry_initial", 1.0)),
-             "retry_max": float(getattr(section, "retry_max", 60.0)),
-             "retry_attempts": int(getattr(section, "retry_attempts", 6))}
+        raise ValueError(
+            "distributed.repo_id is required when distributed.enabled is true (e.g. 'my-org/run-1')"
+        )
+    retry = {
+        "retry_initial": float(getattr(section, "retry_initial", 1.0)),
+        "retry_max": float(getattr(section, "retry_max", 60.0)),
+        "retry_attempts": int(getattr(section, "retry_attempts", 6)),
+    }
     if transport_name == "filesystem":
         if not endpoint:
-            raise ValueError("distributed.endpoint must name a shared folder when distributed.transport is 'filesystem'")
+            raise ValueError(
+                "distributed.endpoint must name a shared folder when distributed.transport is 'filesystem'"
+            )
         transport: Transport = FilesystemTransport(Path(endpoint) / repo_id)
     elif transport_name == "hub":
-        transport = HfApiTransport(repo_id, token=getattr(section, "token", None), endpoint=endpoint,
-                                   cache_dir=getattr(section, "cache_dir", None))
+        transport = HfApiTransport(
+            repo_id,
+            token=getattr(section, "token", None),
+            endpoint=endpoint,
+            cache_dir=getattr(section, "cache_dir", None),
+        )
     else:
-        raise ValueError(f"distributed.transport={transport_name!r} is not supported: use 'hub' or 'filesystem'")
-    return HubClient(repo_id, transport=transport, cache_dir=getattr(section, "cache_dir", None),
-                     sleeper=sleeper, logger=logger, **retry)
+        raise ValueError(
+            f"distributed.transport={transport_name!r} is not supported: use 'hub' or 'filesystem'"
+        )
+    return HubClient(
+        repo_id,
+        transport=transport,
+        cache_dir=getattr(section, "cache_dir", None),
+        sleeper=sleeper,
+        logger=logger,
+        **retry,
+    )
 
 
 HubTransport = HubClient
 
 __all__ = [
-    "COLLABORATOR_WARNING", "GLOBAL_MANIFEST", "GLOBAL_METADATA", "GLOBAL_MODEL", "GlobalMetadata", "HubClient",
-    "HubError", "HubTransport", "HubUnavailable", "build_hub_client", "check_repo_path",
+    "COLLABORATOR_WARNING",
+    "GLOBAL_MANIFEST",
+    "GLOBAL_METADATA",
+    "GLOBAL_MODEL",
+    "GlobalMetadata",
+    "HubClient",
+    "HubError",
+    "HubTransport",
+    "HubUnavailable",
+    "build_hub_client",
+    "check_repo_path",
 ]

@@ -45,7 +45,9 @@ class NesterovOuterOptimizer:
             raise ValueError(f"distributed.outer_momentum must be in [0, 1), got {momentum!r}")
         self.lr = float(lr)
         self.momentum = float(momentum)
-        self.buffers = {name: torch.zeros_like(value) for name, value in floating_state(state).items()}
+        self.buffers = {
+            name: torch.zeros_like(value) for name, value in floating_state(state).items()
+        }
 
     def step(self, state: dict[str, torch.Tensor], delta: Mapping[str, torch.Tensor]) -> None:
         """Apply one outer update in place on CPU state tensors."""
@@ -79,7 +81,9 @@ class OuterState:
 
     global_state: dict[str, torch.Tensor]
     outer_step: int = 0
-    processed_deltas: dict[str, str] = field(default_factory=dict)  # path -> "applied" or skip reason
+    processed_deltas: dict[str, str] = field(
+        default_factory=dict
+    )  # path -> "applied" or skip reason
     momentum: dict[str, torch.Tensor] = field(default_factory=dict)
     last_error: str | None = None
     published_step: int = -1
@@ -104,13 +108,24 @@ class MasterOuterLoop:
     applies a delta twice.
     """
 
-    def __init__(self, hub: HubClient, state: Mapping[str, torch.Tensor], *, node_state_dir: str | Path,
-                 outer_lr: float = 0.7, outer_momentum: float = 0.9, poll_interval: float = 60.0,
-                 staleness_limit: int | None = DEFAULT_STALENESS_LIMIT,
-                 on_global_update: Callable[[dict[str, torch.Tensor], int], None] | None = None,
-                 events: EventSink | None = None, logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        hub: HubClient,
+        state: Mapping[str, torch.Tensor],
+        *,
+        node_state_dir: str | Path,
+        outer_lr: float = 0.7,
+        outer_momentum: float = 0.9,
+        poll_interval: float = 60.0,
+        staleness_limit: int | None = DEFAULT_STALENESS_LIMIT,
+        on_global_update: Callable[[dict[str, torch.Tensor], int], None] | None = None,
+        events: EventSink | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
         if staleness_limit is not None and staleness_limit < 0:
-            raise ValueError(f"distributed.staleness_limit must be >= 0 or null, got {staleness_limit!r}")
+            raise ValueError(
+                f"distributed.staleness_limit must be >= 0 or null, got {staleness_limit!r}"
+            )
         if not poll_interval > 0:
             raise ValueError(f"distributed.poll_interval must be > 0, got {poll_interval!r}")
         self.hub = hub
@@ -126,7 +141,13 @@ class MasterOuterLoop:
         self._publish_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.counters = {"rounds": 0, "applied": 0, "skipped_stale": 0, "skipped_invalid": 0, "publish_failures": 0}
+        self.counters = {
+            "rounds": 0,
+            "applied": 0,
+            "skipped_stale": 0,
+            "skipped_invalid": 0,
+            "publish_failures": 0,
+        }
         self._load_local_state()
 
     # -- local persistence -------------------------------------------------------------------
@@ -154,32 +175,53 @@ class MasterOuterLoop:
         with safe_open(str(self.state_path), framework="pt") as handle:
             header = json.loads((handle.metadata() or {})["outer"])
         tensors = from_safetensors_bytes(self.state_path.read_bytes())
-        global_state = {k[len("global/"):]: v for k, v in tensors.items() if k.startswith("global/")}
-        momentum = {k[len("momentum/"):]: v for k, v in tensors.items() if k.startswith("momentum/")}
+        global_state = {
+            k[len("global/") :]: v for k, v in tensors.items() if k.startswith("global/")
+        }
+        momentum = {
+            k[len("momentum/") :]: v for k, v in tensors.items() if k.startswith("momentum/")
+        }
         problem = delta_problem(floating_state(global_state), self._state.global_state)
         if problem is not None:
-            raise ValueError(f"{self.state_path} does not match the model ({problem}); "
-                             "delete it or point distributed.state_dir elsewhere")
+            raise ValueError(
+                f"{self.state_path} does not match the model ({problem}); "
+                "delete it or point distributed.state_dir elsewhere"
+            )
         self.optimizer.load_state_dict(momentum)
-        self._state = OuterState(global_state=global_state, outer_step=int(header["outer_step"]),
-                                 processed_deltas=dict(header["processed"]), momentum=momentum,
-                                 published_step=int(header["published_step"]))
-        self.logger.info("master resumed local outer state at outer step %d", self._state.outer_step)
+        self._state = OuterState(
+            global_state=global_state,
+            outer_step=int(header["outer_step"]),
+            processed_deltas=dict(header["processed"]),
+            momentum=momentum,
+            published_step=int(header["published_step"]),
+        )
+        self.logger.info(
+            "master resumed local outer state at outer step %d", self._state.outer_step
+        )
 
     def _save_local_state(self) -> None:
         """Persist global state, momentum and ledger together, atomically (caller holds the lock)."""
         tensors = {f"global/{k}": v for k, v in self._state.global_state.items()}
         tensors.update({f"momentum/{k}": v for k, v in self.optimizer.buffers.items()})
-        header = {"outer_step": self._state.outer_step, "processed": self._state.processed_deltas,
-                  "published_step": self._state.published_step}
-        atomic_write_bytes(self.state_path, to_safetensors_bytes(tensors, metadata={"outer": json.dumps(header)}))
+        header = {
+            "outer_step": self._state.outer_step,
+            "processed": self._state.processed_deltas,
+            "published_step": self._state.published_step,
+        }
+        atomic_write_bytes(
+            self.state_path, to_safetensors_bytes(tensors, metadata={"outer": json.dumps(header)})
+        )
 
     # -- one round ---------------------------------------------------------------------------
-    def _fetch_delta(self, ref: DeltaRef, outer_step: int,
-                     revision: str) -> tuple[dict[str, torch.Tensor] | None, str | None]:
+    def _fetch_delta(
+        self, ref: DeltaRef, outer_step: int, revision: str
+    ) -> tuple[dict[str, torch.Tensor] | None, str | None]:
         """Return (delta, None) when usable or (None, reason) when it must be skipped for good."""
         if ref.base_outer_step > outer_step:
-            return None, f"base outer step {ref.base_outer_step} is ahead of the master's {outer_step}"
+            return (
+                None,
+                f"base outer step {ref.base_outer_step} is ahead of the master's {outer_step}",
+            )
         age = outer_step - ref.base_outer_step
         if self.staleness_limit is not None and age > self.staleness_limit:
             return None, f"stale: {age} outer steps old, limit {self.staleness_limit}"
@@ -194,22 +236,27 @@ class MasterOuterLoop:
         problem = delta_problem(delta, self._state.global_state)
         return (None, problem) if problem else (delta, None)
 
-    def _fetch_deltas(self, refs: list[DeltaRef], outer_step: int, revision: str) -> Iterator[tuple[DeltaRef, tuple]]:
+    def _fetch_deltas(
+        self, refs: list[DeltaRef], outer_step: int, revision: str
+    ) -> Iterator[tuple[DeltaRef, tuple]]:
         """Yield (ref, (delta, reason)) in order, downloading DOWNLOAD_THREADS at a time.
 
         Downloads are latency-bound, and a round that fetched them one by one fell further behind the
         more deltas piled up. A failed download yields its HubError as the reason. At most
         DOWNLOAD_THREADS deltas are held at once.
         """
+
         def fetch(ref: DeltaRef) -> tuple:
             try:
                 return self._fetch_delta(ref, outer_step, revision)
             except HubError as exc:
                 return None, exc
 
-        with ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS, thread_name_prefix="diloco-fetch") as pool:
+        with ThreadPoolExecutor(
+            max_workers=DOWNLOAD_THREADS, thread_name_prefix="diloco-fetch"
+        ) as pool:
             for start in range(0, len(refs), DOWNLOAD_THREADS):
-                chunk = refs[start:start + DOWNLOAD_THREADS]
+                chunk = refs[start : start + DOWNLOAD_THREADS]
                 yield from zip(chunk, pool.map(fetch, chunk))
 
     def sync_once(self) -> int:
@@ -224,11 +271,19 @@ class MasterOuterLoop:
             processed = set(self._state.processed_deltas)
         report = RoundReport(outer_step)
         per_node: dict[str, dict[str, torch.Tensor]] = {}
-        revision = self.hub.head()  # list and read one revision: consistent, and one request fewer per delta
-        pending = [ref for ref in sorted(self.hub.delta_refs(revision)) if ref.path not in processed]
+        revision = (
+            self.hub.head()
+        )  # list and read one revision: consistent, and one request fewer per delta
+        pending = [
+            ref for ref in sorted(self.hub.delta_refs(revision)) if ref.path not in processed
+        ]
         for ref, (delta, reason) in self._fetch_deltas(pending, outer_step, revision):
-            if isinstance(reason, HubError):  # transient: the delta stays unprocessed and is retried next round
-                self.logger.warning("could not download %s, retrying next round: %s", ref.path, reason)
+            if isinstance(
+                reason, HubError
+            ):  # transient: the delta stays unprocessed and is retried next round
+                self.logger.warning(
+                    "could not download %s, retrying next round: %s", ref.path, reason
+                )
                 continue
             if delta is None:
                 self.logger.warning("skipping delta %s: %s", ref.path, reason)
@@ -237,7 +292,9 @@ class MasterOuterLoop:
                 # A node's successive deltas are consecutive progress (each against the previous
                 # one's end), so they add up; different nodes' progress is averaged.
                 total = per_node.get(ref.node_id)
-                per_node[ref.node_id] = delta if total is None else {k: v.add(delta[k]) for k, v in total.items()}
+                per_node[ref.node_id] = (
+                    delta if total is None else {k: v.add(delta[k]) for k, v in total.items()}
+                )
                 report.applied.append(ref.path)
         if not per_node and not report.skipped:
             return outer_step
@@ -245,7 +302,9 @@ class MasterOuterLoop:
             if self._state.outer_step != outer_step:  # adopted a newer global meanwhile: redo later
                 return self._state.outer_step
             if per_node:
-                self.optimizer.step(self._state.global_state, average_deltas(list(per_node.values())))
+                self.optimizer.step(
+                    self._state.global_state, average_deltas(list(per_node.values()))
+                )
                 self._state.outer_step += 1
             self._state.processed_deltas.update({p: "applied" for p in report.applied})
             self._state.processed_deltas.update(report.skipped)
@@ -256,9 +315,16 @@ class MasterOuterLoop:
             report.published = self._publish_pending()
         # This round's counts, then the running totals under total_* (a plain **counters would
         # overwrite this round's "applied" with the total).
-        self._emit("diloco/outer_round", {"outer_step": report.outer_step, "applied": len(report.applied),
-                                          "skipped": len(report.skipped), "published": report.published,
-                                          **{f"total_{k}": v for k, v in self.counters.items()}})
+        self._emit(
+            "diloco/outer_round",
+            {
+                "outer_step": report.outer_step,
+                "applied": len(report.applied),
+                "skipped": len(report.skipped),
+                "published": report.published,
+                **{f"total_{k}": v for k, v in self.counters.items()},
+            },
+        )
         return report.outer_step
 
     def _count(self, report: RoundReport) -> None:
@@ -283,7 +349,9 @@ class MasterOuterLoop:
                 self.counters["publish_failures"] += 1
                 with self._lock:
                     self._state.last_error = str(exc)
-                self.logger.warning("publishing outer step %d failed, retrying next round: %s", step, exc)
+                self.logger.warning(
+                    "publishing outer step %d failed, retrying next round: %s", step, exc
+                )
                 return False
             with self._lock:
                 self._state.published_step = max(self._state.published_step, step)
@@ -297,15 +365,25 @@ class MasterOuterLoop:
         metadata = self.hub.global_metadata()
         if metadata is not None and metadata.outer_step > self.outer_step:
             state = self.hub.download_global_state(metadata)
-            self.adopt_global_state(state, metadata.outer_step, reset_momentum=True,
-                                    processed=self.hub.read_manifest(metadata).get("processed", []))
+            self.adopt_global_state(
+                state,
+                metadata.outer_step,
+                reset_momentum=True,
+                processed=self.hub.read_manifest(metadata).get("processed", []),
+            )
         elif metadata is not None and metadata.outer_step == self.outer_step:
             with self._lock:
                 self._state.published_step = max(self._state.published_step, metadata.outer_step)
         self._publish_pending()
 
-    def adopt_global_state(self, state: Mapping[str, torch.Tensor], outer_step: int, *,
-                           reset_momentum: bool = False, processed: list[str] | None = None) -> None:
+    def adopt_global_state(
+        self,
+        state: Mapping[str, torch.Tensor],
+        outer_step: int,
+        *,
+        reset_momentum: bool = False,
+        processed: list[str] | None = None,
+    ) -> None:
         """Recover a newer remotely published global state after a crash."""
         problem = delta_problem(floating_state(state), self._state.global_state)
         if problem is not None:
@@ -318,7 +396,9 @@ class MasterOuterLoop:
             if reset_momentum:
                 self.optimizer.reset()
             self._save_local_state()
-        self.logger.warning("master adopted the published global state at outer step %d", outer_step)
+        self.logger.warning(
+            "master adopted the published global state at outer step %d", outer_step
+        )
 
     def snapshot(self) -> tuple[int, dict[str, torch.Tensor]]:
         """Return (outer_step, an independent copy of the global state)."""
@@ -352,14 +432,22 @@ class MasterOuterLoop:
     def state_dict(self) -> dict[str, Any]:
         """Return the small part of the master state a trainer checkpoint carries (no tensors)."""
         with self._lock:
-            return {"outer_step": self._state.outer_step, "published_step": self._state.published_step,
-                    "processed": len(self._state.processed_deltas), "counters": dict(self.counters)}
+            return {
+                "outer_step": self._state.outer_step,
+                "published_step": self._state.published_step,
+                "processed": len(self._state.processed_deltas),
+                "counters": dict(self.counters),
+            }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Accept a checkpointed summary; the authoritative master state is the local state file."""
         if int(state.get("outer_step", 0)) > self.outer_step:
-            self.logger.warning("checkpoint says outer step %s but local master state is at %d; "
-                                "the Hub copy is adopted by recover()", state.get("outer_step"), self.outer_step)
+            self.logger.warning(
+                "checkpoint says outer step %s but local master state is at %d; "
+                "the Hub copy is adopted by recover()",
+                state.get("outer_step"),
+                self.outer_step,
+            )
 
     def _emit(self, event: str, payload: dict[str, Any]) -> None:
         if self.events is None:
@@ -370,4 +458,10 @@ class MasterOuterLoop:
             self.logger.warning("event hook failed for %s", event, exc_info=True)
 
 
-__all__ = ["DEFAULT_STALENESS_LIMIT", "MasterOuterLoop", "NesterovOuterOptimizer", "OuterState", "RoundReport"]
+__all__ = [
+    "DEFAULT_STALENESS_LIMIT",
+    "MasterOuterLoop",
+    "NesterovOuterOptimizer",
+    "OuterState",
+    "RoundReport",
+]

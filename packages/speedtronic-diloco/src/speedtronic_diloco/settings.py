@@ -41,23 +41,39 @@ class DistributedSettings:
 
     def __post_init__(self) -> None:
         if self.role not in {"master", "worker"}:
-            raise ValueError(f"distributed.role={self.role!r} is not supported here: use 'master' or 'worker'")
+            raise ValueError(
+                f"distributed.role={self.role!r} is not supported here: use 'master' or 'worker'"
+            )
         if self.inner_steps < 1:
             raise ValueError(f"distributed.inner_steps must be >= 1, got {self.inner_steps}")
         if self.max_local_rounds is not None and self.max_local_rounds < 1:
-            raise ValueError(f"distributed.max_local_rounds must be >= 1 or null, got {self.max_local_rounds}")
+            raise ValueError(
+                f"distributed.max_local_rounds must be >= 1 or null, got {self.max_local_rounds}"
+            )
         if self.delta_upload_queue_size < 1:
-            raise ValueError(f"distributed.delta_upload_queue_size must be >= 1, got {self.delta_upload_queue_size}")
+            raise ValueError(
+                f"distributed.delta_upload_queue_size must be >= 1, got {self.delta_upload_queue_size}"
+            )
         if self.delta_upload_overflow not in OVERFLOW_POLICIES:
-            raise ValueError(f"distributed.delta_upload_overflow={self.delta_upload_overflow!r}: "
-                             f"use one of {OVERFLOW_POLICIES}")
-        if not self.poll_interval > 0 or self.delta_upload_shutdown_timeout < 0 or self.global_wait_timeout < 0:
-            raise ValueError("distributed.poll_interval must be > 0 and the timeouts >= 0, got "
-                             f"{self.poll_interval}, {self.delta_upload_shutdown_timeout}, {self.global_wait_timeout}")
+            raise ValueError(
+                f"distributed.delta_upload_overflow={self.delta_upload_overflow!r}: "
+                f"use one of {OVERFLOW_POLICIES}"
+            )
+        if (
+            not self.poll_interval > 0
+            or self.delta_upload_shutdown_timeout < 0
+            or self.global_wait_timeout < 0
+        ):
+            raise ValueError(
+                "distributed.poll_interval must be > 0 and the timeouts >= 0, got "
+                f"{self.poll_interval}, {self.delta_upload_shutdown_timeout}, {self.global_wait_timeout}"
+            )
         check_node_id(self.node_id)
 
     @classmethod
-    def from_config(cls, config: Any, *, state_dir: str | Path | None = None) -> DistributedSettings:
+    def from_config(
+        cls, config: Any, *, state_dir: str | Path | None = None
+    ) -> DistributedSettings:
         """Return settings from a full config (with .distributed and .run) or a bare distributed section."""
         section = getattr(config, "distributed", config)
         run = getattr(config, "run", None)
@@ -66,14 +82,17 @@ class DistributedSettings:
         node_id = getattr(section, "node_id", None) or _default_node_id(role)
         check_node_id(node_id)
         if state_dir is None:
-            root = Path(getattr(section, "state_dir", ".speedtronic/diloco") or ".speedtronic/diloco")
+            root = Path(
+                getattr(section, "state_dir", ".speedtronic/diloco") or ".speedtronic/diloco"
+            )
             if not root.is_absolute():
                 root = Path(getattr(run, "output_dir", "runs") or "runs") / root
             state_dir = root / node_id
         limit = getattr(section, "staleness_limit", DEFAULT_STALENESS_LIMIT)
         rounds = getattr(section, "max_local_rounds", DEFAULT_MAX_LOCAL_ROUNDS)
         return cls(
-            role=role, node_id=node_id,
+            role=role,
+            node_id=node_id,
             inner_steps=int(getattr(section, "inner_steps", 500)),
             poll_interval=float(getattr(section, "poll_interval", 60.0)),
             outer_lr=float(getattr(section, "outer_lr", 0.7)),
@@ -83,7 +102,9 @@ class DistributedSettings:
             async_global_poll=bool(getattr(section, "async_global_poll", True)),
             delta_upload_queue_size=int(getattr(section, "delta_upload_queue_size", 1)),
             delta_upload_overflow=str(getattr(section, "delta_upload_overflow", "skip")),
-            delta_upload_shutdown_timeout=float(getattr(section, "delta_upload_shutdown_timeout", 5.0)),
+            delta_upload_shutdown_timeout=float(
+                getattr(section, "delta_upload_shutdown_timeout", 5.0)
+            ),
             staleness_limit=None if limit is None else int(limit),
             max_local_rounds=None if rounds is None else int(rounds),
             global_wait_timeout=float(getattr(section, "global_wait_timeout", 300.0)),

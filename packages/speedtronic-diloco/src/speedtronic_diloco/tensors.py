@@ -18,7 +18,9 @@ from speedtronic_systems.atomic import atomic_write_bytes
 DELTA_PREFIX = "deltas"
 # deltas/<node_id>/step-<local_step>-base-<base_outer_step>.safetensors: every field a delta needs
 # to be applied exactly once is in its name, so a retried upload lands on the same path.
-_DELTA_RE = re.compile(r"^deltas/(?P<node>[A-Za-z0-9_.-]+)/step-(?P<step>\d+)-base-(?P<base>\d+)\.safetensors$")
+_DELTA_RE = re.compile(
+    r"^deltas/(?P<node>[A-Za-z0-9_.-]+)/step-(?P<step>\d+)-base-(?P<base>\d+)\.safetensors$"
+)
 _NODE_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -39,7 +41,9 @@ class DeltaRef:
 def check_node_id(node_id: str) -> str:
     """Return node_id when it is path-safe, else raise ValueError saying what is allowed."""
     if not isinstance(node_id, str) or not _NODE_RE.match(node_id) or node_id in {".", ".."}:
-        raise ValueError(f"distributed.node_id={node_id!r} is not path-safe: use letters, digits, '_', '-' or '.'")
+        raise ValueError(
+            f"distributed.node_id={node_id!r} is not path-safe: use letters, digits, '_', '-' or '.'"
+        )
     return node_id
 
 
@@ -47,7 +51,9 @@ def delta_path(node_id: str, local_step: int, base_outer_step: int) -> str:
     """Return the deterministic repository path for one node delta."""
     check_node_id(node_id)
     if local_step < 0 or base_outer_step < 0:
-        raise ValueError(f"delta steps must be >= 0, got local_step={local_step} base_outer_step={base_outer_step}")
+        raise ValueError(
+            f"delta steps must be >= 0, got local_step={local_step} base_outer_step={base_outer_step}"
+        )
     return f"{DELTA_PREFIX}/{node_id}/step-{local_step:010d}-base-{base_outer_step:08d}.safetensors"
 
 
@@ -72,7 +78,9 @@ def cpu_tensor(value: torch.Tensor) -> torch.Tensor:
 
 def cpu_state_dict(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Return an independent CPU copy of every tensor in a state dict (tied weights become copies)."""
-    return {name: cpu_tensor(value) for name, value in state.items() if isinstance(value, torch.Tensor)}
+    return {
+        name: cpu_tensor(value) for name, value in state.items() if isinstance(value, torch.Tensor)
+    }
 
 
 def floating_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -80,13 +88,19 @@ def floating_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return {name: value for name, value in state.items() if torch.is_floating_point(value)}
 
 
-def save_safetensors(state: Mapping[str, torch.Tensor], path: str | os.PathLike[str], *,
-                     metadata: dict[str, str] | None = None) -> None:
+def save_safetensors(
+    state: Mapping[str, torch.Tensor],
+    path: str | os.PathLike[str],
+    *,
+    metadata: dict[str, str] | None = None,
+) -> None:
     """Write state as safetensors atomically; tied or shared tensors are stored as separate copies."""
     atomic_write_bytes(Path(path), to_safetensors_bytes(state, metadata=metadata))
 
 
-def to_safetensors_bytes(state: Mapping[str, torch.Tensor], *, metadata: dict[str, str] | None = None) -> bytes:
+def to_safetensors_bytes(
+    state: Mapping[str, torch.Tensor], *, metadata: dict[str, str] | None = None
+) -> bytes:
     """Return state serialized as safetensors bytes (shared storage copied apart, as safetensors requires)."""
     return _save_bytes(cpu_state_dict(state), metadata=dict(metadata or {}))
 
@@ -123,14 +137,19 @@ def metadata_json(metadata: Mapping[str, str]) -> dict[str, Any]:
     return decoded
 
 
-def compute_pseudo_gradient(baseline: Mapping[str, torch.Tensor],
-                            current: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def compute_pseudo_gradient(
+    baseline: Mapping[str, torch.Tensor], current: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """Compute baseline - current for floating-point state tensors."""
     missing = sorted(set(floating_state(baseline)) - set(current))
     if missing:
-        raise KeyError(f"current state lacks baseline tensors {missing[:5]}; the model changed shape since the baseline")
-    return {name: (cpu_tensor(current[name]).neg_().add_(cpu_tensor(base)))
-            for name, base in floating_state(baseline).items()}
+        raise KeyError(
+            f"current state lacks baseline tensors {missing[:5]}; the model changed shape since the baseline"
+        )
+    return {
+        name: (cpu_tensor(current[name]).neg_().add_(cpu_tensor(base)))
+        for name, base in floating_state(baseline).items()
+    }
 
 
 def average_deltas(deltas: list[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -140,7 +159,9 @@ def average_deltas(deltas: list[Mapping[str, torch.Tensor]]) -> dict[str, torch.
     names = set(deltas[0])
     for index, delta in enumerate(deltas[1:], start=1):
         if set(delta) != names:
-            raise ValueError(f"delta {index} has different tensor names than delta 0: {sorted(names ^ set(delta))[:5]}")
+            raise ValueError(
+                f"delta {index} has different tensor names than delta 0: {sorted(names ^ set(delta))[:5]}"
+            )
     result = {}
     for name in deltas[0]:
         first = deltas[0][name]
@@ -152,7 +173,9 @@ def average_deltas(deltas: list[Mapping[str, torch.Tensor]]) -> dict[str, torch.
     return result
 
 
-def delta_problem(delta: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]) -> str | None:
+def delta_problem(
+    delta: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]
+) -> str | None:
     """Return why a received delta cannot be applied to reference (names, shapes, dtypes, finiteness), or None."""
     expected = floating_state(reference)
     if set(delta) != set(expected):
@@ -173,10 +196,25 @@ def state_nbytes(state: Mapping[str, torch.Tensor]) -> int:
     return sum(value.numel() * value.element_size() for value in floating_state(state).values())
 
 
-
 __all__ = [
-    "DELTA_PREFIX", "DeltaRef", "average_deltas", "check_node_id", "compute_pseudo_gradient", "cpu_state_dict",
-    "cpu_tensor", "delta_path", "delta_problem", "floating_state", "from_safetensors_bytes", "load_delta",
-    "load_safetensors", "metadata_json", "parse_delta_path", "parse_delta_ref", "read_metadata", "save_safetensors",
-    "state_nbytes", "to_safetensors_bytes",
+    "DELTA_PREFIX",
+    "DeltaRef",
+    "average_deltas",
+    "check_node_id",
+    "compute_pseudo_gradient",
+    "cpu_state_dict",
+    "cpu_tensor",
+    "delta_path",
+    "delta_problem",
+    "floating_state",
+    "from_safetensors_bytes",
+    "load_delta",
+    "load_safetensors",
+    "metadata_json",
+    "parse_delta_path",
+    "parse_delta_ref",
+    "read_metadata",
+    "save_safetensors",
+    "state_nbytes",
+    "to_safetensors_bytes",
 ]

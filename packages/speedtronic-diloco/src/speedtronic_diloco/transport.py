@@ -48,8 +48,14 @@ class Transport(Protocol):
     def head(self) -> str: ...
     def list_files(self, revision: str) -> list[str]: ...
     def read(self, path: str, revision: str) -> bytes: ...
-    def commit(self, files: Mapping[str, bytes], deletions: list[str], *, message: str,
-               parent: str | None = None) -> str: ...
+    def commit(
+        self,
+        files: Mapping[str, bytes],
+        deletions: list[str],
+        *,
+        message: str,
+        parent: str | None = None,
+    ) -> str: ...
 
 
 def _classify_http(exc: Exception) -> TransportError:
@@ -60,8 +66,12 @@ def _classify_http(exc: Exception) -> TransportError:
     text = f"{name}: {exc}".splitlines()[0][:300]
     if status == 412:
         return StaleParent(text)
-    if status == 404 or name in {"EntryNotFoundError", "RepositoryNotFoundError", "RevisionNotFoundError",
-                                 "RemoteEntryNotFoundError"}:
+    if status == 404 or name in {
+        "EntryNotFoundError",
+        "RepositoryNotFoundError",
+        "RevisionNotFoundError",
+        "RemoteEntryNotFoundError",
+    }:
         return NotFound(text)
     if status is not None:
         return TransportError(text, transient=status in {408, 425, 429} or status >= 500)
@@ -87,8 +97,10 @@ def bound_hub_http_timeouts(seconds: float = HTTP_TIMEOUT_S) -> bool:
 
     def bound(request: Any) -> None:
         limits = request.extensions.get("timeout") or {}
-        request.extensions["timeout"] = {kind: seconds if limits.get(kind) is None else limits[kind]
-                                         for kind in ("connect", "read", "write", "pool")}
+        request.extensions["timeout"] = {
+            kind: seconds if limits.get(kind) is None else limits[kind]
+            for kind in ("connect", "read", "write", "pool")
+        }
 
     def bounded_client() -> Any:
         client = default()
@@ -102,8 +114,15 @@ def bound_hub_http_timeouts(seconds: float = HTTP_TIMEOUT_S) -> bool:
 class HfApiTransport:
     """A Hub model repository through huggingface_hub.HfApi (any endpoint: hf.co or a local server)."""
 
-    def __init__(self, repo_id: str, *, token: str | None = None, endpoint: str | None = None,
-                 cache_dir: str | os.PathLike[str] | None = None, api: Any | None = None) -> None:
+    def __init__(
+        self,
+        repo_id: str,
+        *,
+        token: str | None = None,
+        endpoint: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        api: Any | None = None,
+    ) -> None:
         if api is None:
             from huggingface_hub import HfApi
 
@@ -124,7 +143,9 @@ class HfApiTransport:
             raise _classify_http(exc) from None
 
     def create_repo(self, *, private: bool) -> None:
-        self._call(self.api.create_repo, self.repo_id, private=private, exist_ok=True, repo_type="model")
+        self._call(
+            self.api.create_repo, self.repo_id, private=private, exist_ok=True, repo_type="model"
+        )
 
     def head(self) -> str:
         return self._call(self.api.repo_info, self.repo_id, revision="main").sha
@@ -139,17 +160,32 @@ class HfApiTransport:
         if self.cache_dir is not None:
             Path(self.cache_dir).mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=self.cache_dir, prefix="read-") as folder:
-            local = self._call(self.api.hf_hub_download, self.repo_id, path, revision=revision, local_dir=folder)
+            local = self._call(
+                self.api.hf_hub_download, self.repo_id, path, revision=revision, local_dir=folder
+            )
             return Path(local).read_bytes()
 
-    def commit(self, files: Mapping[str, bytes], deletions: list[str], *, message: str,
-               parent: str | None = None) -> str:
+    def commit(
+        self,
+        files: Mapping[str, bytes],
+        deletions: list[str],
+        *,
+        message: str,
+        parent: str | None = None,
+    ) -> str:
         from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
-        operations: list[Any] = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=data) for p, data in files.items()]
+        operations: list[Any] = [
+            CommitOperationAdd(path_in_repo=p, path_or_fileobj=data) for p, data in files.items()
+        ]
         operations += [CommitOperationDelete(path_in_repo=p) for p in deletions]
-        info = self._call(self.api.create_commit, self.repo_id, operations=operations, commit_message=message,
-                          parent_commit=parent)
+        info = self._call(
+            self.api.create_commit,
+            self.repo_id,
+            operations=operations,
+            commit_message=message,
+            parent_commit=parent,
+        )
         return info.oid
 
 
@@ -210,8 +246,10 @@ class FilesystemTransport:
 
     def _write_commit(self, tree: dict[str, str], *, parent: str | None, message: str) -> str:
         oid = uuid.uuid4().hex + uuid.uuid4().hex[:8]
-        atomic_write_bytes(self.root / "commits" / f"{oid}.json",
-                           json.dumps({"tree": tree, "parent": parent, "message": message}).encode())
+        atomic_write_bytes(
+            self.root / "commits" / f"{oid}.json",
+            json.dumps({"tree": tree, "parent": parent, "message": message}).encode(),
+        )
         return oid
 
     def _link_ref(self, sequence: int, oid: str) -> bool:
@@ -226,8 +264,14 @@ class FilesystemTransport:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def commit(self, files: Mapping[str, bytes], deletions: list[str], *, message: str,
-               parent: str | None = None) -> str:
+    def commit(
+        self,
+        files: Mapping[str, bytes],
+        deletions: list[str],
+        *,
+        message: str,
+        parent: str | None = None,
+    ) -> str:
         for data in files.values():
             digest = hashlib.sha256(data).hexdigest()
             target = self.root / "objects" / digest
@@ -249,4 +293,11 @@ class FilesystemTransport:
             (self.root / "commits" / f"{oid}.json").unlink(missing_ok=True)
 
 
-__all__ = ["FilesystemTransport", "HfApiTransport", "NotFound", "StaleParent", "Transport", "TransportError"]
+__all__ = [
+    "FilesystemTransport",
+    "HfApiTransport",
+    "NotFound",
+    "StaleParent",
+    "Transport",
+    "TransportError",
+]

@@ -14,9 +14,19 @@ from speedtronic_model.__about__ import __version__
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
         [
-            "GPT", "CausalSelfAttention", "GPTConfig", "GPTModel", "RMSNorm", "ReferenceModel",
-            "ReferenceTransformer", "RotaryEmbedding", "SwiGLU", "Transformer", "TransformerBlock",
-            "TransformerConfig", "apply_rope",
+            "GPT",
+            "CausalSelfAttention",
+            "GPTConfig",
+            "GPTModel",
+            "RMSNorm",
+            "ReferenceModel",
+            "ReferenceTransformer",
+            "RotaryEmbedding",
+            "SwiGLU",
+            "Transformer",
+            "TransformerBlock",
+            "TransformerConfig",
+            "apply_rope",
         ],
         "speedtronic_model.model",
     ),
@@ -25,7 +35,8 @@ _EXPORTS: dict[str, str] = {
         "speedtronic_model.registry",
     ),
     **dict.fromkeys(
-        ["GradientCheckpointingWarning", "set_gradient_checkpointing"], "speedtronic_model.module_utils"
+        ["GradientCheckpointingWarning", "set_gradient_checkpointing"],
+        "speedtronic_model.module_utils",
     ),
 }
 

@@ -38,20 +38,41 @@ class GPTConfig:
             self.n_kv_head = self.n_head
         if self.d_ff is None and _is_positive_int(self.d_model):
             self.d_ff = 4 * self.d_model
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff"):
+        for name in (
+            "vocab_size",
+            "block_size",
+            "n_layer",
+            "n_head",
+            "n_kv_head",
+            "d_model",
+            "d_ff",
+        ):
             if not _is_positive_int(getattr(self, name)):
                 raise _error(name, getattr(self, name), "must be a positive integer")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+        if (
+            isinstance(self.dropout, bool)
+            or not isinstance(self.dropout, (int, float))
+            or not 0 <= self.dropout < 1
+        ):
             raise _error("dropout", self.dropout, "must be a number with 0 <= dropout < 1")
-        if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, (int, float)) or not self.rope_base > 1:
-            raise _error("rope_base", self.rope_base, "must be a number > 1 (10000.0 is the usual choice)")
+        if (
+            isinstance(self.rope_base, bool)
+            or not isinstance(self.rope_base, (int, float))
+            or not self.rope_base > 1
+        ):
+            raise _error(
+                "rope_base", self.rope_base, "must be a number > 1 (10000.0 is the usual choice)"
+            )
         if self.d_model % self.n_head:
-            raise _error("d_model", self.d_model, f"must be divisible by model.n_head={self.n_head}")
+            raise _error(
+                "d_model", self.d_model, f"must be divisible by model.n_head={self.n_head}"
+            )
         if self.n_head % self.n_kv_head:
             raise _error("n_kv_head", self.n_kv_head, f"must divide model.n_head={self.n_head}")
         if self.head_dim % 2:
             raise _error(
-                "d_model", self.d_model,
+                "d_model",
+                self.d_model,
                 f"gives head_dim = d_model / n_head = {self.head_dim}, which must be even for rotary "
                 "embeddings (they rotate channel pairs); change d_model or n_head",
             )
@@ -68,8 +89,10 @@ class GPTConfig:
             alias = kwargs.pop("max_seq_len")
             if kwargs.setdefault("block_size", alias) != alias:
                 raise ConfigError(
-                    "model.max_seq_len", f"conflicts with block_size={kwargs['block_size']!r}",
-                    value=alias, allowed="they are the same setting; give only one",
+                    "model.max_seq_len",
+                    f"conflicts with block_size={kwargs['block_size']!r}",
+                    value=alias,
+                    allowed="they are the same setting; give only one",
                 )
         known = [f.name for f in fields(cls)]
         unknown = sorted(set(kwargs) - set(known))
@@ -91,7 +114,9 @@ def _error(field: str, value: Any, rule: str) -> ConfigError:
 
 def _suggest(name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=1)
-    return f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(known)})")
+    return f"{name!r}" + (
+        f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(known)})"
+    )
 
 
 class RMSNorm(nn.Module):
@@ -122,7 +147,9 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, base: float = 10000.0, max_seq_len: int = 2048) -> None:
         super().__init__()
-        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (D/2,)
+        inv_freq = 1.0 / base ** (
+            torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+        )  # (D/2,)
         # Non-persistent buffers: they follow .to(device) but stay out of checkpoints.
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("cos_cached", torch.empty(0), persistent=False)
@@ -135,7 +162,9 @@ class RotaryEmbedding(nn.Module):
         angles = torch.cat((freqs, freqs), dim=-1)  # (T, D)
         self.cos_cached, self.sin_cached = angles.cos(), angles.sin()
 
-    def forward(self, seq_len: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, seq_len: int, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (cos, sin), each (seq_len, head_dim), on device in dtype."""
         if seq_len > self.cos_cached.size(0):
             self._build(seq_len)
@@ -150,7 +179,11 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.n_head, self.n_kv_head, self.head_dim = (
+            config.n_head,
+            config.n_kv_head,
+            config.head_dim,
+        )
         self.q_proj = nn.Linear(config.d_model, self.n_head * self.head_dim, bias=False)
         self.k_proj = nn.Linear(config.d_model, self.n_kv_head * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.d_model, self.n_kv_head * self.head_dim, bias=False)
@@ -158,18 +191,26 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: RotaryEmbedding, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Attend causally; attention_mask is None or a (B, 1, T, T) bool mask that already holds causality."""
         B, T, C = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, KV, T, D)
+        k = (
+            self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        )  # (B, KV, T, D)
+        v = (
+            self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        )  # (B, KV, T, D)
         cos, sin = rope(T, x.device, q.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # enable_gqa lets SDPA broadcast KV heads itself; measured faster on CPU than
         # repeat_interleave (bench/gqa_attention.py) and it never materializes the copies.
         y = F.scaled_dot_product_attention(
-            q, k, v,
+            q,
+            k,
+            v,
             attn_mask=attention_mask,
             is_causal=attention_mask is None,
             dropout_p=self.dropout if self.training else 0.0,
@@ -205,14 +246,18 @@ class TransformerBlock(nn.Module):
         self.mlp = SwiGLU(config)
         self.gradient_checkpointing = config.gradient_checkpointing
 
-    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: RotaryEmbedding, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Return the block output (B, T, C), checkpointed when enabled and gradients are recorded."""
         if self.gradient_checkpointing and torch.is_grad_enabled():
             # Non-reentrant checkpointing restores the RNG state, so dropout masks match on recompute.
             return checkpoint(self._forward, x, rope, attention_mask, use_reentrant=False)
         return self._forward(x, rope, attention_mask)
 
-    def _forward(self, x: torch.Tensor, rope: RotaryEmbedding, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def _forward(
+        self, x: torch.Tensor, rope: RotaryEmbedding, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), rope, attention_mask)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -228,7 +273,9 @@ class ReferenceTransformer(nn.Module):
         self.blocks = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layer))
         self.norm = RMSNorm(config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.rope = RotaryEmbedding(config.head_dim, config.rope_base, max_seq_len=config.block_size)
+        self.rope = RotaryEmbedding(
+            config.head_dim, config.rope_base, max_seq_len=config.block_size
+        )
         # speedtronic-optim reads this role: embeddings and the head stay on AdamW, never Muon.
         self.tok_emb._speedtronic_optimizer_role = "adamw"
         self.lm_head._speedtronic_optimizer_role = "adamw"
@@ -273,9 +320,16 @@ class ReferenceTransformer(nn.Module):
             return {"logits": logits}
         return {"logits": logits, "loss": _causal_lm_loss(logits, labels)}
 
-    def _check_inputs(self, input_ids: torch.Tensor, labels: torch.Tensor | None, attention_mask: torch.Tensor | None) -> int:
+    def _check_inputs(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+    ) -> int:
         if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be (batch, sequence), got shape {tuple(input_ids.shape)}")
+            raise ValueError(
+                f"input_ids must be (batch, sequence), got shape {tuple(input_ids.shape)}"
+            )
         T = input_ids.size(1)
         if T > self.config.block_size:
             raise ValueError(
@@ -310,7 +364,10 @@ class ReferenceTransformer(nn.Module):
         """
         cfg = self.config
         T = cfg.block_size if seq_len is None else seq_len
-        return 6 * self.num_parameters(non_embedding=True) + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * T
+        return (
+            6 * self.num_parameters(non_embedding=True)
+            + 12 * cfg.n_layer * cfg.n_head * cfg.head_dim * T
+        )
 
     @torch.no_grad()
     def generate(
@@ -333,15 +390,21 @@ class ReferenceTransformer(nn.Module):
         self.eval()  # sampling should never see dropout
         try:
             for _ in range(max_new_tokens):
-                context = input_ids[:, -self.config.block_size:]  # crop: RoPE was cached for block_size
+                context = input_ids[
+                    :, -self.config.block_size :
+                ]  # crop: RoPE was cached for block_size
                 logits = self(context)["logits"][:, -1, :].float()  # (B, V)
-                input_ids = torch.cat((input_ids, _sample(logits, temperature, top_k, generator)), dim=1)
+                input_ids = torch.cat(
+                    (input_ids, _sample(logits, temperature, top_k, generator)), dim=1
+                )
         finally:
             self.train(was_training)
         return input_ids
 
 
-def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> torch.Tensor:
+def _sample(
+    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
+) -> torch.Tensor:
     """Return (B, 1) next ids from (B, V) logits."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
@@ -369,7 +432,9 @@ def _attention_mask(attention_mask: torch.Tensor | None, T: int) -> torch.Tensor
 
 def _causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over labels != -100; 0 (not NaN) when every label is ignored."""
-    total = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+    total = F.cross_entropy(
+        logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
     return total / (labels != IGNORE_INDEX).sum().clamp_min(1)
 
 

@@ -44,7 +44,11 @@ def _hook(module: Any, enabled: bool):
     own = getattr(module, "set_gradient_checkpointing", None)
     if callable(own):
         return lambda: own(enabled)
-    hf = getattr(module, "gradient_checkpointing_enable" if enabled else "gradient_checkpointing_disable", None)
+    hf = getattr(
+        module,
+        "gradient_checkpointing_enable" if enabled else "gradient_checkpointing_disable",
+        None,
+    )
     return hf if callable(hf) else None
 
 

@@ -47,7 +47,9 @@ class ModelRegistry:
 
         def add(fn: ModelFactory) -> ModelFactory:
             if not callable(fn):
-                raise TypeError(f"model factory for {name!r} must be callable, got {type(fn).__name__}")
+                raise TypeError(
+                    f"model factory for {name!r} must be callable, got {type(fn).__name__}"
+                )
             if name in self and not replace:
                 raise ValueError(
                     f"model {name!r} is already registered; choose another name or pass replace=True"
@@ -68,7 +70,8 @@ class ModelRegistry:
         except KeyError:
             known = ", ".join(self.names()) or "(none)"
             raise ConfigError(
-                "model.name", f"unknown model {name!r}",
+                "model.name",
+                f"unknown model {name!r}",
                 allowed=f"registered models: {known}. Register a factory with register_model({name!r}, factory)",
             ) from None
 
@@ -97,9 +100,13 @@ def build_model(config: Any, **overrides: Any) -> Any:
     name = _read(config, "name")
     if name is None:
         raise ConfigError(
-            "model.name", f"missing on {type(config).__name__}", allowed=f"one of: {', '.join(registry.names())}"
+            "model.name",
+            f"missing on {type(config).__name__}",
+            allowed=f"one of: {', '.join(registry.names())}",
         )
-    kwargs = {keyword: _read(config, field) for field, keyword in _MODEL_FIELDS if _has(config, field)}
+    kwargs = {
+        keyword: _read(config, field) for field, keyword in _MODEL_FIELDS if _has(config, field)
+    }
     if "max_seq_len" in overrides:
         overrides["block_size"] = overrides.pop("max_seq_len")
     # Extra keywords are for custom factories and pass through uninterpreted (2.0 contract).

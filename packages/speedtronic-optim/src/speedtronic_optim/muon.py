@@ -127,7 +127,9 @@ class Muon(Optimizer):
                 self._update(group, [params[i] for i in batch], [directions[i] for i in batch])
         return loss
 
-    def _update(self, group: dict[str, Any], params: list[torch.Tensor], directions: list[torch.Tensor]) -> None:
+    def _update(
+        self, group: dict[str, Any], params: list[torch.Tensor], directions: list[torch.Tensor]
+    ) -> None:
         """Orthogonalize same-shaped directions in one batched Newton–Schulz and apply them."""
         polar = orthogonalize(
             torch.stack(directions),
@@ -140,13 +142,17 @@ class Muon(Optimizer):
         update = polar
         if group["muon_plus"]:
             # Same size as the plain Muon update, so Muon and Muon+ share one learning rate.
-            update = post_polar_normalize(polar, mode=group["normalize_mode"], eps=group["norm_eps"])
+            update = post_polar_normalize(
+                polar, mode=group["normalize_mode"], eps=group["norm_eps"]
+            )
             update = match_polar_scale(update, polar, eps=group["norm_eps"])
         lr, weight_decay = group["lr"], group["weight_decay"]
         if weight_decay:
             torch._foreach_mul_(params, 1 - lr * weight_decay)
         updates = list(update.to(params[0].dtype).unbind(0))
-        torch._foreach_add_(params, updates, alpha=-adjusted_lr(lr, group["adjust_lr"], params[0].shape))
+        torch._foreach_add_(
+            params, updates, alpha=-adjusted_lr(lr, group["adjust_lr"], params[0].shape)
+        )
 
 
 # One batched Newton–Schulz call per shape, capped so the stacked copy stays small next to the model.
@@ -161,5 +167,5 @@ def _same_shape_batches(params: list[torch.Tensor]) -> list[list[int]]:
     batches = []
     for indices in groups.values():
         size = max(1, MAX_BATCH_ELEMENTS // params[indices[0]].numel())
-        batches.extend(indices[start:start + size] for start in range(0, len(indices), size))
+        batches.extend(indices[start : start + size] for start in range(0, len(indices), size))
     return batches

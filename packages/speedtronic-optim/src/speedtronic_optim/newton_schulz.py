@@ -142,7 +142,9 @@ def orthogonalize(
     norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
     x = x / (norm + eps)
     m, n = x.size(-2), x.size(-1)
-    use_gram = method == "gram" or (method == "auto" and dtype in GRAM_DTYPES and n >= GRAM_MIN_ASPECT * m)
+    use_gram = method == "gram" or (
+        method == "auto" and dtype in GRAM_DTYPES and n >= GRAM_MIN_ASPECT * m
+    )
     x = _gram(x, schedule) if use_gram else _standard(x, schedule)
     if matrix.ndim > 2:
         x = x.reshape(*batch_shape, m, n)

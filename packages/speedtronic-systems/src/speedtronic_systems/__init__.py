@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from speedtronic_systems.__about__ import __version__
-from speedtronic_systems.atomic import atomic_json_dump, atomic_torch_save, atomic_write, atomic_write_bytes
+from speedtronic_systems.atomic import (
+    atomic_json_dump,
+    atomic_torch_save,
+    atomic_write,
+    atomic_write_bytes,
+)
 from speedtronic_systems.precision import (
     DeviceError,
     PrecisionError,

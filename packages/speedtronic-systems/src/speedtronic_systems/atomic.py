@@ -20,7 +20,9 @@ def _open_anonymous(folder: Path) -> int | None:
     if flag is None or not os.path.isdir("/proc/self/fd"):
         return None
     try:
-        return os.open(folder, flag | os.O_WRONLY, 0o666)  # the kernel applies the umask, as for open()
+        return os.open(
+            folder, flag | os.O_WRONLY, 0o666
+        )  # the kernel applies the umask, as for open()
     except OSError:  # the filesystem does not support unnamed files (e.g. some network mounts)
         return None
 
@@ -102,8 +104,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     return atomic_write(path, lambda handle: handle.write(data))
 
 
-def atomic_json_dump(value: Any, path: str | os.PathLike[str], *, indent: int | None = 2,
-                     sort_keys: bool = True) -> Path:
+def atomic_json_dump(
+    value: Any, path: str | os.PathLike[str], *, indent: int | None = 2, sort_keys: bool = True
+) -> Path:
     """Write `value` as JSON to `path` atomically; return the path. Serializes before touching the disk."""
     text = json.dumps(value, indent=indent, sort_keys=sort_keys)
     return atomic_write_bytes(path, (text + "\n").encode("utf-8"))

@@ -14,7 +14,11 @@ import torch
 logger = logging.getLogger(__name__)
 
 MODES = ("auto", "bf16", "fp16", "fp32")
-DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES: dict[str, torch.dtype] = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+}
 
 # Fallback reasons already logged in this process: a run that resolves precision many times
 # (trainer, runtime, benchmarks) says each one once.
@@ -97,22 +101,30 @@ def resolve_device(requested: str | torch.device | None = "auto") -> torch.devic
     try:
         device = torch.device(text)
     except (RuntimeError, ValueError) as exc:
-        raise DeviceError(f"device {requested!r} is not a device name; use auto, cpu, cuda, cuda:N or mps") from exc
+        raise DeviceError(
+            f"device {requested!r} is not a device name; use auto, cpu, cuda, cuda:N or mps"
+        ) from exc
     if device.type == "cpu":
         return device
     if device.type == "cuda":
         if not _cuda_available():
-            raise DeviceError(f"device {requested!r} requested but CUDA is not available; "
-                              f"available: {', '.join(available_devices())}")
+            raise DeviceError(
+                f"device {requested!r} requested but CUDA is not available; "
+                f"available: {', '.join(available_devices())}"
+            )
         count = _cuda_device_count()
         if device.index is not None and device.index >= count:
-            raise DeviceError(f"device {requested!r} requested but only {count} CUDA device(s) exist; "
-                              f"available: {', '.join(available_devices())}")
+            raise DeviceError(
+                f"device {requested!r} requested but only {count} CUDA device(s) exist; "
+                f"available: {', '.join(available_devices())}"
+            )
         return device
     if device.type == "mps":
         if not _mps_available():
-            raise DeviceError(f"device {requested!r} requested but MPS is not available; "
-                              f"available: {', '.join(available_devices())}")
+            raise DeviceError(
+                f"device {requested!r} requested but MPS is not available; "
+                f"available: {', '.join(available_devices())}"
+            )
         return device
     raise DeviceError(f"device {requested!r} is not supported; use auto, cpu, cuda, cuda:N or mps")
 
@@ -146,14 +158,21 @@ def _read_section(section: Any) -> tuple[str, str | None]:
     if dtype is not None:
         dtype = str(dtype).strip().lower()
         if dtype not in DTYPES:
-            raise PrecisionError(f"precision.dtype must be one of {', '.join(DTYPES)} or null; got {dtype!r}")
+            raise PrecisionError(
+                f"precision.dtype must be one of {', '.join(DTYPES)} or null; got {dtype!r}"
+            )
     return mode, dtype
 
 
 def _plan(mode: str, device_type: str) -> PrecisionPlan:
     mixed = mode != "fp32"
-    return PrecisionPlan(mode=mode, dtype=DTYPES[mode], use_scaler=mode == "fp16" and device_type == "cuda",
-                         autocast_enabled=mixed, device_type=device_type)
+    return PrecisionPlan(
+        mode=mode,
+        dtype=DTYPES[mode],
+        use_scaler=mode == "fp16" and device_type == "cuda",
+        autocast_enabled=mixed,
+        device_type=device_type,
+    )
 
 
 def _fallback(requested: str, device_type: str, reason: str, resolved: str) -> PrecisionPlan:
@@ -161,7 +180,9 @@ def _fallback(requested: str, device_type: str, reason: str, resolved: str) -> P
     key = (requested, device_type, reason)
     if key not in _logged_fallbacks:
         _logged_fallbacks.add(key)
-        logger.warning("precision %s on %s falls back to %s: %s", requested, device_type, resolved, reason)
+        logger.warning(
+            "precision %s on %s falls back to %s: %s", requested, device_type, resolved, reason
+        )
     return _plan(resolved, device_type)
 
 
@@ -183,31 +204,50 @@ def resolve_precision(config: Any, device: torch.device | str) -> PrecisionPlan:
         return _plan(mode, device_type)
     if device_type == "cpu":
         if mode == "fp16":
-            return _fallback("fp16", device_type, "FP16 autocast on CPU is slow and has no GradScaler", "fp32")
+            return _fallback(
+                "fp16", device_type, "FP16 autocast on CPU is slow and has no GradScaler", "fp32"
+            )
         if not cpu_bf16_supported():
-            return _fallback("bf16", device_type, "PyTorch reports no native BF16 support on this CPU "
-                             "(needs AVX512-BF16/AMX); BF16 would be emulated and slower", "fp32")
+            return _fallback(
+                "bf16",
+                device_type,
+                "PyTorch reports no native BF16 support on this CPU "
+                "(needs AVX512-BF16/AMX); BF16 would be emulated and slower",
+                "fp32",
+            )
         return _plan("bf16", device_type)
     if device_type == "mps":
         return _fallback(mode, device_type, "mixed precision is not supported on MPS", "fp32")
-    return _fallback(mode, device_type, f"mixed precision is not supported on device type {device_type!r}",
-                     "fp32")
+    return _fallback(
+        mode,
+        device_type,
+        f"mixed precision is not supported on device type {device_type!r}",
+        "fp32",
+    )
 
 
 def _resolve_auto(dtype: str | None, device_type: str) -> PrecisionPlan:
     """Apply auto's rules: CUDA BF16, else CUDA FP16 + GradScaler, else FP32; `dtype` steers CUDA only."""
     if device_type != "cuda":
         if dtype in ("bf16", "fp16"):
-            return _fallback(f"auto (dtype {dtype})", device_type,
-                             "auto precision is FP32 on CPU and MPS; set precision.mode to request BF16", "fp32")
+            return _fallback(
+                f"auto (dtype {dtype})",
+                device_type,
+                "auto precision is FP32 on CPU and MPS; set precision.mode to request BF16",
+                "fp32",
+            )
         return _plan("fp32", device_type)
     preferred = dtype or "bf16"
     if preferred == "bf16" and not _cuda_bf16_supported():
-        return _fallback("auto (bf16)", device_type, "this CUDA device does not support BF16", "fp16")
+        return _fallback(
+            "auto (bf16)", device_type, "this CUDA device does not support BF16", "fp16"
+        )
     return _plan(preferred, device_type)
 
 
-def autocast_context(plan: PrecisionPlan, device: torch.device | str | None = None) -> AbstractContextManager:
+def autocast_context(
+    plan: PrecisionPlan, device: torch.device | str | None = None
+) -> AbstractContextManager:
     """Return the autocast context for a plan, or a no-op context when the plan is FP32."""
     if not plan.autocast_enabled:
         return nullcontext()
@@ -270,10 +310,14 @@ def _dtype_of(dtype: torch.dtype | str | None) -> torch.dtype:
     try:
         return DTYPES[str(dtype).lower()]
     except KeyError:
-        raise PrecisionError(f"dtype must be one of {', '.join(DTYPES)} or a torch.dtype; got {dtype!r}") from None
+        raise PrecisionError(
+            f"dtype must be one of {', '.join(DTYPES)} or a torch.dtype; got {dtype!r}"
+        ) from None
 
 
-def device_peak_flops(device: torch.device | str, dtype: torch.dtype | str | None = torch.float32) -> float | None:
+def device_peak_flops(
+    device: torch.device | str, dtype: torch.dtype | str | None = torch.float32
+) -> float | None:
     """Return the dense matmul peak FLOP/s for MFU: a datasheet value for known GPUs, else a measured probe."""
     device = torch.device(device)
     resolved = _dtype_of(dtype)
@@ -287,8 +331,15 @@ def device_peak_flops(device: torch.device | str, dtype: torch.dtype | str | Non
                 break  # the GPU lacks this dtype in hardware: measure what emulation achieves
     try:
         return measured_matmul_flops(str(device), resolved)
-    except Exception as exc:  # MFU is reporting only; a device that cannot run the probe reports none
-        logger.warning("peak FLOPs probe on %s (%s) failed: %s; MFU will not be reported", device, resolved, exc)
+    except (
+        Exception
+    ) as exc:  # MFU is reporting only; a device that cannot run the probe reports none
+        logger.warning(
+            "peak FLOPs probe on %s (%s) failed: %s; MFU will not be reported",
+            device,
+            resolved,
+            exc,
+        )
         return None
 
 
@@ -302,7 +353,9 @@ def _synchronizer(device: str) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
-def measured_matmul_flops(device: str, dtype: torch.dtype, size: int = 512, repeats: int = 8) -> float:
+def measured_matmul_flops(
+    device: str, dtype: torch.dtype, size: int = 512, repeats: int = 8
+) -> float:
     """Return the best FLOP/s of a few square `size` matmuls on `device` (measured once per process)."""
     # A private generator: probing the peak must never shift the caller's random stream.
     generator = torch.Generator(device=device).manual_seed(0)

@@ -67,11 +67,22 @@ class StageStreamScheduler:
     sequential path: no hooks are installed and nothing changes.
     """
 
-    def __init__(self, model: nn.Module, device: torch.device | str, *, num_streams: int = 4,
-                 logger: Any | None = None) -> None:
-        if isinstance(num_streams, bool) or not isinstance(num_streams, int) \
-                or not MIN_STREAMS <= num_streams <= MAX_STREAMS:
-            raise ValueError(f"ooo_streams must be an integer in {MIN_STREAMS}..{MAX_STREAMS}; got {num_streams!r}")
+    def __init__(
+        self,
+        model: nn.Module,
+        device: torch.device | str,
+        *,
+        num_streams: int = 4,
+        logger: Any | None = None,
+    ) -> None:
+        if (
+            isinstance(num_streams, bool)
+            or not isinstance(num_streams, int)
+            or not MIN_STREAMS <= num_streams <= MAX_STREAMS
+        ):
+            raise ValueError(
+                f"ooo_streams must be an integer in {MIN_STREAMS}..{MAX_STREAMS}; got {num_streams!r}"
+            )
         self.device = torch.device(device)
         self.num_streams = num_streams
         self.logger = logger if logger is not None else _logger
@@ -151,8 +162,13 @@ class StageStreamScheduler:
 
     def as_dict(self) -> dict[str, Any]:
         """Return the scheduler's state as plain data (for logs and run artifacts)."""
-        return {"active": self.active, "device": str(self.device), "num_streams": self.num_streams,
-                "reason": self.reason, "stages": [asdict(stage) for stage in self.stages]}
+        return {
+            "active": self.active,
+            "device": str(self.device),
+            "num_streams": self.num_streams,
+            "reason": self.reason,
+            "stages": [asdict(stage) for stage in self.stages],
+        }
 
 
 __all__ = ["MAX_STREAMS", "MIN_STREAMS", "StageInfo", "StageStreamScheduler"]

@@ -67,8 +67,11 @@ class ShapeReport:
 
     def as_dict(self) -> dict[str, Any]:
         """Return the report as plain data (for logs and run artifacts)."""
-        return {"profile": asdict(self.profile), "warnings": [asdict(w) | {"message": w.message} for w in self.warnings],
-                "warning_count": self.warning_count()}
+        return {
+            "profile": asdict(self.profile),
+            "warnings": [asdict(w) | {"message": w.message} for w in self.warnings],
+            "warning_count": self.warning_count(),
+        }
 
 
 @dataclass(frozen=True)
@@ -101,14 +104,21 @@ def _suggest(value: int, alignment: int) -> int:
     return down if down > 0 and value - down < up - value else up
 
 
-def resolve_shape_profile(device: torch.device | str, precision: PrecisionPlan, *,
-                          requested_alignment: int | str | None = "auto") -> ShapeProfile:
+def resolve_shape_profile(
+    device: torch.device | str,
+    precision: PrecisionPlan,
+    *,
+    requested_alignment: int | str | None = "auto",
+) -> ShapeProfile:
     """Return the alignment profile for a device and precision; an explicit positive int overrides auto."""
     device_type = torch.device(device).type
-    if requested_alignment is None or (isinstance(requested_alignment, str)
-                                       and requested_alignment.strip().lower() == "auto"):
+    if requested_alignment is None or (
+        isinstance(requested_alignment, str) and requested_alignment.strip().lower() == "auto"
+    ):
         if device_type == "cuda":
-            return ShapeProfile(device_type, precision.mode, _CUDA_ALIGNMENT[precision.mode], "auto")
+            return ShapeProfile(
+                device_type, precision.mode, _CUDA_ALIGNMENT[precision.mode], "auto"
+            )
         if device_type == "mps":
             return ShapeProfile(device_type, precision.mode, _MPS_ALIGNMENT, "auto")
         # CPU GEMMs have no tile width worth warning about: the auto profile is quiet.
@@ -119,27 +129,45 @@ def resolve_shape_profile(device: torch.device | str, precision: PrecisionPlan, 
 
 def _explicit_alignment(value: int | str) -> int:
     if isinstance(value, bool):
-        raise ShapeConfigError(f"shape_validation.alignment must be 'auto' or a positive integer; got {value!r}")
+        raise ShapeConfigError(
+            f"shape_validation.alignment must be 'auto' or a positive integer; got {value!r}"
+        )
     try:
         alignment = int(value)
     except (TypeError, ValueError):
         raise ShapeConfigError(
-            f"shape_validation.alignment must be 'auto' or a positive integer; got {value!r}") from None
+            f"shape_validation.alignment must be 'auto' or a positive integer; got {value!r}"
+        ) from None
     if alignment <= 0 or str(alignment) != str(value).strip():
-        raise ShapeConfigError(f"shape_validation.alignment must be 'auto' or a positive integer; got {value!r}")
+        raise ShapeConfigError(
+            f"shape_validation.alignment must be 'auto' or a positive integer; got {value!r}"
+        )
     return alignment
 
 
-def _append_warning(warnings: list[ShapeWarning], seen: set[tuple[str, int, int]], *, code: str, name: str,
-                    value: int, alignment: int, reason: str, suppress_suggestion: bool = False,
-                    suggested: int | None = None) -> None:
+def _append_warning(
+    warnings: list[ShapeWarning],
+    seen: set[tuple[str, int, int]],
+    *,
+    code: str,
+    name: str,
+    value: int,
+    alignment: int,
+    reason: str,
+    suppress_suggestion: bool = False,
+    suggested: int | None = None,
+) -> None:
     """Add a warning when `value` is misaligned, once per (code, value, alignment)."""
     if alignment <= 1 or value % alignment == 0 or (code, value, alignment) in seen:
         return
     seen.add((code, value, alignment))
     if not suppress_suggestion and suggested is None:
         suggested = _suggest(value, alignment)
-    warnings.append(ShapeWarning(code, name, value, None if suppress_suggestion else suggested, alignment, reason))
+    warnings.append(
+        ShapeWarning(
+            code, name, value, None if suppress_suggestion else suggested, alignment, reason
+        )
+    )
 
 
 def _batch_suggestion(micro: int, target: int | None, alignment: int) -> int | None:
@@ -156,7 +184,10 @@ def _module_metadata(model: nn.Module) -> list[tuple[str, int]]:
     for name, module in model.named_modules():
         name = name or "model"  # the root module has an empty name
         if isinstance(module, nn.Linear):
-            dims += [(f"{name}.in_features", module.in_features), (f"{name}.out_features", module.out_features)]
+            dims += [
+                (f"{name}.in_features", module.in_features),
+                (f"{name}.out_features", module.out_features),
+            ]
         elif isinstance(module, nn.Embedding):
             dims.append((f"{name}.embedding_dim", module.embedding_dim))
     return dims
@@ -186,8 +217,14 @@ def _model_dims(model_section: Any) -> list[tuple[str, int]]:
     return dims
 
 
-def validate_startup_shapes(config: Any, model: nn.Module, device: torch.device | str, precision: PrecisionPlan, *,
-                            logger: Any | None = None) -> ShapeReport:
+def validate_startup_shapes(
+    config: Any,
+    model: nn.Module,
+    device: torch.device | str,
+    precision: PrecisionPlan,
+    *,
+    logger: Any | None = None,
+) -> ShapeReport:
     """Inspect effective shapes and return non-fatal efficiency warnings (each also logged once)."""
     settings = _settings(getattr(config, "shape_validation", None))
     profile = resolve_shape_profile(device, precision, requested_alignment=settings.alignment)
@@ -204,22 +241,51 @@ def validate_startup_shapes(config: Any, model: nn.Module, device: torch.device 
         reason = "GEMM rows are micro_batch_size * block_size"
         if suggested is None:
             reason += f"; no multiple of {batch_align} divides data.target_batch_size={target}, change both"
-        _append_warning(warnings, seen, code="batch", name="data.micro_batch_size", value=micro,
-                        alignment=batch_align, reason=reason, suppress_suggestion=suggested is None,
-                        suggested=suggested)
+        _append_warning(
+            warnings,
+            seen,
+            code="batch",
+            name="data.micro_batch_size",
+            value=micro,
+            alignment=batch_align,
+            reason=reason,
+            suppress_suggestion=suggested is None,
+            suggested=suggested,
+        )
     block = _int_or_none(data, "block_size")
     if settings.check_sequence and block:
-        _append_warning(warnings, seen, code="sequence", name="data.block_size", value=block, alignment=align,
-                        reason="attention and GEMM tiles run on the sequence length")
+        _append_warning(
+            warnings,
+            seen,
+            code="sequence",
+            name="data.block_size",
+            value=block,
+            alignment=align,
+            reason="attention and GEMM tiles run on the sequence length",
+        )
     if settings.check_model:
         dims = _model_dims(model_section) or _module_metadata(model)
         for name, value in dims:
-            _append_warning(warnings, seen, code="model", name=name, value=value, alignment=align,
-                            reason="a model GEMM dimension pads to the tile width")
+            _append_warning(
+                warnings,
+                seen,
+                code="model",
+                name=name,
+                value=value,
+                alignment=align,
+                reason="a model GEMM dimension pads to the tile width",
+            )
     vocab = _int_or_none(model_section, "vocab_size")
     if settings.check_vocab and vocab:
-        _append_warning(warnings, seen, code="vocab", name="model.vocab_size", value=vocab, alignment=align,
-                        reason="the output projection is a vocab-wide GEMM")
+        _append_warning(
+            warnings,
+            seen,
+            code="vocab",
+            name="model.vocab_size",
+            value=vocab,
+            alignment=align,
+            reason="the output projection is a vocab-wide GEMM",
+        )
     log = logger if logger is not None else _logger
     for warning in warnings:
         log.warning(warning.message)

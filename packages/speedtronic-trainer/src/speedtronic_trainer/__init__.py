@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 from speedtronic_trainer.__about__ import __version__
-from speedtronic_trainer.checkpoint import CheckpointError, CheckpointManager, capture_rng_state, restore_rng_state
+from speedtronic_trainer.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    capture_rng_state,
+    restore_rng_state,
+)
 from speedtronic_trainer.data_position import BatchStream
 from speedtronic_trainer.hooks import on_event
 from speedtronic_trainer.integrations import TensorboardHook, WandbHook, hooks_from_names
-from speedtronic_trainer.profiling import CallbackList, MetricLogger, TrainingHook, memory_usage_bytes
+from speedtronic_trainer.profiling import (
+    CallbackList,
+    MetricLogger,
+    TrainingHook,
+    memory_usage_bytes,
+)
 from speedtronic_trainer.settings import TrainerSettings
 from speedtronic_trainer.trainer import (
     NonFiniteLossError,

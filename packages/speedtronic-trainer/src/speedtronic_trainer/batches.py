@@ -71,14 +71,18 @@ def valid_label_count(batch: Any) -> int | None:
 def _loss_from_logits(logits: torch.Tensor, batch: Any) -> torch.Tensor:
     labels = batch_labels(batch)
     if labels is None:
-        raise ValueError("the model returned logits but the batch has no labels ('labels' key or second item)")
+        raise ValueError(
+            "the model returned logits but the batch has no labels ('labels' key or second item)"
+        )
     if logits.shape[:-1] != labels.shape:
         raise ValueError(
             f"logits of shape {tuple(logits.shape)} do not match labels of shape {tuple(labels.shape)}; "
             "labels must already be shifted, one next-token label per input position"
         )
     # float(): cross entropy in half precision loses accuracy for large vocabularies.
-    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(
+        logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX
+    )
 
 
 def loss_from_output(output: Any, batch: Any) -> torch.Tensor:
@@ -95,15 +99,19 @@ def loss_from_output(output: Any, batch: Any) -> torch.Tensor:
             return loss_from_output(output["loss"], batch)
         if isinstance(output.get("logits"), torch.Tensor):
             return _loss_from_logits(output["logits"], batch)
-        raise ValueError(f"the model returned a mapping without 'loss' or 'logits' (keys: {sorted(output)})")
+        raise ValueError(
+            f"the model returned a mapping without 'loss' or 'logits' (keys: {sorted(output)})"
+        )
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         first = output[0]
         if first.dim() == 0:
             return first
         if first.dim() == 3:
             return _loss_from_logits(first, batch)
-        raise ValueError(f"the model's first output has shape {tuple(first.shape)}; expected a scalar loss "
-                         "or 3-D logits [batch, sequence, vocab]")
+        raise ValueError(
+            f"the model's first output has shape {tuple(first.shape)}; expected a scalar loss "
+            "or 3-D logits [batch, sequence, vocab]"
+        )
     raise TypeError(
         f"unsupported model output of type {type(output).__name__}: return a scalar loss, a mapping with "
         "'loss' or 'logits', or a tuple/list whose first item is a loss or 3-D logits"

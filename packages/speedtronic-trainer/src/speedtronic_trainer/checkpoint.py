@@ -35,21 +35,32 @@ class CheckpointManager:
         enabled: bool = True,
     ) -> None:
         if every_steps <= 0:
-            raise ValueError(f"checkpoint every_steps must be a positive integer, got {every_steps!r}")
+            raise ValueError(
+                f"checkpoint every_steps must be a positive integer, got {every_steps!r}"
+            )
         if keep_last is not None and keep_last <= 0:
-            raise ValueError(f"checkpoint keep_last must be positive or None (keep all), got {keep_last!r}")
+            raise ValueError(
+                f"checkpoint keep_last must be positive or None (keep all), got {keep_last!r}"
+            )
         self.directory = Path(directory)
         self.every_steps = every_steps
         self.keep_last = keep_last
         self.enabled = enabled
 
     @classmethod
-    def from_config(cls, section: Any, output_dir: str | os.PathLike[str] = ".") -> CheckpointManager:
+    def from_config(
+        cls, section: Any, output_dir: str | os.PathLike[str] = "."
+    ) -> CheckpointManager:
         """Build a manager from a CheckpointConfig-like section; relative directories sit under output_dir."""
         directory = Path(section.directory)
         if not directory.is_absolute():
             directory = Path(output_dir) / directory
-        return cls(directory, every_steps=section.every_steps, keep_last=section.keep_last, enabled=section.enabled)
+        return cls(
+            directory,
+            every_steps=section.every_steps,
+            keep_last=section.keep_last,
+            enabled=section.enabled,
+        )
 
     def should_save(self, step: int) -> bool:
         """Return True when `step` is a positive exact multiple of the interval and saving is enabled."""
@@ -88,13 +99,17 @@ class CheckpointManager:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except FileNotFoundError as exc:
             raise CheckpointError(f"checkpoint {path} does not exist") from exc
-        except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, zip errors...
+        except (
+            Exception
+        ) as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, zip errors...
             raise CheckpointError(
                 f"checkpoint {path} is corrupt, truncated or holds objects that weights_only=True refuses "
                 f"({type(exc).__name__}: {exc}); delete it to resume from an older checkpoint"
             ) from exc
         if not isinstance(state, dict):
-            raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, expected a state dict")
+            raise CheckpointError(
+                f"checkpoint {path} holds a {type(state).__name__}, expected a state dict"
+            )
         return state
 
     def load_latest(self) -> dict[str, Any] | None:
@@ -109,7 +124,9 @@ class CheckpointManager:
                 state = self.load(path)
             except CheckpointError as exc:
                 failures.append(str(exc))
-                warnings.warn(f"{exc}; falling back to an older checkpoint", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"{exc}; falling back to an older checkpoint", RuntimeWarning, stacklevel=2
+                )
                 continue
             state.setdefault("checkpoint_path", str(path))
             return state
@@ -119,7 +136,11 @@ class CheckpointManager:
         """Return step_<n>.pt files sorted by step, oldest first."""
         if not self.directory.is_dir():
             return []
-        found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := _STEP_FILE.match(p.name))]
+        found = [
+            (int(m.group(1)), p)
+            for p in self.directory.iterdir()
+            if (m := _STEP_FILE.match(p.name))
+        ]
         return [p for _, p in sorted(found)]
 
     def prune(self) -> None:
@@ -150,8 +171,13 @@ def capture_rng_state() -> dict[str, Any]:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -169,7 +195,15 @@ def restore_rng_state(state: dict[str, Any] | None) -> None:
     if "numpy" in state:
         np_state = state["numpy"]
         keys = np_state["keys"].numpy().astype(np.uint32)
-        np.random.set_state((np_state["kind"], keys, np_state["pos"], np_state["has_gauss"], np_state["cached_gaussian"]))
+        np.random.set_state(
+            (
+                np_state["kind"],
+                keys,
+                np_state["pos"],
+                np_state["has_gauss"],
+                np_state["cached_gaussian"],
+            )
+        )
     if "torch" in state:
         torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():

@@ -11,15 +11,19 @@ import torch
 def _generators(loader: Any) -> list[torch.Generator | None]:
     """Return the RNG generators a DataLoader draws from at the start of an epoch (loader, then sampler)."""
     sampler = getattr(loader, "sampler", None)
-    return [g if isinstance(g, torch.Generator) else None
-            for g in (getattr(loader, "generator", None), getattr(sampler, "generator", None))]
+    return [
+        g if isinstance(g, torch.Generator) else None
+        for g in (getattr(loader, "generator", None), getattr(sampler, "generator", None))
+    ]
 
 
 def _stateful_source(loader: Any) -> tuple[str, Any] | None:
     """Return the first of loader, dataset, sampler, batch_sampler that offers state_dict/load_state_dict."""
     for name in ("loader", "dataset", "sampler", "batch_sampler"):
         obj = loader if name == "loader" else getattr(loader, name, None)
-        if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
+        if callable(getattr(obj, "state_dict", None)) and callable(
+            getattr(obj, "load_state_dict", None)
+        ):
             return name, obj
     return None
 
@@ -33,11 +37,17 @@ class BatchStream:
         self.consumed = 0  # batches taken from the current epoch
         self._iterator: Iterator[Any] | None = None
         self._epoch_rng: dict[str, Any] | None = None
-        self._resume_skip: int | None = None  # batches to replay when the first epoch after a resume starts
+        self._resume_skip: int | None = (
+            None  # batches to replay when the first epoch after a resume starts
+        )
 
     def _capture_epoch_rng(self) -> dict[str, Any]:
-        return {"torch": torch.get_rng_state(),
-                "generators": [g.get_state() if g is not None else None for g in _generators(self.loader)]}
+        return {
+            "torch": torch.get_rng_state(),
+            "generators": [
+                g.get_state() if g is not None else None for g in _generators(self.loader)
+            ],
+        }
 
     def _start_epoch(self) -> Any:
         """Open a new pass over the loader and return its first batch."""
@@ -48,7 +58,9 @@ class BatchStream:
         try:
             return next(self._iterator)
         except StopIteration:
-            raise ValueError("the dataloader produced no batches; check the dataset size, batch size and drop_last")
+            raise ValueError(
+                "the dataloader produced no batches; check the dataset size, batch size and drop_last"
+            )
 
     def _replay_epoch(self, skip: int) -> None:
         """Re-open the interrupted epoch with its original RNG and skip the batches it had consumed."""
@@ -78,8 +90,10 @@ class BatchStream:
                 batch = next(self._iterator)
             except StopIteration:
                 if iter(self.loader) is self.loader:
-                    raise ValueError("the batch iterator is exhausted and cannot restart; pass a re-iterable "
-                                     "loader (a DataLoader or a list) or lower max_steps") from None
+                    raise ValueError(
+                        "the batch iterator is exhausted and cannot restart; pass a re-iterable "
+                        "loader (a DataLoader or a list) or lower max_steps"
+                    ) from None
                 self.epoch += 1
                 self.consumed = 0
                 batch = self._start_epoch()
@@ -88,7 +102,11 @@ class BatchStream:
 
     def state_dict(self) -> dict[str, Any]:
         """Return the epoch, batches consumed, epoch-start RNG and any loader/dataset/sampler state."""
-        state: dict[str, Any] = {"epoch": self.epoch, "consumed": self.consumed, "epoch_rng": self._epoch_rng}
+        state: dict[str, Any] = {
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+            "epoch_rng": self._epoch_rng,
+        }
         source = _stateful_source(self.loader)
         if source is not None:
             state["source"] = {"kind": source[0], "state": source[1].state_dict()}

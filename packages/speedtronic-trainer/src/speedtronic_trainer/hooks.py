@@ -10,7 +10,9 @@ class _EventCallback:
 
     def __init__(self, callback: Callable[[str, dict[str, Any]], None]) -> None:
         if not callable(callback):
-            raise TypeError(f"on_event() needs a callable taking (event, payload), got {type(callback).__name__}")
+            raise TypeError(
+                f"on_event() needs a callable taking (event, payload), got {type(callback).__name__}"
+            )
         self.callback = callback
         self.__qualname__ = getattr(callback, "__qualname__", type(callback).__name__)
 

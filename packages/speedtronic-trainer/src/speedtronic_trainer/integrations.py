@@ -9,13 +9,18 @@ from typing import Any
 
 def _scalars(payload: dict[str, Any]) -> dict[str, float]:
     """Return the numeric entries of a payload; counters and strings are not plotted."""
-    return {k: float(v) for k, v in payload.items()
-            if isinstance(v, numbers.Real) and not isinstance(v, bool) and k != "step"}
+    return {
+        k: float(v)
+        for k, v in payload.items()
+        if isinstance(v, numbers.Real) and not isinstance(v, bool) and k != "step"
+    }
 
 
 def _missing(package: str, extra: str) -> ImportError:
-    return ImportError(f"{package} is not installed; install it with `pip install speedtronic-trainer[{extra}]` "
-                       f"or remove it from logging.hooks")
+    return ImportError(
+        f"{package} is not installed; install it with `pip install speedtronic-trainer[{extra}]` "
+        f"or remove it from logging.hooks"
+    )
 
 
 class WandbHook:
@@ -62,8 +67,10 @@ class TensorboardHook:
         self.writer.close()
 
 
-_FACTORIES = {"tensorboard": lambda log_dir: TensorboardHook(str(Path(log_dir) / "tensorboard")),
-              "wandb": lambda log_dir: WandbHook(dir=str(log_dir))}
+_FACTORIES = {
+    "tensorboard": lambda log_dir: TensorboardHook(str(Path(log_dir) / "tensorboard")),
+    "wandb": lambda log_dir: WandbHook(dir=str(log_dir)),
+}
 
 
 def hooks_from_names(names: list[str], *, log_dir: str = "runs") -> list[Any]:
@@ -72,7 +79,9 @@ def hooks_from_names(names: list[str], *, log_dir: str = "runs") -> list[Any]:
     for name in names:
         factory = _FACTORIES.get(str(name).lower())
         if factory is None:
-            raise ValueError(f"logging.hooks: unknown hook {name!r}; choose from {sorted(_FACTORIES)}")
+            raise ValueError(
+                f"logging.hooks: unknown hook {name!r}; choose from {sorted(_FACTORIES)}"
+            )
         hooks.append(factory(log_dir))
     return hooks
 

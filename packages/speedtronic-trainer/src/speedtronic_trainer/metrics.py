@@ -27,10 +27,21 @@ class StepMetrics:
 
     def __init__(self, model: Any, device: torch.device, precision: PrecisionPlan) -> None:
         self.flops_per_token = model_flops_per_token(model)
-        self.peak_flops = device_peak_flops(device, precision.dtype) if self.flops_per_token else None
+        self.peak_flops = (
+            device_peak_flops(device, precision.dtype) if self.flops_per_token else None
+        )
 
-    def record(self, *, step: int, loss: float, lr: float, grad_norm: float | None, samples: int, tokens: int,
-               step_time: float) -> dict[str, Any]:
+    def record(
+        self,
+        *,
+        step: int,
+        loss: float,
+        lr: float,
+        grad_norm: float | None,
+        samples: int,
+        tokens: int,
+        step_time: float,
+    ) -> dict[str, Any]:
         """Return the metrics of one optimizer step."""
         tokens_per_s = tokens / step_time if step_time > 0 else 0.0
         record: dict[str, Any] = {

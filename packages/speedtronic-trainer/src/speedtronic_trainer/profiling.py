@@ -16,7 +16,12 @@ import torch
 Metric = dict[str, Any]
 Hook = Callable[[str, Metric], None]
 
-_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR}
+_LEVELS = {
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARNING": logging.WARNING,
+    "ERROR": logging.ERROR,
+}
 
 
 class TrainingHook(Protocol):
@@ -54,11 +59,15 @@ class MetricLogger:
     every_steps: int = 1
     stream: TextIO | None = None
     hooks: list[Any] = field(default_factory=list)
-    console_metrics: bool = True  # the trainer turns this off while a progress bar owns the terminal
+    console_metrics: bool = (
+        True  # the trainer turns this off while a progress bar owns the terminal
+    )
 
     def __post_init__(self) -> None:
         if self.every_steps <= 0:
-            raise ValueError(f"logging every_steps must be a positive integer, got {self.every_steps!r}")
+            raise ValueError(
+                f"logging every_steps must be a positive integer, got {self.every_steps!r}"
+            )
         self._level = _LEVELS.get(str(self.level).upper(), logging.INFO)
         self.stream = sys.stdout if self.stream is None else self.stream
         self._lock = threading.Lock()
@@ -67,14 +76,23 @@ class MetricLogger:
         self._failed_hooks: set[int] = set()
 
     @classmethod
-    def from_config(cls, section: Any, *, hooks: list[Any] | None = None, hook_dir: str = "runs") -> MetricLogger:
+    def from_config(
+        cls, section: Any, *, hooks: list[Any] | None = None, hook_dir: str = "runs"
+    ) -> MetricLogger:
         """Build a logger from a LoggingConfig-like section, including its `hooks` names (tensorboard, wandb)."""
-        from speedtronic_trainer.integrations import hooks_from_names  # integrations are optional; stay lazy
+        from speedtronic_trainer.integrations import (
+            hooks_from_names,
+        )  # integrations are optional; stay lazy
 
         names = list(getattr(section, "hooks", None) or [])
         built = list(hooks or []) + hooks_from_names(names, log_dir=hook_dir)
-        return cls(level=section.level, file=section.file, json_file=section.json_file,
-                   every_steps=section.every_steps, hooks=built)
+        return cls(
+            level=section.level,
+            file=section.file,
+            json_file=section.json_file,
+            every_steps=section.every_steps,
+            hooks=built,
+        )
 
     @staticmethod
     def _open(name: str | None) -> TextIO | None:
@@ -97,7 +115,9 @@ class MetricLogger:
         line = f"{event} {_format_metrics(payload)}"
         self._write_text(logging.INFO, line, console=self.console_metrics or event != "train_step")
         if self._json is not None:
-            self._json.write(json.dumps({"event": event, "time": time.time(), **payload}, default=str) + "\n")
+            self._json.write(
+                json.dumps({"event": event, "time": time.time(), **payload}, default=str) + "\n"
+            )
             self._json.flush()
         for hook in self.hooks:
             if id(hook) in self._failed_hooks:
@@ -106,8 +126,12 @@ class MetricLogger:
                 _deliver(hook, event, payload)
             except Exception as exc:  # a metrics sink must never end a training run
                 self._failed_hooks.add(id(hook))
-                self._write_text(logging.WARNING, f"hook {_hook_name(hook)} failed on {event!r} and is disabled: "
-                                 f"{type(exc).__name__}: {exc}", console=True)
+                self._write_text(
+                    logging.WARNING,
+                    f"hook {_hook_name(hook)} failed on {event!r} and is disabled: "
+                    f"{type(exc).__name__}: {exc}",
+                    console=True,
+                )
 
     def _write_text(self, level: int, message: str, *, console: bool = True) -> None:
         if level < self._level:
@@ -154,7 +178,9 @@ class MetricLogger:
                     try:
                         close()
                     except Exception as exc:  # closing a sink is best-effort too
-                        self._write_text(logging.WARNING, f"hook {_hook_name(hook)} failed to close: {exc}")
+                        self._write_text(
+                            logging.WARNING, f"hook {_hook_name(hook)} failed to close: {exc}"
+                        )
 
 
 def _format_metrics(metrics: Metric) -> str:

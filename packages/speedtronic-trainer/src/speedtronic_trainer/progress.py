@@ -23,13 +23,20 @@ def progress_enabled(setting: Any, stream: TextIO | None = None) -> bool:
 class ProgressBar:
     """Show step, loss, tokens/s and ETA; a no-op when disabled."""
 
-    def __init__(self, *, total: int, initial: int, enabled: bool, stream: TextIO | None = None) -> None:
+    def __init__(
+        self, *, total: int, initial: int, enabled: bool, stream: TextIO | None = None
+    ) -> None:
         self._bar = None
         if enabled:
             from tqdm import tqdm  # only paid for in an interactive terminal
 
-            self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
-                             file=sys.stderr if stream is None else stream)
+            self._bar = tqdm(
+                total=total,
+                initial=initial,
+                unit="step",
+                dynamic_ncols=True,
+                file=sys.stderr if stream is None else stream,
+            )
 
     @property
     def active(self) -> bool:
@@ -41,8 +48,11 @@ class ProgressBar:
         if self._bar is None:
             return
         self._bar.update(step - self._bar.n)
-        self._bar.set_postfix(loss=f"{loss:.4f}" if loss is not None else "-", tok_s=f"{tokens_per_s:,.0f}",
-                              refresh=False)
+        self._bar.set_postfix(
+            loss=f"{loss:.4f}" if loss is not None else "-",
+            tok_s=f"{tokens_per_s:,.0f}",
+            refresh=False,
+        )
 
     def close(self) -> None:
         """Remove the bar."""

@@ -45,9 +45,13 @@ class TrainerSettings:
 
     def __post_init__(self) -> None:
         if self.accumulation_steps <= 0:
-            raise ValueError(f"accumulation_steps must be positive, got {self.accumulation_steps!r}")
+            raise ValueError(
+                f"accumulation_steps must be positive, got {self.accumulation_steps!r}"
+            )
         if self.nonfinite_loss not in NONFINITE_POLICIES:
-            raise ValueError(f"run.nonfinite_loss must be one of {NONFINITE_POLICIES}, got {self.nonfinite_loss!r}")
+            raise ValueError(
+                f"run.nonfinite_loss must be one of {NONFINITE_POLICIES}, got {self.nonfinite_loss!r}"
+            )
         if self.eval_every is not None and self.eval_every <= 0:
             raise ValueError(f"data.eval_every must be positive, got {self.eval_every!r}")
         if self.eval_steps is not None and self.eval_steps <= 0:
@@ -61,7 +65,9 @@ class TrainerSettings:
         data = getattr(config, "data", None)
         accumulation = getattr(data, "accumulation_steps", None)
         if accumulation is None and data is not None:
-            accumulation = max(1, _get(data, "target_batch_size", 1) // _get(data, "micro_batch_size", 1))
+            accumulation = max(
+                1, _get(data, "target_batch_size", 1) // _get(data, "micro_batch_size", 1)
+            )
         return cls(
             accumulation_steps=int(accumulation or 1),
             grad_clip=_get(config, "optimizer.grad_clip", None),

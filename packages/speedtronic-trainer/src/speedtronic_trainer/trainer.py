@@ -11,7 +11,13 @@ from typing import Any, Iterable, Protocol
 import torch
 from speedtronic_systems.precision import PrecisionPlan, autocast_context, make_grad_scaler
 
-from speedtronic_trainer.batches import batch_size_and_tokens, call_model, loss_from_output, move_batch, valid_label_count
+from speedtronic_trainer.batches import (
+    batch_size_and_tokens,
+    call_model,
+    loss_from_output,
+    move_batch,
+    valid_label_count,
+)
 from speedtronic_trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from speedtronic_trainer.data_position import BatchStream
 from speedtronic_trainer.metrics import StepMetrics
@@ -131,8 +137,9 @@ class Trainer:
         if self.shape_report is None and self.settings.shape_validation and self.config is not None:
             from speedtronic_systems.shapes import validate_startup_shapes
 
-            self.shape_report = validate_startup_shapes(self.config, self.model, self.device, self.precision,
-                                                        logger=self.logger)
+            self.shape_report = validate_startup_shapes(
+                self.config, self.model, self.device, self.precision, logger=self.logger
+            )
         if self.settings.ooo_backprop:
             self._setup_ooo_backprop()
         if self.settings.compile:
@@ -141,26 +148,35 @@ class Trainer:
     def _enable_gradient_checkpointing(self) -> None:
         hook = getattr(self.model, "set_gradient_checkpointing", None)
         if not callable(hook):
-            self.logger.warning("gradient_checkpointing is on but %s has no set_gradient_checkpointing(enabled) "
-                                "hook; training without it", type(self.model).__name__)
+            self.logger.warning(
+                "gradient_checkpointing is on but %s has no set_gradient_checkpointing(enabled) "
+                "hook; training without it",
+                type(self.model).__name__,
+            )
             return
         try:
             hook(True)
         except Exception as exc:  # a capability, not a requirement: degrade and say so
-            self.logger.warning("set_gradient_checkpointing(True) failed (%s: %s); training without it",
-                                type(exc).__name__, exc)
+            self.logger.warning(
+                "set_gradient_checkpointing(True) failed (%s: %s); training without it",
+                type(exc).__name__,
+                exc,
+            )
 
     def _setup_ooo_backprop(self) -> None:
         from speedtronic_systems.scheduling import StageStreamScheduler
 
-        self._stage_scheduler = StageStreamScheduler(self.model, self.device, num_streams=self.settings.ooo_streams,
-                                                     logger=self.logger)
+        self._stage_scheduler = StageStreamScheduler(
+            self.model, self.device, num_streams=self.settings.ooo_streams, logger=self.logger
+        )
 
     def _enable_compile(self) -> None:
         try:
             self._compiled = torch.compile(self.model)
         except Exception as exc:
-            self.logger.warning("torch.compile failed (%s: %s); training eagerly", type(exc).__name__, exc)
+            self.logger.warning(
+                "torch.compile failed (%s: %s); training eagerly", type(exc).__name__, exc
+            )
             self._compiled = None
 
     # --------------------------------------------------------------------------------- forward
@@ -176,8 +192,11 @@ class Trainer:
             except Exception as exc:
                 if self._compiled_ok:
                     raise  # the compiled path worked before: this is a model or data error
-                self.logger.warning("compiled model failed on first run (%s: %s); training eagerly",
-                                    type(exc).__name__, exc)
+                self.logger.warning(
+                    "compiled model failed on first run (%s: %s); training eagerly",
+                    type(exc).__name__,
+                    exc,
+                )
                 self._compiled = None
         with autocast_context(self.precision, self.device):
             return loss_from_output(call_model(self.model, batch), batch)
@@ -239,22 +258,36 @@ class Trainer:
             return None
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+        params = [
+            p
+            for group in self.optimizer.param_groups
+            for p in group["params"]
+            if p.grad is not None
+        ]
         return float(torch.nn.utils.clip_grad_norm_(params, self.settings.grad_clip))
 
     def _handle_nonfinite(self, loss: float, grad_norm: float | None, consecutive: int) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         self.skipped_steps += 1
         what = f"loss={loss}" if not math.isfinite(loss) else f"grad_norm={grad_norm}"
-        hint = ("lower the learning rate, set optimizer.grad_clip, check the data for fully ignored labels, "
-                "or set run.nonfinite_loss: skip to skip such updates")
+        hint = (
+            "lower the learning rate, set optimizer.grad_clip, check the data for fully ignored labels, "
+            "or set run.nonfinite_loss: skip to skip such updates"
+        )
         if self.settings.nonfinite_loss == "stop":
-            raise NonFiniteLossError(f"non-finite {what} at step {self.step + 1}; stopped without updating the "
-                                     f"weights or writing a checkpoint ({hint})")
+            raise NonFiniteLossError(
+                f"non-finite {what} at step {self.step + 1}; stopped without updating the "
+                f"weights or writing a checkpoint ({hint})"
+            )
         if consecutive >= MAX_CONSECUTIVE_SKIPS:
-            raise NonFiniteLossError(f"{consecutive} consecutive non-finite updates up to step {self.step + 1}; "
-                                     f"the run has diverged ({hint})")
-        self.logger.emit("nonfinite_skip", {"step": self.step + 1, "loss": loss, "skipped_steps": self.skipped_steps})
+            raise NonFiniteLossError(
+                f"{consecutive} consecutive non-finite updates up to step {self.step + 1}; "
+                f"the run has diverged ({hint})"
+            )
+        self.logger.emit(
+            "nonfinite_skip",
+            {"step": self.step + 1, "loss": loss, "skipped_steps": self.skipped_steps},
+        )
 
     def _reset_inner_optimizer_if_needed(self, requested: Any) -> None:
         if not (requested and self.settings.reset_inner_optimizer):
@@ -283,7 +316,9 @@ class Trainer:
                 count = valid_label_count(batch)
                 if count == 0:
                     continue
-                loss = float(loss_from_output(call_model(self.model, move_batch(batch, self.device)), batch))
+                loss = float(
+                    loss_from_output(call_model(self.model, move_batch(batch, self.device)), batch)
+                )
                 share = float(count) if count is not None else 1.0
                 total, weight = total + loss * share, weight + share
         finally:
@@ -332,11 +367,15 @@ class Trainer:
     def resume(self, state: dict[str, Any] | None) -> None:
         """Restore a checkpoint state (from CheckpointManager.load_latest); None warns and starts fresh."""
         if state is None:
-            self.logger.warning("resume requested but no checkpoint was found; starting from step %d", self.step)
+            self.logger.warning(
+                "resume requested but no checkpoint was found; starting from step %d", self.step
+            )
             return
         missing = [key for key in ("step", "model", "optimizer") if key not in state]
         if missing:
-            raise ValueError(f"checkpoint state lacks {missing}; it was not written by this trainer")
+            raise ValueError(
+                f"checkpoint state lacks {missing}; it was not written by this trainer"
+            )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
@@ -352,7 +391,9 @@ class Trainer:
         if state.get("data") is not None:
             self._stream.load_state_dict(state["data"])
         restore_rng_state(state.get("rng"))
-        self.logger.info("resumed at step %d from %s", self.step, state.get("checkpoint_path", "a state dict"))
+        self.logger.info(
+            "resumed at step %d from %s", self.step, state.get("checkpoint_path", "a state dict")
+        )
 
     def resume_latest(self) -> bool:
         """Resume from the checkpoint manager's newest valid checkpoint; return whether one was loaded."""
@@ -367,9 +408,13 @@ class Trainer:
     def _target(self, max_steps: int | None) -> int:
         requested = max_steps if max_steps is not None else self.max_steps
         if requested is None:
-            raise ValueError("no step target: pass max_steps to Trainer(...) or fit(...), or set run.max_steps")
+            raise ValueError(
+                "no step target: pass max_steps to Trainer(...) or fit(...), or set run.max_steps"
+            )
         if requested <= 0:
-            raise ValueError(f"max_steps must be a positive absolute step target, got {requested!r}")
+            raise ValueError(
+                f"max_steps must be a positive absolute step target, got {requested!r}"
+            )
         return max(self.step, int(requested))
 
     def fit(self, max_steps: int | None = None) -> TrainResult:
@@ -385,7 +430,9 @@ class Trainer:
         stopped_by: str | None = None
         consecutive_skips = 0
         self.model.train()
-        bar = ProgressBar(total=target, initial=self.step, enabled=progress_enabled(self.settings.progress))
+        bar = ProgressBar(
+            total=target, initial=self.step, enabled=progress_enabled(self.settings.progress)
+        )
         console_metrics = self.logger.console_metrics
         self.logger.console_metrics = console_metrics and not bar.active
         if self.coordinator is not None:
@@ -407,13 +454,23 @@ class Trainer:
                     self.tokens += tokens
                     if self.coordinator is not None:
                         self._reset_inner_optimizer_if_needed(
-                            self.coordinator.after_optimizer_step(self.model, self.step))
+                            self.coordinator.after_optimizer_step(self.model, self.step)
+                        )
                     final_loss = loss
                     step_time = time.perf_counter() - step_started
                     if self.logger.wants_step(self.step):
-                        self.logger.emit("train_step", self._metrics.record(
-                            step=self.step, loss=loss, lr=self.optimizer.param_groups[0]["lr"],
-                            grad_norm=grad_norm, samples=samples, tokens=tokens, step_time=step_time))
+                        self.logger.emit(
+                            "train_step",
+                            self._metrics.record(
+                                step=self.step,
+                                loss=loss,
+                                lr=self.optimizer.param_groups[0]["lr"],
+                                grad_norm=grad_norm,
+                                samples=samples,
+                                tokens=tokens,
+                                step_time=step_time,
+                            ),
+                        )
                     bar.update(self.step, loss, tokens / step_time if step_time > 0 else 0.0)
                     evaluated = self._maybe_evaluate()
                     val_loss = evaluated if evaluated is not None else val_loss
@@ -426,8 +483,14 @@ class Trainer:
                 if self.settings.save_on_signal and not saved_now:
                     last_path = self._checkpoint(force=True) or last_path
                 self.logger.warning("%s received: stopped at step %d", stopped_by, self.step)
-            elif self.settings.save_final and self.step > first_step and not (
-                    self.checkpoint_manager is not None and self.checkpoint_manager.should_save(self.step)):
+            elif (
+                self.settings.save_final
+                and self.step > first_step
+                and not (
+                    self.checkpoint_manager is not None
+                    and self.checkpoint_manager.should_save(self.step)
+                )
+            ):
                 last_path = self._checkpoint(force=True) or last_path
         finally:
             bar.close()
@@ -436,14 +499,28 @@ class Trainer:
                 self.coordinator.stop()
         elapsed = time.perf_counter() - started
         tokens_run = self.tokens - first_tokens
-        metrics = {"tokens_per_s": tokens_run / elapsed if elapsed > 0 else 0.0,
-                   "samples_per_s": (self.samples - first_samples) / elapsed if elapsed > 0 else 0.0}
+        metrics = {
+            "tokens_per_s": tokens_run / elapsed if elapsed > 0 else 0.0,
+            "samples_per_s": (self.samples - first_samples) / elapsed if elapsed > 0 else 0.0,
+        }
         if val_loss is not None:
             metrics["val_loss"] = val_loss
-        self.logger.emit("fit_end", {"step": self.step, "final_loss": final_loss, "elapsed_s": elapsed, **metrics})
-        return TrainResult(self.step, self.samples, self.tokens, final_loss, elapsed, metrics,
-                           steps_run=self.step - first_step, skipped_steps=self.skipped_steps,
-                           stopped_by=stopped_by, checkpoint=last_path)
+        self.logger.emit(
+            "fit_end",
+            {"step": self.step, "final_loss": final_loss, "elapsed_s": elapsed, **metrics},
+        )
+        return TrainResult(
+            self.step,
+            self.samples,
+            self.tokens,
+            final_loss,
+            elapsed,
+            metrics,
+            steps_run=self.step - first_step,
+            skipped_steps=self.skipped_steps,
+            stopped_by=stopped_by,
+            checkpoint=last_path,
+        )
 
     train = fit
 
@@ -461,4 +538,11 @@ class Trainer:
 TrainingEngine = Trainer
 SpeedtronicTrainer = Trainer
 
-__all__ = ["NonFiniteLossError", "SpeedtronicTrainer", "SyncCoordinator", "TrainResult", "Trainer", "TrainingEngine"]
+__all__ = [
+    "NonFiniteLossError",
+    "SpeedtronicTrainer",
+    "SyncCoordinator",
+    "TrainResult",
+    "Trainer",
+    "TrainingEngine",
+]

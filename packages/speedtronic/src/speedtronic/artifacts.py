@@ -12,7 +12,9 @@ from speedtronic.cli import UsageError
 def load_checkpoint_model(path: Path) -> tuple[Any, Any]:
     """Return (model in eval mode, its SpeedtronicConfig) rebuilt from a trainer checkpoint."""
     if not path.is_file():
-        raise UsageError(f"{path}: no such checkpoint file (look in <output_dir>/checkpoints/step_<n>.pt)")
+        raise UsageError(
+            f"{path}: no such checkpoint file (look in <output_dir>/checkpoints/step_<n>.pt)"
+        )
     import torch
     from speedtronic_config import SpeedtronicConfig
     from speedtronic_model import build_model
@@ -26,15 +28,24 @@ def load_checkpoint_model(path: Path) -> tuple[Any, Any]:
     return model.eval(), config
 
 
-def sample_text(path: Path, prompt: str, *, max_new_tokens: int = 200, temperature: float = 0.8,
-                top_k: int | None = None, seed: int = 0) -> str:
+def sample_text(
+    path: Path,
+    prompt: str,
+    *,
+    max_new_tokens: int = 200,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    seed: int = 0,
+) -> str:
     """Return the prompt continued by the checkpoint's model, decoded byte-level."""
     import torch
     from speedtronic_data import CharTokenizer
 
     model, config = load_checkpoint_model(path)
     if not hasattr(model, "generate"):
-        raise UsageError(f"{path}: model {config.model.name!r} has no generate(); sample needs the reference model")
+        raise UsageError(
+            f"{path}: model {config.model.name!r} has no generate(); sample needs the reference model"
+        )
     tokenizer = CharTokenizer(vocab_size=config.model.vocab_size)
     ids = torch.tensor([tokenizer.encode(prompt or "\n")], dtype=torch.long)
     torch.manual_seed(seed)
@@ -49,7 +60,9 @@ def export_checkpoint(path: Path, out_dir: Path) -> Path:
 
     model, config = load_checkpoint_model(path)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_model(model, str(out_dir / "model.safetensors"), metadata={"format": "pt"})  # dedupes tied tensors
+    save_model(
+        model, str(out_dir / "model.safetensors"), metadata={"format": "pt"}
+    )  # dedupes tied tensors
     model_config = config.to_dict()["model"]
     (out_dir / "config.json").write_text(json.dumps(model_config, indent=2) + "\n")
     return out_dir

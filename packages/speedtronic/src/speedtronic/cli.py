@@ -27,20 +27,37 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--max-steps", type=int, help="absolute optimizer-step target")
     train.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps")
     train.add_argument("--resume", action="store_true", help="resume from the latest checkpoint")
-    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config value, e.g. --set model.n_layer=6 (repeatable)")
-    train.add_argument("--cuda-overlay", metavar="FILE",
-                       help="YAML of key: value overrides applied (before --set) when the run lands on CUDA")
+    train.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set model.n_layer=6 (repeatable)",
+    )
+    train.add_argument(
+        "--cuda-overlay",
+        metavar="FILE",
+        help="YAML of key: value overrides applied (before --set) when the run lands on CUDA",
+    )
 
     validate = commands.add_parser("validate", help="print the normalized, redacted config")
     validate.add_argument("config")
-    validate.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    validate.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE"
+    )
 
     prepare = commands.add_parser("prepare", help="tokenize text into train/val token shards")
     prepare.add_argument("out_dir")
-    prepare.add_argument("texts", nargs="*", help="UTF-8 text files (default: the Python stdlib corpus)")
-    prepare.add_argument("--stdlib-bytes", type=int, default=8_000_000,
-                         help="size of the Python-stdlib corpus when no text files are given")
+    prepare.add_argument(
+        "texts", nargs="*", help="UTF-8 text files (default: the Python stdlib corpus)"
+    )
+    prepare.add_argument(
+        "--stdlib-bytes",
+        type=int,
+        default=8_000_000,
+        help="size of the Python-stdlib corpus when no text files are given",
+    )
     prepare.add_argument("--val-fraction", type=float, default=0.05)
 
     plot = commands.add_parser("plot", help="plot loss, learning rate and tokens/s to a PNG")
@@ -75,8 +92,10 @@ def _cuda_overrides(path: str) -> list[str]:
 
     overlay = read_file(path)
     if not isinstance(overlay, dict) or not all(isinstance(key, str) for key in overlay):
-        raise UsageError(f"--cuda-overlay {path}: expected a mapping of dotted keys to values, "
-                         "e.g. `model.n_layer: 8`")
+        raise UsageError(
+            f"--cuda-overlay {path}: expected a mapping of dotted keys to values, "
+            "e.g. `model.n_layer: 8`"
+        )
     return [f"{key}={json.dumps(value)}" for key, value in overlay.items()]  # JSON is YAML
 
 
@@ -120,7 +139,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from speedtronic.report import prepare_corpus
 
-    prepare_corpus(Path(args.out_dir), [Path(t) for t in args.texts], args.stdlib_bytes, args.val_fraction)
+    prepare_corpus(
+        Path(args.out_dir), [Path(t) for t in args.texts], args.stdlib_bytes, args.val_fraction
+    )
     return 0
 
 
@@ -134,8 +155,16 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 def _cmd_sample(args: argparse.Namespace) -> int:
     from speedtronic.artifacts import sample_text
 
-    print(sample_text(Path(args.checkpoint), args.prompt, max_new_tokens=args.max_new_tokens,
-                      temperature=args.temperature, top_k=args.top_k, seed=args.seed))
+    print(
+        sample_text(
+            Path(args.checkpoint),
+            args.prompt,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            seed=args.seed,
+        )
+    )
     return 0
 
 
@@ -146,8 +175,14 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": _cmd_train, "validate": _cmd_validate, "prepare": _cmd_prepare,
-            "plot": _cmd_plot, "sample": _cmd_sample, "export": _cmd_export}
+COMMANDS = {
+    "train": _cmd_train,
+    "validate": _cmd_validate,
+    "prepare": _cmd_prepare,
+    "plot": _cmd_plot,
+    "sample": _cmd_sample,
+    "export": _cmd_export,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -166,11 +201,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:  # a runtime failure: one line unless debugging was asked for
         if os.environ.get("SPEEDTRONIC_DEBUG"):
             raise
-        print(f"speedtronic {args.command}: {type(error).__name__}: {error} "
-              "(set SPEEDTRONIC_DEBUG=1 for the traceback)", file=sys.stderr)
+        print(
+            f"speedtronic {args.command}: {type(error).__name__}: {error} "
+            "(set SPEEDTRONIC_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
         return RUNTIME_ERROR
-
-
 
 
 def main_entry() -> None:

@@ -19,7 +19,9 @@ def read_metrics(path: Path) -> list[dict]:
             records.append(json.loads(line))
         except json.JSONDecodeError:
             if number < len(lines):
-                raise UsageError(f"{path}:{number}: not a JSON line; is this a metrics.jsonl file?") from None
+                raise UsageError(
+                    f"{path}:{number}: not a JSON line; is this a metrics.jsonl file?"
+                ) from None
     return records
 
 
@@ -33,7 +35,9 @@ def find_metrics_file(source: Path) -> Path:
     if source.is_dir():
         candidates = sorted(source.rglob("metrics.jsonl"))
         if not candidates:
-            raise UsageError(f"{source}: no metrics.jsonl inside; pass the run directory of a finished run")
+            raise UsageError(
+                f"{source}: no metrics.jsonl inside; pass the run directory of a finished run"
+            )
         return candidates[0]
     if not source.exists():
         raise UsageError(f"{source}: no such file or directory")

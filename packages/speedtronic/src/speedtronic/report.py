@@ -12,7 +12,9 @@ import numpy as np
 from speedtronic.cli import UsageError
 
 
-def prepare_corpus(out_dir: Path, texts: list[Path], stdlib_bytes: int, val_fraction: float) -> None:
+def prepare_corpus(
+    out_dir: Path, texts: list[Path], stdlib_bytes: int, val_fraction: float
+) -> None:
     """Tokenize texts (default: the Python stdlib's source) byte-level into train/val shards, once."""
     from speedtronic_data import prepare_shards, stdlib_corpus
 
@@ -43,14 +45,22 @@ def print_run_summary(config: Any, result: Any, checkpoint: Path | None) -> None
     from speedtronic.artifacts import sample_text
     from speedtronic.plotting import plot_metrics
 
-    lines = [f"trained {result.steps} steps, {result.tokens:,} tokens in {result.elapsed_s:.1f}s"
-             f" ({result.tokens / max(result.elapsed_s, 1e-9):,.0f} tokens/s)"]
+    lines = [
+        f"trained {result.steps} steps, {result.tokens:,} tokens in {result.elapsed_s:.1f}s"
+        f" ({result.tokens / max(result.elapsed_s, 1e-9):,.0f} tokens/s)"
+    ]
     if result.final_loss is not None:
         lines.append(f"final train loss {result.final_loss:.3f} nats/token")
     val_loss = (result.metrics or {}).get("val_loss")
     if val_loss is not None:
-        entropy = unigram_entropy(config.data.val_shard_path) if getattr(config.data, "val_shard_path", None) else None
-        reference = f" (unigram entropy of the corpus: {entropy:.3f})" if entropy is not None else ""
+        entropy = (
+            unigram_entropy(config.data.val_shard_path)
+            if getattr(config.data, "val_shard_path", None)
+            else None
+        )
+        reference = (
+            f" (unigram entropy of the corpus: {entropy:.3f})" if entropy is not None else ""
+        )
         lines.append(f"validation loss {val_loss:.3f} nats/token{reference}")
     metrics = Path(config.logging.json_file) if config.logging.json_file else None
     if metrics is not None and metrics.exists():

@@ -28,7 +28,9 @@ def build_optimizer(model: torch.nn.Module, config: Any, device: Any) -> torch.o
     return _build_optimizer(model, getattr(config, "optimizer", config), device)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, config: SpeedtronicConfig) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, config: SpeedtronicConfig
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Build the LambdaLR warmup/cosine, warmup/constant or warmup-stable-decay schedule."""
     return build_lr_scheduler(optimizer, config.scheduler)
 
@@ -38,15 +40,20 @@ def build_logger(config: SpeedtronicConfig) -> MetricLogger:
     return MetricLogger.from_config(config.logging, hook_dir=config.run.output_dir)
 
 
-def build_coordinator(config: SpeedtronicConfig, model: torch.nn.Module, logger: MetricLogger) -> Any:
+def build_coordinator(
+    config: SpeedtronicConfig, model: torch.nn.Module, logger: MetricLogger
+) -> Any:
     """Return the DumbDiLoCo coordinator for an enabled distributed section, else None."""
     if not config.distributed.enabled:
         return None
     try:
         from speedtronic_diloco import DumbDiLoCoCoordinator
     except ImportError as error:
-        raise ConfigError("distributed.enabled", f"true needs the speedtronic-diloco package ({error})",
-                          allowed="install it with `pip install speedtronic-diloco`") from error
+        raise ConfigError(
+            "distributed.enabled",
+            f"true needs the speedtronic-diloco package ({error})",
+            allowed="install it with `pip install speedtronic-diloco`",
+        ) from error
     return DumbDiLoCoCoordinator(config, model, events=logger)
 
 
@@ -54,9 +61,13 @@ def _checkpoint_manager(config: SpeedtronicConfig) -> CheckpointManager:
     return CheckpointManager.from_config(config.checkpoint, output_dir=config.run.output_dir)
 
 
-def build_runtime(config: SpeedtronicConfig | dict[str, Any], *, resume: bool = False,
-                  device: str | torch.device | None = None,
-                  max_steps: int | None = None) -> tuple[Trainer, CheckpointManager]:
+def build_runtime(
+    config: SpeedtronicConfig | dict[str, Any],
+    *,
+    resume: bool = False,
+    device: str | torch.device | None = None,
+    max_steps: int | None = None,
+) -> tuple[Trainer, CheckpointManager]:
     """Build the Trainer and its CheckpointManager from one configuration object."""
     values = dict(config) if isinstance(config, dict) else config.to_dict()
     if max_steps is not None:  # as an override, so the default schedule horizon follows it
@@ -78,17 +89,33 @@ def build_runtime(config: SpeedtronicConfig | dict[str, Any], *, resume: bool = 
     target = config.step_target  # 11
     precision = resolve_precision(config.precision, resolved)
     shape_report = validate_startup_shapes(config, model, resolved, precision, logger=logger)
-    trainer = Trainer(model, optimizer, dataloader, device=resolved, config=config, scheduler=scheduler,  # 12
-                      precision=precision, logger=logger, checkpoint_manager=manager,
-                      coordinator=coordinator, max_steps=target, shape_report=shape_report,
-                      eval_dataloader=eval_dataloader)
+    trainer = Trainer(
+        model,
+        optimizer,
+        dataloader,
+        device=resolved,
+        config=config,
+        scheduler=scheduler,  # 12
+        precision=precision,
+        logger=logger,
+        checkpoint_manager=manager,
+        coordinator=coordinator,
+        max_steps=target,
+        shape_report=shape_report,
+        eval_dataloader=eval_dataloader,
+    )
     if resume or config.checkpoint.resume:  # 13 (warns and starts fresh when there is none)
         trainer.resume_latest()
     return trainer, manager
 
 
-def train_from_config(config: SpeedtronicConfig | dict[str, Any], *, resume: bool = False,
-                      device: str | torch.device | None = None, max_steps: int | None = None) -> TrainResult:
+def train_from_config(
+    config: SpeedtronicConfig | dict[str, Any],
+    *,
+    resume: bool = False,
+    device: str | torch.device | None = None,
+    max_steps: int | None = None,
+) -> TrainResult:
     """Build the runtime and train to the target; return the TrainResult."""
     trainer, _ = build_runtime(config, resume=resume, device=device, max_steps=max_steps)
     try:
@@ -100,5 +127,14 @@ def train_from_config(config: SpeedtronicConfig | dict[str, Any], *, resume: boo
 run = train_from_config
 train = train_from_config
 
-__all__ = ["build_coordinator", "build_logger", "build_optimizer", "build_runtime", "build_scheduler",
-           "run", "seed_everything", "train", "train_from_config"]
+__all__ = [
+    "build_coordinator",
+    "build_logger",
+    "build_optimizer",
+    "build_runtime",
+    "build_scheduler",
+    "run",
+    "seed_everything",
+    "train",
+    "train_from_config",
+]

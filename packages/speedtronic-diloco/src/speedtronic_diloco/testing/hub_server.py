@@ -67,7 +67,9 @@ class Repo:
         """Append a commit with a fresh oid and return it."""
         parent = self.commits[-1].oid if self.commits else None
         seed = f"{self.repo_id}\0{parent}\0{len(self.commits)}\0{message}".encode()
-        oid = hashlib.sha1(seed + b"".join(hashlib.sha1(v).digest() for v in tree.values())).hexdigest()
+        oid = hashlib.sha1(
+            seed + b"".join(hashlib.sha1(v).digest() for v in tree.values())
+        ).hexdigest()
         self.commits.append(Commit(oid, parent, tree, message))
         return self.commits[-1]
 
@@ -75,22 +77,36 @@ class Repo:
 class FaultPlan:
     """Which requests fail and how: a scripted queue first, then a seeded random rate."""
 
-    def __init__(self, rate: float = 0.0, kinds: tuple[str, ...] = FAULT_KINDS, seed: int = 0) -> None:
+    def __init__(
+        self, rate: float = 0.0, kinds: tuple[str, ...] = FAULT_KINDS, seed: int = 0
+    ) -> None:
         self.lock = threading.Lock()
         self.injected: dict[str, int] = {}
         self.configure(rate=rate, kinds=kinds, seed=seed)
 
-    def configure(self, *, rate: float = 0.0, kinds: tuple[str, ...] | list[str] = FAULT_KINDS, seed: int = 0,
-                  script: list[dict[str, Any]] | None = None) -> None:
+    def configure(
+        self,
+        *,
+        rate: float = 0.0,
+        kinds: tuple[str, ...] | list[str] = FAULT_KINDS,
+        seed: int = 0,
+        script: list[dict[str, Any]] | None = None,
+    ) -> None:
         """Replace the plan. script items: {"kind", "method"?, "path"? (substring), "times"?}."""
-        unknown = set(kinds) - set(FAULT_KINDS) | {s["kind"] for s in script or []} - set(FAULT_KINDS)
+        unknown = set(kinds) - set(FAULT_KINDS) | {s["kind"] for s in script or []} - set(
+            FAULT_KINDS
+        )
         if unknown or not 0 <= rate <= 1:
-            raise ValueError(f"bad fault plan: unknown kinds {sorted(unknown)} or rate {rate} outside [0, 1]")
+            raise ValueError(
+                f"bad fault plan: unknown kinds {sorted(unknown)} or rate {rate} outside [0, 1]"
+            )
         with self.lock:
             self.rate, self.kinds, self.rng = rate, tuple(kinds), random.Random(seed)
             self.script = [dict(item, times=int(item.get("times", 1))) for item in script or []]
 
-    def add(self, kind: str, *, method: str | None = None, path: str | None = None, times: int = 1) -> None:
+    def add(
+        self, kind: str, *, method: str | None = None, path: str | None = None, times: int = 1
+    ) -> None:
         """Queue a scripted fault for the next matching request(s)."""
         if kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault kind {kind!r}; use one of {FAULT_KINDS}")
@@ -155,8 +171,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self.rfile.readline()
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
-    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None,
-              content_type: str = "application/json") -> None:
+    def _send(
+        self,
+        status: int,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -195,7 +216,9 @@ class _Handler(BaseHTTPRequestHandler):
         parts = [unquote(p) for p in url.path.split("/") if p]
         if parts[:1] == ["_test"]:
             return self._test_hook(parts[1:], body)
-        mutating = self.command == "POST" and ("commit" in parts or parts[:3] == ["api", "repos", "create"])
+        mutating = self.command == "POST" and (
+            "commit" in parts or parts[:3] == ["api", "repos", "create"]
+        )
         fault = self.server.faults.pick(self.command, url.path, mutating=mutating)
         if fault == "drop":
             return self._hang_up()
@@ -205,7 +228,10 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             reply = self._route(parts, parse_qs(url.query), body, stale=fault == "stale")
         except _Reply as exc:
-            headers = {"X-Error-Message": exc.message, **({"X-Error-Code": exc.code} if exc.code else {})}
+            headers = {
+                "X-Error-Message": exc.message,
+                **({"X-Error-Code": exc.code} if exc.code else {}),
+            }
             return self._json(exc.status, {"error": exc.message}, headers)
         if fault == "lost":
             return self._hang_up()
@@ -215,7 +241,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _repo(self, repo_type: str, repo_id: str) -> Repo:
         repo = self.server.store.repos.get((repo_type, repo_id))
         if repo is None:
-            raise _Reply(404, f"Repository Not Found for url: {repo_type}s/{repo_id}", "RepoNotFound")
+            raise _Reply(
+                404, f"Repository Not Found for url: {repo_type}s/{repo_id}", "RepoNotFound"
+            )
         return repo
 
     def _revision(self, repo: Repo, revision: str) -> Commit:
@@ -237,8 +265,13 @@ class _Handler(BaseHTTPRequestHandler):
                 rest = parts[4:]
                 if self.command == "POST" and rest[:1] == ["preupload"]:
                     files = json.loads(body or b"{}").get("files", [])
-                    answer = {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
-                                        for f in files], "commitOid": repo.head.oid}
+                    answer = {
+                        "files": [
+                            {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                            for f in files
+                        ],
+                        "commitOid": repo.head.oid,
+                    }
                     return lambda: self._json(200, answer)
                 if self.command == "POST" and rest[:1] == ["commit"]:
                     return self._commit(repo, body, stale=stale)
@@ -246,8 +279,12 @@ class _Handler(BaseHTTPRequestHandler):
                     return self._tree(repo, rest[1], "/".join(rest[2:]), query)
                 if self.command == "GET" and (not rest or rest[:1] == ["revision"]):
                     commit = self._revision(repo, rest[1] if len(rest) > 1 else "main")
-                    info = {"id": repo.repo_id, "sha": commit.oid, "private": repo.private,
-                            "siblings": [{"rfilename": p} for p in sorted(commit.tree)]}
+                    info = {
+                        "id": repo.repo_id,
+                        "sha": commit.oid,
+                        "private": repo.private,
+                        "siblings": [{"rfilename": p} for p in sorted(commit.tree)],
+                    }
                     return lambda: self._json(200, info)
             if self.command in {"GET", "HEAD"} and "resolve" in parts:
                 return self._resolve(parts)
@@ -262,7 +299,9 @@ class _Handler(BaseHTTPRequestHandler):
         url = {"url": f"{self.server.base_url}/{repo_id}", "name": repo_id}
         if (repo_type, repo_id) in self.server.store.repos:
             return lambda: self._json(409, {**url, "error": "You already created this model repo"})
-        repo = Repo(repo_id, repo_type, bool(payload.get("private", payload.get("visibility") == "private")))
+        repo = Repo(
+            repo_id, repo_type, bool(payload.get("private", payload.get("visibility") == "private"))
+        )
         repo.commit({".gitattributes": b""}, "initial commit")
         self.server.store.repos[(repo_type, repo_id)] = repo
         return lambda: self._json(200, url)
@@ -276,7 +315,10 @@ class _Handler(BaseHTTPRequestHandler):
             repo.commit(dict(repo.head.tree), "concurrent commit (injected)")
         parent = header.get("parentCommit")
         if parent is not None and parent != repo.head.oid:
-            raise _Reply(412, f"A commit has happened since. Please refresh and try again. (head {repo.head.oid})")
+            raise _Reply(
+                412,
+                f"A commit has happened since. Please refresh and try again. (head {repo.head.oid})",
+            )
         tree = dict(repo.head.tree)
         added, deleted = [], []
         for line in lines:
@@ -289,14 +331,26 @@ class _Handler(BaseHTTPRequestHandler):
                     deleted.append(value["path"])
             elif key == "deletedFolder":
                 prefix = value["path"].rstrip("/") + "/"
-                deleted += [p for p in list(tree) if p.startswith(prefix) and tree.pop(p) is not None]
+                deleted += [
+                    p for p in list(tree) if p.startswith(prefix) and tree.pop(p) is not None
+                ]
             elif key == "lfsFile":
                 raise _Reply(400, "this test server accepts inline (regular) uploads only, not LFS")
         commit = repo.commit(tree, header.get("summary", ""))
-        self.server.store.log.append({"repo": repo.repo_id, "oid": commit.oid, "added": added, "deleted": deleted,
-                                      "bytes": len(body)})  # the commit's size on the wire
-        answer = {"commitUrl": f"{self.server.base_url}/{repo.repo_id}/commit/{commit.oid}",
-                  "commitOid": commit.oid, "pullRequestUrl": None}
+        self.server.store.log.append(
+            {
+                "repo": repo.repo_id,
+                "oid": commit.oid,
+                "added": added,
+                "deleted": deleted,
+                "bytes": len(body),
+            }
+        )  # the commit's size on the wire
+        answer = {
+            "commitUrl": f"{self.server.base_url}/{repo.repo_id}/commit/{commit.oid}",
+            "commitOid": commit.oid,
+            "pullRequestUrl": None,
+        }
         return lambda: self._json(200, answer)
 
     def _tree(self, repo: Repo, revision: str, prefix: str, query: dict[str, list[str]]):
@@ -307,13 +361,20 @@ class _Handler(BaseHTTPRequestHandler):
         for path, data in sorted(commit.tree.items()):
             if not path.startswith(base):
                 continue
-            rest = path[len(base):].split("/")
+            rest = path[len(base) :].split("/")
             for depth in range(1, len(rest)):
                 folder = base + "/".join(rest[:depth])
                 if recursive or depth == 1:
-                    entries.setdefault(folder, {"type": "directory", "oid": commit.oid, "size": 0, "path": folder})
+                    entries.setdefault(
+                        folder, {"type": "directory", "oid": commit.oid, "size": 0, "path": folder}
+                    )
             if recursive or len(rest) == 1:
-                entries[path] = {"type": "file", "oid": hashlib.sha1(data).hexdigest(), "size": len(data), "path": path}
+                entries[path] = {
+                    "type": "file",
+                    "oid": hashlib.sha1(data).hexdigest(),
+                    "size": len(data),
+                    "path": path,
+                }
         if prefix and not entries:
             raise _Reply(404, f"{prefix} does not exist on {revision}", "EntryNotFound")
         listing = list(entries.values())
@@ -325,7 +386,7 @@ class _Handler(BaseHTTPRequestHandler):
         index = parts.index("resolve")
         repo = self._repo(repo_type, "/".join(parts[prefix:index]))
         commit = self._revision(repo, parts[index + 1])
-        path = "/".join(parts[index + 2:])
+        path = "/".join(parts[index + 2 :])
         if path not in commit.tree:
             raise _Reply(404, f"Entry not found: {path}", "EntryNotFound")
         data = commit.tree[path]
@@ -345,10 +406,20 @@ class _Handler(BaseHTTPRequestHandler):
             if parts == ["log"]:
                 return self._json(200, list(server.store.log))
             if parts == ["stats"]:
-                return self._json(200, {"injected": dict(server.faults.injected),
-                                        "repos": {r.repo_id: {"head": r.head.oid, "commits": len(r.commits),
-                                                              "files": sorted(r.head.tree)}
-                                                  for r in server.store.repos.values()}})
+                return self._json(
+                    200,
+                    {
+                        "injected": dict(server.faults.injected),
+                        "repos": {
+                            r.repo_id: {
+                                "head": r.head.oid,
+                                "commits": len(r.commits),
+                                "files": sorted(r.head.tree),
+                            }
+                            for r in server.store.repos.values()
+                        },
+                    },
+                )
         self._json(404, {"error": f"unknown test hook {parts}"})
 
 
@@ -369,7 +440,9 @@ class _Server(ThreadingHTTPServer):
 class HubServer:
     """The loopback Hub on a background thread; use as a context manager or start()/stop()."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, faults: FaultPlan | None = None) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, *, faults: FaultPlan | None = None
+    ) -> None:
         self.store = HubStore()
         self.faults = faults or FaultPlan()
         self._server = _Server((host, port), self.store, self.faults)
@@ -382,7 +455,9 @@ class HubServer:
 
     def start(self) -> HubServer:
         """Serve on a daemon thread and return self."""
-        self._thread = threading.Thread(target=self._server.serve_forever, name="hub-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="hub-server", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -409,11 +484,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--fault-rate", type=float, default=0.0, help="fraction of requests that fail")
-    parser.add_argument("--fault-kinds", default=",".join(FAULT_KINDS), help=f"comma-separated from {FAULT_KINDS}")
+    parser.add_argument(
+        "--fault-rate", type=float, default=0.0, help="fraction of requests that fail"
+    )
+    parser.add_argument(
+        "--fault-kinds", default=",".join(FAULT_KINDS), help=f"comma-separated from {FAULT_KINDS}"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    faults = FaultPlan(args.fault_rate, tuple(k for k in args.fault_kinds.split(",") if k), args.seed)
+    faults = FaultPlan(
+        args.fault_rate, tuple(k for k in args.fault_kinds.split(",") if k), args.seed
+    )
     server = HubServer(args.host, args.port, faults=faults)
     print(f"hub server listening on {server.url}", flush=True)
     try:

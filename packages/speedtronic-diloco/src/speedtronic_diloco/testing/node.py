@@ -39,14 +39,27 @@ def held_out_loss(weight: torch.Tensor) -> float:
 def run_node(args: argparse.Namespace) -> dict[str, Any]:
     """Train one node for args.steps local steps under DiLoCo and return its summary."""
     section = SimpleNamespace(
-        role=args.role, node_id=args.node_id, repo_id=args.repo, endpoint=args.endpoint, transport=args.transport,
-        inner_steps=args.inner_steps, poll_interval=args.poll_interval, retry_initial=0.05, retry_max=0.5,
-        retry_attempts=10, global_wait_timeout=60.0, async_delta_upload=True, async_global_poll=True,
-        staleness_limit=args.staleness_limit)
+        role=args.role,
+        node_id=args.node_id,
+        repo_id=args.repo,
+        endpoint=args.endpoint,
+        transport=args.transport,
+        inner_steps=args.inner_steps,
+        poll_interval=args.poll_interval,
+        retry_initial=0.05,
+        retry_max=0.5,
+        retry_attempts=10,
+        global_wait_timeout=60.0,
+        async_delta_upload=True,
+        async_global_poll=True,
+        staleness_limit=args.staleness_limit,
+    )
     torch.manual_seed(args.seed)
     model = torch.nn.Linear(FEATURES, 1, bias=False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    coordinator = DumbDiLoCoCoordinator(section, model, state_dir=Path(args.state_dir) / args.node_id)
+    coordinator = DumbDiLoCoCoordinator(
+        section, model, state_dir=Path(args.state_dir) / args.node_id
+    )
     coordinator.start()
     generator = torch.Generator().manual_seed(1000 + args.seed)
     for step in range(coordinator.local_step + 1, coordinator.local_step + args.steps + 1):
@@ -67,8 +80,13 @@ def run_node(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"outer round failed: {exc}", file=sys.stderr)
             time.sleep(args.poll_interval)
     coordinator.stop()
-    summary: dict[str, Any] = {"node_id": args.node_id, "role": args.role, "counters": coordinator.counters,
-                               "last_global_step": coordinator.last_global_step, "local_step": coordinator.local_step}
+    summary: dict[str, Any] = {
+        "node_id": args.node_id,
+        "role": args.role,
+        "counters": coordinator.counters,
+        "last_global_step": coordinator.last_global_step,
+        "local_step": coordinator.local_step,
+    }
     if coordinator.master is not None:
         summary["outer_step"] = coordinator.master.outer_step
         summary["processed"] = sorted(coordinator.master.processed_filenames)
@@ -90,7 +108,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="A tiny DiLoCo node for multi-process trials.")
     parser.add_argument("--role", choices=["master", "worker"], required=True)
     parser.add_argument("--node-id", required=True)
-    parser.add_argument("--endpoint", required=True, help="Hub URL, or a folder with --transport filesystem")
+    parser.add_argument(
+        "--endpoint", required=True, help="Hub URL, or a folder with --transport filesystem"
+    )
     parser.add_argument("--transport", choices=["hub", "filesystem"], default="hub")
     parser.add_argument("--repo", default="org/diloco-trial")
     parser.add_argument("--steps", type=int, default=40)
@@ -100,8 +120,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--staleness-limit", type=int, default=None)
-    parser.add_argument("--until-outer-step", type=int, default=0, help="master: keep aggregating until this step")
-    parser.add_argument("--linger", type=float, default=30.0, help="master: at most this long after training")
+    parser.add_argument(
+        "--until-outer-step", type=int, default=0, help="master: keep aggregating until this step"
+    )
+    parser.add_argument(
+        "--linger", type=float, default=30.0, help="master: at most this long after training"
+    )
     parser.add_argument("--state-dir", default=".speedtronic/diloco-trial")
     parser.add_argument("--summary", required=True, help="JSON file to write")
     args = parser.parse_args(argv)

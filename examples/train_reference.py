@@ -15,7 +15,9 @@ import speedtronic
 
 @speedtronic.register_model("tiny_mlp_lm", replace=True)
 def tiny_mlp_lm(vocab_size: int, d_model: int, **_: object) -> nn.Module:
-    """A custom model: embedding + MLP + head, returning {"logits"} for the trainer's causal loss."""
+    """A custom model: embedding + MLP + head, returning {"logits"} for the trainer's causal
+    loss.
+    """
 
     class TinyMLPLM(nn.Module):
         def __init__(self) -> None:

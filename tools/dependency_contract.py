@@ -1,4 +1,5 @@
-"""Check the package graph: every package declares and imports only what tools/package_graph.toml allows.
+"""Check the package graph: every package declares and imports only what tools/package_graph.toml
+allows.
 
 Usage: python tools/dependency_contract.py [REPO_ROOT]   (exit 0 when the graph holds, 1 otherwise)
 """
@@ -77,7 +78,8 @@ def check(root: Path) -> list[str]:
         for dep in sorted(rule.internal):
             if dep not in order[:index]:
                 errors.append(
-                    f"{GRAPH_FILE}: {rule.name} may not depend on {dep} (against the graph direction)"
+                    f"{GRAPH_FILE}: {rule.name} may not depend on {dep} (against the graph "
+                    "direction)"
                 )
     known = {rule.name: rule for rule in rules}
     packages_dir = root / "packages"
@@ -91,7 +93,8 @@ def check(root: Path) -> list[str]:
         allowed = rule.internal | rule.external
         for dep in sorted(declared - allowed):
             errors.append(
-                f"{package_dir}/pyproject.toml: {name} declares {dep}, which the graph does not allow"
+                f"{package_dir}/pyproject.toml: {name} declares {dep}, which the graph does not "
+                "allow"
             )
         own = name.replace("-", "_")
         for module, where in sorted(imported_modules(package_dir / "src").items()):

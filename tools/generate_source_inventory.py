@@ -1,4 +1,5 @@
-"""Write docs/source-inventory.md from the packages' source with `ast` (no torch import, no network).
+"""Write docs/source-inventory.md from the packages' source with `ast` (no torch import, no
+network).
 
 Usage: python tools/generate_source_inventory.py [--check]
   --check   exit 1 when the committed docs/source-inventory.md differs from what the code gives.

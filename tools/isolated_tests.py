@@ -124,7 +124,8 @@ def main(argv: list[str]) -> int:
         + (f"; failing: {', '.join(failed)}" if failed else "")
     )
     print(
-        f"isolated: {totals['passed']} passed, {totals['failed'] + totals['error']} failed, {totals['skipped']} skipped"
+        f"isolated: {totals['passed']} passed, {totals['failed'] + totals['error']} failed, "
+        f"{totals['skipped']} skipped"
     )
     return 1 if failed else 0
 

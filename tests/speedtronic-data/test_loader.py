@@ -197,7 +197,7 @@ def test_resume_yields_exactly_the_remaining_batches(shards, text_file, case, st
     got = taken + rest
     per_epoch = len(expected) // 2
     assert len(got) == len(expected) and per_epoch > stop_at
-    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
 def test_calling_iter_without_drawing_does_not_start_an_epoch():
@@ -226,11 +226,14 @@ def test_state_round_trip_and_bad_states():
     assert isinstance(loader, ResumableLoader)
 
 
-# ----------------------------------------------------------- shard batches and the dataset's own position
+# ----------------------------------------------------------- shard batches and the dataset's own
+# position
 
 
 def _windows(shards, block_size=8):
-    """Every window of the train shards by the format's definition, read with plain numpy (not the dataset)."""
+    """Every window of the train shards by the format's definition, read with plain numpy (not the
+    dataset).
+    """
     out = []
     for path in sorted(shards.glob("train_*.bin")):
         tokens = np.fromfile(path, dtype="<u2", offset=1024).astype(np.int64)
@@ -254,7 +257,7 @@ def test_shard_loader_batches_equal_the_per_window_reference(shards, shuffle, wo
         )
     )
     windows = _windows(shards)
-    for epoch in range(2):
+    for _ in range(2):
         batches = list(loader)
         order = list(loader.sampler)  # the pass's order (sampler keeps the epoch the loader set)
         assert sorted(order) == list(range(len(windows))) and (order != sorted(order)) == shuffle
@@ -315,7 +318,10 @@ def test_dataset_state_resumes_at_exactly_the_next_batch(shards, fields, stop_at
     rest = [(b["input_ids"], b["labels"]) for _ in range(3 - epoch) for b in resumed]
     got = taken + rest
     assert len(got) == len(expected)
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, expected))
+    assert all(
+        torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        for a, b in zip(got, expected, strict=True)
+    )
 
 
 def test_dataset_state_resumes_under_another_batch_size(shards):

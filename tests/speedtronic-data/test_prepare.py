@@ -33,7 +33,8 @@ def test_files_and_texts_become_train_and_val_shards(tmp_path):
     assert 0 < result.val_tokens < len(data) // 5
     assert sorted(_tokens(result.val_paths) + _tokens(result.train_paths)) == sorted(data)
     val = bytes(_tokens(result.val_paths))
-    # Validation is the head of each source, rounded up to a whole line (so the one-line text is all val).
+    # Validation is the head of each source, rounded up to a whole line (so the one-line text is all
+    # val).
     assert val == source.read_bytes()[: len(val) - 11] + b"extra text\n" and val.count(b"\n") > 50
     assert [p.name for p in result.train_paths][:2] == ["train_000000.bin", "train_000001.bin"]
     assert all(len(read_shard_tokens(p)) == 2000 for p in result.train_paths[:-1])

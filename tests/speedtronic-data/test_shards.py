@@ -103,11 +103,14 @@ def test_write_shard_rejects_bad_ids(tmp_path):
         write_shard(tmp_path / "x.bin", np.array([-1, 2]))
 
 
-# ------------------------------------------------------------------------- whole batches against a reference
+# ------------------------------------------------------------------------- whole batches against a
+# reference
 
 
 def _reference_windows(paths, block_size):
-    """Every window by the format's definition, read with plain file I/O (not through the dataset)."""
+    """Every window by the format's definition, read with plain file I/O (not through the
+    dataset).
+    """
     windows = []
     for path in paths:
         magic = int(np.fromfile(path, dtype="<i4", count=1)[0])
@@ -191,13 +194,15 @@ def test_vocab_is_checked_in_every_read_path(tmp_path):
             ds.__getitems__(indices)
 
 
-# ------------------------------------------------------------------------------------------------ position
+# ------------------------------------------------------------------------------------------------
+# position
 
 
 def test_state_round_trip_and_bad_states(tmp_path):
     write_shard(tmp_path / "s.bin", np.arange(100))
     ds = TokenShardDataset(tmp_path / "s.bin", block_size=4)
-    # Nothing counts batches under a plain DataLoader: no state_dict, so the trainer replays instead.
+    # Nothing counts batches under a plain DataLoader: no state_dict, so the trainer replays
+    # instead.
     assert not hasattr(ds, "state_dict")
     with pytest.raises(AttributeError, match="only while a ResumableLoader drives the dataset"):
         ds.state_dict()

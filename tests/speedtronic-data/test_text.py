@@ -56,7 +56,7 @@ def test_each_block_produced_once_with_workers_in_single_process_order(text_file
     loader = DataLoader(ds, batch_size=4, num_workers=workers, collate_fn=collate_causal)
     got = [row for batch in loader for row in batch["input_ids"]]
     assert len(got) == len(expected)
-    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
 def test_missing_and_empty_files(tmp_path):

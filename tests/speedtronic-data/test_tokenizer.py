@@ -9,7 +9,7 @@ from speedtronic_data.tokenizer import encode_text
 def test_char_tokenizer_round_trips_utf8_bytes():
     tok = CharTokenizer()
     ids = tok.encode("héllo")
-    assert ids == list("héllo".encode("utf-8")) and tok("héllo") == ids
+    assert ids == list("héllo".encode()) and tok("héllo") == ids
     assert tok.decode(ids) == "héllo"
 
 

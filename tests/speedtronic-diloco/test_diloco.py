@@ -91,7 +91,9 @@ def wait_for(predicate, what, seconds=15.0):
 
 
 def record_weights(coordinator):
-    """Return {local step: the weight the coordinator saw at that step, before any global install}."""
+    """Return {local step: the weight the coordinator saw at that step, before any global
+    install}.
+    """
     weights = {}
     boundary = coordinator.after_optimizer_step
     coordinator.after_optimizer_step = lambda model, step: (
@@ -189,7 +191,8 @@ def test_async_delta_dispatch_does_not_block_training(server, tmp_path):
     train(worker, net, opt, 2, seed=2)  # boundary 4: the queue (size 1) holds it
     train(worker, net, opt, 2, seed=3)  # boundary 6: lane full -> skipped, not blocked
     assert worker.counters["uploads_skipped"] == 1 and worker.counters["uploads"] == 0
-    # Every undelivered job is checkpointed under its own name: the one in flight and the queued one.
+    # Every undelivered job is checkpointed under its own name: the one in flight and the queued
+    # one.
     assert [job["step"] for job in worker.state_dict()["pending_uploads"]] == [2, 4]
     gate.set()
     worker.stop()

@@ -1,4 +1,6 @@
-"""HubClient over the real HfApi against the loopback server, and over the shared-folder transport."""
+"""HubClient over the real HfApi against the loopback server, and over the shared-folder
+transport.
+"""
 
 from __future__ import annotations
 
@@ -122,7 +124,9 @@ def test_publish_lands_while_every_attempt_loses_the_race_to_a_delta_commit(hub,
 
 
 def test_republishing_a_step_that_already_landed_is_a_no_op(hub, server):
-    """A publish whose commit landed but whose call failed is retried next round with the same model."""
+    """A publish whose commit landed but whose call failed is retried next round with the same
+    model.
+    """
     hub.publish_global({"w": torch.ones(2)}, outer_step=3)
     commits = len(_commits(server))
     hub.publish_global({"w": torch.ones(2)}, outer_step=3)
@@ -134,8 +138,9 @@ def test_republishing_a_step_that_already_landed_is_a_no_op(hub, server):
 
 
 def test_publish_retries_each_read_on_its_own(server, tmp_path):
-    """Retried as a whole, a publish (head, list, read, commit) under a failure on each request would
-    need every request to succeed in one attempt; each one retrying alone, two attempts suffice."""
+    """Retried as a whole, a publish (head, list, read, commit) under a failure on each request
+    would need every request to succeed in one attempt; each one retrying alone, two attempts
+    suffice."""
     transport = HfApiTransport("org/run", endpoint=server.url, cache_dir=tmp_path / "cache")
     client = HubClient(
         "org/run",
@@ -159,7 +164,9 @@ def test_publish_retries_each_read_on_its_own(server, tmp_path):
 
 
 def test_reads_leave_no_files_behind_in_the_cache_folder(hub, tmp_path):
-    """Each delta is read once and each global version is superseded: nothing may pile up on disk."""
+    """Each delta is read once and each global version is superseded: nothing may pile up on
+    disk.
+    """
     hub.publish_global({"w": torch.zeros(1000)}, outer_step=0)
     path = hub.upload_delta({"w": torch.ones(1000)}, node_id="n", local_step=1, base_outer_step=0)
     hub.read_bytes(path)

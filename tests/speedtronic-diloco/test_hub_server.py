@@ -77,11 +77,12 @@ def test_injected_faults_reach_the_client(api, server):
         _add(api, "x")
     assert info.value.response.status_code == 503 and "x" not in api.list_repo_files("org/r")
     server.faults.add("drop", method="POST", path="/commit/")
-    with pytest.raises(Exception):
+    # A dropped connection surfaces as whatever the HTTP library raises; only failure matters here.
+    with pytest.raises(Exception):  # noqa: B017
         _add(api, "dropped")
     assert "dropped" not in api.list_repo_files("org/r")  # dropped: never applied
     server.faults.add("lost", method="POST", path="/commit/")
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017
         _add(api, "lost")
     assert "lost" in api.list_repo_files("org/r")  # lost response: applied all the same
     head = api.repo_info("org/r").sha

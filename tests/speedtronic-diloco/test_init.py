@@ -17,7 +17,7 @@ def test_public_names_resolve_to_the_defining_modules():
     assert speedtronic_diloco.HubTransport is hub.HubClient
     assert speedtronic_diloco.MasterOuterLoop is outer.MasterOuterLoop
     with pytest.raises(AttributeError, match="no attribute 'missing'"):
-        speedtronic_diloco.missing
+        _ = speedtronic_diloco.missing
 
 
 def test_import_and_the_test_server_stay_light():

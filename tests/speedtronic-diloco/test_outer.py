@@ -69,7 +69,8 @@ def test_sync_once_applies_each_delta_once_and_persists_ledger(tmp_path):
     assert torch.equal(loop.snapshot()[1]["w"], torch.full((3,), -2.0))  # mean delta 2, lr 1
     assert hub.delta_paths() == []  # consumed deltas are deleted in the publishing commit
     assert hub.global_metadata().outer_step == 1
-    # A retried upload whose first response was lost re-creates the same path: it is not applied again.
+    # A retried upload whose first response was lost re-creates the same path: it is not applied
+    # again.
     hub.upload_delta({"w": torch.ones(3)}, node_id="a", local_step=5, base_outer_step=0)
     assert loop.sync_once() == 1
     restarted = MasterOuterLoop(

@@ -103,6 +103,7 @@ def test_a_hub_that_never_answers_times_out_as_a_transient_error():
     import socket
 
     from huggingface_hub.utils import _http
+
     from speedtronic_diloco.transport import HfApiTransport, TransportError, bound_hub_http_timeouts
 
     listener = socket.create_server(("127.0.0.1", 0))

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from speedtronic_config import ConfigError
 from speedtronic_model.model import (
     CausalSelfAttention,
     GPTConfig,
@@ -14,7 +15,6 @@ from speedtronic_model.model import (
     _attention_mask,
     apply_rope,
 )
-from speedtronic_config import ConfigError
 
 SMALL = dict(vocab_size=97, block_size=16, n_layer=2, n_head=4, n_kv_head=2, d_model=32)
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from speedtronic_optim import make_adamw
 
 SETTINGS = dict(lr=1e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)

@@ -5,8 +5,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import speedtronic_optim
 import torch
+
+import speedtronic_optim
 from speedtronic_optim import (
     CautiousOptimizer,
     HybridOptimizer,
@@ -97,6 +98,7 @@ def test_package_imports_only_torch() -> None:
                 imported.add(node.module.split(".")[0])
     assert (
         imported
-        - {"__future__", "torch", "math", "typing", "dataclasses", "collections", "functools"}
+        - {"__future__", "speedtronic_optim", "torch", "math", "typing", "dataclasses"}
+        - {"collections", "functools"}
         == set()
     )

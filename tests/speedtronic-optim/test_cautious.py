@@ -4,6 +4,7 @@ import copy
 
 import pytest
 import torch
+
 from speedtronic_optim import CautiousOptimizer, HybridOptimizer, Muon, route_parameters
 
 

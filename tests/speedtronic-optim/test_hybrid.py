@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from speedtronic_optim import HybridOptimizer, build_lr_scheduler, route_parameters
 
 

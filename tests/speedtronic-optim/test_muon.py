@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+
 from speedtronic_optim import Muon
 from speedtronic_optim.muon import adjusted_lr
 
@@ -180,12 +181,12 @@ def test_batched_same_shape_step_equals_one_matrix_at_a_time(monkeypatch, cap, m
     batched = Muon(together, **settings)
     singles = [Muon([p], **settings) for p in alone]
     for step_grads in grads:
-        for p, q, g in zip(together, alone, step_grads):
+        for p, q, g in zip(together, alone, step_grads, strict=True):
             p.grad, q.grad = g.clone(), g.clone()
         batched.step()
         for optimizer in singles:
             optimizer.step()
-    for p, q, s in zip(together, alone, starts):
+    for p, q, s in zip(together, alone, starts, strict=True):
         assert (p - s).abs().max() > 1e-3  # the steps are real
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
 

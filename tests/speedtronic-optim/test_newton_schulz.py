@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+
 from speedtronic_optim import newton_schulz, post_polar_normalize
 from speedtronic_optim.newton_schulz import match_polar_scale, orthogonalize
 

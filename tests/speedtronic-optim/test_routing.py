@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from speedtronic_optim import route_parameters
 from torch import nn
+
+from speedtronic_optim import route_parameters
 
 
 def _names(model: nn.Module, params: list[torch.Tensor]) -> set[str]:

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
 from speedtronic_optim import (
     build_lr_scheduler,
     warmup_constant,

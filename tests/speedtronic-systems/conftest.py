@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from speedtronic_systems import precision
 
 
@@ -14,7 +15,9 @@ def _fresh_fallback_log():
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    """Pretend to be a machine with CUDA devices; returns a setter for BF16 support and the device count."""
+    """Pretend to be a machine with CUDA devices; returns a setter for BF16 support and the device
+    count.
+    """
 
     state = {"bf16": True, "count": 2, "name": "NVIDIA H100 80GB HBM3"}
     monkeypatch.setattr(precision, "_cuda_available", lambda: True)

@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+
 from speedtronic_systems import atomic
 from speedtronic_systems.atomic import (
     atomic_json_dump,
@@ -160,7 +161,8 @@ def test_a_killed_writer_keeps_the_old_file(tmp_path, temp_kind):
     if temp_kind == "unnamed":
         assert leftovers == []  # an unnamed file dies with its process
     else:
-        # The portable fallback cannot clean up after SIGKILL: its temp is hidden and never read as state.
+        # The portable fallback cannot clean up after SIGKILL: its temp is hidden and never read as
+        # state.
         assert (
             len(leftovers) == 1
             and leftovers[0].startswith(".state.bin.")

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+
 from speedtronic_systems import precision
 from speedtronic_systems.precision import (
     DeviceError,

@@ -5,6 +5,7 @@ import logging
 import pytest
 import torch
 from torch import nn
+
 from speedtronic_systems.scheduling import (
     StageInfo,
     StageStreamScheduler,
@@ -14,7 +15,9 @@ from speedtronic_systems.scheduling import (
 
 
 class Branchy(nn.Module):
-    """Embedding, a ModuleList of blocks with two independent branches each, a parameter-free dropout, a head."""
+    """Embedding, a ModuleList of blocks with two independent branches each, a parameter-free
+    dropout, a head.
+    """
 
     def __init__(self, width: int = 32, depth: int = 3) -> None:
         super().__init__()
@@ -68,7 +71,7 @@ def test_stage_roots_are_disjoint_and_skip_containers_and_parameterless_modules(
 def test_iter_tensors_finds_nested_tensors():
     a, b, c = torch.ones(1), torch.zeros(2), torch.ones(3)
     found = list(_iter_tensors(((a, [b]), {"x": c, "y": 3}, None)))
-    assert len(found) == 3 and all(x is y for x, y in zip(found, (a, b, c)))
+    assert len(found) == 3 and all(x is y for x, y in zip(found, (a, b, c), strict=True))
 
 
 @pytest.mark.parametrize("bad", [0, 9, True, 2.0])
@@ -142,7 +145,9 @@ class FakeStream:
 
 
 def test_hooks_enter_and_leave_stage_streams_in_order(monkeypatch):
-    """The CUDA bookkeeping, run on CPU with fake streams: which stream is current, who waits for whom."""
+    """The CUDA bookkeeping, run on CPU with fake streams: which stream is current, who waits for
+    whom.
+    """
     default = FakeStream("default")
     current = [default]
     made = iter("ABC")

@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+
 from speedtronic_systems.precision import PrecisionPlan
 from speedtronic_systems.shapes import (
     ShapeConfigError,

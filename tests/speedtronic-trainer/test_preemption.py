@@ -31,7 +31,8 @@ CHILD = textwrap.dedent("""
             time.sleep(0.02)  # keep the run alive until the parent's signal lands
 
     model = TinyLM()
-    trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), make_loader(), device="cpu",
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(model, optimizer, make_loader(), device="cpu",
                       logger=MetricLogger(stream=io.StringIO(), hooks=[pace]),
                       checkpoint_manager=CheckpointManager({ckpt!r}, every_steps=1000),
                       settings=TrainerSettings())

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from trainer_testkit import RecordingHook, TinyLM, TokenDataset, make_config, make_loader
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+from trainer_testkit import RecordingHook, TinyLM, TokenDataset, make_config, make_loader
 
 import speedtronic_trainer.trainer as trainer_module
 from speedtronic_trainer import (
@@ -69,14 +69,16 @@ def test_accumulated_update_equals_full_batch_update(ignore_every):
     with torch.no_grad():
         for p in reference.parameters():
             p -= 0.1 * p.grad
-    for trained, manual in zip(model.parameters(), reference.parameters()):
+    for trained, manual in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(trained, manual, rtol=1e-5, atol=1e-6)
     # the reported loss is the mean over the whole step's valid tokens
     assert result.final_loss == pytest.approx(expected_loss.item(), rel=1e-5)
 
 
 def test_token_weighting_differs_from_mean_of_microbatch_means():
-    """With uneven ignored labels, averaging per-microbatch means is the Hugging Face 2024 bug; we do not."""
+    """With uneven ignored labels, averaging per-microbatch means is the Hugging Face 2024 bug; we
+    do not.
+    """
     dataset = TokenDataset(n=4, ignore_every=6)
     torch.manual_seed(0)
     model = TinyLM()
@@ -494,7 +496,7 @@ def test_exact_resume_reproduces_losses_bit_for_bit(tmp_path):
         "train_step", "loss"
     )
     assert got == expected
-    for a, b in zip(uninterrupted.model.parameters(), resumed.model.parameters()):
+    for a, b in zip(uninterrupted.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(a, b)
 
 

@@ -34,7 +34,9 @@ class TokenDataset(Dataset):
 
 
 class TinyLM(nn.Module):
-    """Embedding + dropout + linear head; returns {'logits': ...} so the trainer computes the loss."""
+    """Embedding + dropout + linear head; returns {'logits': ...} so the trainer computes the
+    loss.
+    """
 
     def __init__(self, vocab: int = VOCAB, dim: int = 8, dropout: float = 0.0) -> None:
         super().__init__()

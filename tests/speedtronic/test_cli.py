@@ -142,6 +142,7 @@ def test_train_plot_sample_export_end_to_end(tmp_path):
     assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json"}
 
     import torch
+
     from speedtronic.artifacts import load_checkpoint_model, load_exported
 
     original, _ = load_checkpoint_model(checkpoint)

@@ -17,9 +17,10 @@ import sys
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -46,7 +47,9 @@ _LIVE: list[
 
 @pytest.fixture(autouse=True)
 def _kill_leftover_nodes():
-    """After each test, SIGKILL any node still running (a failed wait must not leave trainers behind)."""
+    """After each test, SIGKILL any node still running (a failed wait must not leave trainers
+    behind).
+    """
     yield
     while _LIVE:
         process = _LIVE.pop()
@@ -79,7 +82,7 @@ def hub_url(tmp_path_factory):
         )
     try:
         line = _wait_for(
-            lambda: next((l for l in log.read_text().splitlines() if "listening on" in l), None),
+            lambda: next((ln for ln in log.read_text().splitlines() if "listening on" in ln), None),
             "the hub server to listen",
             process=process,
             timeout=60,
@@ -239,7 +242,8 @@ class Cluster:
             "distributed.global_wait_timeout": DEADLINE,
             "distributed.staleness_limit": 4,
             # Rounds here are a few steps apart and deltas a few rounds stale; the paper's momentum
-            # 0.9 (tuned for synchronous rounds of hundreds of steps) then overshoots and oscillates.
+            # 0.9 (tuned for synchronous rounds of hundreds of steps) then overshoots and
+            # oscillates.
             "distributed.outer_momentum": 0.5,
         }
         if role == "master":  # one round should gather about one delta from every node
@@ -276,7 +280,8 @@ class Cluster:
         return [c["oid"] for c in self.log() if "global/step_count.json" in c["added"]]
 
     def download(self, filename: str, revision: str | None = None) -> Path:
-        """Download filename at revision (default: the latest logged commit, never the moving "main").
+        """Download filename at revision (default: the latest logged commit, never the moving
+        "main").
 
         huggingface_hub resolves "main" twice (HEAD for the ETag, then GET): a commit landing in
         between stores the new bytes under the old file's ETag, and every later read of that file
@@ -320,7 +325,9 @@ class Cluster:
             return json.loads(handle.metadata()["outer"])["processed"]
 
     def global_loss(self, revision: str) -> float:
-        """Return the held-out loss of the global model published at revision, on the val shard (cached)."""
+        """Return the held-out loss of the global model published at revision, on the val shard
+        (cached).
+        """
         if revision not in self._losses:
             self._losses[revision] = self._evaluate(revision)
         return self._losses[revision]
@@ -334,6 +341,7 @@ class Cluster:
 
     def _evaluate(self, revision: str) -> float:
         from safetensors.torch import load_file
+
         from speedtronic_config import SpeedtronicConfig, apply_overrides
         from speedtronic_config.loading import read_source
         from speedtronic_data import read_shard_tokens
@@ -391,7 +399,8 @@ def assert_exactly_once(cluster: Cluster) -> None:
     assert set(manifest["processed"]) <= set(ledger)
     rounds = cluster.nodes["master"].events("diloco/outer_round")
     applied = [p for p, status in ledger.items() if status == "applied"]
-    # The master counts every application; a delta applied twice would push the count past the ledger.
+    # The master counts every application; a delta applied twice would push the count past the
+    # ledger.
     assert sum(r["applied"] for r in rounds) == rounds[-1]["total_applied"] == len(applied)
     assert len(applied) >= len(worker_deltas) // 2, f"most worker deltas were skipped: {ledger}"
     # A consumed delta is deleted by a publishing commit, never more often than it was uploaded (a
@@ -410,7 +419,7 @@ def assert_outer_steps_advance(cluster: Cluster, *, consecutive: bool) -> list[i
         for oid in cluster.publications()
     ]
     assert steps[0] == 0 and steps[-1] >= 3, steps
-    assert all(b > a for a, b in zip(steps, steps[1:])), steps
+    assert all(b > a for a, b in zip(steps, steps[1:], strict=False)), steps
     if consecutive:
         assert steps == list(range(len(steps))), steps
     return steps
@@ -420,7 +429,7 @@ def assert_workers_install_newer_globals(cluster: Cluster) -> None:
     for name in worker_names():
         installed = [e["outer_step"] for e in cluster.nodes[name].events("diloco/global_installed")]
         assert len(installed) >= 2 and installed[-1] > installed[0], (name, installed)
-        assert all(b > a for a, b in zip(installed, installed[1:])), (name, installed)
+        assert all(b > a for a, b in zip(installed, installed[1:], strict=False)), (name, installed)
 
 
 def assert_global_loss_falls(cluster: Cluster) -> tuple[float, float]:
@@ -440,7 +449,8 @@ def assert_global_loss_falls(cluster: Cluster) -> tuple[float, float]:
 def run_cluster(tmp_path: Path, hub_url: str, corpus: Path, repo: str) -> Cluster:
     cluster = Cluster(tmp_path, hub_url, repo, corpus)
     cluster.launch("master", UNTIL_STOPPED)
-    # Workers join a running master (as in practice): its outer loop is warm when their rounds start.
+    # Workers join a running master (as in practice): its outer loop is warm when their rounds
+    # start.
     _wait_for(cluster.publications, "the master's first global model", nodes=cluster.all)
     for name in worker_names():
         cluster.launch(name, UNTIL_STOPPED)
@@ -448,7 +458,9 @@ def run_cluster(tmp_path: Path, hub_url: str, corpus: Path, repo: str) -> Cluste
 
 
 def progressed(node: Node, since: int = 0) -> bool:
-    """Return whether the node (since its events[since]) sent MIN_UPLOADS deltas and installed a newer global."""
+    """Return whether the node (since its events[since]) sent MIN_UPLOADS deltas and installed a
+    newer global.
+    """
     events = node.events()[since:]
     installed = [e["outer_step"] for e in events if e["event"] == "diloco/global_installed"]
     uploads = sum(e["event"] == "diloco/upload" for e in events)
@@ -456,13 +468,17 @@ def progressed(node: Node, since: int = 0) -> bool:
 
 
 def stop(node: Node) -> None:
-    """SIGTERM a node: the trainer checkpoints, the coordinator flushes its upload, the CLI exits 0."""
+    """SIGTERM a node: the trainer checkpoints, the coordinator flushes its upload, the CLI
+    exits 0.
+    """
     node.process.send_signal(signal.SIGTERM)
     assert node.wait() == 0, node.output()[-3000:]
 
 
 def finish(cluster: Cluster, since: dict[str, int] | None = None) -> None:
-    """Let the workers make progress and the global model learn, stop them, then stop the master once it caught up."""
+    """Let the workers make progress and the global model learn, stop them, then stop the master
+    once it caught up.
+    """
     since = since or {}
     _wait_for(
         lambda: (

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from speedtronic_config import SpeedtronicConfig
 
 ROOT = Path(__file__).resolve().parents[2]

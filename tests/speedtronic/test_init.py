@@ -66,14 +66,15 @@ def test_version_is_the_installed_distribution_version():
 
 def test_import_is_lazy_and_validate_needs_no_torch(tmp_path):
     code = (
-        "import sys, speedtronic; assert 'torch' not in sys.modules, 'import speedtronic pulled torch'; "
+        "import sys, speedtronic; assert 'torch' not in sys.modules, 'import speedtronic pulled "
+        "torch'; "
         "speedtronic.SpeedtronicConfig; assert 'torch' not in sys.modules, 'config pulled torch'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
     config = tmp_path / "c.yaml"
     config.write_text("max_steps: 3\n")
     code = (
-        "import sys; from speedtronic.cli import main; rc = main(['validate', %r]); "
-        "assert 'torch' not in sys.modules, 'validate pulled torch'; sys.exit(rc)" % str(config)
+        f"import sys; from speedtronic.cli import main; rc = main(['validate', {str(config)!r}]); "
+        "assert 'torch' not in sys.modules, 'validate pulled torch'; sys.exit(rc)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 import speedtronic.runtime as runtime
 from speedtronic_config import ConfigError, SpeedtronicConfig
 

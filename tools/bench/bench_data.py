@@ -1,10 +1,12 @@
-"""Data-loading benchmark: token-shard loading and text streaming throughput through build_dataloader.
+"""Data-loading benchmark: token-shard loading and text streaming throughput through
+build_dataloader.
 
-Each case times batches out of the real loader that build_dataloader returns, drawn as one continuous stream
-the way the trainer draws them (collation and epoch starts included, num_workers=0, one process), one full
-epoch per run (at least 200 / 1000 batches), and reports tokens/s (median of three runs); the raw memmap
-gather of the same windows runs alongside it, so the ratio shows what the loader costs over the bare read.
-Goal: shard loading >= 20M tokens/s, so data is never the bottleneck.
+Each case times batches out of the real loader that build_dataloader returns, drawn as one
+continuous stream the way the trainer draws them (collation and epoch starts included,
+num_workers=0, one process), one full epoch per run (at least 200 / 1000 batches), and reports
+tokens/s (median of three runs); the raw memmap gather of the same windows runs alongside it, so the
+ratio shows what the loader costs over the bare read. Goal: shard loading >= 20M tokens/s, so data
+is never the bottleneck.
 
 Usage: python tools/bench/bench_data.py [--quick] [--threads N] [--out PATH]
 """
@@ -24,6 +26,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+
 from speedtronic_data import build_dataloader, infinite_batches, stdlib_corpus, write_shard
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "data.json"
@@ -54,12 +57,13 @@ def _section(**fields) -> SimpleNamespace:
 
 
 def _time_loader(build, batches: int) -> float:
-    """Return tokens/s of `batches` batches drawn as the trainer draws them, median of three fresh loaders.
+    """Return tokens/s of `batches` batches drawn as the trainer draws them, median of three fresh
+    loaders.
 
-    One continuous stream per loader (infinite_batches cycles epochs, like the trainer's BatchStream), timed
-    from the first batch on, so the epoch start (shuffle permutation, iterator setup, first page touches) is
-    included; main() asks for a full epoch so those weigh as they do in training. Building the loader (reading
-    the shard headers) is not timed.
+    One continuous stream per loader (infinite_batches cycles epochs, like the trainer's
+    BatchStream), timed from the first batch on, so the epoch start (shuffle permutation, iterator
+    setup, first page touches) is included; main() asks for a full epoch so those weigh as they do
+    in training. Building the loader (reading the shard headers) is not timed.
     """
     rates = []
     for _ in range(3):
@@ -72,12 +76,16 @@ def _time_loader(build, batches: int) -> float:
 
 
 def _epoch_batches(tokens: int, block: int, batch: int) -> int:
-    """Return the batches in one epoch over `tokens` tokens (windows of block + 1 at stride block, drop_last)."""
+    """Return the batches in one epoch over `tokens` tokens (windows of block + 1 at stride block,
+    drop_last).
+    """
     return (tokens - 1) // block // batch
 
 
 def _time_raw(tokens: np.ndarray, block: int, batch: int, batches: int, shuffle: bool) -> float:
-    """Return tokens/s of the bare memmap gather + int64 cast of the same number of windows, median of three."""
+    """Return tokens/s of the bare memmap gather + int64 cast of the same number of windows, median
+    of three.
+    """
     windows = (len(tokens) - 1) // block
     order = np.random.default_rng(0).permutation(windows) if shuffle else np.arange(windows)
     span, rates = np.arange(block + 1), []
@@ -111,7 +119,7 @@ def main() -> None:
                 section = _section(
                     shard_path=str(shard), block_size=block, micro_batch_size=batch, shuffle=shuffle
                 )
-                rate = _time_loader(lambda: build_dataloader(section), count)
+                rate = _time_loader(lambda section=section: build_dataloader(section), count)
                 raw = _time_raw(tokens, block, batch, count, shuffle)
                 results.append(
                     Result(
@@ -132,7 +140,7 @@ def main() -> None:
             results.append(
                 Result(
                     f"text stream B={batch} T={block}",
-                    _time_loader(lambda: build_dataloader(section), count),
+                    _time_loader(lambda section=section: build_dataloader(section), count),
                     None,
                     None,
                     count,

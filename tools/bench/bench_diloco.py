@@ -1,8 +1,10 @@
-"""DumbDiLoCo: communication against DDP, loss against one process, inner-loop overhead of the lanes.
+"""DumbDiLoCo: communication against DDP, loss against one process, inner-loop overhead of the
+lanes.
 
 (a) bytes a worker sends per inner step (commit sizes on the loopback Hub's wire, and the raw
     safetensors payload) against ring all-reduce DDP, 2 * (N - 1) / N * gradient bytes per step;
-(b) held-out loss of 2 DiLoCo nodes (master + worker, synchronous rounds through the real coordinator
+(b) held-out loss of 2 DiLoCo nodes (master + worker, synchronous rounds through the real
+coordinator
     and the loopback Hub: both send at the boundary, the master aggregates, both install the
     result), with the 2.0 defaults and with TUNED outer settings, against one process with the same
     total tokens (twice the batch, the DDP-equivalent), on the repo's stdlib corpus
@@ -12,7 +14,8 @@
 
 Prints a table and writes tools/bench/results/diloco.json.
 
-Usage: python tools/bench/bench_diloco.py [--steps 960] [--inner-steps 30] [--rounds 20] [--output PATH]
+Usage: python tools/bench/bench_diloco.py [--steps 960] [--inner-steps 30] [--rounds 20] [--output
+PATH]
 """
 
 from __future__ import annotations
@@ -32,13 +35,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from speedtronic_data.shards import read_shard_tokens, resolve_shards
-from speedtronic_model.model import ReferenceTransformer
 
+from speedtronic_data.shards import read_shard_tokens, resolve_shards
 from speedtronic_diloco import DumbDiLoCoCoordinator
 from speedtronic_diloco.hub import HubClient
 from speedtronic_diloco.testing.hub_server import HubServer
 from speedtronic_diloco.transport import HfApiTransport
+from speedtronic_model.model import ReferenceTransformer
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results" / "diloco.json"
@@ -133,7 +136,9 @@ def diloco_pair(
     outer_lr: float,
     outer_momentum: float,
 ) -> dict[str, Any]:
-    """Train two nodes in synchronous rounds; reset: clear AdamW's state at every round (the 2.0 default)."""
+    """Train two nodes in synchronous rounds; reset: clear AdamW's state at every round (the 2.0
+    default).
+    """
     tag = f"{reset}-{outer_lr}-{outer_momentum}"
     with HubServer() as server:
         nodes = []
@@ -174,7 +179,7 @@ def diloco_pair(
                 step % inner_steps == 0
             ):  # synchronous DiLoCo: one round over both deltas, then both install it
                 master.sync_once()
-                for coordinator, model, optimizer, _ in nodes:
+                for coordinator, _model, optimizer, _ in nodes:
                     if coordinator.install_latest_global() and reset:
                         optimizer.state.clear()
         global_model = new_model()
@@ -236,7 +241,9 @@ def timed_loop(
 
 
 def lane_overhead(train: Text, inner_steps: int, rounds: int, work: Path) -> dict[str, Any]:
-    """Alternate short blocks without and with a worker's lanes; the median ratio cancels machine drift."""
+    """Alternate short blocks without and with a worker's lanes; the median ratio cancels machine
+    drift.
+    """
     server = subprocess.Popen(
         [sys.executable, "-m", "speedtronic_diloco.testing.hub_server", "--port", "0"],
         stdout=subprocess.PIPE,
@@ -252,7 +259,8 @@ def lane_overhead(train: Text, inner_steps: int, rounds: int, work: Path) -> dic
         )
         master.start()  # publishes outer step 0, then only the worker's lanes run
         master.stop()
-        # No rounds run here, so the drift bound would make the worker wait: this measures the lanes alone.
+        # No rounds run here, so the drift bound would make the worker wait: this measures the lanes
+        # alone.
         worker = DumbDiLoCoCoordinator(
             section(
                 "worker", "worker-1", url, inner_steps, poll_interval=1.0, max_local_rounds=None
@@ -275,7 +283,7 @@ def lane_overhead(train: Text, inner_steps: int, rounds: int, work: Path) -> dic
     finally:
         server.terminate()
         server.wait(10)
-    ratios = sorted(a / b for a, b in zip(lanes, plain))
+    ratios = sorted(a / b for a, b in zip(lanes, plain, strict=True))
     quartiles = statistics.quantiles(ratios, n=4)
     return {
         "plain_tokens_per_s": statistics.median(plain),
@@ -368,7 +376,8 @@ def main() -> None:
     print(f"{'metric':<46}{'value':>14}")
     print(f"{'DDP all-reduce bytes / step / worker':<46}{c['ddp_bytes_per_step']:>14,.0f}")
     print(
-        f"{'DiLoCo payload bytes / inner step / worker':<46}{c['diloco_payload_bytes_per_step']:>14,.0f}"
+        f"{'DiLoCo payload bytes / inner step / worker':<46}"
+        f"{c['diloco_payload_bytes_per_step']:>14,.0f}"
     )
     print(f"{'  ratio (expect ~1/inner_steps for N=2)':<46}{c['payload_ratio_to_ddp']:>14.4f}")
     print(

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
 from speedtronic_optim import Muon, newton_schulz
 from speedtronic_optim.newton_schulz import fast_work_dtype
 
@@ -124,7 +125,9 @@ def muon_case(
 
 
 def svd_case(size: int, repeats: int, device: torch.device) -> dict[str, object]:
-    """Time newton_schulz (5 steps, default work dtype) against the SVD polar factor at size x size."""
+    """Time newton_schulz (5 steps, default work dtype) against the SVD polar factor at size x
+    size.
+    """
     torch.manual_seed(1)
     g = torch.randn(size, size, device=device)
 

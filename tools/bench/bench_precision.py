@@ -10,16 +10,16 @@ Usage: python tools/bench/bench_precision.py [--quick] [--threads N] [--out PATH
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
+
 from speedtronic_systems.atomic import atomic_json_dump
 from speedtronic_systems.precision import cpu_bf16_supported
 
@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(
         f"CPU BF16 autocast vs FP32  (torch {machine['torch']}, {machine['threads']} threads, "
-        f"capability {machine['cpu_capability']}, native BF16 reported: {machine['mkldnn_bf16_supported']})"
+        f"capability {machine['cpu_capability']}, native BF16 reported: "
+        f"{machine['mkldnn_bf16_supported']})"
     )
     print(f"{'case':<34}{'fp32 ms':>10}{'bf16 ms':>10}{'fp32/bf16':>11}{'max rel err':>13}")
     for r in results:

@@ -1,4 +1,5 @@
-"""Trainer overhead: speedtronic_trainer.Trainer tokens/s against a minimal hand-written PyTorch loop.
+"""Trainer overhead: speedtronic_trainer.Trainer tokens/s against a minimal hand-written PyTorch
+loop.
 
 Both run the same reference model, data, AdamW and step count, interleaved round by round in one
 process (machines are noisy, so only the ratio is meaningful). Prints a table and writes
@@ -18,9 +19,9 @@ import time
 from pathlib import Path
 
 import torch
-from speedtronic_model.model import ReferenceTransformer
 from torch.utils.data import DataLoader, Dataset
 
+from speedtronic_model.model import ReferenceTransformer
 from speedtronic_trainer import MetricLogger, Trainer, TrainerSettings
 
 RESULTS = Path(__file__).resolve().parent / "results" / "trainer.json"
@@ -109,7 +110,7 @@ def main() -> None:
     for _ in range(args.rounds):
         trainer.append(run_trainer(args.steps, device))
         manual.append(run_manual(args.steps, device))
-    ratios = [t / m for t, m in zip(trainer, manual)]
+    ratios = [t / m for t, m in zip(trainer, manual, strict=True)]
     result = {
         "benchmark": "trainer_overhead",
         "device": str(device),
@@ -130,11 +131,12 @@ def main() -> None:
         "goal": 0.97,
     }
     print(f"{'round':>5} {'trainer tok/s':>14} {'manual tok/s':>13} {'ratio':>7}")
-    for i, (t, m, r) in enumerate(zip(trainer, manual, ratios), 1):
+    for i, (t, m, r) in enumerate(zip(trainer, manual, ratios, strict=True), 1):
         print(f"{i:>5} {t:>14,.0f} {m:>13,.0f} {r:>7.3f}")
     print(
         f"{'median':>5} {result['median_trainer_tokens_per_s']:>14,.0f} "
-        f"{result['median_manual_tokens_per_s']:>13,.0f} {result['median_ratio']:>7.3f}   (goal >= 0.97)"
+        f"{result['median_manual_tokens_per_s']:>13,.0f} {result['median_ratio']:>7.3f}   (goal >= "
+        "0.97)"
     )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")

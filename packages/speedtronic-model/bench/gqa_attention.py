@@ -52,7 +52,8 @@ def main(argv: list[str]) -> None:
     torch.manual_seed(0)
     rows = []
     print(
-        f"{'B,H,KV,T,D':<20}{'mask':<6}{'pass':<9}{'enable_gqa ms':>14}{'repeat ms':>11}{'ratio':>7}"
+        f"{'B,H,KV,T,D':<20}{'mask':<6}{'pass':<9}"
+        f"{'enable_gqa ms':>14}{'repeat ms':>11}{'ratio':>7}"
     )
     for shape in SHAPES:
         for masked in (False, True):
@@ -72,7 +73,8 @@ def main(argv: list[str]) -> None:
                 )
                 label = "fwd+bwd" if backward else "fwd"
                 print(
-                    f"{str(shape):<20}{str(masked):<6}{label:<9}{gqa:>14.2f}{rep:>11.2f}{gqa / rep:>7.2f}"
+                    f"{str(shape):<20}{str(masked):<6}{label:<9}"
+                    f"{gqa:>14.2f}{rep:>11.2f}{gqa / rep:>7.2f}"
                 )
     out = argv[1] if len(argv) > 1 else "gqa_attention.json"
     with open(out, "w") as f:

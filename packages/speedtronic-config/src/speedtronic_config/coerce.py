@@ -12,7 +12,8 @@ from speedtronic_config.errors import ConfigError
 def _bool(value: Any, path: str) -> bool:
     if isinstance(value, bool):
         return value
-    # 2.0 passed strings through bool(), so a quoted "false" became true; read it as the boolean instead.
+    # 2.0 passed strings through bool(), so a quoted "false" became true; read it as the boolean
+    # instead.
     if isinstance(value, str) and value.strip().lower() in {"true", "false"}:
         return value.strip().lower() == "true"
     raise ConfigError(

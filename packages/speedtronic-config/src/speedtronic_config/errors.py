@@ -10,7 +10,9 @@ _NO_VALUE = object()
 
 
 class ConfigError(ValueError):
-    """Raised when a run configuration is invalid; names the dotted path, the value and what is allowed."""
+    """Raised when a run configuration is invalid; names the dotted path, the value and what is
+    allowed.
+    """
 
     def __init__(
         self, path: str, problem: str, *, value: Any = _NO_VALUE, allowed: str | None = None

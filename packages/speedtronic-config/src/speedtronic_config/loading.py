@@ -21,15 +21,17 @@ def parse_text(text: str, source: str, *, as_json: bool = False) -> Any:
         except json.JSONDecodeError as error:
             raise ConfigError(
                 source, f"invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
-            )
+            ) from None
     try:
         return yaml.safe_load(text)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(source, f"invalid YAML{where}: {error.problem or error.context}")
+        raise ConfigError(
+            source, f"invalid YAML{where}: {error.problem or error.context}"
+        ) from None
     except yaml.YAMLError as error:
-        raise ConfigError(source, f"invalid YAML: {error}")
+        raise ConfigError(source, f"invalid YAML: {error}") from None
 
 
 def read_file(path: str | os.PathLike[str]) -> Any:
@@ -42,9 +44,11 @@ def read_file(path: str | os.PathLike[str]) -> Any:
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise ConfigError(str(file), f"is not UTF-8 text ({error.reason} at byte {error.start})")
+        raise ConfigError(
+            str(file), f"is not UTF-8 text ({error.reason} at byte {error.start})"
+        ) from None
     except OSError as error:
-        raise ConfigError(str(file), f"cannot be read: {error.strerror or error}")
+        raise ConfigError(str(file), f"cannot be read: {error.strerror or error}") from None
     return parse_text(text, str(file), as_json=file.suffix.lower() == ".json")
 
 

@@ -35,7 +35,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as error:
-        raise ConfigError(key.strip(), f"value is not valid YAML: {error}", value=raw)
+        raise ConfigError(key.strip(), f"value is not valid YAML: {error}", value=raw) from None
     return parts, value
 
 
@@ -91,7 +91,9 @@ def _set(tree: dict[str, Any], root: str, name: str | None, value: Any) -> None:
 
 
 def apply_overrides(values: Mapping[str, Any] | None, overrides: Iterable[str]) -> dict[str, Any]:
-    """Return a new mapping with each `dotted.path=value` applied (values parsed as YAML scalars)."""
+    """Return a new mapping with each `dotted.path=value` applied (values parsed as YAML
+    scalars).
+    """
     if values is not None and not isinstance(values, Mapping):
         raise ConfigError("", "the configuration root must be a mapping", value=values)
     tree: dict[str, Any] = copy.deepcopy(dict(values or {}))

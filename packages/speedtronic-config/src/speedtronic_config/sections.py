@@ -266,7 +266,9 @@ class SchedulerConfig:
 
     @property
     def follows_target(self) -> bool:
-        """Return True when max_steps was not set by the user and so tracks the run's step target."""
+        """Return True when max_steps was not set by the user and so tracks the run's step
+        target.
+        """
         return self._auto_horizon is not None and self.max_steps == self._auto_horizon
 
     def follow_target(self, target: int) -> None:

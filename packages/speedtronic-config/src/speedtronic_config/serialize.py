@@ -27,7 +27,8 @@ def redact(tree: dict[str, Any]) -> dict[str, Any]:
     for section, names in SECRET_FIELDS.items():
         for name in names:
             if tree.get(section, {}).get(name) is not None:
-                # null, not a placeholder: a saved file reloads without a bogus token (SDK env auth applies).
+                # null, not a placeholder: a saved file reloads without a bogus token (SDK env auth
+                # applies).
                 tree[section][name] = None
     return tree
 

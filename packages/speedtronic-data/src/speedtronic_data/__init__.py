@@ -1,4 +1,6 @@
-"""Speedtronic data: tokenizers, synthetic/text/shard datasets, causal collation and resumable loaders."""
+"""Speedtronic data: tokenizers, synthetic/text/shard datasets, causal collation and resumable
+loaders.
+"""
 
 from __future__ import annotations
 

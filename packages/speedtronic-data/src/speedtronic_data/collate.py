@@ -13,7 +13,9 @@ from speedtronic_data.shards import WindowBatch
 
 
 def collate_causal(batch: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Stack causal examples into {"input_ids", "labels": LongTensor[B, T], "attention_mask": BoolTensor[B, T]}."""
+    """Stack causal examples into {"input_ids", "labels": LongTensor[B, T], "attention_mask":
+    BoolTensor[B, T]}.
+    """
     if not batch:
         raise DataError(
             "collate_causal got an empty batch; check micro_batch_size and the dataset size"
@@ -57,7 +59,7 @@ def collate_batch(batch: list[Any]) -> Any:
             for example in batch
         ):
             raise DataError("collate_batch: tuple/list examples must all have the same length")
-        return type(first)(default_collate(list(field)) for field in zip(*batch))
+        return type(first)(default_collate(list(field)) for field in zip(*batch, strict=True))
     raise DataError(
         f"collate_batch cannot collate {type(first).__name__} examples; return causal dicts or "
         "tuples from the dataset, or build your own DataLoader with a collate_fn"

@@ -19,7 +19,9 @@ from speedtronic_data.tokenizer import CharTokenizer
 
 
 class ResumableSampler(Sampler[int]):
-    """Sequential or seeded-shuffled indices; epoch e's order depends only on (seed, e), never on global RNG."""
+    """Sequential or seeded-shuffled indices; epoch e's order depends only on (seed, e), never on
+    global RNG.
+    """
 
     def __init__(self, size: int, shuffle: bool = False, seed: int = 0) -> None:
         self.size, self.shuffle, self.seed = size, shuffle, seed
@@ -42,11 +44,11 @@ def _as_ints(order: torch.Tensor, chunk: int = 1 << 12) -> Iterator[int]:
 
 
 class ResumableLoader(DataLoader):
-    """A DataLoader whose state_dict is (epoch, batches yielded) and whose next pass after load_state_dict
-    yields exactly the batches that followed; each pass over it is the next epoch.
+    """A DataLoader whose state_dict is (epoch, batches yielded) and whose next pass after
+    load_state_dict yields exactly the batches that followed; each pass over it is the next epoch.
 
-    The position lives in a DataPosition; a dataset that has one (TokenShardDataset) shares it, so the
-    dataset's own state_dict/load_state_dict are the same position counted in samples.
+    The position lives in a DataPosition; a dataset that has one (TokenShardDataset) shares it, so
+    the dataset's own state_dict/load_state_dict are the same position counted in samples.
     """
 
     def __init__(
@@ -72,7 +74,9 @@ class ResumableLoader(DataLoader):
         self.position.driven = True
 
     def _position(self, epoch: int, skip: int) -> int:
-        """Point the sampler or dataset at sample `skip` of `epoch`; return the batches still to fast-forward."""
+        """Point the sampler or dataset at sample `skip` of `epoch`; return the batches still to
+        fast-forward.
+        """
         if isinstance(self.sampler, ResumableSampler):
             self.sampler.epoch, self.sampler.start = epoch, skip
             return 0
@@ -96,8 +100,9 @@ class ResumableLoader(DataLoader):
             yield batch
 
     def state_dict(self) -> dict[str, int]:
-        """Return {"epoch", "batches"}: the pass in progress and how many of its batches were handed out
-        (plus "samples" when a dataset state saved at another batch size left the position between batches)."""
+        """Return {"epoch", "batches"}: the pass in progress and how many of its batches were handed
+        out (plus "samples" when a dataset state saved at another batch size left the position
+        between batches)."""
         samples, size = self.position.samples, self.batch_size
         state = {"epoch": self.position.epoch, "batches": -(-samples // size)}
         if samples % size:
@@ -117,7 +122,8 @@ def loader_state(loader: Any) -> dict[str, int]:
     """Return the resumable position of a ResumableLoader (what build_dataloader returns)."""
     if not isinstance(loader, ResumableLoader):
         raise DataError(
-            f"loader_state needs a ResumableLoader (from build_dataloader), got {type(loader).__name__}"
+            "loader_state needs a ResumableLoader (from build_dataloader), got "
+            f"{type(loader).__name__}"
         )
     return loader.state_dict()
 
@@ -126,7 +132,8 @@ def restore_loader(loader: Any, state: dict[str, int]) -> None:
     """Position loader so its next pass yields exactly the batches after the saved state."""
     if not isinstance(loader, ResumableLoader):
         raise DataError(
-            f"restore_loader needs a ResumableLoader (from build_dataloader), got {type(loader).__name__}"
+            "restore_loader needs a ResumableLoader (from build_dataloader), got "
+            f"{type(loader).__name__}"
         )
     loader.load_state_dict(state)
 
@@ -147,7 +154,9 @@ def _positive(config: Any, name: str, default: int | None = None) -> int:
 def _config_dataset(
     value: Any, block_size: int, vocab_size: int | None
 ) -> Dataset | IterableDataset:
-    """Return the dataset data.dataset names: a Dataset object, a .bin shard glob, or a torch.save'd Dataset."""
+    """Return the dataset data.dataset names: a Dataset object, a .bin shard glob, or a torch.save'd
+    Dataset.
+    """
     if isinstance(value, (Dataset, IterableDataset)):
         return value
     if str(value).endswith(".bin"):
@@ -170,7 +179,9 @@ def _config_dataset(
 def select_dataset(
     config: Any, *, dataset: Any = None, tokenizer: Any = None, vocab_size: int | None = None
 ) -> Dataset | IterableDataset:
-    """Return the training dataset: dataset=, then shard_path, text_path, data.dataset, synthetic."""
+    """Return the training dataset: dataset=, then shard_path, text_path, data.dataset,
+    synthetic.
+    """
     if dataset is not None:
         return dataset
     block_size = _positive(config, "block_size")
@@ -203,7 +214,9 @@ def make_loader(
     drop_last: bool,
     pin_memory_device: bool = False,
 ) -> ResumableLoader:
-    """Return a ResumableLoader over dataset with the section's batch, worker and memory settings."""
+    """Return a ResumableLoader over dataset with the section's batch, worker and memory
+    settings.
+    """
     workers = _setting(config, "num_workers", 0)
     if not isinstance(workers, int) or workers < 0:
         raise DataError(f"data.num_workers must be a non-negative integer, got {workers!r}")
@@ -231,7 +244,9 @@ def build_dataloader(
     pin_memory_device: bool = False,
     vocab_size: int | None = None,
 ) -> DataLoader:
-    """Build the training loader from a DataConfig (a ResumableLoader; dataset= takes precedence)."""
+    """Build the training loader from a DataConfig (a ResumableLoader; dataset= takes
+    precedence).
+    """
     source = select_dataset(config, dataset=dataset, tokenizer=tokenizer, vocab_size=vocab_size)
     return make_loader(
         config,
@@ -249,7 +264,9 @@ def build_eval_dataloader(
     pin_memory_device: bool = False,
     vocab_size: int | None = None,
 ) -> DataLoader | None:
-    """Build the validation loader from data.val_shard_path or data.val_text_path; None when neither is set."""
+    """Build the validation loader from data.val_shard_path or data.val_text_path; None when neither
+    is set.
+    """
     vocab = vocab_size if vocab_size is not None else _setting(config, "vocab_size")
     if _setting(config, "val_shard_path") is not None:
         source: Dataset | IterableDataset = TokenShardDataset(

@@ -1,4 +1,6 @@
-"""Where a loader stands in its data: the epoch in progress, the samples handed out, and where the next pass starts."""
+"""Where a loader stands in its data: the epoch in progress, the samples handed out, and where the
+next pass starts.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +12,12 @@ from speedtronic_data.errors import DataError
 
 @dataclass
 class DataPosition:
-    """The position a ResumableLoader advances and a resumable dataset shares, so either can save and restore it.
+    """The position a ResumableLoader advances and a resumable dataset shares, so either can save
+    and restore it.
 
-    Only the process that consumes the batches knows how many were handed out (workers prefetch ahead), so the
-    loader counts them here; a dataset holding the same object reports the exact position in its state_dict.
+    Only the process that consumes the batches knows how many were handed out (workers prefetch
+    ahead), so the loader counts them here; a dataset holding the same object reports the exact
+    position in its state_dict.
     """
 
     epoch: int = 0  # the pass in progress
@@ -25,13 +29,17 @@ class DataPosition:
     )
 
     def start_pass(self) -> tuple[int, int]:
-        """Begin the next pass and return its (epoch, samples to skip); the pass after it is a fresh epoch."""
+        """Begin the next pass and return its (epoch, samples to skip); the pass after it is a fresh
+        epoch.
+        """
         self.epoch, self.samples = self.next_epoch, self.next_samples
         self.next_epoch, self.next_samples = self.epoch + 1, 0
         return self.epoch, self.samples
 
     def resume_at(self, epoch: int, samples: int, what: str) -> None:
-        """Make the next pass continue `epoch` after `samples` samples; `what` names the state in errors."""
+        """Make the next pass continue `epoch` after `samples` samples; `what` names the state in
+        errors.
+        """
         if epoch < 0 or samples < 0:
             raise DataError(
                 f"{what} has a negative epoch or position (epoch={epoch}, position={samples})"
@@ -41,12 +49,15 @@ class DataPosition:
 
 
 def read_state(state: Any, count_key: str, owner: str) -> tuple[int, int]:
-    """Return (epoch, count) from a saved {"epoch", count_key} state, or a DataError naming the expected shape."""
+    """Return (epoch, count) from a saved {"epoch", count_key} state, or a DataError naming the
+    expected shape.
+    """
     try:
         return int(state["epoch"]), int(state[count_key])
     except (KeyError, TypeError, ValueError):
         raise DataError(
-            f"state {state!r} is not a {owner} state (expected {{'epoch': int, '{count_key}': int}})"
+            f"state {state!r} is not a {owner} state (expected "
+            f"{{'epoch': int, '{count_key}': int}})"
         ) from None
 
 

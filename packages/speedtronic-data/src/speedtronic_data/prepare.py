@@ -65,7 +65,8 @@ class _ShardWriter:
         self.total += self.buffered
         rate = self.total / max(time.perf_counter() - self.started, 1e-9)
         self.report(
-            f"wrote {path} ({self.buffered:,} tokens; {self.split} total {self.total:,}, {rate:,.0f} tokens/s)"
+            f"wrote {path} ({self.buffered:,} tokens; {self.split} total {self.total:,}, "
+            f"{rate:,.0f} tokens/s)"
         )
         self.parts, self.buffered = [], 0
 
@@ -81,7 +82,9 @@ def _encode_chunk(tokenizer: Any, text: str, vocab_size: int | None, source: str
 
 
 def _split_at_line(text: str, head_bytes: float) -> tuple[str, str]:
-    """Split text after the first line break at or past head_bytes (so no line is in both splits), else at it."""
+    """Split text after the first line break at or past head_bytes (so no line is in both splits),
+    else at it.
+    """
     if head_bytes <= 0:
         return "", text
     raw = text.encode("utf-8")
@@ -110,10 +113,11 @@ def prepare_shards(
     texts: Iterable[str] = (),
     progress: Callable[[str], None] | None = print,
 ) -> PrepareResult:
-    """Tokenize text files (and in-memory texts) into train_*.bin / val_*.bin llm.c shards under out_dir.
+    """Tokenize text files (and in-memory texts) into train_*.bin / val_*.bin llm.c shards under
+    out_dir.
 
-    The first val_fraction of each source's text goes to validation, the rest to training. Every shard is
-    written atomically; shards left from an earlier, longer run are removed.
+    The first val_fraction of each source's text goes to validation, the rest to training. Every
+    shard is written atomically; shards left from an earlier, longer run are removed.
     """
     if not 0.0 <= val_fraction < 1.0:
         raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}")
@@ -164,7 +168,9 @@ def prepare_shards(
 
 
 def stdlib_corpus(max_bytes: int | None = None) -> str:
-    """Return the running Python's standard-library .py sources, sorted by path and joined, cut at max_bytes."""
+    """Return the running Python's standard-library .py sources, sorted by path and joined, cut at
+    max_bytes.
+    """
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(
         p

@@ -41,12 +41,14 @@ def read_shard_header(path: str | Path) -> ShardInfo:
     path = Path(path)
     if not path.is_file():
         raise DataError(
-            f"token shard {str(path)!r} does not exist; run `speedtronic prepare` or fix data.shard_path"
+            f"token shard {str(path)!r} does not exist; run `speedtronic prepare` or fix "
+            "data.shard_path"
         )
     size = path.stat().st_size
     if size < HEADER_BYTES:
         raise DataError(
-            f"token shard {str(path)!r} is {size} bytes, shorter than its {HEADER_BYTES}-byte header; "
+            f"token shard {str(path)!r} is {size} bytes, shorter than its {HEADER_BYTES}-byte "
+            "header; "
             "the file is truncated: write it again"
         )
     header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
@@ -83,7 +85,9 @@ def read_shard_tokens(path: str | Path) -> np.ndarray:
 
 
 def write_shard(path: str | Path, tokens: Any) -> Path:
-    """Write tokens atomically as one shard: uint16 (magic 20240520) when every id fits, else uint32."""
+    """Write tokens atomically as one shard: uint16 (magic 20240520) when every id fits, else
+    uint32.
+    """
     path = Path(path)
     ids = np.asarray(tokens)
     if ids.ndim != 1:
@@ -114,7 +118,9 @@ def write_shard(path: str | Path, tokens: Any) -> Path:
 def resolve_shards(
     pattern: str | Path | list[str | Path], setting: str = "data.shard_path"
 ) -> list[Path]:
-    """Return the sorted shard files matching a glob (or list of paths/globs); DataError when none match."""
+    """Return the sorted shard files matching a glob (or list of paths/globs); DataError when none
+    match.
+    """
     patterns = pattern if isinstance(pattern, (list, tuple)) else [pattern]
     paths = sorted({Path(p) for item in patterns for p in (glob.glob(str(item)) or [])})
     if not paths:
@@ -128,12 +134,13 @@ def resolve_shards(
 class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
     """Causal windows of block_size + 1 tokens over llm.c shards, read through numpy memmaps.
 
-    Window i of a shard starts at token i * block_size; windows never cross shard boundaries. Shuffle it with
-    a sampler (build_dataloader does, seeded) for random windows; iterate in index order for sequential ones.
-    A DataLoader asks for a whole batch at once (__getitems__), which is one slice or one gather per batch.
-    state_dict()/load_state_dict() are its position in the loader's order, kept by the ResumableLoader that
-    build_dataloader wraps it in (the loader shares `position` and advances it per batch handed out);
-    load_state_dict may come before or after the loader is built.
+    Window i of a shard starts at token i * block_size; windows never cross shard boundaries.
+    Shuffle it with a sampler (build_dataloader does, seeded) for random windows; iterate in index
+    order for sequential ones. A DataLoader asks for a whole batch at once (__getitems__), which is
+    one slice or one gather per batch. state_dict()/load_state_dict() are its position in the
+    loader's order, kept by the ResumableLoader that build_dataloader wraps it in (the loader shares
+    `position` and advances it per batch handed out); load_state_dict may come before or after the
+    loader is built.
     """
 
     def __init__(
@@ -150,7 +157,8 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
         if self.offsets[-1] == 0:
             largest = max(s.num_tokens for s in self.shards)
             raise DataError(
-                f"token shards {[str(s.path) for s in self.shards][:3]} hold at most {largest} tokens "
+                f"token shards {[str(s.path) for s in self.shards][:3]} hold at most {largest} "
+                "tokens "
                 f"each, fewer than block_size + 1 = {block_size + 1}; lower data.block_size "
                 "(model.max_seq_len) or prepare more text"
             )
@@ -158,7 +166,8 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
             self.offsets.tolist()
         )  # python ints: bisect on them is cheaper than numpy per batch
         self.position = DataPosition()
-        # Which shards can hold an id >= vocab_size at all (a uint16 shard under a vocabulary of 65536 cannot).
+        # Which shards can hold an id >= vocab_size at all (a uint16 shard under a vocabulary of
+        # 65536 cannot).
         self._check_ids = [
             vocab_size is not None and int(np.iinfo(s.dtype).max) >= vocab_size for s in self.shards
         ]
@@ -177,22 +186,28 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
         return {**self.__dict__, "_maps": None}
 
     def _tokens(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Return each shard's (tokens, windows): the memmapped tokens and a [num_windows, block_size + 1] view."""
+        """Return each shard's (tokens, windows): the memmapped tokens and a [num_windows,
+        block_size + 1] view.
+        """
         if self._maps is None:
             self._maps = [self._open(s) for s in self.shards]
         return self._maps
 
     def _open(self, shard: ShardInfo) -> tuple[np.ndarray, np.ndarray]:
-        # Plain ndarray views of the memmap: indexing a np.memmap subclass costs more than the read itself.
+        # Plain ndarray views of the memmap: indexing a np.memmap subclass costs more than the read
+        # itself.
         tokens = read_shard_tokens(shard.path).view(np.ndarray)
         width = self.block_size + 1
         if len(tokens) < width:
             return tokens, np.zeros((0, width), dtype=tokens.dtype)
-        # Row i is window i (a strided view, no copy): fancy-indexing rows gathers a batch without index math.
+        # Row i is window i (a strided view, no copy): fancy-indexing rows gathers a batch without
+        # index math.
         return tokens, sliding_window_view(tokens, width)[:: self.block_size]
 
     def _check_vocab(self, tokens: np.ndarray, shard: int) -> None:
-        """Raise DataError when the tokens just read hold an id >= vocab_size (checked per read, on the raw dtype)."""
+        """Raise DataError when the tokens just read hold an id >= vocab_size (checked per read, on
+        the raw dtype).
+        """
         if not self._check_ids[shard]:
             return
         largest = int(tokens.max())
@@ -204,10 +219,13 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
             )
 
     def _one_shard(self, shard: int, local: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Return (inputs, labels) views of windows `local` of one shard: a slice when they are consecutive."""
+        """Return (inputs, labels) views of windows `local` of one shard: a slice when they are
+        consecutive.
+        """
         (tokens, rows), block, first = self._tokens()[shard], self.block_size, local[0]
         if local == list(range(first, first + len(local))):
-            # Consecutive windows overlap by one token: they are one contiguous run, no gather needed.
+            # Consecutive windows overlap by one token: they are one contiguous run, no gather
+            # needed.
             run = tokens[first * block : (first + len(local)) * block + 1]
             self._check_vocab(run, shard)
             return run[:-1].reshape(-1, block), run[1:].reshape(-1, block)
@@ -216,8 +234,11 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
         return windows[:, :-1], windows[:, 1:]
 
     def batch(self, indices: Any) -> WindowBatch:
-        """Return the windows at indices as a WindowBatch of LongTensor[len(indices), block_size] inputs and labels."""
-        # A list (what DataLoader passes): for one batch of indices, list operations cost less than numpy calls.
+        """Return the windows at indices as a WindowBatch of LongTensor[len(indices), block_size]
+        inputs and labels.
+        """
+        # A list (what DataLoader passes): for one batch of indices, list operations cost less than
+        # numpy calls.
         if not isinstance(indices, list):
             indices = np.asarray(indices, dtype=np.int64).reshape(-1).tolist()
         if not indices:
@@ -258,20 +279,25 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
 
     @property
     def state_dict(self) -> Callable[[], dict[str, int]]:
-        """The position method, present only while a ResumableLoader drives the dataset (AttributeError otherwise).
+        """The position method, present only while a ResumableLoader drives the dataset
+        (AttributeError otherwise).
 
-        Under a plain DataLoader nothing counts the batches handed out, so there is no position to save; hiding
-        the method makes the trainer's BatchStream fall back to replaying the loader instead of trusting it.
+        Under a plain DataLoader nothing counts the batches handed out, so there is no position to
+        save; hiding the method makes the trainer's BatchStream fall back to replaying the loader
+        instead of trusting it.
         """
         if not self.position.driven:
             raise AttributeError(
-                "TokenShardDataset.state_dict exists only while a ResumableLoader drives the dataset "
+                "TokenShardDataset.state_dict exists only while a ResumableLoader drives the "
+                "dataset "
                 "(build_dataloader(config, dataset=ds)); a plain DataLoader does not count batches"
             )
         return self._position_state
 
     def _position_state(self) -> dict[str, int]:
-        """Return {"epoch", "windows", "num_windows"}: the epoch in progress and the windows of it handed out."""
+        """Return {"epoch", "windows", "num_windows"}: the epoch in progress and the windows of it
+        handed out.
+        """
         return {
             "epoch": self.position.epoch,
             "windows": min(self.position.samples, len(self)),
@@ -279,7 +305,9 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
         }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Make the next pass of the loader over this dataset continue after state["windows"] windows."""
+        """Make the next pass of the loader over this dataset continue after state["windows"]
+        windows.
+        """
         epoch, windows = read_state(state, "windows", "TokenShardDataset")
         saved = state.get("num_windows", len(self))
         if saved != len(self):
@@ -292,7 +320,9 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
 
 
 class WindowBatch(Sequence):
-    """A batch of causal windows already read into LongTensor[B, T] inputs and labels; collate_causal uses them."""
+    """A batch of causal windows already read into LongTensor[B, T] inputs and labels;
+    collate_causal uses them.
+    """
 
     def __init__(self, input_ids: torch.Tensor, labels: torch.Tensor) -> None:
         self.input_ids, self.labels = input_ids, labels

@@ -33,7 +33,9 @@ def check_text_file(path: Path, what: str = "text file") -> Path:
 
 
 def iter_text_chunks(path: Path) -> Iterator[str]:
-    """Yield the file's text in chunks of about CHUNK_BYTES that end on a line break where possible."""
+    """Yield the file's text in chunks of about CHUNK_BYTES that end on a line break where
+    possible.
+    """
     with open(path, "rb") as handle:
         decoder = codecs.getincrementaldecoder("utf-8")()
         offset = 0
@@ -72,7 +74,9 @@ def iter_token_chunks(path: Path, tokenizer: Any, vocab_size: int) -> Iterator[n
 
 
 def iter_blocks(chunks: Iterator[np.ndarray], block_size: int) -> Iterator[np.ndarray]:
-    """Yield windows of block_size + 1 tokens at stride block_size: every transition is a label once."""
+    """Yield windows of block_size + 1 tokens at stride block_size: every transition is a label
+    once.
+    """
     buffer = np.zeros(0, dtype=np.int64)
     for chunk in chunks:
         buffer = np.concatenate([buffer, chunk.astype(np.int64)])
@@ -85,9 +89,9 @@ def iter_blocks(chunks: Iterator[np.ndarray], block_size: int) -> Iterator[np.nd
 class TextFileTokenDataset(IterableDataset[dict[str, torch.Tensor]]):
     """Stream a text file in fixed-size token blocks.
 
-    tokenizer may be a callable or an object with encode. The file is read incrementally, one chunk of about
-    CHUNK_BYTES at a time; examples are read-only-by-convention views of that chunk (collation copies them), so
-    copy an example before writing into it.
+    tokenizer may be a callable or an object with encode. The file is read incrementally, one chunk
+    of about CHUNK_BYTES at a time; examples are read-only-by-convention views of that chunk
+    (collation copies them), so copy an example before writing into it.
     """
 
     def __init__(
@@ -104,12 +108,14 @@ class TextFileTokenDataset(IterableDataset[dict[str, torch.Tensor]]):
         self.tokenizer = tokenizer if tokenizer is not None else CharTokenizer(vocab_size)
         if is_byte_tokenizer(self.tokenizer) and self.path.stat().st_size <= block_size:
             raise DataError(self._too_short(self.path.stat().st_size))
-        # Set by ResumableLoader: blocks before start_block are skipped; workers take whole batches in turn.
+        # Set by ResumableLoader: blocks before start_block are skipped; workers take whole batches
+        # in turn.
         self.start_block, self.batch_size = 0, 1
 
     def _too_short(self, tokens: int) -> str:
         return (
-            f"{str(self.path)!r} holds {tokens} tokens, fewer than block_size + 1 = {self.block_size + 1}; "
+            f"{str(self.path)!r} holds {tokens} tokens, fewer than block_size + 1 = "
+            f"{self.block_size + 1}; "
             "lower data.block_size (model.max_seq_len) or use a longer file"
         )
 
@@ -124,7 +130,8 @@ class TextFileTokenDataset(IterableDataset[dict[str, torch.Tensor]]):
         index = -1
         for index, block in enumerate(blocks):
             if plan.owns(index):
-                # Views, no copy: blocks are slices of a buffer that is never written after it is built.
+                # Views, no copy: blocks are slices of a buffer that is never written after it is
+                # built.
                 yield {
                     "input_ids": torch.from_numpy(block[:-1]),
                     "labels": torch.from_numpy(block[1:]),

@@ -1,4 +1,6 @@
-"""The byte-level tokenizer and the adapter that makes any supported tokenizer return a list of ids."""
+"""The byte-level tokenizer and the adapter that makes any supported tokenizer return a list
+of ids.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ class CharTokenizer:
         self.vocab_size = vocab_size
 
     def encode(self, text: str) -> list[int]:
-        """Return the UTF-8 bytes of text as ids; raises DataError when a byte does not fit vocab_size."""
+        """Return the UTF-8 bytes of text as ids; raises DataError when a byte does not fit
+        vocab_size.
+        """
         ids = list(text.encode("utf-8"))
         if ids and self.vocab_size < 256:
             check_ids(ids, self.vocab_size, "CharTokenizer")
@@ -33,12 +37,16 @@ class CharTokenizer:
 
 
 def is_byte_tokenizer(tokenizer: Any) -> bool:
-    """True when tokenizer is exactly the byte-level CharTokenizer, whose ids can be read straight from bytes."""
+    """True when tokenizer is exactly the byte-level CharTokenizer, whose ids can be read straight
+    from bytes.
+    """
     return type(tokenizer) is CharTokenizer
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
-    """Return token ids for text from a callable, an object with encode, or a Hugging Face Tokenizer."""
+    """Return token ids for text from a callable, an object with encode, or a Hugging Face
+    Tokenizer.
+    """
     encode = getattr(tokenizer, "encode", None)
     out = encode(text) if callable(encode) else tokenizer(text) if callable(tokenizer) else None
     if out is None:

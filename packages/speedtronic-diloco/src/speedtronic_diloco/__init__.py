@@ -1,4 +1,5 @@
-"""DumbDiLoCo for Speedtronic: low-communication training over the Hugging Face Hub or a shared folder.
+"""DumbDiLoCo for Speedtronic: low-communication training over the Hugging Face Hub or a shared
+folder.
 
 Names resolve lazily, so `import speedtronic_diloco` (or running its stdlib-only test Hub server)
 does not pay for torch and huggingface_hub until they are used.
@@ -9,7 +10,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from .__about__ import __version__
+from speedtronic_diloco.__about__ import __version__
 
 _EXPORTS = {
     "DeltaUploadJob": "diloco",

@@ -13,16 +13,17 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from .hub import GlobalMetadata, HubClient, HubError, build_hub_client
-from .outer import MasterOuterLoop
-from .settings import DistributedSettings
-from .tensors import compute_pseudo_gradient, cpu_state_dict
+from speedtronic_diloco.hub import GlobalMetadata, HubClient, HubError, build_hub_client
+from speedtronic_diloco.outer import MasterOuterLoop
+from speedtronic_diloco.settings import DistributedSettings
+from speedtronic_diloco.tensors import compute_pseudo_gradient, cpu_state_dict
 
 LOGGER = logging.getLogger("speedtronic_diloco.diloco")
 _STOP = object()
@@ -216,11 +217,12 @@ class DumbDiLoCoCoordinator:
         )
 
     def _wait_for_global(self) -> GlobalCandidate | None:
-        """Block the training thread until a newer global model is staged, or global_wait_timeout passes.
+        """Block the training thread until a newer global model is staged, or global_wait_timeout
+        passes.
 
         The poll lane stages candidates when it runs; before it starts, or in the synchronous mode,
-        this loop fetches them itself. A delta whose upload failed meanwhile is re-sent at once, so a
-        waiting node never holds back the round it waits for.
+        this loop fetches them itself. A delta whose upload failed meanwhile is re-sent at once, so
+        a waiting node never holds back the round it waits for.
         """
         deadline = time.monotonic() + self.settings.global_wait_timeout
         lane_polls = self._started and self.settings.async_global_poll
@@ -246,7 +248,9 @@ class DumbDiLoCoCoordinator:
         self._send(job)
 
     def stop(self) -> None:
-        """Stop the lanes (waiting up to delta_upload_shutdown_timeout for a queued upload) and the master."""
+        """Stop the lanes (waiting up to delta_upload_shutdown_timeout for a queued upload) and the
+        master.
+        """
         if not self._started:
             return
         self._stop_event.set()
@@ -341,7 +345,8 @@ class DumbDiLoCoCoordinator:
         ):
             # 2.0's skip: the baseline stays, so the next delta is cumulative. Work skipped here and
             # then overwritten by a global install is stale against it and is not sent later (sent
-            # later, merged into newer deltas under an older base, it made the published model diverge).
+            # later, merged into newer deltas under an older base, it made the published model
+            # diverge).
             self._count_skip(step)
             return False
         current = cpu_state_dict(self.model.state_dict())
@@ -373,7 +378,9 @@ class DumbDiLoCoCoordinator:
         self._carry = self._with_carry(replace(job, target_state={}))
 
     def _send(self, job: DeltaUploadJob) -> bool:
-        """Upload (sync) or enqueue (async) a job; return whether it left. Work that did not is kept."""
+        """Upload (sync) or enqueue (async) a job; return whether it left. Work that did not is
+        kept.
+        """
         if self._uploads is None:
             ok = self._upload(job)
         else:
@@ -522,7 +529,8 @@ class DumbDiLoCoCoordinator:
         )
 
     def install_latest_global(self) -> bool:
-        """Install a newer published global model now (training thread); return whether one was installed.
+        """Install a newer published global model now (training thread); return whether one was
+        installed.
 
         For callers that run synchronous rounds themselves (the master's sync_once between the
         nodes' boundaries); they reset the inner optimizer when this returns True.
@@ -534,7 +542,9 @@ class DumbDiLoCoCoordinator:
         return True
 
     def _maybe_poll_global(self) -> None:
-        """Synchronous mode only: a time-based poll between boundaries (async mode has its own lane)."""
+        """Synchronous mode only: a time-based poll between boundaries (async mode has its own
+        lane).
+        """
         if (
             self.settings.async_global_poll
             or time.monotonic() - self._last_poll < self.settings.poll_interval
@@ -549,7 +559,9 @@ class DumbDiLoCoCoordinator:
 
     # -- checkpoint state ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Return checkpointable state: counters, baseline and every upload not yet acknowledged (no token)."""
+        """Return checkpointable state: counters, baseline and every upload not yet acknowledged (no
+        token).
+        """
         with self._lock:
             pending = [job for job in (self._carry, self._inflight) if job is not None]
         if self._uploads is not None:
@@ -596,8 +608,11 @@ class DumbDiLoCoCoordinator:
             self.master.load_state_dict(state["master"])
 
     def _restore_pending_uploads(self, pending: list[dict[str, Any]]) -> None:
-        """Re-send the uploads not acknowledged at checkpoint time (same names: harmless if they had landed)."""
-        # The checkpointed baseline already excludes these deltas (it moved at dispatch), so re-sending
+        """Re-send the uploads not acknowledged at checkpoint time (same names: harmless if they had
+        landed).
+        """
+        # The checkpointed baseline already excludes these deltas (it moved at dispatch), so re-
+        # sending
         # them cannot double count; one that fails or is skipped again rides with the next delta.
         self._prepared_pending = [
             DeltaUploadJob(
@@ -612,7 +627,9 @@ class DumbDiLoCoCoordinator:
 
 
 def _event_sink(events: Any) -> Callable[[str, dict[str, Any]], None] | None:
-    """Return the callable that delivers an event: on_event(), the trainer MetricLogger's emit(), or events itself."""
+    """Return the callable that delivers an event: on_event(), the trainer MetricLogger's emit(), or
+    events itself.
+    """
     for name in ("on_event", "emit"):
         method = getattr(events, name, None)
         if callable(method):

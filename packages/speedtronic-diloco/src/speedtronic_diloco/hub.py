@@ -1,4 +1,5 @@
-"""HubClient: the DumbDiLoCo synchronization bus over a Transport, with retries and idempotent commits.
+"""HubClient: the DumbDiLoCo synchronization bus over a Transport, with retries and idempotent
+commits.
 
 Repository layout: global/model.safetensors, global/step_count.json and global/manifest.json are
 always written in one commit; deltas/<node>/step-<n>-base-<b>.safetensors are one commit each.
@@ -13,22 +14,22 @@ import os
 import time
 import uuid
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
-from speedtronic_systems.atomic import atomic_write_bytes
-from .tensors import (
+from speedtronic_diloco.tensors import (
     DeltaRef,
     delta_path,
     from_safetensors_bytes,
     parse_delta_ref,
     to_safetensors_bytes,
 )
-from .transport import (
+from speedtronic_diloco.transport import (
     FilesystemTransport,
     HfApiTransport,
     NotFound,
@@ -36,6 +37,7 @@ from .transport import (
     Transport,
     TransportError,
 )
+from speedtronic_systems.atomic import atomic_write_bytes
 
 LOGGER = logging.getLogger("speedtronic_diloco.hub")
 GLOBAL_MODEL = "global/model.safetensors"
@@ -45,12 +47,14 @@ GLOBAL_MANIFEST = "global/manifest.json"
 MAX_DELETIONS_PER_COMMIT = 50
 # Workers commit deltas to the same branch, so the head can move faster than a publish attempt
 # takes; after this many stale parents the publish commits without compare-and-swap, right after
-# checking that global/ is still the master's own previous step (only a second master could race it).
+# checking that global/ is still the master's own previous step (only a second master could race
+# it).
 CAS_ATTEMPTS = 4
 COLLABORATOR_WARNING = (
     "huggingface_hub has no API to grant a user write access to a repository, so "
     "distributed.collaborators cannot be applied. Create the repository under an organisation the "
-    "workers belong to, and give each worker a fine-grained token with write access to that repository."
+    "workers belong to, and give each worker a fine-grained token with write access to that "
+    "repository."
 )
 
 
@@ -102,11 +106,14 @@ class GlobalMetadata:
 
 
 def check_repo_path(path: str) -> str:
-    """Return path when it is a relative repository path without '..' segments, else raise ValueError."""
+    """Return path when it is a relative repository path without '..' segments, else raise
+    ValueError.
+    """
     parts = path.split("/")
     if not path or path.startswith("/") or "\\" in path or any(p in {"", ".", ".."} for p in parts):
         raise ValueError(
-            f"repository path {path!r} must be relative, use '/' separators and contain no '.' or '..'"
+            f"repository path {path!r} must be relative, use '/' separators and contain no '.' or "
+            "'..'"
         )
     return path
 
@@ -189,7 +196,9 @@ class HubClient:
         raise AssertionError("unreachable")
 
     def _call(self, operation: str, callback: Callable[[], Any]) -> Any:
-        """Like _retry, with permanent transport errors (other than NotFound) turned into HubError."""
+        """Like _retry, with permanent transport errors (other than NotFound) turned into
+        HubError.
+        """
         try:
             return self._retry(operation, callback)
         except TransportError as exc:
@@ -225,7 +234,9 @@ class HubClient:
         return remote_path in self.list_files()
 
     def read_bytes(self, remote_path: str, revision: str | None = None) -> bytes:
-        """Return the contents of remote_path at revision (default: the head); raise HubError when absent."""
+        """Return the contents of remote_path at revision (default: the head); raise HubError when
+        absent.
+        """
         return self._call(
             f"read {remote_path}",
             lambda: self.transport.read(remote_path, revision or self.transport.head()),
@@ -234,7 +245,9 @@ class HubClient:
     def _commit(
         self, operation: str, files: Mapping[str, bytes], *, already_done: Callable[[], bool]
     ) -> None:
-        """Commit files; a retry first checks already_done, so a commit whose response was lost is not redone."""
+        """Commit files; a retry first checks already_done, so a commit whose response was lost is
+        not redone.
+        """
         state = {"retrying": False}
 
         def attempt() -> None:
@@ -286,7 +299,9 @@ class HubClient:
             return False
 
     def download(self, remote_path: str, local_path: str | os.PathLike[str] | None = None) -> Path:
-        """Download remote_path at the head into local_path (default: under cache_dir) atomically."""
+        """Download remote_path at the head into local_path (default: under cache_dir)
+        atomically.
+        """
         if local_path is None:
             if self.cache_dir is None:
                 raise ValueError("download needs local_path when the client has no cache_dir")
@@ -318,7 +333,9 @@ class HubClient:
 
     # -- DiLoCo layout ------------------------------------------------------------------------
     def global_metadata(self) -> GlobalMetadata | None:
-        """Return the published metadata with the revision it was read at, or None before the first publish."""
+        """Return the published metadata with the revision it was read at, or None before the first
+        publish.
+        """
         return self._call("global_metadata", lambda: self._metadata_at(self._head()))
 
     def read_manifest(self, metadata: GlobalMetadata) -> dict[str, Any]:
@@ -360,7 +377,9 @@ class HubClient:
         metadata_extra: dict[str, str] | None = None,
         consumed: list[str] | tuple = (),
     ) -> GlobalMetadata:
-        """Publish model, step_count.json and manifest in one compare-and-swap commit; delete consumed deltas."""
+        """Publish model, step_count.json and manifest in one compare-and-swap commit; delete
+        consumed deltas.
+        """
         del work_dir  # 2.0 staged files on disk; contents now travel from memory
         model = to_safetensors_bytes(
             state, metadata={"outer_step": str(outer_step), **(metadata_extra or {})}
@@ -396,10 +415,12 @@ class HubClient:
                     current.publish_id == metadata.publish_id
                     or (current.outer_step, current.sha256) == (outer_step, metadata.sha256)
                 ):
-                    return head  # an earlier attempt (or call) published this model; its answer was lost
+                    # an earlier attempt (or call) published this model; its answer was lost
+                    return head
                 if current is not None and current.outer_step >= outer_step:
                     raise HubError(
-                        f"{self.repo_id} already holds outer step {current.outer_step} >= {outer_step} "
+                        f"{self.repo_id} already holds outer step {current.outer_step} >= "
+                        f"{outer_step} "
                         "from another publisher: is a second master running?"
                     )
                 try:
@@ -456,7 +477,9 @@ def build_hub_client(
     logger: logging.Logger | None = None,
     sleeper: Callable[[float], None] = time.sleep,
 ) -> HubClient:
-    """Return a HubClient for a distributed config section (duck-typed; transport "hub" or "filesystem")."""
+    """Return a HubClient for a distributed config section (duck-typed; transport "hub" or
+    "filesystem").
+    """
     transport_name = getattr(section, "transport", "hub") or "hub"
     repo_id = getattr(section, "repo_id", None)
     endpoint = getattr(section, "endpoint", None)
@@ -472,7 +495,8 @@ def build_hub_client(
     if transport_name == "filesystem":
         if not endpoint:
             raise ValueError(
-                "distributed.endpoint must name a shared folder when distributed.transport is 'filesystem'"
+                "distributed.endpoint must name a shared folder when distributed.transport is "
+                "'filesystem'"
             )
         transport: Transport = FilesystemTransport(Path(endpoint) / repo_id)
     elif transport_name == "hub":

@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 
-from speedtronic_systems.atomic import atomic_write_bytes
-from .hub import HubClient, HubError
-from .tensors import (
+from speedtronic_diloco.hub import HubClient, HubError
+from speedtronic_diloco.tensors import (
     DeltaRef,
     average_deltas,
     cpu_state_dict,
@@ -24,6 +24,7 @@ from .tensors import (
     state_nbytes,
     to_safetensors_bytes,
 )
+from speedtronic_systems.atomic import atomic_write_bytes
 
 LOGGER = logging.getLogger("speedtronic_diloco.outer")
 # A delta computed against outer step b is applied at outer step s when s - b <= this limit.
@@ -200,7 +201,9 @@ class MasterOuterLoop:
         )
 
     def _save_local_state(self) -> None:
-        """Persist global state, momentum and ledger together, atomically (caller holds the lock)."""
+        """Persist global state, momentum and ledger together, atomically (caller holds the
+        lock).
+        """
         tensors = {f"global/{k}": v for k, v in self._state.global_state.items()}
         tensors.update({f"momentum/{k}": v for k, v in self.optimizer.buffers.items()})
         header = {
@@ -241,8 +244,8 @@ class MasterOuterLoop:
     ) -> Iterator[tuple[DeltaRef, tuple]]:
         """Yield (ref, (delta, reason)) in order, downloading DOWNLOAD_THREADS at a time.
 
-        Downloads are latency-bound, and a round that fetched them one by one fell further behind the
-        more deltas piled up. A failed download yields its HubError as the reason. At most
+        Downloads are latency-bound, and a round that fetched them one by one fell further behind
+        the more deltas piled up. A failed download yields its HubError as the reason. At most
         DOWNLOAD_THREADS deltas are held at once.
         """
 
@@ -257,13 +260,14 @@ class MasterOuterLoop:
         ) as pool:
             for start in range(0, len(refs), DOWNLOAD_THREADS):
                 chunk = refs[start : start + DOWNLOAD_THREADS]
-                yield from zip(chunk, pool.map(fetch, chunk))
+                yield from zip(chunk, pool.map(fetch, chunk), strict=True)
 
     def sync_once(self) -> int:
         """Run one outer round and return the resulting outer step.
 
         Hub listing and downloads happen outside the state lock. Only the short in-memory commit and
-        local-state write are serialized, so a training-thread checkpoint never waits for the network.
+        local-state write are serialized, so a training-thread checkpoint never waits for the
+        network.
         """
         self._publish_pending()
         with self._lock:
@@ -335,7 +339,9 @@ class MasterOuterLoop:
         self.counters["skipped_invalid"] += len(report.skipped) - stale
 
     def _publish_pending(self) -> bool:
-        """Publish the local global state when the Hub lags behind it; return whether it is published."""
+        """Publish the local global state when the Hub lags behind it; return whether it is
+        published.
+        """
         with self._publish_lock:
             with self._lock:
                 if self._state.published_step >= self._state.outer_step:

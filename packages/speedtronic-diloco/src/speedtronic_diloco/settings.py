@@ -1,4 +1,6 @@
-"""The distributed settings the coordinator reads, from any config object (duck-typed, with defaults)."""
+"""The distributed settings the coordinator reads, from any config object (duck-typed, with
+defaults).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .outer import DEFAULT_STALENESS_LIMIT
-from .tensors import check_node_id
+from speedtronic_diloco.outer import DEFAULT_STALENESS_LIMIT
+from speedtronic_diloco.tensors import check_node_id
 
 OVERFLOW_POLICIES = ("skip", "block")
 # Inner rounds a node trains on one global version before it waits for a newer one: four rounds of
@@ -52,7 +54,8 @@ class DistributedSettings:
             )
         if self.delta_upload_queue_size < 1:
             raise ValueError(
-                f"distributed.delta_upload_queue_size must be >= 1, got {self.delta_upload_queue_size}"
+                "distributed.delta_upload_queue_size must be >= 1, got "
+                f"{self.delta_upload_queue_size}"
             )
         if self.delta_upload_overflow not in OVERFLOW_POLICIES:
             raise ValueError(
@@ -66,7 +69,8 @@ class DistributedSettings:
         ):
             raise ValueError(
                 "distributed.poll_interval must be > 0 and the timeouts >= 0, got "
-                f"{self.poll_interval}, {self.delta_upload_shutdown_timeout}, {self.global_wait_timeout}"
+                f"{self.poll_interval}, {self.delta_upload_shutdown_timeout}, "
+                f"{self.global_wait_timeout}"
             )
         check_node_id(self.node_id)
 
@@ -74,7 +78,9 @@ class DistributedSettings:
     def from_config(
         cls, config: Any, *, state_dir: str | Path | None = None
     ) -> DistributedSettings:
-        """Return settings from a full config (with .distributed and .run) or a bare distributed section."""
+        """Return settings from a full config (with .distributed and .run) or a bare distributed
+        section.
+        """
         section = getattr(config, "distributed", config)
         run = getattr(config, "run", None)
         role = getattr(section, "role", "master") or "master"
@@ -114,7 +120,9 @@ class DistributedSettings:
 
 
 def _default_node_id(role: str) -> str:
-    """Return role-hostname, made path-safe (set distributed.node_id when one host runs several nodes)."""
+    """Return role-hostname, made path-safe (set distributed.node_id when one host runs several
+    nodes).
+    """
     if role == "master":
         return "master"
     return re.sub(r"[^A-Za-z0-9_.-]", "-", f"worker-{socket.gethostname()}")

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load as _load_bytes
 from safetensors.torch import save as _save_bytes
+
 from speedtronic_systems.atomic import atomic_write_bytes
 
 DELTA_PREFIX = "deltas"
@@ -42,7 +44,8 @@ def check_node_id(node_id: str) -> str:
     """Return node_id when it is path-safe, else raise ValueError saying what is allowed."""
     if not isinstance(node_id, str) or not _NODE_RE.match(node_id) or node_id in {".", ".."}:
         raise ValueError(
-            f"distributed.node_id={node_id!r} is not path-safe: use letters, digits, '_', '-' or '.'"
+            f"distributed.node_id={node_id!r} is not path-safe: use letters, digits, '_', '-' or "
+            "'.'"
         )
     return node_id
 
@@ -52,7 +55,8 @@ def delta_path(node_id: str, local_step: int, base_outer_step: int) -> str:
     check_node_id(node_id)
     if local_step < 0 or base_outer_step < 0:
         raise ValueError(
-            f"delta steps must be >= 0, got local_step={local_step} base_outer_step={base_outer_step}"
+            f"delta steps must be >= 0, got local_step={local_step} "
+            f"base_outer_step={base_outer_step}"
         )
     return f"{DELTA_PREFIX}/{node_id}/step-{local_step:010d}-base-{base_outer_step:08d}.safetensors"
 
@@ -77,14 +81,18 @@ def cpu_tensor(value: torch.Tensor) -> torch.Tensor:
 
 
 def cpu_state_dict(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Return an independent CPU copy of every tensor in a state dict (tied weights become copies)."""
+    """Return an independent CPU copy of every tensor in a state dict (tied weights become
+    copies).
+    """
     return {
         name: cpu_tensor(value) for name, value in state.items() if isinstance(value, torch.Tensor)
     }
 
 
 def floating_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Return the floating-point entries only: integer buffers (counters, masks) never get deltas."""
+    """Return the floating-point entries only: integer buffers (counters, masks) never get
+    deltas.
+    """
     return {name: value for name, value in state.items() if torch.is_floating_point(value)}
 
 
@@ -94,14 +102,18 @@ def save_safetensors(
     *,
     metadata: dict[str, str] | None = None,
 ) -> None:
-    """Write state as safetensors atomically; tied or shared tensors are stored as separate copies."""
+    """Write state as safetensors atomically; tied or shared tensors are stored as separate
+    copies.
+    """
     atomic_write_bytes(Path(path), to_safetensors_bytes(state, metadata=metadata))
 
 
 def to_safetensors_bytes(
     state: Mapping[str, torch.Tensor], *, metadata: dict[str, str] | None = None
 ) -> bytes:
-    """Return state serialized as safetensors bytes (shared storage copied apart, as safetensors requires)."""
+    """Return state serialized as safetensors bytes (shared storage copied apart, as safetensors
+    requires).
+    """
     return _save_bytes(cpu_state_dict(state), metadata=dict(metadata or {}))
 
 
@@ -144,7 +156,8 @@ def compute_pseudo_gradient(
     missing = sorted(set(floating_state(baseline)) - set(current))
     if missing:
         raise KeyError(
-            f"current state lacks baseline tensors {missing[:5]}; the model changed shape since the baseline"
+            f"current state lacks baseline tensors {missing[:5]}; the model changed shape since "
+            "the baseline"
         )
     return {
         name: (cpu_tensor(current[name]).neg_().add_(cpu_tensor(base)))
@@ -153,14 +166,17 @@ def compute_pseudo_gradient(
 
 
 def average_deltas(deltas: list[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Return the element-wise mean of deltas that share names and shapes (accumulated in float32+)."""
+    """Return the element-wise mean of deltas that share names and shapes (accumulated in
+    float32+).
+    """
     if not deltas:
         raise ValueError("average_deltas needs at least one delta")
     names = set(deltas[0])
     for index, delta in enumerate(deltas[1:], start=1):
         if set(delta) != names:
             raise ValueError(
-                f"delta {index} has different tensor names than delta 0: {sorted(names ^ set(delta))[:5]}"
+                f"delta {index} has different tensor names than delta 0: "
+                f"{sorted(names ^ set(delta))[:5]}"
             )
     result = {}
     for name in deltas[0]:
@@ -176,7 +192,9 @@ def average_deltas(deltas: list[Mapping[str, torch.Tensor]]) -> dict[str, torch.
 def delta_problem(
     delta: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]
 ) -> str | None:
-    """Return why a received delta cannot be applied to reference (names, shapes, dtypes, finiteness), or None."""
+    """Return why a received delta cannot be applied to reference (names, shapes, dtypes,
+    finiteness), or None.
+    """
     expected = floating_state(reference)
     if set(delta) != set(expected):
         extra, missing = sorted(set(delta) - set(expected)), sorted(set(expected) - set(delta))

@@ -13,8 +13,9 @@ import os
 import re
 import tempfile
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 from speedtronic_systems.atomic import atomic_write_bytes
 
@@ -59,7 +60,9 @@ class Transport(Protocol):
 
 
 def _classify_http(exc: Exception) -> TransportError:
-    """Map a huggingface_hub / HTTP-library exception onto NotFound, StaleParent or TransportError."""
+    """Map a huggingface_hub / HTTP-library exception onto NotFound, StaleParent or
+    TransportError.
+    """
     response = getattr(exc, "response", None)
     status = getattr(response, "status_code", None)
     name = type(exc).__name__
@@ -86,14 +89,17 @@ HTTP_TIMEOUT_S = 60.0
 
 
 def bound_hub_http_timeouts(seconds: float = HTTP_TIMEOUT_S) -> bool:
-    """Make huggingface_hub's shared HTTP client time out stalled requests, unless the user set a factory."""
+    """Make huggingface_hub's shared HTTP client time out stalled requests, unless the user set a
+    factory.
+    """
     try:
         from huggingface_hub.utils import _http
     except ImportError:
         return False
     default = getattr(_http, "default_client_factory", None)
     if default is None or getattr(_http, "_GLOBAL_CLIENT_FACTORY", None) is not default:
-        return False  # an older (requests-based) huggingface_hub, or the user's own client: leave it alone
+        # an older (requests-based) huggingface_hub, or the user's own client: leave it alone
+        return False
 
     def bound(request: Any) -> None:
         limits = request.extensions.get("timeout") or {}
@@ -112,7 +118,9 @@ def bound_hub_http_timeouts(seconds: float = HTTP_TIMEOUT_S) -> bool:
 
 
 class HfApiTransport:
-    """A Hub model repository through huggingface_hub.HfApi (any endpoint: hf.co or a local server)."""
+    """A Hub model repository through huggingface_hub.HfApi (any endpoint: hf.co or a local
+    server).
+    """
 
     def __init__(
         self,

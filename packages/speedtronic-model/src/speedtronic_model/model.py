@@ -73,7 +73,8 @@ class GPTConfig:
             raise _error(
                 "d_model",
                 self.d_model,
-                f"gives head_dim = d_model / n_head = {self.head_dim}, which must be even for rotary "
+                f"gives head_dim = d_model / n_head = {self.head_dim}, which must be even for "
+                "rotary "
                 "embeddings (they rotate channel pairs); change d_model or n_head",
             )
 
@@ -175,7 +176,9 @@ class RotaryEmbedding(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    """Causal self-attention with grouped-query heads (n_kv_head key/value heads shared by n_head queries)."""
+    """Causal self-attention with grouped-query heads (n_kv_head key/value heads shared by n_head
+    queries).
+    """
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -194,7 +197,9 @@ class CausalSelfAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, rope: RotaryEmbedding, attention_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Attend causally; attention_mask is None or a (B, 1, T, T) bool mask that already holds causality."""
+        """Attend causally; attention_mask is None or a (B, 1, T, T) bool mask that already holds
+        causality.
+        """
         B, T, C = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = (
@@ -236,7 +241,9 @@ class SwiGLU(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)); optionally recomputed in backward."""
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)); optionally recomputed in
+    backward.
+    """
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -249,9 +256,12 @@ class TransformerBlock(nn.Module):
     def forward(
         self, x: torch.Tensor, rope: RotaryEmbedding, attention_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Return the block output (B, T, C), checkpointed when enabled and gradients are recorded."""
+        """Return the block output (B, T, C), checkpointed when enabled and gradients are
+        recorded.
+        """
         if self.gradient_checkpointing and torch.is_grad_enabled():
-            # Non-reentrant checkpointing restores the RNG state, so dropout masks match on recompute.
+            # Non-reentrant checkpointing restores the RNG state, so dropout masks match on
+            # recompute.
             return checkpoint(self._forward, x, rope, attention_mask, use_reentrant=False)
         return self._forward(x, rope, attention_mask)
 
@@ -309,7 +319,9 @@ class ReferenceTransformer(nn.Module):
         attention_mask: torch.Tensor | None = None,
         **_: Any,
     ) -> dict[str, torch.Tensor]:
-        """Return {"logits": (B, T, V)} plus "loss" when labels (already shifted, -100 ignored) are given."""
+        """Return {"logits": (B, T, V)} plus "loss" when labels (already shifted, -100 ignored) are
+        given.
+        """
         T = self._check_inputs(input_ids, labels, attention_mask)
         mask = _attention_mask(attention_mask, T)  # None or (B, 1, T, T)
         x = self.drop(self.tok_emb(input_ids))  # (B, T, C)
@@ -338,17 +350,21 @@ class ReferenceTransformer(nn.Module):
             )
         if labels is not None and labels.shape != input_ids.shape:
             raise ValueError(
-                f"labels shape {tuple(labels.shape)} != input_ids shape {tuple(input_ids.shape)}; labels must be "
+                f"labels shape {tuple(labels.shape)} != input_ids shape {tuple(input_ids.shape)}; "
+                "labels must be "
                 "already shifted, one next-token label per input position (-100 to ignore)"
             )
         if attention_mask is not None and attention_mask.shape != input_ids.shape:
             raise ValueError(
-                f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}"
+                f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
+                f"{tuple(input_ids.shape)}"
             )
         return T
 
     def num_parameters(self, *, non_embedding: bool = False) -> int:
-        """Return the unique parameter count; non_embedding drops the token lookup table unless it is the tied head."""
+        """Return the unique parameter count; non_embedding drops the token lookup table unless it
+        is the tied head.
+        """
         total = sum(p.numel() for p in self.parameters())  # parameters() yields a tied tensor once
         if non_embedding and not self.config.tie_weights:
             total -= self.tok_emb.weight.numel()
@@ -379,7 +395,9 @@ class ReferenceTransformer(nn.Module):
         *,
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
-        """Return input_ids (B, T) extended by max_new_tokens sampled ids; temperature 0 is greedy."""
+        """Return input_ids (B, T) extended by max_new_tokens sampled ids; temperature 0 is
+        greedy.
+        """
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         if not temperature >= 0:

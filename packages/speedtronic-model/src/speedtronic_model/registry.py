@@ -52,7 +52,8 @@ class ModelRegistry:
                 )
             if name in self and not replace:
                 raise ValueError(
-                    f"model {name!r} is already registered; choose another name or pass replace=True"
+                    f"model {name!r} is already registered; choose another name or pass "
+                    "replace=True"
                 )
             self._lazy.pop(name, None)
             self._factories[name] = fn
@@ -61,7 +62,9 @@ class ModelRegistry:
         return add if factory is None else add(factory)
 
     def get(self, name: str) -> ModelFactory:
-        """Return the factory registered under name, or raise ConfigError listing the known names."""
+        """Return the factory registered under name, or raise ConfigError listing the known
+        names.
+        """
         if name not in self._factories and name in self._lazy:
             module_name, attr = self._lazy.pop(name).split(":")
             self._factories[name] = getattr(importlib.import_module(module_name), attr)
@@ -72,7 +75,8 @@ class ModelRegistry:
             raise ConfigError(
                 "model.name",
                 f"unknown model {name!r}",
-                allowed=f"registered models: {known}. Register a factory with register_model({name!r}, factory)",
+                allowed=f"registered models: {known}. Register a factory with "
+                f"register_model({name!r}, factory)",
             ) from None
 
     def names(self) -> tuple[str, ...]:
@@ -96,7 +100,9 @@ def register_model(name: str, factory: ModelFactory | None = None, *, replace: b
 
 
 def build_model(config: Any, **overrides: Any) -> Any:
-    """Build `config.name` from a ModelConfig-like section (or mapping); overrides win over fields."""
+    """Build `config.name` from a ModelConfig-like section (or mapping); overrides win over
+    fields.
+    """
     name = _read(config, "name")
     if name is None:
         raise ConfigError(

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from .__about__ import __version__
-from .adamw import make_adamw
-from .build import build_optimizer, build_v2_optimizer
-from .cautious import CautiousOptimizer
-from .hybrid import HybridOptimizer
-from .muon import Muon
-from .newton_schulz import COEFFICIENT_SETS, fast_work_dtype, newton_schulz, post_polar_normalize
-from .routing import ParameterRouting, route_parameters
-from .schedules import (
+from speedtronic_optim.__about__ import __version__
+from speedtronic_optim.adamw import make_adamw
+from speedtronic_optim.build import build_optimizer, build_v2_optimizer
+from speedtronic_optim.cautious import CautiousOptimizer
+from speedtronic_optim.hybrid import HybridOptimizer
+from speedtronic_optim.muon import Muon
+from speedtronic_optim.newton_schulz import (
+    COEFFICIENT_SETS,
+    fast_work_dtype,
+    newton_schulz,
+    post_polar_normalize,
+)
+from speedtronic_optim.routing import ParameterRouting, route_parameters
+from speedtronic_optim.schedules import (
     build_lr_scheduler,
     lr_lambda,
     warmup_constant,

@@ -8,10 +8,10 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from .adamw import make_adamw
-from .cautious import CautiousOptimizer
-from .hybrid import HybridOptimizer
-from .routing import route_parameters
+from speedtronic_optim.adamw import make_adamw
+from speedtronic_optim.cautious import CautiousOptimizer
+from speedtronic_optim.hybrid import HybridOptimizer
+from speedtronic_optim.routing import route_parameters
 
 OPTIMIZER_NAMES = ("adamw", "muon")
 

@@ -8,9 +8,7 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from .facade import evaluate_closure
-
-from .facade import init_facade
+from speedtronic_optim.facade import evaluate_closure, init_facade
 
 
 class CautiousOptimizer(Optimizer):

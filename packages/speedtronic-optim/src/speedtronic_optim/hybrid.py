@@ -8,9 +8,9 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from .adamw import make_adamw
-from .facade import check_keys, evaluate_closure, init_facade
-from .muon import Muon
+from speedtronic_optim.adamw import make_adamw
+from speedtronic_optim.facade import check_keys, evaluate_closure, init_facade
+from speedtronic_optim.muon import Muon
 
 
 class HybridOptimizer(Optimizer):

@@ -9,9 +9,8 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from .facade import evaluate_closure
-
-from .newton_schulz import (
+from speedtronic_optim.facade import evaluate_closure
+from speedtronic_optim.newton_schulz import (
     Coefficients,
     match_polar_scale,
     orthogonalize,
@@ -155,12 +154,15 @@ class Muon(Optimizer):
         )
 
 
-# One batched Newton–Schulz call per shape, capped so the stacked copy stays small next to the model.
+# One batched Newton–Schulz call per shape, capped so the stacked copy stays small next to the
+# model.
 MAX_BATCH_ELEMENTS = 1 << 26
 
 
 def _same_shape_batches(params: list[torch.Tensor]) -> list[list[int]]:
-    """Return indices of params grouped by (shape, dtype, device), in chunks of at most MAX_BATCH_ELEMENTS."""
+    """Return indices of params grouped by (shape, dtype, device), in chunks of at most
+    MAX_BATCH_ELEMENTS.
+    """
     groups: dict[tuple[Any, ...], list[int]] = {}
     for index, param in enumerate(params):
         groups.setdefault((tuple(param.shape), param.dtype, param.device), []).append(index)

@@ -62,7 +62,8 @@ def _schedule(coefficients: str | Sequence[Coefficients], steps: int) -> list[Co
             )
         table = COEFFICIENT_SETS[coefficients]
     else:
-        table = tuple(tuple(float(v) for v in triple) for triple in coefficients)  # type: ignore[misc]
+        # type: ignore[misc]
+        table = tuple(tuple(float(v) for v in triple) for triple in coefficients)
         if not table or any(len(triple) != 3 for triple in table):
             raise ValueError(
                 "Newton-Schulz coefficients must be a non-empty sequence of (a, b, c) triples"
@@ -127,7 +128,8 @@ def orthogonalize(
         raise ValueError(f"unknown Newton-Schulz method {method!r}; use one of {METHODS}")
     if method == "gram" and dtype not in GRAM_DTYPES:
         raise ValueError(
-            f"Newton-Schulz method 'gram' is numerically unstable in {dtype} (it amplifies rounding); "
+            f"Newton-Schulz method 'gram' is numerically unstable in {dtype} (it amplifies "
+            "rounding); "
             "use dtype=torch.float32, or method 'standard' or 'auto' for 16-bit work"
         )
     schedule = _schedule(coefficients, steps)

@@ -1,4 +1,6 @@
-"""speedtronic-systems: device and precision resolution, startup shape checks, CUDA stage streams, atomic files."""
+"""speedtronic-systems: device and precision resolution, startup shape checks, CUDA stage streams,
+atomic files.
+"""
 
 from __future__ import annotations
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 import torch
 
 
 def _open_anonymous(folder: Path) -> int | None:
-    """Return a descriptor of an unnamed file in `folder` (Linux O_TMPFILE), or None where unsupported.
+    """Return a descriptor of an unnamed file in `folder` (Linux O_TMPFILE), or None where
+    unsupported.
 
     An unnamed file vanishes with its process, so even a SIGKILL mid-write leaves no temp litter.
     """
@@ -44,7 +46,8 @@ def _fsync_folder(folder: Path) -> None:
 def _link_anonymous(fd: int, path: Path) -> str:
     """Give the unnamed file behind `fd` a fresh hidden name beside `path`; return that name."""
     # linkat cannot replace an existing name, so link under a fresh name and rename that. A folder
-    # descriptor makes Python call linkat(AT_SYMLINK_FOLLOW), which resolves the /proc link to the file.
+    # descriptor makes Python call linkat(AT_SYMLINK_FOLLOW), which resolves the /proc link to the
+    # file.
     folder = os.open(path.parent, os.O_RDONLY)
     try:
         while True:
@@ -59,7 +62,9 @@ def _link_anonymous(fd: int, path: Path) -> str:
 
 
 def _publish(fd: int, temp_name: str | None, path: Path) -> None:
-    """Give the written file its final name with one atomic rename (`temp_name` None: unnamed file)."""
+    """Give the written file its final name with one atomic rename (`temp_name` None: unnamed
+    file).
+    """
     if temp_name is None:
         temp_name = _link_anonymous(fd, path)
     try:
@@ -77,7 +82,9 @@ def _unlink_quietly(name: str) -> None:
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]) -> Path:
-    """Write `path` through `write(file)` atomically and durably; on any failure the old file stays."""
+    """Write `path` through `write(file)` atomically and durably; on any failure the old file
+    stays.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp_name = _open_anonymous(path.parent), None
@@ -107,7 +114,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
 def atomic_json_dump(
     value: Any, path: str | os.PathLike[str], *, indent: int | None = 2, sort_keys: bool = True
 ) -> Path:
-    """Write `value` as JSON to `path` atomically; return the path. Serializes before touching the disk."""
+    """Write `value` as JSON to `path` atomically; return the path. Serializes before touching the
+    disk.
+    """
     text = json.dumps(value, indent=indent, sort_keys=sort_keys)
     return atomic_write_bytes(path, (text + "\n").encode("utf-8"))
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -35,7 +36,9 @@ class PrecisionError(ValueError):
 
 @dataclass(frozen=True)
 class PrecisionPlan:
-    """The resolved precision of a run: what autocast and the GradScaler will do on `device_type`."""
+    """The resolved precision of a run: what autocast and the GradScaler will do on
+    `device_type`.
+    """
 
     mode: str  # the resolved mode: "bf16", "fp16" or "fp32" (never "auto")
     dtype: torch.dtype
@@ -74,7 +77,9 @@ def _cuda_device_name(device: torch.device) -> str:
 
 
 def cpu_bf16_supported() -> bool:
-    """Return True when PyTorch reports native BF16 matmul support on this CPU (AVX512-BF16/AMX via oneDNN)."""
+    """Return True when PyTorch reports native BF16 matmul support on this CPU (AVX512-BF16/AMX via
+    oneDNN).
+    """
     probe = getattr(getattr(torch.ops, "mkldnn", None), "_is_mkldnn_bf16_supported", None)
     if probe is None or not torch.backends.mkldnn.is_available():
         return False
@@ -88,7 +93,9 @@ def cpu_bf16_supported() -> bool:
 
 
 def resolve_device(requested: str | torch.device | None = "auto") -> torch.device:
-    """Return the torch.device for "auto" (CUDA, then MPS, then CPU), "cpu", "cuda", "cuda:N" or "mps"."""
+    """Return the torch.device for "auto" (CUDA, then MPS, then CPU), "cpu", "cuda", "cuda:N" or
+    "mps".
+    """
     if requested is None:
         requested = "auto"
     text = str(requested).strip().lower()
@@ -227,7 +234,9 @@ def resolve_precision(config: Any, device: torch.device | str) -> PrecisionPlan:
 
 
 def _resolve_auto(dtype: str | None, device_type: str) -> PrecisionPlan:
-    """Apply auto's rules: CUDA BF16, else CUDA FP16 + GradScaler, else FP32; `dtype` steers CUDA only."""
+    """Apply auto's rules: CUDA BF16, else CUDA FP16 + GradScaler, else FP32; `dtype` steers CUDA
+    only.
+    """
     if device_type != "cuda":
         if dtype in ("bf16", "fp16"):
             return _fallback(
@@ -262,7 +271,7 @@ def make_grad_scaler(plan: PrecisionPlan) -> torch.amp.GradScaler | None:
     return torch.amp.GradScaler(plan.device_type)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fused_adamw_probe(device: str) -> bool:
     param = torch.zeros(1, device=device, requires_grad=True)
     param.grad = torch.ones_like(param)
@@ -271,7 +280,9 @@ def _fused_adamw_probe(device: str) -> bool:
 
 
 def supports_fused_adamw(device: torch.device | str) -> bool:
-    """Return True when a fused AdamW can be built and stepped on `device` (probed once per device)."""
+    """Return True when a fused AdamW can be built and stepped on `device` (probed once per
+    device).
+    """
     try:
         return _fused_adamw_probe(str(torch.device(device)))
     except Exception:  # the fused kernel is a speed-up, never a requirement
@@ -279,7 +290,9 @@ def supports_fused_adamw(device: torch.device | str) -> bool:
 
 
 def parameter_count(model: torch.nn.Module, *, trainable_only: bool = False) -> int:
-    """Return the number of (shared-once) parameters in `model`, optionally only those requiring grad."""
+    """Return the number of (shared-once) parameters in `model`, optionally only those requiring
+    grad.
+    """
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
@@ -318,7 +331,9 @@ def _dtype_of(dtype: torch.dtype | str | None) -> torch.dtype:
 def device_peak_flops(
     device: torch.device | str, dtype: torch.dtype | str | None = torch.float32
 ) -> float | None:
-    """Return the dense matmul peak FLOP/s for MFU: a datasheet value for known GPUs, else a measured probe."""
+    """Return the dense matmul peak FLOP/s for MFU: a datasheet value for known GPUs, else a
+    measured probe.
+    """
     device = torch.device(device)
     resolved = _dtype_of(dtype)
     if device.type == "cuda":
@@ -344,7 +359,9 @@ def device_peak_flops(
 
 
 def _synchronizer(device: str) -> Any:
-    """Return a function that waits for queued kernels on `device` (asynchronous on CUDA and MPS)."""
+    """Return a function that waits for queued kernels on `device` (asynchronous on CUDA and
+    MPS).
+    """
     if device.startswith("cuda"):
         return torch.cuda.synchronize
     if device.startswith("mps"):
@@ -352,11 +369,13 @@ def _synchronizer(device: str) -> Any:
     return lambda: None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def measured_matmul_flops(
     device: str, dtype: torch.dtype, size: int = 512, repeats: int = 8
 ) -> float:
-    """Return the best FLOP/s of a few square `size` matmuls on `device` (measured once per process)."""
+    """Return the best FLOP/s of a few square `size` matmuls on `device` (measured once per
+    process).
+    """
     # A private generator: probing the peak must never shift the caller's random stream.
     generator = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(size, size, device=device, generator=generator).to(dtype)

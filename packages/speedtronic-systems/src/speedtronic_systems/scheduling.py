@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -81,7 +82,8 @@ class StageStreamScheduler:
             or not MIN_STREAMS <= num_streams <= MAX_STREAMS
         ):
             raise ValueError(
-                f"ooo_streams must be an integer in {MIN_STREAMS}..{MAX_STREAMS}; got {num_streams!r}"
+                f"ooo_streams must be an integer in {MIN_STREAMS}..{MAX_STREAMS}; got "
+                f"{num_streams!r}"
             )
         self.device = torch.device(device)
         self.num_streams = num_streams
@@ -93,7 +95,10 @@ class StageStreamScheduler:
         self._outer: list[torch.cuda.Stream] = []  # the stream each running stage was entered from
         self.active = self.device.type == "cuda" and torch.cuda.is_available()
         if not self.active:
-            self.reason = f"out-of-order backprop needs CUDA streams; {self.device.type} uses sequential backward"
+            self.reason = (
+                f"out-of-order backprop needs CUDA streams; {self.device.type} uses "
+                "sequential backward"
+            )
             self.logger.info("ooo_backprop: %s", self.reason)
             return
         self.reason = "active"
@@ -145,7 +150,9 @@ class StageStreamScheduler:
             stream.wait_stream(current)
 
     def finish(self) -> None:
-        """End the backward pass: the caller's stream waits for every stage stream before the update."""
+        """End the backward pass: the caller's stream waits for every stage stream before the
+        update.
+        """
         if not self.active:
             return
         current = torch.cuda.current_stream(self.device)

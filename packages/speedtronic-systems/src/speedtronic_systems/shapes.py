@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,7 +29,9 @@ class ShapeConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ShapeProfile:
-    """The alignment a device and precision prefer, and where it came from ("auto", "cpu-auto" or "explicit")."""
+    """The alignment a device and precision prefer, and where it came from ("auto", "cpu-auto" or
+    "explicit").
+    """
 
     device_type: str
     precision: str
@@ -51,7 +54,10 @@ class ShapeWarning:
     def message(self) -> str:
         """Return the one-line warning: value, alignment, suggestion and why it matters."""
         hint = f"; suggested {self.suggested}" if self.suggested is not None else ""
-        return f"shape: {self.field}={self.value} is not a multiple of {self.alignment}{hint} ({self.reason})"
+        return (
+            f"shape: {self.field}={self.value} is not a multiple of {self.alignment}{hint} "
+            f"({self.reason})"
+        )
 
 
 @dataclass
@@ -86,7 +92,9 @@ class _Settings:
 
 
 def _settings(section: Any) -> _Settings:
-    """Read a shape_validation section: an object with the fields, a mapping, a bool, or None (defaults)."""
+    """Read a shape_validation section: an object with the fields, a mapping, a bool, or None
+    (defaults).
+    """
     if section is None:
         return _Settings()
     if isinstance(section, bool):
@@ -110,7 +118,9 @@ def resolve_shape_profile(
     *,
     requested_alignment: int | str | None = "auto",
 ) -> ShapeProfile:
-    """Return the alignment profile for a device and precision; an explicit positive int overrides auto."""
+    """Return the alignment profile for a device and precision; an explicit positive int overrides
+    auto.
+    """
     device_type = torch.device(device).type
     if requested_alignment is None or (
         isinstance(requested_alignment, str) and requested_alignment.strip().lower() == "auto"
@@ -171,7 +181,9 @@ def _append_warning(
 
 
 def _batch_suggestion(micro: int, target: int | None, alignment: int) -> int | None:
-    """Return the aligned micro batch nearest `micro` that still divides `target`, or None when none exists."""
+    """Return the aligned micro batch nearest `micro` that still divides `target`, or None when none
+    exists.
+    """
     if not target:
         return _suggest(micro, alignment)
     candidates = [d for d in range(alignment, target + 1, alignment) if target % d == 0]
@@ -179,7 +191,9 @@ def _batch_suggestion(micro: int, target: int | None, alignment: int) -> int | N
 
 
 def _module_metadata(model: nn.Module) -> list[tuple[str, int]]:
-    """Return (name, width) for the GEMM dimensions of every Linear and Embedding layer in `model`."""
+    """Return (name, width) for the GEMM dimensions of every Linear and Embedding layer in
+    `model`.
+    """
     dims: list[tuple[str, int]] = []
     for name, module in model.named_modules():
         name = name or "model"  # the root module has an empty name
@@ -240,7 +254,10 @@ def validate_startup_shapes(
         suggested = _batch_suggestion(micro, target, batch_align)
         reason = "GEMM rows are micro_batch_size * block_size"
         if suggested is None:
-            reason += f"; no multiple of {batch_align} divides data.target_batch_size={target}, change both"
+            reason += (
+                f"; no multiple of {batch_align} divides data.target_batch_size={target}, "
+                "change both"
+            )
         _append_warning(
             warnings,
             seen,

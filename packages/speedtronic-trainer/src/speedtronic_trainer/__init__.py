@@ -1,4 +1,6 @@
-"""Speedtronic trainer: the training loop, checkpoints, exact resume, metrics and logging integrations."""
+"""Speedtronic trainer: the training loop, checkpoints, exact resume, metrics and logging
+integrations.
+"""
 
 from __future__ import annotations
 

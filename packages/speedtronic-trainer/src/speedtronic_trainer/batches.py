@@ -12,7 +12,9 @@ IGNORE_INDEX = -100
 
 
 def move_batch(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
-    """Return the batch with every tensor moved to `device`, preserving dict/tuple/list structure."""
+    """Return the batch with every tensor moved to `device`, preserving dict/tuple/list
+    structure.
+    """
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, Mapping):
@@ -29,7 +31,8 @@ def call_model(model: Any, batch: Any) -> Any:
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
         return model(batch[0], batch[1])
     raise TypeError(
-        f"unsupported batch of type {type(batch).__name__}: the trainer needs a dict (called as model(**batch)) "
+        f"unsupported batch of type {type(batch).__name__}: the trainer needs a dict (called as "
+        "model(**batch)) "
         "or a tuple/list of at least two items (called as model(batch[0], batch[1]))"
     )
 
@@ -61,7 +64,9 @@ def batch_size_and_tokens(batch: Any) -> tuple[int, int]:
 
 
 def valid_label_count(batch: Any) -> int | None:
-    """Return how many label positions are not IGNORE_INDEX, or None when the batch has no labels."""
+    """Return how many label positions are not IGNORE_INDEX, or None when the batch has no
+    labels.
+    """
     labels = batch_labels(batch)
     if labels is None or labels.is_floating_point():
         return None
@@ -76,7 +81,8 @@ def _loss_from_logits(logits: torch.Tensor, batch: Any) -> torch.Tensor:
         )
     if logits.shape[:-1] != labels.shape:
         raise ValueError(
-            f"logits of shape {tuple(logits.shape)} do not match labels of shape {tuple(labels.shape)}; "
+            f"logits of shape {tuple(logits.shape)} do not match labels of shape "
+            f"{tuple(labels.shape)}; "
             "labels must already be shifted, one next-token label per input position"
         )
     # float(): cross entropy in half precision loses accuracy for large vocabularies.
@@ -90,7 +96,8 @@ def loss_from_output(output: Any, batch: Any) -> torch.Tensor:
     if isinstance(output, torch.Tensor):
         if output.dim() != 0:
             raise ValueError(
-                f"the model returned a tensor of shape {tuple(output.shape)}; a bare tensor is read as the loss "
+                f"the model returned a tensor of shape {tuple(output.shape)}; a bare tensor is "
+                "read as the loss "
                 "and must be a scalar (return {'logits': ...} to have the trainer compute the loss)"
             )
         return output
@@ -113,7 +120,8 @@ def loss_from_output(output: Any, batch: Any) -> torch.Tensor:
             "or 3-D logits [batch, sequence, vocab]"
         )
     raise TypeError(
-        f"unsupported model output of type {type(output).__name__}: return a scalar loss, a mapping with "
+        f"unsupported model output of type {type(output).__name__}: return a scalar loss, a "
+        "mapping with "
         "'loss' or 'logits', or a tuple/list whose first item is a loss or 3-D logits"
     )
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from speedtronic_systems.atomic import atomic_json_dump, atomic_torch_save
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
@@ -51,7 +52,9 @@ class CheckpointManager:
     def from_config(
         cls, section: Any, output_dir: str | os.PathLike[str] = "."
     ) -> CheckpointManager:
-        """Build a manager from a CheckpointConfig-like section; relative directories sit under output_dir."""
+        """Build a manager from a CheckpointConfig-like section; relative directories sit under
+        output_dir.
+        """
         directory = Path(section.directory)
         if not directory.is_absolute():
             directory = Path(output_dir) / directory
@@ -63,7 +66,9 @@ class CheckpointManager:
         )
 
     def should_save(self, step: int) -> bool:
-        """Return True when `step` is a positive exact multiple of the interval and saving is enabled."""
+        """Return True when `step` is a positive exact multiple of the interval and saving is
+        enabled.
+        """
         return self.enabled and step > 0 and step % self.every_steps == 0
 
     def path_for(self, step: int) -> Path:
@@ -80,7 +85,9 @@ class CheckpointManager:
         return path
 
     def latest_path(self) -> Path | None:
-        """Return the checkpoint the latest pointer names, else the highest-numbered file, else None."""
+        """Return the checkpoint the latest pointer names, else the highest-numbered file, else
+        None.
+        """
         pointer = self.directory / LATEST_POINTER
         if pointer.is_file():
             try:
@@ -103,7 +110,8 @@ class CheckpointManager:
             Exception
         ) as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, zip errors...
             raise CheckpointError(
-                f"checkpoint {path} is corrupt, truncated or holds objects that weights_only=True refuses "
+                f"checkpoint {path} is corrupt, truncated or holds objects that weights_only=True "
+                "refuses "
                 f"({type(exc).__name__}: {exc}); delete it to resume from an older checkpoint"
             ) from exc
         if not isinstance(state, dict):
@@ -113,7 +121,9 @@ class CheckpointManager:
         return state
 
     def load_latest(self) -> dict[str, Any] | None:
-        """Load the newest valid checkpoint, warning about each unreadable newer one; None when there is none."""
+        """Load the newest valid checkpoint, warning about each unreadable newer one; None when
+        there is none.
+        """
         latest = self.latest_path()
         if latest is None:
             return None
@@ -144,7 +154,9 @@ class CheckpointManager:
         return [p for _, p in sorted(found)]
 
     def prune(self) -> None:
-        """Delete all but the newest keep_last checkpoints, never the one the latest pointer names."""
+        """Delete all but the newest keep_last checkpoints, never the one the latest pointer
+        names.
+        """
         if self.keep_last is None:
             return
         keep = self.latest_path()
@@ -153,7 +165,9 @@ class CheckpointManager:
                 path.unlink(missing_ok=True)
 
     def copy_to(self, destination: str | os.PathLike[str]) -> Path:
-        """Copy the latest checkpoint to `destination` (a file path, or an existing folder) and return the copy."""
+        """Copy the latest checkpoint to `destination` (a file path, or an existing folder) and
+        return the copy.
+        """
         source = self.latest_path()
         if source is None:
             raise CheckpointError(f"no checkpoint to copy in {self.directory}")
@@ -166,8 +180,11 @@ class CheckpointManager:
 
 
 def capture_rng_state() -> dict[str, Any]:
-    """Return Python, NumPy, torch CPU and CUDA RNG states in a form torch.load(weights_only=True) accepts."""
-    # NumPy's legacy state holds an ndarray, which weights_only loading refuses; store it as a tensor.
+    """Return Python, NumPy, torch CPU and CUDA RNG states in a form torch.load(weights_only=True)
+    accepts.
+    """
+    # NumPy's legacy state holds an ndarray, which weights_only loading refuses; store it as a
+    # tensor.
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state: dict[str, Any] = {
         "python": random.getstate(),

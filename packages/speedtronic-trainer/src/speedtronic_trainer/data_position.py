@@ -1,4 +1,6 @@
-"""An endless batch stream over a finite loader that records where it is, so a resume continues exactly there."""
+"""An endless batch stream over a finite loader that records where it is, so a resume continues
+exactly there.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import torch
 
 
 def _generators(loader: Any) -> list[torch.Generator | None]:
-    """Return the RNG generators a DataLoader draws from at the start of an epoch (loader, then sampler)."""
+    """Return the RNG generators a DataLoader draws from at the start of an epoch (loader, then
+    sampler).
+    """
     sampler = getattr(loader, "sampler", None)
     return [
         g if isinstance(g, torch.Generator) else None
@@ -18,7 +22,9 @@ def _generators(loader: Any) -> list[torch.Generator | None]:
 
 
 def _stateful_source(loader: Any) -> tuple[str, Any] | None:
-    """Return the first of loader, dataset, sampler, batch_sampler that offers state_dict/load_state_dict."""
+    """Return the first of loader, dataset, sampler, batch_sampler that offers
+    state_dict/load_state_dict.
+    """
     for name in ("loader", "dataset", "sampler", "batch_sampler"):
         obj = loader if name == "loader" else getattr(loader, name, None)
         if callable(getattr(obj, "state_dict", None)) and callable(
@@ -53,20 +59,25 @@ class BatchStream:
         """Open a new pass over the loader and return its first batch."""
         self._epoch_rng = self._capture_epoch_rng()
         self._iterator = iter(self.loader)
-        # Taking the first batch here pins every epoch-start RNG draw (sampler permutation, worker seeds)
-        # to this moment, which is what lets a resume replay it.
+        # Taking the first batch here pins every epoch-start RNG draw (sampler permutation, worker
+        # seeds) to this moment, which is what lets a resume replay it.
         try:
             return next(self._iterator)
         except StopIteration:
             raise ValueError(
-                "the dataloader produced no batches; check the dataset size, batch size and drop_last"
-            )
+                "the dataloader produced no batches; check the dataset size, batch size and "
+                "drop_last"
+            ) from None
 
     def _replay_epoch(self, skip: int) -> None:
-        """Re-open the interrupted epoch with its original RNG and skip the batches it had consumed."""
+        """Re-open the interrupted epoch with its original RNG and skip the batches it had
+        consumed.
+        """
         saved = torch.get_rng_state()
         torch.set_rng_state(self._epoch_rng["torch"])
-        for generator, state in zip(_generators(self.loader), self._epoch_rng["generators"]):
+        for generator, state in zip(
+            _generators(self.loader), self._epoch_rng["generators"], strict=False
+        ):
             if generator is not None and state is not None:
                 generator.set_state(state)
         self._iterator = iter(self.loader)
@@ -101,7 +112,9 @@ class BatchStream:
         return batch
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the epoch, batches consumed, epoch-start RNG and any loader/dataset/sampler state."""
+        """Return the epoch, batches consumed, epoch-start RNG and any loader/dataset/sampler
+        state.
+        """
         state: dict[str, Any] = {
             "epoch": self.epoch,
             "consumed": self.consumed,

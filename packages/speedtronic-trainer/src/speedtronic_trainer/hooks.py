@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class _EventCallback:
@@ -11,7 +12,8 @@ class _EventCallback:
     def __init__(self, callback: Callable[[str, dict[str, Any]], None]) -> None:
         if not callable(callback):
             raise TypeError(
-                f"on_event() needs a callable taking (event, payload), got {type(callback).__name__}"
+                "on_event() needs a callable taking (event, payload), got "
+                f"{type(callback).__name__}"
             )
         self.callback = callback
         self.__qualname__ = getattr(callback, "__qualname__", type(callback).__name__)

@@ -24,7 +24,9 @@ def _missing(package: str, extra: str) -> ImportError:
 
 
 class WandbHook:
-    """Log every event's numeric fields to a Weights & Biases run (mode, dir, ... pass through to wandb.init)."""
+    """Log every event's numeric fields to a Weights & Biases run (mode, dir, ... pass through to
+    wandb.init).
+    """
 
     def __init__(self, project: str | None = None, **settings: Any) -> None:
         try:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from speedtronic_systems.precision import PrecisionPlan, device_peak_flops
 
+from speedtronic_systems.precision import PrecisionPlan, device_peak_flops
 from speedtronic_trainer.profiling import memory_usage_bytes
 
 
@@ -23,7 +23,9 @@ def model_flops_per_token(model: Any) -> float | None:
 
 
 class StepMetrics:
-    """Build the train_step record: loss, lr, grad norm, tokens/s, samples/s, step time, MFU, memory."""
+    """Build the train_step record: loss, lr, grad norm, tokens/s, samples/s, step time, MFU,
+    memory.
+    """
 
     def __init__(self, model: Any, device: torch.device, precision: PrecisionPlan) -> None:
         self.flops_per_token = model_flops_per_token(model)

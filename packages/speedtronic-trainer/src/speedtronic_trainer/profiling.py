@@ -7,9 +7,10 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, TextIO
+from typing import Any, Protocol, TextIO
 
 import torch
 
@@ -51,7 +52,9 @@ def _hook_name(hook: Any) -> str:
 
 @dataclass
 class MetricLogger:
-    """Write level-filtered text lines, JSONL records and hook events; hook failures never stop training."""
+    """Write level-filtered text lines, JSONL records and hook events; hook failures never stop
+    training.
+    """
 
     level: str = "INFO"
     file: str | None = None
@@ -79,7 +82,9 @@ class MetricLogger:
     def from_config(
         cls, section: Any, *, hooks: list[Any] | None = None, hook_dir: str = "runs"
     ) -> MetricLogger:
-        """Build a logger from a LoggingConfig-like section, including its `hooks` names (tensorboard, wandb)."""
+        """Build a logger from a LoggingConfig-like section, including its `hooks` names
+        (tensorboard, wandb).
+        """
         from speedtronic_trainer.integrations import (
             hooks_from_names,
         )  # integrations are optional; stay lazy

@@ -1,4 +1,6 @@
-"""The loop settings the trainer reads from a (duck-typed) SpeedtronicConfig, with defaults for config=None."""
+"""The loop settings the trainer reads from a (duck-typed) SpeedtronicConfig, with defaults for
+config=None.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ def _get(config: Any, dotted: str, default: Any) -> Any:
 
 
 def _enabled(value: Any) -> bool:
-    """Read a root flag given as a bool or as a section with `enabled` (compile: {enabled: true})."""
+    """Read a root flag given as a bool or as a section with `enabled` (compile: {enabled:
+    true}).
+    """
     return bool(getattr(value, "enabled", value))
 
 
@@ -50,7 +54,8 @@ class TrainerSettings:
             )
         if self.nonfinite_loss not in NONFINITE_POLICIES:
             raise ValueError(
-                f"run.nonfinite_loss must be one of {NONFINITE_POLICIES}, got {self.nonfinite_loss!r}"
+                f"run.nonfinite_loss must be one of {NONFINITE_POLICIES}, got "
+                f"{self.nonfinite_loss!r}"
             )
         if self.eval_every is not None and self.eval_every <= 0:
             raise ValueError(f"data.eval_every must be positive, got {self.eval_every!r}")

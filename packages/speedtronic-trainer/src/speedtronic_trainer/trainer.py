@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 import torch
-from speedtronic_systems.precision import PrecisionPlan, autocast_context, make_grad_scaler
 
+from speedtronic_systems.precision import PrecisionPlan, autocast_context, make_grad_scaler
 from speedtronic_trainer.batches import (
     batch_size_and_tokens,
     call_model,
@@ -32,7 +33,9 @@ MAX_CONSECUTIVE_SKIPS = 50
 
 
 class NonFiniteLossError(RuntimeError):
-    """The loss or gradient norm was NaN/inf and the policy is `stop` (or too many steps were skipped)."""
+    """The loss or gradient norm was NaN/inf and the policy is `stop` (or too many steps were
+    skipped).
+    """
 
 
 class SyncCoordinator(Protocol):
@@ -45,7 +48,9 @@ class SyncCoordinator(Protocol):
 
 @dataclass
 class TrainResult:
-    """What one fit() call did; steps/samples/tokens are the trainer's absolute counters at the end."""
+    """What one fit() call did; steps/samples/tokens are the trainer's absolute counters at
+    the end.
+    """
 
     steps: int
     samples: int
@@ -68,9 +73,9 @@ def _checkpoint_config(config: Any) -> Any:
 class Trainer:
     """Train a user-provided module with optional local or distributed sync.
 
-    The model receives a batch dictionary as keywords, or the first two items of a tuple/list batch as
-    (inputs, labels). It may return a scalar loss, a mapping with loss or logits, or a tuple whose first
-    item is a loss or 3-D logits.
+    The model receives a batch dictionary as keywords, or the first two items of a tuple/list batch
+    as (inputs, labels). It may return a scalar loss, a mapping with loss or logits, or a tuple
+    whose first item is a loss or 3-D logits.
     """
 
     def __init__(
@@ -182,7 +187,9 @@ class Trainer:
     # --------------------------------------------------------------------------------- forward
 
     def _forward(self, batch: Any) -> torch.Tensor:
-        """Return the microbatch loss, falling back to eager once if the compiled model fails on first use."""
+        """Return the microbatch loss, falling back to eager once if the compiled model fails on
+        first use.
+        """
         if self._compiled is not None:
             try:
                 with autocast_context(self.precision, self.device):
@@ -204,16 +211,21 @@ class Trainer:
     # ------------------------------------------------------------------------------------ step
 
     def _microbatch_weights(self, microbatches: list[Any]) -> list[float]:
-        """Return each microbatch's share of the update: its valid-label share when labels exist, else 1/k."""
+        """Return each microbatch's share of the update: its valid-label share when labels exist,
+        else 1/k.
+        """
         counts = [valid_label_count(b) for b in microbatches]
         if any(c is None for c in counts):
             return [1.0 / len(microbatches)] * len(microbatches)
         total = sum(counts)  # type: ignore[arg-type]
-        # With no valid label in the whole step the loss is undefined; NaN weights route it to the policy.
+        # With no valid label in the whole step the loss is undefined; NaN weights route it to the
+        # policy.
         return [c / total if total else math.nan for c in counts]  # type: ignore[operator]
 
     def _train_step(self) -> tuple[float, float | None, int, int]:
-        """Run one optimizer update; return (loss, grad norm, samples, tokens); non-finite ones are not applied."""
+        """Run one optimizer update; return (loss, grad norm, samples, tokens); non-finite ones are
+        not applied.
+        """
         microbatches = [next(self._stream) for _ in range(self.settings.accumulation_steps)]
         weights = self._microbatch_weights(microbatches)
         self.optimizer.zero_grad(set_to_none=True)
@@ -222,7 +234,7 @@ class Trainer:
         step_loss: torch.Tensor | None = None
         samples = tokens = 0
         try:
-            for batch, weight in zip(microbatches, weights):
+            for batch, weight in zip(microbatches, weights, strict=True):
                 n, t = batch_size_and_tokens(batch)
                 samples, tokens = samples + n, tokens + t
                 if weight == 0.0:
@@ -239,7 +251,8 @@ class Trainer:
             return loss_value, None, samples, tokens
         grad_norm = self._clip_gradients()
         if grad_norm is not None and not math.isfinite(grad_norm) and self.scaler is None:
-            # Without a scaler nothing else would catch inf/NaN gradients before they reach the weights.
+            # Without a scaler nothing else would catch inf/NaN gradients before they reach the
+            # weights.
             return loss_value, grad_norm, samples, tokens
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
@@ -271,7 +284,8 @@ class Trainer:
         self.skipped_steps += 1
         what = f"loss={loss}" if not math.isfinite(loss) else f"grad_norm={grad_norm}"
         hint = (
-            "lower the learning rate, set optimizer.grad_clip, check the data for fully ignored labels, "
+            "lower the learning rate, set optimizer.grad_clip, check the data for fully ignored "
+            "labels, "
             "or set run.nonfinite_loss: skip to skip such updates"
         )
         if self.settings.nonfinite_loss == "stop":
@@ -302,7 +316,9 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, max_batches: int | None = None) -> float | None:
-        """Return the validation loss (mean over valid labels) over up to max_batches eval batches."""
+        """Return the validation loss (mean over valid labels) over up to max_batches eval
+        batches.
+        """
         if self.eval_dataloader is None:
             return None
         limit = max_batches if max_batches is not None else self.settings.eval_steps
@@ -365,7 +381,9 @@ class Trainer:
         return path
 
     def resume(self, state: dict[str, Any] | None) -> None:
-        """Restore a checkpoint state (from CheckpointManager.load_latest); None warns and starts fresh."""
+        """Restore a checkpoint state (from CheckpointManager.load_latest); None warns and starts
+        fresh.
+        """
         if state is None:
             self.logger.warning(
                 "resume requested but no checkpoint was found; starting from step %d", self.step
@@ -396,7 +414,9 @@ class Trainer:
         )
 
     def resume_latest(self) -> bool:
-        """Resume from the checkpoint manager's newest valid checkpoint; return whether one was loaded."""
+        """Resume from the checkpoint manager's newest valid checkpoint; return whether one was
+        loaded.
+        """
         if self.checkpoint_manager is None:
             raise ValueError("resume_latest() needs a checkpoint_manager")
         state = self.checkpoint_manager.load_latest()
@@ -529,7 +549,9 @@ class Trainer:
         return manager.path_for(self.step) if manager is not None else None
 
     def close(self) -> None:
-        """Release the stage-stream scheduler's hooks; the trainer can still fit eagerly afterwards."""
+        """Release the stage-stream scheduler's hooks; the trainer can still fit eagerly
+        afterwards.
+        """
         if self._stage_scheduler is not None:
             self._stage_scheduler.dispose()
             self._stage_scheduler = None

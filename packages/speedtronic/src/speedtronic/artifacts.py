@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from speedtronic.cli import UsageError
+from speedtronic.errors import UsageError
 
 
 def load_checkpoint_model(path: Path) -> tuple[Any, Any]:
@@ -16,6 +16,7 @@ def load_checkpoint_model(path: Path) -> tuple[Any, Any]:
             f"{path}: no such checkpoint file (look in <output_dir>/checkpoints/step_<n>.pt)"
         )
     import torch
+
     from speedtronic_config import SpeedtronicConfig
     from speedtronic_model import build_model
 
@@ -39,12 +40,14 @@ def sample_text(
 ) -> str:
     """Return the prompt continued by the checkpoint's model, decoded byte-level."""
     import torch
+
     from speedtronic_data import CharTokenizer
 
     model, config = load_checkpoint_model(path)
     if not hasattr(model, "generate"):
         raise UsageError(
-            f"{path}: model {config.model.name!r} has no generate(); sample needs the reference model"
+            f"{path}: model {config.model.name!r} has no generate(); sample needs the reference "
+            "model"
         )
     tokenizer = CharTokenizer(vocab_size=config.model.vocab_size)
     ids = torch.tensor([tokenizer.encode(prompt or "\n")], dtype=torch.long)
@@ -71,6 +74,7 @@ def export_checkpoint(path: Path, out_dir: Path) -> Path:
 def load_exported(out_dir: Path) -> Any:
     """Return the model that export_checkpoint wrote to out_dir, ready for inference."""
     from safetensors.torch import load_model
+
     from speedtronic_config import ModelConfig
     from speedtronic_model import build_model
 

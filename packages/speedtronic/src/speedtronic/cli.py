@@ -10,12 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-USAGE_ERROR = 2
-RUNTIME_ERROR = 1
-
-
-class UsageError(Exception):
-    """A user mistake on the command line: printed in one line, exit code 2."""
+from speedtronic.errors import RUNTIME_ERROR, USAGE_ERROR, UsageError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -79,7 +74,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load_config(source: Any, overrides: Sequence[str]):
-    """Return the validated config of a path, inline text or already-read mapping, with overrides."""
+    """Return the validated config of a path, inline text or already-read mapping, with
+    overrides.
+    """
     from speedtronic_config import SpeedtronicConfig, apply_overrides
     from speedtronic_config.loading import read_source
 
@@ -116,7 +113,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.cuda_overlay:
         from speedtronic_systems import resolve_device
 
-        # Validated on every machine, so a broken overlay fails on the laptop, not first on the cluster.
+        # Validated on every machine, so a broken overlay fails on the laptop, not first on the
+        # cluster.
         overlaid = _load_config(values, _cuda_overrides(args.cuda_overlay) + overrides)
         if resolve_device(config.run.device).type == "cuda":
             print(f"speedtronic train: on CUDA, applying {args.cuda_overlay}", file=sys.stderr)
@@ -137,7 +135,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    from speedtronic.report import prepare_corpus
+    from speedtronic.corpus import prepare_corpus
 
     prepare_corpus(
         Path(args.out_dir), [Path(t) for t in args.texts], args.stdlib_bytes, args.val_fraction

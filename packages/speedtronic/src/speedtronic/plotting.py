@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from speedtronic.cli import UsageError
+from speedtronic.errors import UsageError
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -1,4 +1,4 @@
-"""The main job's bookends: prepare the offline corpus before, summarize the run after."""
+"""The run summary printed after `speedtronic train`: losses, entropy reference, sample, files."""
 
 from __future__ import annotations
 
@@ -9,27 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from speedtronic.cli import UsageError
-
-
-def prepare_corpus(
-    out_dir: Path, texts: list[Path], stdlib_bytes: int, val_fraction: float
-) -> None:
-    """Tokenize texts (default: the Python stdlib's source) byte-level into train/val shards, once."""
-    from speedtronic_data import prepare_shards, stdlib_corpus
-
-    if sorted(out_dir.glob("train_*.bin")) and sorted(out_dir.glob("val_*.bin")):
-        print(f"prepare: shards already in {out_dir}; delete the folder to rebuild them")
-        return
-    for text in texts:
-        if not text.is_file():
-            raise UsageError(f"{text}: no such text file")
-    inline = [] if texts else [stdlib_corpus(stdlib_bytes)]
-    prepare_shards(texts, out_dir, val_fraction=val_fraction, texts=inline)
+from speedtronic.errors import UsageError
 
 
 def unigram_entropy(shard_glob: str) -> float | None:
-    """Return the unigram (byte-frequency) entropy in nats/token of the shards matching shard_glob."""
+    """Return the unigram (byte-frequency) entropy in nats/token of the shards matching
+    shard_glob.
+    """
     from speedtronic_data import read_shard_tokens
 
     paths = sorted(glob.glob(shard_glob))

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from speedtronic_config import ConfigError, SpeedtronicConfig
 from speedtronic_data import build_dataloader, build_eval_dataloader
 from speedtronic_model import build_model
@@ -24,7 +25,9 @@ def seed_everything(seed: int) -> None:
 
 
 def build_optimizer(model: torch.nn.Module, config: Any, device: Any) -> torch.optim.Optimizer:
-    """Build the configured AdamW, hybrid Muon, or cautious optimizer (config or its optimizer section)."""
+    """Build the configured AdamW, hybrid Muon, or cautious optimizer (config or its optimizer
+    section).
+    """
     return _build_optimizer(model, getattr(config, "optimizer", config), device)
 
 

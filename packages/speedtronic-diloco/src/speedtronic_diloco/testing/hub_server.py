@@ -317,7 +317,8 @@ class _Handler(BaseHTTPRequestHandler):
         if parent is not None and parent != repo.head.oid:
             raise _Reply(
                 412,
-                f"A commit has happened since. Please refresh and try again. (head {repo.head.oid})",
+                "A commit has happened since. Please refresh and try again. "
+                f"(head {repo.head.oid})",
             )
         tree = dict(repo.head.tree)
         added, deleted = [], []

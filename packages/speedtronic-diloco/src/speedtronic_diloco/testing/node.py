@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from ..diloco import DumbDiLoCoCoordinator
-from ..hub import HubError, build_hub_client
+from speedtronic_diloco.diloco import DumbDiLoCoCoordinator
+from speedtronic_diloco.hub import HubError, build_hub_client
 
 FEATURES = 8
 

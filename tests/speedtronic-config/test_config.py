@@ -5,7 +5,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from speedtronic_config import (
-    Config,
     ConfigError,
     DataConfig,
     DistributedConfig,
@@ -13,14 +12,12 @@ from speedtronic_config import (
     RunConfig,
     SchedulerConfig,
     SpeedtronicConfig,
-    load_config,
 )
 from speedtronic_config.normalize import ROOT_KEYS, SECTIONS, field_names
 
 
-def test_defaults_and_alias():
+def test_defaults():
     config = SpeedtronicConfig()
-    assert Config is SpeedtronicConfig
     assert config.scheduler.max_steps == 1000 and config.scheduler.follows_target
     assert (config.data.block_size, config.data.vocab_size, config.data.seed) == (128, 512, 1234)
     assert (
@@ -176,7 +173,7 @@ def test_dict_round_trip_is_exact():
         "distributed": {"enabled": True, "repo_id": "o/r", "token": "hf_x"},
         "compile": {"enabled": True},
     }
-    config = load_config(values)
+    config = SpeedtronicConfig.load(values)
     again = SpeedtronicConfig.from_dict(config.to_dict())
     assert again == config and again.to_dict() == config.to_dict()
     assert again.scheduler.follows_target  # "not given" survives the round trip

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from speedtronic_config import ConfigError, SpeedtronicConfig, load_config, load_yaml_config
+from speedtronic_config import ConfigError, SpeedtronicConfig
 from speedtronic_config.loading import parse_text, read_source
 
 REPO = Path(__file__).resolve().parents[2]
@@ -14,9 +14,9 @@ REPO = Path(__file__).resolve().parents[2]
 def test_yaml_file(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("name: demo\nmax_steps: 10\noptimizer:\n  eps: 1e-6\n")
-    config = load_yaml_config(path)
+    config = SpeedtronicConfig.from_yaml(path)
     assert (config.run.name, config.run.max_steps, config.optimizer.eps) == ("demo", 10, 1e-6)
-    assert SpeedtronicConfig.from_yaml(str(path)) == config == load_config(path)
+    assert SpeedtronicConfig.from_yaml(str(path)) == config == SpeedtronicConfig.load(path)
 
 
 def test_json_file_and_inline_forms(tmp_path):
@@ -33,46 +33,46 @@ def test_json_file_and_inline_forms(tmp_path):
 def test_single_line_that_names_an_existing_file_is_a_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("x: 1").write_text("max_steps: 9\n")  # a file whose name also parses as YAML
-    assert load_config("x: 1").run.max_steps == 9
+    assert SpeedtronicConfig.load("x: 1").run.max_steps == 9
 
 
 def test_empty_file_gives_defaults(tmp_path):
     path = tmp_path / "empty.yaml"
     path.write_text("# nothing\n")
-    assert load_config(path) == SpeedtronicConfig()
+    assert SpeedtronicConfig.load(path) == SpeedtronicConfig()
 
 
 def test_missing_file_names_the_path(tmp_path):
     missing = tmp_path / "nope.yaml"
     with pytest.raises(ConfigError, match=f"^{missing}: config file not found"):
-        load_config(missing)
+        SpeedtronicConfig.load(missing)
     with pytest.raises(ConfigError, match="^runs/none.yaml: config file not found"):
-        load_config("runs/none.yaml")
+        SpeedtronicConfig.load("runs/none.yaml")
 
 
 def test_directory_and_non_utf8_files(tmp_path):
     with pytest.raises(ConfigError, match="is a directory"):
-        load_yaml_config(tmp_path)
+        SpeedtronicConfig.from_yaml(tmp_path)
     binary = tmp_path / "bin.yaml"
     binary.write_bytes(b"name: \xff\xfe\n")
     with pytest.raises(ConfigError, match="is not UTF-8"):
-        load_yaml_config(binary)
+        SpeedtronicConfig.from_yaml(binary)
 
 
 def test_malformed_yaml_gives_line_and_column(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("run:\n  name: demo\n  seed: [1, 2\n")
     with pytest.raises(ConfigError, match=rf"^{path}: invalid YAML at line \d+, column \d+"):
-        load_yaml_config(path)
+        SpeedtronicConfig.from_yaml(path)
     with pytest.raises(ConfigError, match="^<inline config>: invalid YAML at line 1, column"):
-        load_config("max_steps: [")
+        SpeedtronicConfig.load("max_steps: [")
 
 
 def test_malformed_json_gives_line_and_column(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text('{\n  "max_steps": ,\n}')
     with pytest.raises(ConfigError, match=r"invalid JSON at line 2, column 16"):
-        load_config(path)
+        SpeedtronicConfig.load(path)
 
 
 @pytest.mark.parametrize("text", ["- 1\n- 2\n", "just text\nmore\n"])
@@ -80,7 +80,7 @@ def test_non_mapping_root_says_so(tmp_path, text):
     path = tmp_path / "list.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError, match="root must be a mapping"):
-        load_config(path)
+        SpeedtronicConfig.load(path)
 
 
 def test_unsupported_source_type():
@@ -98,5 +98,5 @@ def test_shipped_configs_load(name):
     path = REPO / "configs" / name
     if not path.exists():
         pytest.skip("shipped configs live in the monorepo, not in the wheel")
-    config = load_yaml_config(path)
+    config = SpeedtronicConfig.from_yaml(path)
     assert SpeedtronicConfig.from_dict(config.to_dict()) == config

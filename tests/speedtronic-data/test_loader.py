@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.utils.data import IterableDataset
 
+from speedtronic_config import ConfigError, DataConfig, ModelConfig
 from speedtronic_data import (
     DataError,
     ResumableLoader,
@@ -38,7 +39,9 @@ def section(**fields):
         drop_last=True,
         seed=7,
     )
-    return SimpleNamespace(**{**defaults, **fields})
+    values = {**defaults, **fields}
+    values.setdefault("target_batch_size", values["micro_batch_size"])
+    return SimpleNamespace(**values)
 
 
 @pytest.fixture
@@ -78,8 +81,9 @@ def test_loader_options_follow_the_rules(text_file):
     loader = build_dataloader(section(num_workers=2, drop_last=False))
     assert loader.prefetch_factor == 2 and loader.num_workers == 2 and not loader.drop_last
     assert build_dataloader(section(num_workers=1, prefetch_factor=5)).prefetch_factor == 5
-    assert build_dataloader(section(), pin_memory_device=True).pin_memory
-    assert not build_dataloader(section(pin_memory=False), pin_memory_device=True).pin_memory
+    assert build_dataloader(section(), device="cuda").pin_memory
+    assert not build_dataloader(section(pin_memory=False), device="cuda:0").pin_memory
+    assert not build_dataloader(section(), device="cpu").pin_memory
     text = build_dataloader(section(text_path=str(text_file), shuffle=True))
     first = next(iter(text))["input_ids"][0].tolist()
     assert first == list(b"0 lorem ")  # shuffle forced off for the streamed file
@@ -112,12 +116,16 @@ def test_shuffle_is_seeded_and_changes_per_epoch():
 
 
 def test_bad_settings_name_the_field():
-    with pytest.raises(DataError, match=r"data.micro_batch_size must be a positive integer, got 0"):
+    # The section is validated by speedtronic-config's DataConfig, the one definition of its rules.
+    with pytest.raises(ConfigError, match=r"data.micro_batch_size: must be positive \(got 0\)"):
         build_dataloader(section(micro_batch_size=0))
-    with pytest.raises(DataError, match=r"data.block_size must be a positive integer, got None"):
-        build_dataloader(section(block_size=None))
-    with pytest.raises(DataError, match="data.num_workers"):
+    with pytest.raises(ConfigError, match="data.num_workers"):
         build_dataloader(section(num_workers=-1))
+    with pytest.raises(DataError, match="data.block_size is unset"):
+        build_dataloader(DataConfig())  # a bare section has no model to take the context from
+    assert (
+        build_dataloader(section(block_size=None)).dataset.block_size == ModelConfig().max_seq_len
+    )
     with pytest.raises(DataError, match="does not exist"):
         build_dataloader(section(dataset="missing.pt"))
 

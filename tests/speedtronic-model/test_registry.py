@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from speedtronic_config import ConfigError
+from speedtronic_config import ConfigError, ModelConfig
 from speedtronic_model.registry import ModelRegistry, build_model, register_model, registry
 
 
@@ -93,8 +93,10 @@ def test_build_model_maps_max_seq_len_and_applies_overrides():
 def test_build_model_accepts_mappings_and_partial_sections():
     model = build_model({"name": "gpt", "vocab_size": 32, "d_model": 16, "n_head": 2, "n_layer": 1})
     assert model.config.vocab_size == 32
-    with pytest.raises(ConfigError, match="model.name: missing"):
-        build_model(SimpleNamespace(vocab_size=3))
+    # A partial section is completed through ModelConfig: its defaults and its validation.
+    assert build_model(SimpleNamespace(vocab_size=3)).config.d_model == ModelConfig().d_model
+    with pytest.raises(ConfigError, match="model.vocab_size"):
+        build_model(SimpleNamespace(vocab_size=0))
 
 
 def test_custom_factory_receives_every_field_and_extra_overrides():
@@ -111,13 +113,12 @@ def test_custom_factory_receives_every_field_and_extra_overrides():
         "block_size": 8,
         "n_layer": 1,
         "n_head": 2,
-        "n_kv_head": None,
+        "n_kv_head": 2,  # resolved by ModelConfig, as 2.0 passed them
         "d_model": 16,
-        "d_ff": None,
+        "d_ff": 64,
         "dropout": 0.0,
         "tie_weights": True,
         "rope_base": 10000.0,
-        "gradient_checkpointing": False,
         "hidden_act": "relu",
     }
 

@@ -12,8 +12,8 @@ from speedtronic_optim import (
     CautiousOptimizer,
     HybridOptimizer,
     build_optimizer,
-    build_v2_optimizer,
 )
+from speedtronic_optim.adamw import DEFAULT_BETAS, DEFAULT_EPS, DEFAULT_LR, DEFAULT_WEIGHT_DECAY
 
 
 @dataclass
@@ -70,18 +70,27 @@ def test_cautious_wraps_either(make_lm, lm_loss, name: str) -> None:
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_v2_name_accepts_whole_config(make_lm) -> None:
-    class Config:
-        optimizer = Section(name="muon")
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_fields_a_section_lacks_take_the_constructor_defaults(make_lm, name: str) -> None:
+    class OnlyName:
+        pass
 
-    assert isinstance(build_v2_optimizer(make_lm(), Config(), "cpu"), HybridOptimizer)
+    section = OnlyName()
+    section.name = name
+    optimizer = build_optimizer(make_lm(), section)
+    adamw = optimizer.adamw if name == "muon" else optimizer
+    group = adamw.param_groups[0]
+    assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (
+        DEFAULT_LR,
+        DEFAULT_BETAS,
+        DEFAULT_EPS,
+        DEFAULT_WEIGHT_DECAY,
+    )
 
 
 def test_bad_sections(make_lm) -> None:
-    with pytest.raises(ValueError, match="optimizer.name = 'lion'"):
+    with pytest.raises(ValueError, match="optimizer name 'lion' is not supported"):
         build_optimizer(make_lm(), Section(name="lion"), "cpu")
-    with pytest.raises(ValueError, match="muon_plus"):
-        build_optimizer(make_lm(), Section(muon_plus=True), "cpu")
     model = make_lm().requires_grad_(False)
     with pytest.raises(ValueError, match="no trainable parameters"):
         build_optimizer(model, Section(), "cpu")

@@ -3,8 +3,9 @@ from __future__ import annotations
 import io
 
 import pytest
+from trainer_testkit import RecordingHook
 
-from speedtronic_trainer import MetricLogger, on_event
+from speedtronic_trainer import CallbackList, MetricLogger, on_event
 
 
 def test_on_event_wraps_a_function_as_a_hook_object():
@@ -30,3 +31,11 @@ def test_failing_wrapped_function_is_named_in_the_warning():
 def test_on_event_rejects_non_callables():
     with pytest.raises(TypeError, match="callable"):
         on_event("not a function")
+
+
+def test_callback_list_fans_out():
+    a, b = RecordingHook(), RecordingHook()
+    plain = []
+    callbacks = CallbackList([a, b, lambda e, p: plain.append(e)])
+    callbacks.on_event("eval", {"val_loss": 1.0})
+    assert a.events == b.events == [("eval", {"val_loss": 1.0})] and plain == ["eval"]

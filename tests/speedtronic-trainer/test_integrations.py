@@ -11,7 +11,6 @@ from speedtronic_trainer import (
     MetricLogger,
     TensorboardHook,
     Trainer,
-    TrainerSettings,
     WandbHook,
     hooks_from_names,
 )
@@ -30,7 +29,6 @@ def train_with(hook, steps=3):
         make_loader(),
         device="cpu",
         logger=logger,
-        settings=TrainerSettings(),
     )
     trainer.fit(steps)
     logger.close()

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 from trainer_testkit import TinyLM
 
-from speedtronic_trainer.metrics import StepMetrics, model_flops_per_token
+from speedtronic_trainer.metrics import StepMetrics, memory_usage_bytes, model_flops_per_token
 
 
 def plan():
@@ -53,3 +53,10 @@ def test_peak_flops_probe_does_not_move_the_global_rng():
     torch.manual_seed(0)
     StepMetrics(model, torch.device("cpu"), plan())
     assert torch.equal(torch.rand(2), expected)
+
+
+def test_memory_usage_is_none_without_an_accelerator():
+    if torch.cuda.is_available():
+        assert memory_usage_bytes() >= 0
+    else:
+        assert memory_usage_bytes() is None

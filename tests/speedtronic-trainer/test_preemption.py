@@ -20,7 +20,7 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, {kit!r})
     import torch
     from trainer_testkit import TinyLM, make_loader
-    from speedtronic_trainer import CheckpointManager, MetricLogger, Trainer, TrainerSettings
+    from speedtronic_trainer import CheckpointManager, MetricLogger, Trainer
 
     ready = Path({ready!r})
 
@@ -34,8 +34,7 @@ CHILD = textwrap.dedent("""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     trainer = Trainer(model, optimizer, make_loader(), device="cpu",
                       logger=MetricLogger(stream=io.StringIO(), hooks=[pace]),
-                      checkpoint_manager=CheckpointManager({ckpt!r}, every_steps=1000),
-                      settings=TrainerSettings())
+                      checkpoint_manager=CheckpointManager({ckpt!r}, every_steps=1000))
     result = trainer.fit(1_000_000)
     print(json.dumps({{"steps": result.steps, "stopped_by": result.stopped_by,
                       "checkpoint": str(result.checkpoint)}}))

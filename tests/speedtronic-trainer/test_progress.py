@@ -47,7 +47,7 @@ def test_trainer_logs_plain_lines_when_not_a_terminal(capsys):
     import torch
     from trainer_testkit import TinyLM, make_loader
 
-    from speedtronic_trainer import MetricLogger, Trainer, TrainerSettings
+    from speedtronic_trainer import MetricLogger, Trainer
 
     model = TinyLM()
     stream = io.StringIO()
@@ -57,7 +57,6 @@ def test_trainer_logs_plain_lines_when_not_a_terminal(capsys):
         make_loader(),
         device="cpu",
         logger=MetricLogger(stream=stream),
-        settings=TrainerSettings(),
     ).fit(2)
     assert stream.getvalue().count("train_step") == 2
     err = capsys.readouterr().err

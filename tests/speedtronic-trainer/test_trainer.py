@@ -16,25 +16,33 @@ from speedtronic_trainer import (
     MetricLogger,
     NonFiniteLossError,
     Trainer,
-    TrainerSettings,
 )
 
 
 def make_trainer(
-    model=None, loader=None, *, accumulation=1, lr=0.1, optimizer=None, logger=None, **kwargs
+    model=None,
+    loader=None,
+    *,
+    accumulation=1,
+    lr=0.1,
+    optimizer=None,
+    logger=None,
+    sections=None,
+    **kwargs,
 ):
+    """A trainer on TinyLM; `sections` are config sections (accumulation sets the data batch)."""
     model = model or TinyLM()
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=lr)
-    settings = kwargs.pop("settings", None) or TrainerSettings(
-        accumulation_steps=accumulation, **kwargs.pop("settings_kwargs", {})
-    )
+    sections = dict(sections or {})
+    batch = {"micro_batch_size": 1, "target_batch_size": accumulation}
+    sections["data"] = {**batch, **sections.get("data", {})}
     logger = logger or MetricLogger(stream=io.StringIO(), hooks=[RecordingHook()])
     return Trainer(
         model,
         optimizer,
         loader if loader is not None else make_loader(),
         device="cpu",
-        settings=settings,
+        config=make_config(**sections),
         logger=logger,
         **kwargs,
     )
@@ -126,8 +134,10 @@ def test_start_step_counts_toward_the_target():
 
 
 def test_missing_or_bad_target_is_a_clear_error():
+    model = TinyLM()
+    bare = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), make_loader(), device="cpu")
     with pytest.raises(ValueError, match="no step target"):
-        make_trainer().fit()
+        bare.fit()  # without a config there is no implicit target
     with pytest.raises(ValueError, match="positive"):
         make_trainer().fit(0)
 
@@ -240,7 +250,7 @@ def test_truthy_coordinator_result_resets_inner_optimizer(reset):
         model,
         optimizer=optimizer,
         coordinator=FakeCoordinator(reset_at={2}),
-        settings=TrainerSettings(reset_inner_optimizer=reset),
+        sections={"distributed": {"reset_inner_optimizer": reset}},
     )
     trainer.fit(1)
     assert len(optimizer.state) > 0
@@ -257,9 +267,7 @@ def test_compile_construction_failure_falls_back_to_eager(monkeypatch):
 
     monkeypatch.setattr(torch, "compile", broken)
     stream = io.StringIO()
-    trainer = make_trainer(
-        logger=MetricLogger(stream=stream), settings=TrainerSettings(compile=True)
-    )
+    trainer = make_trainer(logger=MetricLogger(stream=stream), sections={"compile": True})
     assert trainer.fit(2).steps == 2
     assert stream.getvalue().count("torch.compile failed") == 1
 
@@ -273,9 +281,7 @@ def test_compile_first_run_failure_retries_eagerly_and_logs_once(monkeypatch):
 
     monkeypatch.setattr(torch, "compile", lambda model: fails_when_called)
     stream = io.StringIO()
-    trainer = make_trainer(
-        logger=MetricLogger(stream=stream), settings=TrainerSettings(compile=True)
-    )
+    trainer = make_trainer(logger=MetricLogger(stream=stream), sections={"compile": True})
     result = trainer.fit(3)
     assert result.steps == 3 and math.isfinite(result.final_loss)
     assert len(calls) == 1
@@ -293,7 +299,7 @@ def test_compiled_model_is_used_when_it_works(monkeypatch):
         return run
 
     monkeypatch.setattr(torch, "compile", fake_compile)
-    make_trainer(settings=TrainerSettings(compile=True)).fit(2)
+    make_trainer(sections={"compile": True}).fit(2)
     assert len(used) == 2
 
 
@@ -305,17 +311,15 @@ def test_gradient_checkpointing_uses_the_model_hook_or_warns():
             self.enabled = enabled
 
     model = WithHook()
-    make_trainer(model, settings=TrainerSettings(gradient_checkpointing=True))
+    make_trainer(model, sections={"gradient_checkpointing": True})
     assert model.enabled is True
     stream = io.StringIO()
-    make_trainer(
-        logger=MetricLogger(stream=stream), settings=TrainerSettings(gradient_checkpointing=True)
-    )
+    make_trainer(logger=MetricLogger(stream=stream), sections={"gradient_checkpointing": True})
     assert "no set_gradient_checkpointing" in stream.getvalue()
 
 
 def test_gradient_clipping_reports_the_norm():
-    trainer = make_trainer(settings=TrainerSettings(grad_clip=1e-3), lr=0.0)
+    trainer = make_trainer(sections={"optimizer": {"grad_clip": 1e-3}}, lr=0.0)
     trainer.fit(1)
     norms = hook_of(trainer).values("train_step", "grad_norm")
     assert len(norms) == 1 and norms[0] > 1e-3  # the pre-clip norm is reported
@@ -332,7 +336,7 @@ def test_grad_scaler_path_steps_and_checkpoints_scaler(monkeypatch, tmp_path):
     trainer = make_trainer(
         model,
         checkpoint_manager=CheckpointManager(tmp_path, every_steps=2),
-        settings=TrainerSettings(grad_clip=10.0),
+        sections={"optimizer": {"grad_clip": 10.0}},
     )
     result = trainer.fit(2)
     assert not torch.equal(before, model.head.weight)
@@ -362,7 +366,7 @@ def test_nonfinite_stop_policy_raises_without_checkpoint(tmp_path):
     model = NaNAtCall({3})
     manager = CheckpointManager(tmp_path, every_steps=1)
     trainer = make_trainer(
-        model, checkpoint_manager=manager, settings=TrainerSettings(nonfinite_loss="stop")
+        model, checkpoint_manager=manager, sections={"run": {"nonfinite_loss": "stop"}}
     )
     with pytest.raises(NonFiniteLossError, match="step 3"):
         trainer.fit(5)
@@ -373,7 +377,7 @@ def test_nonfinite_stop_policy_raises_without_checkpoint(tmp_path):
 
 def test_nonfinite_skip_policy_skips_and_counts():
     model = NaNAtCall({2})
-    trainer = make_trainer(model, settings=TrainerSettings(nonfinite_loss="skip"))
+    trainer = make_trainer(model, sections={"run": {"nonfinite_loss": "skip"}})
     result = trainer.fit(3)
     assert result.steps == 3 and result.skipped_steps == 1
     assert model.calls == 4  # one extra batch replaced the skipped update
@@ -384,22 +388,18 @@ def test_nonfinite_skip_policy_skips_and_counts():
 def test_skip_policy_gives_up_on_a_diverged_run():
     model = NaNAtCall(set(range(1, 1000)))
     with pytest.raises(NonFiniteLossError, match="consecutive"):
-        make_trainer(model, settings=TrainerSettings(nonfinite_loss="skip")).fit(2)
+        make_trainer(model, sections={"run": {"nonfinite_loss": "skip"}}).fit(2)
 
 
 def test_bad_nonfinite_policy_is_rejected():
     with pytest.raises(ValueError, match="run.nonfinite_loss"):
-        TrainerSettings(nonfinite_loss="ignore")
+        make_config(run={"nonfinite_loss": "ignore"})
 
 
 # ------------------------------------------------------------------------------- checkpoints
 
 
 def test_checkpoint_contents(tmp_path):
-    class Config:
-        def to_dict(self, redact_secrets=False):
-            return {"distributed": {"token": "***" if redact_secrets else "hf_secret"}}
-
     model = TinyLM()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (s + 1))
@@ -410,10 +410,8 @@ def test_checkpoint_contents(tmp_path):
         coordinator=FakeCoordinator(),
         checkpoint_manager=CheckpointManager(tmp_path, every_steps=2),
         accumulation=2,
-        settings=None,
-        settings_kwargs={},
+        sections={"distributed": {"token": "hf_secret"}},
     )
-    trainer.config = Config()
     trainer.fit(2)
     state = CheckpointManager(tmp_path).load_latest()
     assert {
@@ -430,7 +428,8 @@ def test_checkpoint_contents(tmp_path):
         "coordinator",
     } <= state.keys()
     assert state["step"] == 2 and state["samples"] == 8 and state["tokens"] == 48
-    assert state["config"] == {"distributed": {"token": "***"}}
+    assert state["config"]["distributed"]["token"] is None  # redacted
+    assert state["config"]["data"]["target_batch_size"] == 2
     assert state["scheduler"]["last_epoch"] == 2
     assert state["data"]["consumed"] == 4
     assert "hf_secret" not in (tmp_path / "step_2.pt").read_bytes().decode("latin-1")
@@ -449,7 +448,7 @@ def test_final_checkpoint_saved_off_interval(tmp_path):
 def test_final_checkpoint_can_be_turned_off(tmp_path):
     trainer = make_trainer(
         checkpoint_manager=CheckpointManager(tmp_path, every_steps=4),
-        settings=TrainerSettings(save_final=False),
+        sections={"checkpoint": {"save_final": False}},
     )
     trainer.fit(5)
     assert [p.name for p in tmp_path.glob("step_*.pt")] == ["step_4.pt"]
@@ -568,7 +567,7 @@ def test_resume_rejects_foreign_state():
 def test_validation_loss_every_eval_every_steps():
     eval_loader = make_loader(TokenDataset(n=8), batch_size=2)
     trainer = make_trainer(
-        eval_dataloader=eval_loader, settings=TrainerSettings(eval_every=2, eval_steps=1)
+        eval_dataloader=eval_loader, sections={"data": {"eval_every": 2, "eval_steps": 1}}
     )
     result = trainer.fit(5)
     steps = hook_of(trainer).values("eval", "step")
@@ -608,7 +607,7 @@ def test_infinite_gradient_with_finite_loss_is_caught_by_the_policy():
     model = InfGrad()
     data = TensorDataset(torch.zeros(4, 1), torch.zeros(4))
     trainer = make_trainer(
-        model, DataLoader(data, batch_size=2), settings=TrainerSettings(grad_clip=1.0)
+        model, DataLoader(data, batch_size=2), sections={"optimizer": {"grad_clip": 1.0}}
     )
     with pytest.raises(NonFiniteLossError, match="grad_norm=inf"):
         trainer.fit(1)

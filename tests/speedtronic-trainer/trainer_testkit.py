@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
+
+from speedtronic_config import SpeedtronicConfig
 
 VOCAB = 11
 SEQ = 6
@@ -59,11 +59,9 @@ def make_loader(
     return DataLoader(dataset or TokenDataset(), batch_size=batch_size, shuffle=shuffle, **kwargs)
 
 
-def make_config(**sections) -> SimpleNamespace:
-    """A duck-typed config holding only the sections a test sets."""
-    return SimpleNamespace(
-        **{k: SimpleNamespace(**v) if isinstance(v, dict) else v for k, v in sections.items()}
-    )
+def make_config(**sections) -> SpeedtronicConfig:
+    """A validated config from the sections a test sets; everything else keeps its default."""
+    return SpeedtronicConfig.from_dict(sections)
 
 
 class RecordingHook:

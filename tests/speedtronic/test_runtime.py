@@ -39,22 +39,24 @@ def small_config(tmp_path, **overrides):
 def test_construction_order(tmp_path, monkeypatch):
     calls: list[str] = []
 
-    def record(name, original):
+    def record(name, attribute):
+        original = getattr(runtime, attribute)
+
         def wrapper(*args, **kwargs):
             calls.append(name)
             return original(*args, **kwargs)
 
-        monkeypatch.setattr(runtime, original.__name__, wrapper)
+        monkeypatch.setattr(runtime, attribute, wrapper)
 
-    record("seed", runtime.seed_everything)
-    record("device", runtime.resolve_device)
-    record("model", runtime.build_model)
-    record("data", runtime.build_dataloader)
-    record("optimizer", runtime.build_optimizer)
-    record("scheduler", runtime.build_scheduler)
-    record("checkpoint", runtime._checkpoint_manager)
-    record("logger", runtime.build_logger)
-    record("coordinator", runtime.build_coordinator)
+    record("seed", "seed_everything")
+    record("device", "resolve_device")
+    record("model", "build_model")
+    record("data", "build_dataloader")
+    record("optimizer", "build_optimizer")
+    record("scheduler", "build_scheduler")
+    record("checkpoint", "_checkpoint_manager")
+    record("logger", "build_logger")
+    record("coordinator", "build_coordinator")
     original_trainer = runtime.Trainer
 
     class RecordingTrainer(original_trainer):

@@ -73,3 +73,18 @@ def test_unlisted_package_fails(tmp_path):
     result = run_check(root)
     assert result.returncode == 1
     assert "speedtronic-rogue: package not listed" in result.stdout
+
+
+def test_an_allowed_edge_the_code_never_uses_fails(tmp_path):
+    root = copy_repo(tmp_path)
+    graph = root / "tools" / "package_graph.toml"
+    text = graph.read_text().replace(
+        'name = "speedtronic-trainer"\ninternal = ["speedtronic-config", "speedtronic-systems"]',
+        'name = "speedtronic-trainer"\n'
+        'internal = ["speedtronic-config", "speedtronic-model", "speedtronic-systems"]',
+    )
+    assert text != graph.read_text()
+    graph.write_text(text)
+    result = run_check(root)
+    assert result.returncode == 1
+    assert "speedtronic-trainer may depend on speedtronic-model but never imports it" in result.stdout

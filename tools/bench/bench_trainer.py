@@ -21,8 +21,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from speedtronic_config import SpeedtronicConfig
 from speedtronic_model.model import ReferenceTransformer
-from speedtronic_trainer import MetricLogger, Trainer, TrainerSettings
+from speedtronic_trainer import MetricLogger, Trainer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "trainer.json"
 MODEL = {"vocab_size": 512, "block_size": 64, "n_layer": 2, "n_head": 4, "d_model": 128}
@@ -63,7 +64,15 @@ def run_trainer(steps: int, device: torch.device) -> float:
         optimizer,
         loader,
         device=device,
-        settings=TrainerSettings(accumulation_steps=ACCUMULATION, progress=False),
+        config=SpeedtronicConfig.from_dict(
+            {
+                "data": {
+                    "micro_batch_size": MICRO_BATCH,
+                    "target_batch_size": MICRO_BATCH * ACCUMULATION,
+                },
+                "logging": {"progress": False},
+            }
+        ),
         logger=MetricLogger(stream=io.StringIO(), every_steps=10),
     )
     result = trainer.fit(steps)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from speedtronic_config.__about__ import __version__
-from speedtronic_config.config import Config, SpeedtronicConfig, load_config, load_yaml_config
+from speedtronic_config.config import SpeedtronicConfig, resolve_section
 from speedtronic_config.errors import ConfigError
 from speedtronic_config.overrides import apply_overrides
 from speedtronic_config.sections import (
@@ -23,7 +23,6 @@ from speedtronic_config.sections import (
 __all__ = [
     "HOOK_NAMES",
     "CheckpointConfig",
-    "Config",
     "ConfigError",
     "DataConfig",
     "DistributedConfig",
@@ -37,6 +36,5 @@ __all__ = [
     "SpeedtronicConfig",
     "__version__",
     "apply_overrides",
-    "load_config",
-    "load_yaml_config",
+    "resolve_section",
 ]

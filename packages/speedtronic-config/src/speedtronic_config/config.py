@@ -11,7 +11,7 @@ from typing import Any
 from speedtronic_config.coerce import coerce
 from speedtronic_config.errors import ConfigError
 from speedtronic_config.loading import read_file, read_source
-from speedtronic_config.normalize import ROOT_FLAGS, SECTIONS, canonical, check_keys
+from speedtronic_config.normalize import ROOT_FLAGS, SECTIONS, canonical, check_keys, field_names
 from speedtronic_config.sections import (
     CheckpointConfig,
     DataConfig,
@@ -153,14 +153,21 @@ def _build_section(cls: type, values: Mapping[str, Any], path: str) -> Any:
     )
 
 
-Config = SpeedtronicConfig
-
-
-def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> SpeedtronicConfig:
-    """Return a validated config from a mapping, a file path, or inline YAML/JSON text."""
-    return SpeedtronicConfig.load(source)
-
-
-def load_yaml_config(path: str | os.PathLike[str]) -> SpeedtronicConfig:
-    """Return a validated config from a YAML file."""
-    return SpeedtronicConfig.from_yaml(path)
+def resolve_section(value: Any, name: str) -> Any:
+    """Return the typed `name` section of value: a whole config, the section itself, a mapping or
+    object holding some of its fields, or None (every default). Cross-section defaults apply.
+    """
+    cls = SECTIONS[name]
+    if isinstance(value, SpeedtronicConfig):
+        return getattr(value, name)
+    if isinstance(value, cls):
+        return value
+    if value is not None and not isinstance(value, Mapping) and hasattr(value, name):
+        return resolve_section(getattr(value, name), name)  # a duck-typed whole config
+    if value is None:
+        values: dict[str, Any] = {}
+    elif isinstance(value, Mapping):
+        values = dict(value)
+    else:
+        values = {f: getattr(value, f) for f in field_names(cls) if hasattr(value, f)}
+    return getattr(SpeedtronicConfig.from_dict({name: values}), name)

@@ -376,6 +376,8 @@ class ShapeValidationConfig:
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
+        if isinstance(self.alignment, str) and re.fullmatch(r"[1-9][0-9]*", self.alignment.strip()):
+            self.alignment = int(self.alignment)  # "32" from a CLI or an env var
         if isinstance(self.alignment, str):
             _check(
                 self.alignment.lower() == "auto",

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
+from speedtronic_config import DataConfig, resolve_section
 from speedtronic_data.collate import collate_batch
 from speedtronic_data.errors import DataError
 from speedtronic_data.position import DataPosition, read_state
@@ -138,17 +139,17 @@ def restore_loader(loader: Any, state: dict[str, int]) -> None:
     loader.load_state_dict(state)
 
 
-def _setting(config: Any, name: str, default: Any = None) -> Any:
-    # Sections are duck-typed, and fields added in 2.1 may be missing from older ones.
-    value = getattr(config, name, None)
-    return default if value is None else value
-
-
-def _positive(config: Any, name: str, default: int | None = None) -> int:
-    value = _setting(config, name, default)
-    if value is None or isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise DataError(f"data.{name} must be a positive integer, got {value!r}")
-    return value
+def data_section(config: Any) -> DataConfig:
+    """Return the typed data section of config (a whole config, a DataConfig, a mapping, an object
+    with some of its fields, or None for the defaults); block_size must be resolved.
+    """
+    section = resolve_section(config, "data")
+    if section.block_size is None:
+        raise DataError(
+            "data.block_size is unset: set it, or build the section through SpeedtronicConfig "
+            "(which takes it from model.max_seq_len)"
+        )
+    return section
 
 
 def _config_dataset(
@@ -184,22 +185,18 @@ def select_dataset(
     """
     if dataset is not None:
         return dataset
-    block_size = _positive(config, "block_size")
-    vocab = vocab_size if vocab_size is not None else _setting(config, "vocab_size")
-    if _setting(config, "shard_path") is not None:
-        return TokenShardDataset(config.shard_path, block_size, vocab)
-    if _setting(config, "text_path") is not None:
-        tok = tokenizer if tokenizer is not None else CharTokenizer(vocab or 256)
-        return TextFileTokenDataset(config.text_path, block_size, tok, vocab or 256)
-    if _setting(config, "dataset") is not None:
-        return _config_dataset(config.dataset, block_size, vocab)
-    if _setting(config, "synthetic", True):
-        return SyntheticTokenDataset(
-            _positive(config, "num_tokens", 100000),
-            block_size,
-            vocab or 512,
-            _setting(config, "seed", 1234),
-        )
+    section = data_section(config)
+    block_size = section.block_size
+    vocab = vocab_size if vocab_size is not None else section.vocab_size
+    if section.shard_path is not None:
+        return TokenShardDataset(section.shard_path, block_size, vocab)
+    if section.text_path is not None:
+        tok = tokenizer if tokenizer is not None else CharTokenizer(vocab)
+        return TextFileTokenDataset(section.text_path, block_size, tok, vocab)
+    if section.dataset is not None:
+        return _config_dataset(section.dataset, block_size, vocab)
+    if section.synthetic:
+        return SyntheticTokenDataset(section.num_tokens, block_size, vocab, section.seed)
     raise DataError(
         "no data source: set data.shard_path, data.text_path or data.dataset, "
         "or enable data.synthetic"
@@ -212,26 +209,26 @@ def make_loader(
     *,
     shuffle: bool,
     drop_last: bool,
-    pin_memory_device: bool = False,
+    device: torch.device | str | None = None,
 ) -> ResumableLoader:
-    """Return a ResumableLoader over dataset with the section's batch, worker and memory
-    settings.
+    """Return a ResumableLoader over dataset with the section's batch, worker and memory settings;
+    memory is pinned by default when the batches go to a CUDA `device`.
     """
-    workers = _setting(config, "num_workers", 0)
-    if not isinstance(workers, int) or workers < 0:
-        raise DataError(f"data.num_workers must be a non-negative integer, got {workers!r}")
-    prefetch = _setting(config, "prefetch_factor", 2 if workers > 0 else None)
-    pin = _setting(config, "pin_memory", pin_memory_device)
-    iterable = isinstance(dataset, IterableDataset)
+    section = data_section(config)
+    workers = section.num_workers
+    prefetch = section.prefetch_factor if section.prefetch_factor is not None else 2
+    pin = section.pin_memory
+    if pin is None:
+        pin = device is not None and torch.device(device).type == "cuda"
     return ResumableLoader(
         dataset,
-        batch_size=_positive(config, "micro_batch_size", 1),
-        shuffle=bool(shuffle) and not iterable,
-        seed=_setting(config, "seed", 0),
+        batch_size=section.micro_batch_size,
+        shuffle=shuffle and not isinstance(dataset, IterableDataset),
+        seed=section.seed,
         num_workers=workers,
         prefetch_factor=prefetch if workers > 0 else None,
-        pin_memory=bool(pin),
-        drop_last=bool(drop_last),
+        pin_memory=pin,
+        drop_last=drop_last,
         collate_fn=collate_batch,
     )
 
@@ -241,19 +238,16 @@ def build_dataloader(
     *,
     dataset: Dataset | IterableDataset | None = None,
     tokenizer: Any | None = None,
-    pin_memory_device: bool = False,
+    device: torch.device | str | None = None,
     vocab_size: int | None = None,
 ) -> DataLoader:
     """Build the training loader from a DataConfig (a ResumableLoader; dataset= takes
-    precedence).
+    precedence); `device` is where the batches will go (it decides pinned memory).
     """
-    source = select_dataset(config, dataset=dataset, tokenizer=tokenizer, vocab_size=vocab_size)
+    section = data_section(config)
+    source = select_dataset(section, dataset=dataset, tokenizer=tokenizer, vocab_size=vocab_size)
     return make_loader(
-        config,
-        source,
-        shuffle=_setting(config, "shuffle", False),
-        drop_last=_setting(config, "drop_last", True),
-        pin_memory_device=pin_memory_device,
+        section, source, shuffle=section.shuffle, drop_last=section.drop_last, device=device
     )
 
 
@@ -261,27 +255,24 @@ def build_eval_dataloader(
     config: Any,
     *,
     tokenizer: Any | None = None,
-    pin_memory_device: bool = False,
+    device: torch.device | str | None = None,
     vocab_size: int | None = None,
 ) -> DataLoader | None:
-    """Build the validation loader from data.val_shard_path or data.val_text_path; None when neither
-    is set.
+    """Build the validation loader from data.val_shard_path or data.val_text_path; None when
+    neither is set.
     """
-    vocab = vocab_size if vocab_size is not None else _setting(config, "vocab_size")
-    if _setting(config, "val_shard_path") is not None:
+    section = data_section(config)
+    vocab = vocab_size if vocab_size is not None else section.vocab_size
+    if section.val_shard_path is not None:
         source: Dataset | IterableDataset = TokenShardDataset(
-            config.val_shard_path, _positive(config, "block_size"), vocab
+            section.val_shard_path, section.block_size, vocab
         )
-    elif _setting(config, "val_text_path") is not None:
-        tok = tokenizer if tokenizer is not None else CharTokenizer(vocab or 256)
-        source = TextFileTokenDataset(
-            config.val_text_path, _positive(config, "block_size"), tok, vocab or 256
-        )
+    elif section.val_text_path is not None:
+        tok = tokenizer if tokenizer is not None else CharTokenizer(vocab)
+        source = TextFileTokenDataset(section.val_text_path, section.block_size, tok, vocab)
     else:
         return None
-    return make_loader(
-        config, source, shuffle=False, drop_last=False, pin_memory_device=pin_memory_device
-    )
+    return make_loader(section, source, shuffle=False, drop_last=False, device=device)
 
 
 __all__ = [
@@ -289,6 +280,7 @@ __all__ = [
     "ResumableSampler",
     "build_dataloader",
     "build_eval_dataloader",
+    "data_section",
     "loader_state",
     "make_loader",
     "restore_loader",

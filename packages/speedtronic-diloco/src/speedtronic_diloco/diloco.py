@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 
+from speedtronic_config import resolve_section
 from speedtronic_diloco.hub import GlobalMetadata, HubClient, HubError, build_hub_client
+from speedtronic_diloco.identity import resolve_identity
 from speedtronic_diloco.outer import MasterOuterLoop
-from speedtronic_diloco.settings import DistributedSettings
 from speedtronic_diloco.tensors import compute_pseudo_gradient, cpu_state_dict
 
 LOGGER = logging.getLogger("speedtronic_diloco.diloco")
@@ -74,8 +75,8 @@ class DumbDiLoCoCoordinator:
         logger: logging.Logger | Any | None = None,
         events: Callable[[str, dict[str, Any]], None] | Any | None = None,
     ) -> None:
-        self.settings = DistributedSettings.from_config(config, state_dir=state_dir)
-        self._section = getattr(config, "distributed", config)
+        self.settings = resolve_section(config, "distributed")
+        self.identity = resolve_identity(config, state_dir)
         self.model = model
         self.hub = hub
         if logger is not None and not isinstance(logger, logging.Logger):
@@ -140,7 +141,7 @@ class DumbDiLoCoCoordinator:
         if sink is None:
             return
         try:
-            sink(event, {"node_id": self.settings.node_id, **payload})
+            sink(event, {"node_id": self.identity.node_id, **payload})
         except Exception:  # metric hooks never break training (spec/02 failure table)
             self.logger.warning("metric hook failed for %s", event, exc_info=True)
 
@@ -150,9 +151,9 @@ class DumbDiLoCoCoordinator:
         if self._started:
             return
         if self.hub is None:
-            self.hub = build_hub_client(self._section, logger=self.logger)
+            self.hub = build_hub_client(self.settings, logger=self.logger)
         self._apply_prepared_state()
-        if self.settings.role == "master":
+        if self.identity.role == "master":
             self._start_master()
         if self._last_global_step < 0:
             self._wait_for_first_global()
@@ -177,7 +178,7 @@ class DumbDiLoCoCoordinator:
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
         thread = threading.Thread(
-            target=target, name=f"{name}-{self.settings.node_id}", daemon=True
+            target=target, name=f"{name}-{self.identity.node_id}", daemon=True
         )
         thread.start()
         self._threads.append(thread)
@@ -191,7 +192,7 @@ class DumbDiLoCoCoordinator:
             self.master = MasterOuterLoop(
                 self.hub,
                 self.model.state_dict(),
-                node_state_dir=self.settings.state_dir / "outer",
+                node_state_dir=self.identity.state_dir / "outer",
                 outer_lr=self.settings.outer_lr,
                 outer_momentum=self.settings.outer_momentum,
                 poll_interval=self.settings.poll_interval,
@@ -415,7 +416,7 @@ class DumbDiLoCoCoordinator:
         try:
             path = self.hub.upload_delta(
                 job.delta,
-                node_id=self.settings.node_id,
+                node_id=self.identity.node_id,
                 local_step=job.step,
                 base_outer_step=job.base_outer_step,
             )
@@ -567,7 +568,7 @@ class DumbDiLoCoCoordinator:
         if self._uploads is not None:
             pending += [job for job in list(self._uploads.queue) if isinstance(job, DeltaUploadJob)]
         return {
-            "node_id": self.settings.node_id,
+            "node_id": self.identity.node_id,
             "local_step": self._local_step,
             "last_global_step": self._last_global_step,
             "baseline": cpu_state_dict(self._baseline) if self._baseline is not None else None,
@@ -591,11 +592,11 @@ class DumbDiLoCoCoordinator:
         state, self._prepared = self._prepared, None
         if not state:
             return
-        if state.get("node_id") not in (None, self.settings.node_id):
+        if state.get("node_id") not in (None, self.identity.node_id):
             self.logger.warning(
                 "checkpoint was written by node %r, resuming as %r",
                 state["node_id"],
-                self.settings.node_id,
+                self.identity.node_id,
             )
         self._local_step = int(state.get("local_step", 0))
         self._last_global_step = int(state.get("last_global_step", -1))
@@ -637,6 +638,4 @@ def _event_sink(events: Any) -> Callable[[str, dict[str, Any]], None] | None:
     return events if callable(events) else None
 
 
-DumbDiLoCo = DumbDiLoCoCoordinator
-
-__all__ = ["DeltaUploadJob", "DumbDiLoCo", "DumbDiLoCoCoordinator", "GlobalCandidate", "SyncResult"]
+__all__ = ["DeltaUploadJob", "DumbDiLoCoCoordinator", "GlobalCandidate", "SyncResult"]

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from speedtronic_config import ConfigError, resolve_section
 from speedtronic_diloco.tensors import (
     DeltaRef,
     delta_path,
@@ -477,50 +478,38 @@ def build_hub_client(
     logger: logging.Logger | None = None,
     sleeper: Callable[[float], None] = time.sleep,
 ) -> HubClient:
-    """Return a HubClient for a distributed config section (duck-typed; transport "hub" or
-    "filesystem").
+    """Return a HubClient for a distributed section (or a whole config): the Hub or a shared
+    folder, with the section's retry policy.
     """
-    transport_name = getattr(section, "transport", "hub") or "hub"
-    repo_id = getattr(section, "repo_id", None)
-    endpoint = getattr(section, "endpoint", None)
-    if not repo_id:
-        raise ValueError(
-            "distributed.repo_id is required when distributed.enabled is true (e.g. 'my-org/run-1')"
+    section = resolve_section(section, "distributed")
+    if not section.repo_id:
+        raise ConfigError(
+            "distributed.repo_id", "is required to reach the Hub", allowed="e.g. my-org/run-1"
         )
-    retry = {
-        "retry_initial": float(getattr(section, "retry_initial", 1.0)),
-        "retry_max": float(getattr(section, "retry_max", 60.0)),
-        "retry_attempts": int(getattr(section, "retry_attempts", 6)),
-    }
-    if transport_name == "filesystem":
-        if not endpoint:
-            raise ValueError(
-                "distributed.endpoint must name a shared folder when distributed.transport is "
-                "'filesystem'"
+    if section.transport == "filesystem":
+        if not section.endpoint:
+            raise ConfigError(
+                "distributed.endpoint", "must name a shared folder when transport is filesystem"
             )
-        transport: Transport = FilesystemTransport(Path(endpoint) / repo_id)
-    elif transport_name == "hub":
-        transport = HfApiTransport(
-            repo_id,
-            token=getattr(section, "token", None),
-            endpoint=endpoint,
-            cache_dir=getattr(section, "cache_dir", None),
-        )
+        transport: Transport = FilesystemTransport(Path(section.endpoint) / section.repo_id)
     else:
-        raise ValueError(
-            f"distributed.transport={transport_name!r} is not supported: use 'hub' or 'filesystem'"
+        transport = HfApiTransport(
+            section.repo_id,
+            token=section.token,
+            endpoint=section.endpoint,
+            cache_dir=section.cache_dir,
         )
     return HubClient(
-        repo_id,
+        section.repo_id,
         transport=transport,
-        cache_dir=getattr(section, "cache_dir", None),
+        cache_dir=section.cache_dir,
         sleeper=sleeper,
         logger=logger,
-        **retry,
+        retry_initial=section.retry_initial,
+        retry_max=section.retry_max,
+        retry_attempts=section.retry_attempts,
     )
 
-
-HubTransport = HubClient
 
 __all__ = [
     "COLLABORATOR_WARNING",
@@ -530,7 +519,6 @@ __all__ = [
     "GlobalMetadata",
     "HubClient",
     "HubError",
-    "HubTransport",
     "HubUnavailable",
     "build_hub_client",
     "check_repo_path",

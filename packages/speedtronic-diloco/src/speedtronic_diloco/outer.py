@@ -158,6 +158,13 @@ class MasterOuterLoop:
         return self.node_state_dir / "outer_state.safetensors"
 
     @property
+    def metadata_path(self) -> Path:
+        """Return the file holding the outer step and ledger: 2.0 kept them in a JSON file beside
+        the state; they now live in the state file's safetensors header, written with it.
+        """
+        return self.state_path
+
+    @property
     def outer_step(self) -> int:
         """Return the current outer step."""
         return self._state.outer_step

@@ -14,18 +14,13 @@ from speedtronic_model.__about__ import __version__
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
         [
-            "GPT",
             "CausalSelfAttention",
             "GPTConfig",
-            "GPTModel",
             "RMSNorm",
-            "ReferenceModel",
             "ReferenceTransformer",
             "RotaryEmbedding",
             "SwiGLU",
-            "Transformer",
             "TransformerBlock",
-            "TransformerConfig",
             "apply_rope",
         ],
         "speedtronic_model.model",

@@ -12,71 +12,50 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from speedtronic_config import ConfigError
+from speedtronic_config import ConfigError, ModelConfig
+from speedtronic_model.registry import factory_keywords
+from speedtronic_systems.loss import causal_lm_loss
 
-IGNORE_INDEX = -100
+_DEFAULTS = ModelConfig()
 
 
 @dataclass
 class GPTConfig:
-    """Reference-model hyperparameters; defaults match speedtronic_config.ModelConfig."""
+    """Reference-model hyperparameters: ModelConfig's fields, defaults and validation, with the
+    context length named block_size.
+    """
 
-    vocab_size: int = 512
-    block_size: int = 128
-    n_layer: int = 4
-    n_head: int = 8
+    vocab_size: int = _DEFAULTS.vocab_size
+    block_size: int = _DEFAULTS.max_seq_len
+    n_layer: int = _DEFAULTS.n_layer
+    n_head: int = _DEFAULTS.n_head
     n_kv_head: int | None = None  # None -> n_head (plain multi-head attention)
-    d_model: int = 256
+    d_model: int = _DEFAULTS.d_model
     d_ff: int | None = None  # None -> 4 * d_model
-    dropout: float = 0.0
-    tie_weights: bool = True
-    rope_base: float = 10000.0
-    gradient_checkpointing: bool = False
+    dropout: float = _DEFAULTS.dropout
+    tie_weights: bool = _DEFAULTS.tie_weights
+    rope_base: float = _DEFAULTS.rope_base
+    gradient_checkpointing: bool = _DEFAULTS.gradient_checkpointing
 
     def __post_init__(self) -> None:
-        if self.n_kv_head is None:
-            self.n_kv_head = self.n_head
-        if self.d_ff is None and _is_positive_int(self.d_model):
-            self.d_ff = 4 * self.d_model
-        for name in (
-            "vocab_size",
-            "block_size",
-            "n_layer",
-            "n_head",
-            "n_kv_head",
-            "d_model",
-            "d_ff",
-        ):
-            if not _is_positive_int(getattr(self, name)):
-                raise _error(name, getattr(self, name), "must be a positive integer")
-        if (
-            isinstance(self.dropout, bool)
-            or not isinstance(self.dropout, (int, float))
-            or not 0 <= self.dropout < 1
-        ):
-            raise _error("dropout", self.dropout, "must be a number with 0 <= dropout < 1")
-        if (
-            isinstance(self.rope_base, bool)
-            or not isinstance(self.rope_base, (int, float))
-            or not self.rope_base > 1
-        ):
-            raise _error(
-                "rope_base", self.rope_base, "must be a number > 1 (10000.0 is the usual choice)"
-            )
-        if self.d_model % self.n_head:
-            raise _error(
-                "d_model", self.d_model, f"must be divisible by model.n_head={self.n_head}"
-            )
-        if self.n_head % self.n_kv_head:
-            raise _error("n_kv_head", self.n_kv_head, f"must divide model.n_head={self.n_head}")
+        # ModelConfig owns the rules (and their ConfigError paths); take back its resolved values.
+        section = ModelConfig(**self.section_fields())
+        for name in self.section_fields():
+            setattr(self, name, getattr(section, name))
+        self.block_size = section.max_seq_len
         if self.head_dim % 2:
-            raise _error(
-                "d_model",
-                self.d_model,
+            raise ConfigError(
+                "model.d_model",
                 f"gives head_dim = d_model / n_head = {self.head_dim}, which must be even for "
-                "rotary "
-                "embeddings (they rotate channel pairs); change d_model or n_head",
+                "rotary embeddings (they rotate channel pairs); change d_model or n_head",
+                value=self.d_model,
             )
+
+    def section_fields(self) -> dict[str, Any]:
+        """Return these values as ModelConfig fields (block_size as max_seq_len)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["max_seq_len"] = values.pop("block_size")
+        return values
 
     @property
     def head_dim(self) -> int:
@@ -85,32 +64,16 @@ class GPTConfig:
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> GPTConfig:
-        """Build from keyword arguments, accepting max_seq_len as an alias of block_size."""
-        if "max_seq_len" in kwargs:
-            alias = kwargs.pop("max_seq_len")
-            if kwargs.setdefault("block_size", alias) != alias:
-                raise ConfigError(
-                    "model.max_seq_len",
-                    f"conflicts with block_size={kwargs['block_size']!r}",
-                    value=alias,
-                    allowed="they are the same setting; give only one",
-                )
+        """Build from keyword arguments (config spellings such as max_seq_len accepted); an unknown
+        one is a ConfigError with a suggestion.
+        """
+        kwargs = factory_keywords(kwargs)
         known = [f.name for f in fields(cls)]
         unknown = sorted(set(kwargs) - set(known))
         if unknown:
             hints = "; ".join(_suggest(name, known) for name in unknown)
             raise ConfigError("model", f"unknown field(s) for the reference transformer: {hints}")
         return cls(**kwargs)
-
-
-def _is_positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _error(field: str, value: Any, rule: str) -> ConfigError:
-    # block_size is spelled max_seq_len in the YAML the user actually edits.
-    path = "model.max_seq_len" if field == "block_size" else f"model.{field}"
-    return ConfigError(path, rule, value=value)
 
 
 def _suggest(name: str, known: list[str]) -> str:
@@ -330,7 +293,7 @@ class ReferenceTransformer(nn.Module):
         logits = self.lm_head(self.norm(x))  # (B, T, V)
         if labels is None:
             return {"logits": logits}
-        return {"logits": logits, "loss": _causal_lm_loss(logits, labels)}
+        return {"logits": logits, "loss": causal_lm_loss(logits, labels)}
 
     def _check_inputs(
         self,
@@ -448,32 +411,13 @@ def _attention_mask(attention_mask: torch.Tensor | None, T: int) -> torch.Tensor
     return mask | torch.eye(T, dtype=torch.bool, device=keep.device)
 
 
-def _causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over labels != -100; 0 (not NaN) when every label is ignored."""
-    total = F.cross_entropy(
-        logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-    )
-    return total / (labels != IGNORE_INDEX).sum().clamp_min(1)
-
-
-GPT = ReferenceTransformer
-Transformer = ReferenceTransformer
-ReferenceModel = ReferenceTransformer
-GPTModel = ReferenceTransformer
-TransformerConfig = GPTConfig
-
 __all__ = [
-    "GPT",
     "CausalSelfAttention",
     "GPTConfig",
-    "GPTModel",
     "RMSNorm",
-    "ReferenceModel",
     "ReferenceTransformer",
     "RotaryEmbedding",
     "SwiGLU",
-    "Transformer",
     "TransformerBlock",
-    "TransformerConfig",
     "apply_rope",
 ]

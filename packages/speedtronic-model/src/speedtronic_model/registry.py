@@ -6,7 +6,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from speedtronic_config import ConfigError
+from speedtronic_config import ConfigError, resolve_section
 
 ModelFactory = Callable[..., Any]
 
@@ -22,7 +22,6 @@ _MODEL_FIELDS: tuple[tuple[str, str], ...] = (
     ("dropout", "dropout"),
     ("tie_weights", "tie_weights"),
     ("rope_base", "rope_base"),
-    ("gradient_checkpointing", "gradient_checkpointing"),
 )
 
 
@@ -100,32 +99,40 @@ def register_model(name: str, factory: ModelFactory | None = None, *, replace: b
 
 
 def build_model(config: Any, **overrides: Any) -> Any:
-    """Build `config.name` from a ModelConfig-like section (or mapping); overrides win over
-    fields.
+    """Build `config.name` from a ModelConfig (or a whole config, a mapping, None for defaults);
+    overrides win over fields.
     """
-    name = _read(config, "name")
-    if name is None:
-        raise ConfigError(
-            "model.name",
-            f"missing on {type(config).__name__}",
-            allowed=f"one of: {', '.join(registry.names())}",
-        )
-    kwargs = {
-        keyword: _read(config, field) for field, keyword in _MODEL_FIELDS if _has(config, field)
-    }
-    if "max_seq_len" in overrides:
-        overrides["block_size"] = overrides.pop("max_seq_len")
-    # Extra keywords are for custom factories and pass through uninterpreted (2.0 contract).
-    kwargs.update(overrides)
-    return registry.build(name, **kwargs)
+    section = resolve_section(config, "model")
+    kwargs = {keyword: getattr(section, field) for field, keyword in _MODEL_FIELDS}
+    # Other keywords are for custom factories and pass through uninterpreted (2.0 contract).
+    kwargs.update(factory_keywords(overrides))
+    return registry.build(section.name, **kwargs)
 
 
-def _has(config: Any, field: str) -> bool:
-    return field in config if isinstance(config, Mapping) else hasattr(config, field)
+def factory_keywords(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Return values with config spellings (max_seq_len) renamed to factory keywords (block_size);
+    a setting given under both names with different values is a ConfigError.
+    """
+    out: dict[str, Any] = {}
+    for field, keyword in _MODEL_FIELDS:
+        if field in values and keyword in values and field != keyword:
+            if values[field] != values[keyword]:
+                raise ConfigError(
+                    f"model.{field}",
+                    f"conflicts with {keyword}={values[keyword]!r}",
+                    value=values[field],
+                    allowed="they are the same setting; give only one",
+                )
+    for key, value in values.items():
+        out[dict(_MODEL_FIELDS).get(key, key)] = value
+    return out
 
 
-def _read(config: Any, field: str) -> Any:
-    return config.get(field) if isinstance(config, Mapping) else getattr(config, field, None)
-
-
-__all__ = ["ModelFactory", "ModelRegistry", "build_model", "register_model", "registry"]
+__all__ = [
+    "ModelFactory",
+    "ModelRegistry",
+    "build_model",
+    "factory_keywords",
+    "register_model",
+    "registry",
+]

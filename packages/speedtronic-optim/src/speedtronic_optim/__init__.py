@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from speedtronic_optim.__about__ import __version__
 from speedtronic_optim.adamw import make_adamw
-from speedtronic_optim.build import build_optimizer, build_v2_optimizer
+from speedtronic_optim.build import build_optimizer
 from speedtronic_optim.cautious import CautiousOptimizer
 from speedtronic_optim.hybrid import HybridOptimizer
 from speedtronic_optim.muon import Muon
@@ -32,7 +32,6 @@ __all__ = [
     "__version__",
     "build_lr_scheduler",
     "build_optimizer",
-    "build_v2_optimizer",
     "fast_work_dtype",
     "lr_lambda",
     "make_adamw",

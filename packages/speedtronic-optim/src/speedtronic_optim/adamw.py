@@ -6,14 +6,21 @@ from collections.abc import Iterable
 
 import torch
 
+# Speedtronic's AdamW hyperparameters, written once: make_adamw and HybridOptimizer default to
+# them and speedtronic-config's OptimizerConfig is tested to agree.
+DEFAULT_LR = 3e-4
+DEFAULT_BETAS = (0.9, 0.95)
+DEFAULT_EPS = 1e-8
+DEFAULT_WEIGHT_DECAY = 0.1
+
 
 def make_adamw(
     params: Iterable[torch.Tensor],
     *,
-    lr: float,
-    betas: tuple[float, float],
-    eps: float,
-    weight_decay: float,
+    lr: float = DEFAULT_LR,
+    betas: tuple[float, float] = DEFAULT_BETAS,
+    eps: float = DEFAULT_EPS,
+    weight_decay: float = DEFAULT_WEIGHT_DECAY,
     fused: bool | None = None,
 ) -> torch.optim.AdamW:
     """Return AdamW, fused when asked (True) or probed (None); regular AdamW if fused fails."""

@@ -1,4 +1,4 @@
-"""Build the configured optimizer from a duck-typed optimizer config section."""
+"""Build the configured optimizer from a duck-typed optimizer section."""
 
 from __future__ import annotations
 
@@ -13,11 +13,24 @@ from speedtronic_optim.cautious import CautiousOptimizer
 from speedtronic_optim.hybrid import HybridOptimizer
 from speedtronic_optim.routing import route_parameters
 
-OPTIMIZER_NAMES = ("adamw", "muon")
+# Section field -> keyword of the constructor it feeds. A field the section lacks is not passed,
+# so the constructor's own default applies: the constructors are the one source of defaults.
+_ADAMW_FIELDS = {"lr": "lr", "betas": "betas", "eps": "eps", "weight_decay": "weight_decay"}
+_HYBRID_FIELDS = {
+    "betas": "betas",
+    "eps": "eps",
+    "weight_decay": "weight_decay",
+    "muon_momentum": "muon_momentum",
+    "muon_ns_steps": "muon_ns_steps",
+    "muon_norm_eps": "muon_norm_eps",
+    "muon_plus": "muon_plus",
+}
 
 
-def _field(section: Any, name: str, default: Any) -> Any:
-    return getattr(section, name, default)
+def _given(section: Any, names: dict[str, str]) -> dict[str, Any]:
+    return {
+        kw: getattr(section, f) for f, kw in names.items() if getattr(section, f, None) is not None
+    }
 
 
 def build_optimizer(
@@ -25,53 +38,36 @@ def build_optimizer(
 ) -> Optimizer:
     """Return AdamW (fused probed) or hybrid Muon/AdamW (``name: muon``), cautious when asked.
 
-    ``optimizer_section`` is any object with the OptimizerConfig fields (name, lr, betas, eps,
-    weight_decay, fused, muon_plus, cautious, muon_momentum, muon_ns_steps, muon_norm_eps).
-    ``device`` is accepted for the 2.0 signature; parameters already live where the model does.
+    ``optimizer_section`` is any object with a ``name`` (adamw or muon) and any of the
+    OptimizerConfig fields (lr, betas, eps, weight_decay, fused, muon_plus, cautious,
+    muon_momentum, muon_ns_steps, muon_norm_eps); speedtronic-config validates them. ``device``
+    is accepted for the 2.0 signature; parameters already live where the model does.
     """
-    name = str(_field(optimizer_section, "name", "adamw")).lower()
-    if name not in OPTIMIZER_NAMES:
-        raise ValueError(
-            f"optimizer.name = {name!r} is not supported; use one of {OPTIMIZER_NAMES}"
-        )
-    muon_plus = bool(_field(optimizer_section, "muon_plus", False))
-    if muon_plus and name != "muon":
-        raise ValueError("optimizer.muon_plus = true requires optimizer.name = 'muon'")
-    lr = float(_field(optimizer_section, "lr", 3e-4))
-    betas = tuple(_field(optimizer_section, "betas", (0.9, 0.95)))
-    eps = float(_field(optimizer_section, "eps", 1e-8))
-    weight_decay = float(_field(optimizer_section, "weight_decay", 0.1))
-    fused = _field(optimizer_section, "fused", None)
+    name = getattr(optimizer_section, "name", None)
+    fused = {"fused": optimizer_section.fused} if hasattr(optimizer_section, "fused") else {}
     if name == "adamw":
         params = [param for param in model.parameters() if param.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameters to optimize")
         optimizer: Optimizer = make_adamw(
-            params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused
+            params, **_given(optimizer_section, _ADAMW_FIELDS), **fused
         )
-    else:
+    elif name == "muon":
         routing = route_parameters(model)
+        lr = getattr(optimizer_section, "lr", None)
+        rates = {} if lr is None else {"muon_lr": lr, "adamw_lr": lr}
         optimizer = HybridOptimizer(
             routing.muon,
             routing.adamw,
-            muon_lr=lr,
-            adamw_lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            fused=fused,
-            muon_momentum=float(_field(optimizer_section, "muon_momentum", 0.95)),
-            muon_ns_steps=int(_field(optimizer_section, "muon_ns_steps", 5)),
-            muon_norm_eps=float(_field(optimizer_section, "muon_norm_eps", 1e-8)),
-            muon_plus=muon_plus,
+            **rates,
+            **_given(optimizer_section, _HYBRID_FIELDS),
+            **fused,
         )
-    if bool(_field(optimizer_section, "cautious", False)):
+    else:
+        raise ValueError(f"optimizer name {name!r} is not supported; use 'adamw' or 'muon'")
+    if getattr(optimizer_section, "cautious", False):
         optimizer = CautiousOptimizer(optimizer)
     return optimizer
 
 
-def build_v2_optimizer(
-    model: nn.Module, config: Any, device: torch.device | str | None = None
-) -> Optimizer:
-    """2.0 name: build from a whole config (its ``optimizer``) or from the section itself."""
-    return build_optimizer(model, getattr(config, "optimizer", config), device)
+__all__ = ["build_optimizer"]

@@ -8,7 +8,13 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from speedtronic_optim.adamw import make_adamw
+from speedtronic_optim.adamw import (
+    DEFAULT_BETAS,
+    DEFAULT_EPS,
+    DEFAULT_LR,
+    DEFAULT_WEIGHT_DECAY,
+    make_adamw,
+)
 from speedtronic_optim.facade import check_keys, evaluate_closure, init_facade
 from speedtronic_optim.muon import Muon
 
@@ -26,11 +32,11 @@ class HybridOptimizer(Optimizer):
         muon_params: Sequence[torch.Tensor],
         adamw_params: Sequence[torch.Tensor],
         *,
-        muon_lr: float,
-        adamw_lr: float,
-        betas: tuple[float, float],
-        eps: float,
-        weight_decay: float,
+        muon_lr: float = DEFAULT_LR,
+        adamw_lr: float = DEFAULT_LR,
+        betas: tuple[float, float] = DEFAULT_BETAS,
+        eps: float = DEFAULT_EPS,
+        weight_decay: float = DEFAULT_WEIGHT_DECAY,
         fused: bool | None = False,
         muon_momentum: float = 0.95,
         muon_ns_steps: int = 5,

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
+from speedtronic_optim.adamw import DEFAULT_LR
 from speedtronic_optim.facade import evaluate_closure
 from speedtronic_optim.newton_schulz import (
     Coefficients,
@@ -44,7 +45,7 @@ class Muon(Optimizer):
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
-        lr: float = 3e-4,
+        lr: float = DEFAULT_LR,
         momentum: float = 0.95,
         nesterov: bool = True,
         ns_steps: int = 5,

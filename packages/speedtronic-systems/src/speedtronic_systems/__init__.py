@@ -1,5 +1,5 @@
 """speedtronic-systems: device and precision resolution, startup shape checks, CUDA stage streams,
-atomic files.
+atomic files and the causal LM loss.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from speedtronic_systems.atomic import (
     atomic_write,
     atomic_write_bytes,
 )
+from speedtronic_systems.loss import IGNORE_INDEX, causal_lm_loss
 from speedtronic_systems.precision import (
     DeviceError,
     PrecisionError,
@@ -27,7 +28,6 @@ from speedtronic_systems.precision import (
 )
 from speedtronic_systems.scheduling import StageInfo, StageStreamScheduler
 from speedtronic_systems.shapes import (
-    ShapeConfigError,
     ShapeProfile,
     ShapeReport,
     ShapeWarning,
@@ -36,10 +36,10 @@ from speedtronic_systems.shapes import (
 )
 
 __all__ = [
+    "IGNORE_INDEX",
     "DeviceError",
     "PrecisionError",
     "PrecisionPlan",
-    "ShapeConfigError",
     "ShapeProfile",
     "ShapeReport",
     "ShapeWarning",
@@ -52,6 +52,7 @@ __all__ = [
     "atomic_write_bytes",
     "autocast_context",
     "available_devices",
+    "causal_lm_loss",
     "cpu_bf16_supported",
     "device_peak_flops",
     "make_grad_scaler",

@@ -121,9 +121,9 @@ def atomic_json_dump(
     return atomic_write_bytes(path, (text + "\n").encode("utf-8"))
 
 
-def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> Path:
-    """torch.save `obj` to `path` atomically; return the path."""
-    return atomic_write(path, lambda handle: torch.save(obj, handle))
+def atomic_torch_save(state: Any, path: str | os.PathLike[str]) -> Path:
+    """torch.save `state` to `path` atomically; return the path."""
+    return atomic_write(path, lambda handle: torch.save(state, handle))
 
 
 __all__ = ["atomic_json_dump", "atomic_torch_save", "atomic_write", "atomic_write_bytes"]

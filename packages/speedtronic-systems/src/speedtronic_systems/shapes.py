@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from speedtronic_config import ShapeValidationConfig, resolve_section
 from speedtronic_systems.precision import PrecisionPlan
 
 _logger = logging.getLogger(__name__)
@@ -21,10 +21,6 @@ _MPS_ALIGNMENT = 8
 # The batch only ever enters a GEMM multiplied by the sequence length, so asking for a batch of
 # 64 would be noise; 8 keeps the rows of small-sequence runs aligned.
 _MAX_BATCH_ALIGNMENT = 8
-
-
-class ShapeConfigError(ValueError):
-    """A shape_validation setting (alignment) is not usable."""
 
 
 @dataclass(frozen=True)
@@ -80,29 +76,11 @@ class ShapeReport:
         }
 
 
-@dataclass(frozen=True)
-class _Settings:
-    enabled: bool = True
-    alignment: int | str | None = "auto"
-    check_batch: bool = True
-    check_sequence: bool = True
-    check_model: bool = True
-    check_vocab: bool = False
-    warn_on_cpu: bool = False
-
-
-def _settings(section: Any) -> _Settings:
-    """Read a shape_validation section: an object with the fields, a mapping, a bool, or None
-    (defaults).
-    """
-    if section is None:
-        return _Settings()
+def _settings(section: Any) -> ShapeValidationConfig:
+    """Return the shape_validation section; `true`/`false` is shorthand for `enabled`."""
     if isinstance(section, bool):
-        return _Settings(enabled=section)
-    names = _Settings.__dataclass_fields__
-    if isinstance(section, Mapping):
-        return _Settings(**{k: section[k] for k in names if k in section})
-    return _Settings(**{k: getattr(section, k) for k in names if hasattr(section, k)})
+        return ShapeValidationConfig(enabled=section)
+    return resolve_section(section, "shape_validation")
 
 
 def _suggest(value: int, alignment: int) -> int:
@@ -133,26 +111,8 @@ def resolve_shape_profile(
             return ShapeProfile(device_type, precision.mode, _MPS_ALIGNMENT, "auto")
         # CPU GEMMs have no tile width worth warning about: the auto profile is quiet.
         return ShapeProfile(device_type, precision.mode, 1, "cpu-auto")
-    alignment = _explicit_alignment(requested_alignment)
+    alignment = ShapeValidationConfig(alignment=requested_alignment).alignment
     return ShapeProfile(device_type, precision.mode, alignment, "explicit")
-
-
-def _explicit_alignment(value: int | str) -> int:
-    if isinstance(value, bool):
-        raise ShapeConfigError(
-            f"shape_validation.alignment must be 'auto' or a positive integer; got {value!r}"
-        )
-    try:
-        alignment = int(value)
-    except (TypeError, ValueError):
-        raise ShapeConfigError(
-            f"shape_validation.alignment must be 'auto' or a positive integer; got {value!r}"
-        ) from None
-    if alignment <= 0 or str(alignment) != str(value).strip():
-        raise ShapeConfigError(
-            f"shape_validation.alignment must be 'auto' or a positive integer; got {value!r}"
-        )
-    return alignment
 
 
 def _append_warning(
@@ -310,7 +270,6 @@ def validate_startup_shapes(
 
 
 __all__ = [
-    "ShapeConfigError",
     "ShapeProfile",
     "ShapeReport",
     "ShapeWarning",

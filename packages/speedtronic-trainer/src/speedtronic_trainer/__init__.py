@@ -12,21 +12,15 @@ from speedtronic_trainer.checkpoint import (
     restore_rng_state,
 )
 from speedtronic_trainer.data_position import BatchStream
-from speedtronic_trainer.hooks import on_event
+from speedtronic_trainer.hooks import CallbackList, TrainingHook, on_event
 from speedtronic_trainer.integrations import TensorboardHook, WandbHook, hooks_from_names
-from speedtronic_trainer.profiling import (
-    CallbackList,
-    MetricLogger,
-    TrainingHook,
-    memory_usage_bytes,
-)
-from speedtronic_trainer.settings import TrainerSettings
+from speedtronic_trainer.metric_logger import MetricLogger
+from speedtronic_trainer.metrics import memory_usage_bytes
 from speedtronic_trainer.trainer import (
     NonFiniteLossError,
-    SpeedtronicTrainer,
+    StepOutcome,
     SyncCoordinator,
     Trainer,
-    TrainingEngine,
     TrainResult,
 )
 
@@ -37,13 +31,11 @@ __all__ = [
     "CheckpointManager",
     "MetricLogger",
     "NonFiniteLossError",
-    "SpeedtronicTrainer",
+    "StepOutcome",
     "SyncCoordinator",
     "TensorboardHook",
     "TrainResult",
     "Trainer",
-    "TrainerSettings",
-    "TrainingEngine",
     "TrainingHook",
     "WandbHook",
     "__version__",

@@ -6,9 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from speedtronic_systems.loss import IGNORE_INDEX, causal_lm_loss
 
 
 def move_batch(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
@@ -85,10 +84,7 @@ def _loss_from_logits(logits: torch.Tensor, batch: Any) -> torch.Tensor:
             f"{tuple(labels.shape)}; "
             "labels must already be shifted, one next-token label per input position"
         )
-    # float(): cross entropy in half precision loses accuracy for large vocabularies.
-    return F.cross_entropy(
-        logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX
-    )
+    return causal_lm_loss(logits, labels)
 
 
 def loss_from_output(output: Any, batch: Any) -> torch.Tensor:
@@ -127,7 +123,6 @@ def loss_from_output(output: Any, batch: Any) -> torch.Tensor:
 
 
 __all__ = [
-    "IGNORE_INDEX",
     "batch_labels",
     "batch_size_and_tokens",
     "call_model",

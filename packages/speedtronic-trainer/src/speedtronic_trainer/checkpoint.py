@@ -14,10 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from speedtronic_config import CheckpointConfig, resolve_section
 from speedtronic_systems.atomic import atomic_json_dump, atomic_torch_save
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 LATEST_POINTER = "latest"
+_DEFAULTS = CheckpointConfig()
 
 
 class CheckpointError(RuntimeError):
@@ -31,18 +33,12 @@ class CheckpointManager:
         self,
         directory: str | os.PathLike[str],
         *,
-        every_steps: int = 500,
-        keep_last: int | None = 3,
-        enabled: bool = True,
+        every_steps: int = _DEFAULTS.every_steps,
+        keep_last: int | None = _DEFAULTS.keep_last,
+        enabled: bool = _DEFAULTS.enabled,
     ) -> None:
-        if every_steps <= 0:
-            raise ValueError(
-                f"checkpoint every_steps must be a positive integer, got {every_steps!r}"
-            )
-        if keep_last is not None and keep_last <= 0:
-            raise ValueError(
-                f"checkpoint keep_last must be positive or None (keep all), got {keep_last!r}"
-            )
+        # CheckpointConfig owns the rules (a ConfigError names checkpoint.<field>).
+        CheckpointConfig(every_steps=every_steps, keep_last=keep_last, enabled=enabled)
         self.directory = Path(directory)
         self.every_steps = every_steps
         self.keep_last = keep_last
@@ -55,6 +51,7 @@ class CheckpointManager:
         """Build a manager from a CheckpointConfig-like section; relative directories sit under
         output_dir.
         """
+        section = resolve_section(section, "checkpoint")
         directory = Path(section.directory)
         if not directory.is_absolute():
             directory = Path(output_dir) / directory

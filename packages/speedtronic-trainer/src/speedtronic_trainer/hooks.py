@@ -1,9 +1,45 @@
-"""Optional hook and callback helpers."""
+"""Metric hooks: the protocol, delivery to a hook object or function, and fan-out helpers."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
+
+
+class TrainingHook(Protocol):
+    def on_event(self, event: str, payload: dict[str, Any]) -> None: ...
+
+
+def deliver(hook: Any, event: str, payload: dict[str, Any]) -> None:
+    """Send one event to an object with on_event, or to a plain (event, payload) callable."""
+    if hasattr(hook, "on_event"):
+        hook.on_event(event, payload)
+    else:
+        hook(event, payload)
+
+
+def hook_name(hook: Any) -> str:
+    """Return a readable name for a hook in warnings."""
+    return getattr(hook, "__qualname__", None) or type(hook).__name__
+
+
+class CallbackList:
+    """Fan-out adapter for optional W&B/TensorBoard-style callbacks."""
+
+    def __init__(self, callbacks: list[Any] | None = None) -> None:
+        self.callbacks = list(callbacks or [])
+
+    def on_event(self, event: str, payload: dict[str, Any]) -> None:
+        """Deliver the event to every callback in order."""
+        for callback in self.callbacks:
+            deliver(callback, event, payload)
+
+    def close(self) -> None:
+        """Close every callback that can be closed."""
+        for callback in self.callbacks:
+            close = getattr(callback, "close", None)
+            if callable(close):
+                close()
 
 
 class _EventCallback:
@@ -27,4 +63,4 @@ def on_event(callback: Callable[[str, dict[str, Any]], None]) -> _EventCallback:
     return _EventCallback(callback)
 
 
-__all__ = ["on_event"]
+__all__ = ["CallbackList", "TrainingHook", "deliver", "hook_name", "on_event"]

@@ -7,7 +7,16 @@ from typing import Any
 import torch
 
 from speedtronic_systems.precision import PrecisionPlan, device_peak_flops
-from speedtronic_trainer.profiling import memory_usage_bytes
+
+
+def memory_usage_bytes() -> int | None:
+    """Return allocated accelerator memory when the backend exposes it."""
+    if torch.cuda.is_available():
+        return int(torch.cuda.memory_allocated())
+    mps = getattr(torch, "mps", None)
+    if mps is not None and torch.backends.mps.is_available():
+        return int(mps.current_allocated_memory())
+    return None
 
 
 def model_flops_per_token(model: Any) -> float | None:
@@ -64,4 +73,4 @@ class StepMetrics:
         return record
 
 
-__all__ = ["StepMetrics", "model_flops_per_token"]
+__all__ = ["StepMetrics", "memory_usage_bytes", "model_flops_per_token"]

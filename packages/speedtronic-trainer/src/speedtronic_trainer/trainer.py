@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from speedtronic_systems.precision import PrecisionPlan, autocast_context, make_grad_scaler
+from speedtronic_config import SpeedtronicConfig
+from speedtronic_systems.precision import (
+    PrecisionPlan,
+    autocast_context,
+    make_grad_scaler,
+    resolve_precision,
+)
+from speedtronic_systems.shapes import validate_startup_shapes
 from speedtronic_trainer.batches import (
     batch_size_and_tokens,
     call_model,
@@ -21,11 +28,10 @@ from speedtronic_trainer.batches import (
 )
 from speedtronic_trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from speedtronic_trainer.data_position import BatchStream
+from speedtronic_trainer.metric_logger import MetricLogger
 from speedtronic_trainer.metrics import StepMetrics
 from speedtronic_trainer.preemption import StopSignal
-from speedtronic_trainer.profiling import MetricLogger
 from speedtronic_trainer.progress import ProgressBar, progress_enabled
-from speedtronic_trainer.settings import TrainerSettings
 
 CHECKPOINT_FORMAT = 1
 # A "skip" policy that keeps meeting non-finite losses is a diverged run, not a bad batch.
@@ -48,8 +54,8 @@ class SyncCoordinator(Protocol):
 
 @dataclass
 class TrainResult:
-    """What one fit() call did; steps/samples/tokens are the trainer's absolute counters at
-    the end.
+    """What one fit() call did; steps/samples/tokens are the trainer's absolute counters at the
+    end.
     """
 
     steps: int
@@ -64,10 +70,44 @@ class TrainResult:
     checkpoint: Path | None = None  # the last checkpoint this fit wrote
 
 
-def _checkpoint_config(config: Any) -> Any:
-    """Return the config as plain data with secrets redacted, or None when it cannot be redacted."""
+@dataclass
+class StepOutcome:
+    """One optimizer step: its loss and gradient norm, what it consumed, whether it was applied."""
+
+    loss: float
+    grad_norm: float | None
+    samples: int
+    tokens: int
+    applied: bool
+    seconds: float = 0.0
+
+
+@dataclass
+class _FitProgress:
+    """What fit() tracks across steps: the latest losses, the checkpoint, a stop signal."""
+
+    final_loss: float | None = None
+    val_loss: float | None = None
+    checkpoint: Path | None = None
+    stopped_by: str | None = None
+    consecutive_skips: int = 0
+
+
+def _as_config(config: Any) -> SpeedtronicConfig:
+    """Return config as a SpeedtronicConfig: None gives every default, a mapping is validated."""
+    if config is None:
+        return SpeedtronicConfig()
+    if isinstance(config, SpeedtronicConfig):
+        return config
+    if isinstance(config, Mapping):
+        return SpeedtronicConfig.from_dict(config)
     to_dict = getattr(config, "to_dict", None)
-    return to_dict(redact_secrets=True) if callable(to_dict) else None
+    if callable(to_dict):
+        return SpeedtronicConfig.from_dict(to_dict())
+    raise TypeError(
+        f"Trainer(config=...) takes a SpeedtronicConfig, a mapping or None, got "
+        f"{type(config).__name__}"
+    )
 
 
 class Trainer:
@@ -75,7 +115,8 @@ class Trainer:
 
     The model receives a batch dictionary as keywords, or the first two items of a tuple/list batch
     as (inputs, labels). It may return a scalar loss, a mapping with loss or logits, or a tuple
-    whose first item is a loss or 3-D logits.
+    whose first item is a loss or 3-D logits. Every setting comes from `config` (a
+    SpeedtronicConfig; None means every default).
     """
 
     def __init__(
@@ -95,10 +136,9 @@ class Trainer:
         start_step: int = 0,
         shape_report: Any | None = None,
         eval_dataloader: Iterable[Any] | None = None,
-        settings: TrainerSettings | None = None,
     ) -> None:
-        self.config = config
-        self.settings = settings if settings is not None else TrainerSettings.from_config(config)
+        self._config_given = config is not None
+        self.config = _as_config(config)
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.optimizer = optimizer
@@ -108,13 +148,21 @@ class Trainer:
         self.logger = logger if logger is not None else MetricLogger()
         self.checkpoint_manager = checkpoint_manager
         self.coordinator = coordinator
-        self.max_steps = max_steps if max_steps is not None else self.settings.max_steps
+        # Without a config there is no implicit target: fit() must be told how far to go.
+        default_target = self.config.step_target if self._config_given else None
+        self.max_steps = max_steps if max_steps is not None else default_target
         self.step = start_step
         self.samples = 0
         self.tokens = 0
         self.skipped_steps = 0
-        self.precision = precision if precision is not None else self._resolve_precision()
-        self.scaler = make_grad_scaler(self.precision)
+        if precision is None:
+            precision = resolve_precision(self.config.precision, self.device)
+        self.precision = precision
+        self.scaler = make_grad_scaler(precision)
+        if shape_report is None:
+            shape_report = validate_startup_shapes(
+                config, self.model, self.device, precision, logger=self.logger
+            )
         self.shape_report = shape_report
         self._stream = BatchStream(dataloader)
         self._compiled: Any | None = None
@@ -124,30 +172,22 @@ class Trainer:
         self._non_blocking = self.device.type == "cuda"
         self._configure_features()
 
-    def _resolve_precision(self) -> PrecisionPlan:
-        from speedtronic_systems.precision import resolve_precision
-
-        # No precision section means auto (FP32 on CPU/MPS, BF16 or FP16+GradScaler on CUDA).
-        return resolve_precision(getattr(self.config, "precision", None), self.device)
-
     def accumulation_steps(self) -> int:
         """Return how many microbatches make one optimizer update."""
-        return self.settings.accumulation_steps
+        return self.config.accumulation_steps
 
     # ----------------------------------------------------------------------------------- features
 
     def _configure_features(self) -> None:
-        if self.settings.gradient_checkpointing:
+        if self.config.gradient_checkpointing:
             self._enable_gradient_checkpointing()
-        if self.shape_report is None and self.settings.shape_validation and self.config is not None:
-            from speedtronic_systems.shapes import validate_startup_shapes
+        if self.config.ooo_backprop:
+            from speedtronic_systems.scheduling import StageStreamScheduler
 
-            self.shape_report = validate_startup_shapes(
-                self.config, self.model, self.device, self.precision, logger=self.logger
+            self._stage_scheduler = StageStreamScheduler(
+                self.model, self.device, num_streams=self.config.ooo_streams, logger=self.logger
             )
-        if self.settings.ooo_backprop:
-            self._setup_ooo_backprop()
-        if self.settings.compile:
+        if self.config.compile:
             self._enable_compile()
 
     def _enable_gradient_checkpointing(self) -> None:
@@ -167,13 +207,6 @@ class Trainer:
                 type(exc).__name__,
                 exc,
             )
-
-    def _setup_ooo_backprop(self) -> None:
-        from speedtronic_systems.scheduling import StageStreamScheduler
-
-        self._stage_scheduler = StageStreamScheduler(
-            self.model, self.device, num_streams=self.settings.ooo_streams, logger=self.logger
-        )
 
     def _enable_compile(self) -> None:
         try:
@@ -210,7 +243,8 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ step
 
-    def _microbatch_weights(self, microbatches: list[Any]) -> list[float]:
+    @staticmethod
+    def _microbatch_weights(microbatches: list[Any]) -> list[float]:
         """Return each microbatch's share of the update: its valid-label share when labels exist,
         else 1/k.
         """
@@ -218,56 +252,51 @@ class Trainer:
         if any(c is None for c in counts):
             return [1.0 / len(microbatches)] * len(microbatches)
         total = sum(counts)  # type: ignore[arg-type]
-        # With no valid label in the whole step the loss is undefined; NaN weights route it to the
-        # policy.
+        # With no valid label in the whole step the loss is undefined; NaN weights route it to
+        # the non-finite policy.
         return [c / total if total else math.nan for c in counts]  # type: ignore[operator]
 
-    def _train_step(self) -> tuple[float, float | None, int, int]:
-        """Run one optimizer update; return (loss, grad norm, samples, tokens); non-finite ones are
-        not applied.
-        """
-        microbatches = [next(self._stream) for _ in range(self.settings.accumulation_steps)]
-        weights = self._microbatch_weights(microbatches)
+    def _accumulate(self, microbatches: list[Any]) -> tuple[float, int, int]:
+        """Run forward/backward over the microbatches; return (weighted loss, samples, tokens)."""
+        step_loss: torch.Tensor | None = None
+        samples = tokens = 0
+        for batch, weight in zip(microbatches, self._microbatch_weights(microbatches), strict=True):
+            n, t = batch_size_and_tokens(batch)
+            samples, tokens = samples + n, tokens + t
+            if weight == 0.0:
+                continue  # every label ignored: no contribution, and its mean loss would be NaN
+            batch = move_batch(batch, self.device, self._non_blocking)
+            loss = self._forward(batch) * weight
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+        return (float(step_loss) if step_loss is not None else math.nan), samples, tokens
+
+    def _train_step(self) -> StepOutcome:
+        """Run one optimizer update; a non-finite loss or gradient norm is not applied."""
+        started = time.perf_counter()
+        microbatches = [next(self._stream) for _ in range(self.config.accumulation_steps)]
         self.optimizer.zero_grad(set_to_none=True)
         if self._stage_scheduler is not None:
             self._stage_scheduler.begin()
-        step_loss: torch.Tensor | None = None
-        samples = tokens = 0
         try:
-            for batch, weight in zip(microbatches, weights, strict=True):
-                n, t = batch_size_and_tokens(batch)
-                samples, tokens = samples + n, tokens + t
-                if weight == 0.0:
-                    continue  # every label ignored: no contribution, and its mean loss would be NaN
-                batch = move_batch(batch, self.device, self._non_blocking)
-                loss = self._forward(batch) * weight
-                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-                step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+            loss, samples, tokens = self._accumulate(microbatches)
         finally:
             if self._stage_scheduler is not None:
                 self._stage_scheduler.finish()
-        loss_value = float(step_loss) if step_loss is not None else math.nan
-        if not math.isfinite(loss_value):
-            return loss_value, None, samples, tokens
-        grad_norm = self._clip_gradients()
-        if grad_norm is not None and not math.isfinite(grad_norm) and self.scaler is None:
-            # Without a scaler nothing else would catch inf/NaN gradients before they reach the
-            # weights.
-            return loss_value, grad_norm, samples, tokens
-        if self.scaler is not None:
+        grad_norm = self._clip_gradients() if math.isfinite(loss) else None
+        # A scaler skips inf gradients itself; without one nothing else would stop them.
+        grads_ok = grad_norm is None or math.isfinite(grad_norm) or self.scaler is not None
+        applied = math.isfinite(loss) and grads_ok
+        if applied and self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
-        else:
+        elif applied:
             self.optimizer.step()
-        return loss_value, grad_norm, samples, tokens
-
-    def _finite(self, loss: float, grad_norm: float | None) -> bool:
-        """Return whether the step may be applied (a scaler handles inf gradients itself)."""
-        grads_ok = grad_norm is None or math.isfinite(grad_norm) or self.scaler is not None
-        return math.isfinite(loss) and grads_ok
+        return StepOutcome(loss, grad_norm, samples, tokens, applied, time.perf_counter() - started)
 
     def _clip_gradients(self) -> float | None:
-        if self.settings.grad_clip is None:
+        clip = self.config.optimizer.grad_clip
+        if clip is None:
             return None
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
@@ -277,18 +306,22 @@ class Trainer:
             for p in group["params"]
             if p.grad is not None
         ]
-        return float(torch.nn.utils.clip_grad_norm_(params, self.settings.grad_clip))
+        return float(torch.nn.utils.clip_grad_norm_(params, clip))
 
-    def _handle_nonfinite(self, loss: float, grad_norm: float | None, consecutive: int) -> None:
+    def _handle_nonfinite(self, outcome: StepOutcome, consecutive: int) -> None:
+        """Apply run.nonfinite_loss to a step that was not applied: raise, or record the skip."""
         self.optimizer.zero_grad(set_to_none=True)
         self.skipped_steps += 1
-        what = f"loss={loss}" if not math.isfinite(loss) else f"grad_norm={grad_norm}"
+        what = (
+            f"loss={outcome.loss}"
+            if not math.isfinite(outcome.loss)
+            else f"grad_norm={outcome.grad_norm}"
+        )
         hint = (
             "lower the learning rate, set optimizer.grad_clip, check the data for fully ignored "
-            "labels, "
-            "or set run.nonfinite_loss: skip to skip such updates"
+            "labels, or set run.nonfinite_loss: skip to skip such updates"
         )
-        if self.settings.nonfinite_loss == "stop":
+        if self.config.run.nonfinite_loss == "stop":
             raise NonFiniteLossError(
                 f"non-finite {what} at step {self.step + 1}; stopped without updating the "
                 f"weights or writing a checkpoint ({hint})"
@@ -300,12 +333,22 @@ class Trainer:
             )
         self.logger.emit(
             "nonfinite_skip",
-            {"step": self.step + 1, "loss": loss, "skipped_steps": self.skipped_steps},
+            {"step": self.step + 1, "loss": outcome.loss, "skipped_steps": self.skipped_steps},
         )
 
-    def _reset_inner_optimizer_if_needed(self, requested: Any) -> None:
-        if not (requested and self.settings.reset_inner_optimizer):
-            return
+    def _advance(self, outcome: StepOutcome) -> None:
+        """Count an applied step: scheduler, counters, coordinator callback, optional reset."""
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.step += 1
+        self.samples += outcome.samples
+        self.tokens += outcome.tokens
+        if self.coordinator is not None:
+            reset = self.coordinator.after_optimizer_step(self.model, self.step)
+            if reset and self.config.distributed.reset_inner_optimizer:
+                self._reset_optimizer_state()
+
+    def _reset_optimizer_state(self) -> None:
         reset = getattr(self.optimizer, "reset_state", None)
         if callable(reset):
             reset()
@@ -321,7 +364,7 @@ class Trainer:
         """
         if self.eval_dataloader is None:
             return None
-        limit = max_batches if max_batches is not None else self.settings.eval_steps
+        limit = max_batches if max_batches is not None else self.config.data.eval_steps
         was_training = self.model.training
         self.model.eval()
         total = weight = 0.0
@@ -332,9 +375,8 @@ class Trainer:
                 count = valid_label_count(batch)
                 if count == 0:
                     continue
-                loss = float(
-                    loss_from_output(call_model(self.model, move_batch(batch, self.device)), batch)
-                )
+                output = call_model(self.model, move_batch(batch, self.device))
+                loss = float(loss_from_output(output, batch))
                 share = float(count) if count is not None else 1.0
                 total, weight = total + loss * share, weight + share
         finally:
@@ -342,7 +384,7 @@ class Trainer:
         return total / weight if weight else None
 
     def _maybe_evaluate(self) -> float | None:
-        every = self.settings.eval_every
+        every = self.config.data.eval_every
         if self.eval_dataloader is None or every is None or self.step % every != 0:
             return None
         val_loss = self.evaluate()
@@ -366,7 +408,8 @@ class Trainer:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "rng": capture_rng_state(),
             "data": self._stream.state_dict(),
-            "config": _checkpoint_config(self.config),
+            # Secrets never reach a checkpoint; a trainer without a config saves none.
+            "config": self.config.to_dict(redact_secrets=True) if self._config_given else None,
             "coordinator": self.coordinator.state_dict() if self.coordinator is not None else None,
         }
 
@@ -410,7 +453,9 @@ class Trainer:
             self._stream.load_state_dict(state["data"])
         restore_rng_state(state.get("rng"))
         self.logger.info(
-            "resumed at step %d from %s", self.step, state.get("checkpoint_path", "a state dict")
+            "resumed at step %d from %s",
+            self.step,
+            state.get("checkpoint_path", "a state dict"),
         )
 
     def resume_latest(self) -> bool:
@@ -429,7 +474,8 @@ class Trainer:
         requested = max_steps if max_steps is not None else self.max_steps
         if requested is None:
             raise ValueError(
-                "no step target: pass max_steps to Trainer(...) or fit(...), or set run.max_steps"
+                "no step target: pass max_steps to Trainer(...) or fit(...), or give a config "
+                "(run.max_steps)"
             )
         if requested <= 0:
             raise ValueError(
@@ -440,18 +486,15 @@ class Trainer:
     def fit(self, max_steps: int | None = None) -> TrainResult:
         """Train until the absolute step target; return what was done."""
         target = self._target(max_steps)
-        started = time.perf_counter()
-        first_step, first_tokens, first_samples = self.step, self.tokens, self.samples
         if target == self.step:
             return TrainResult(self.step, self.samples, self.tokens, None, 0.0)
-        final_loss: float | None = None
-        val_loss: float | None = None
-        last_path: Path | None = None
-        stopped_by: str | None = None
-        consecutive_skips = 0
-        self.model.train()
+        started = time.perf_counter()
+        first = (self.step, self.samples, self.tokens)
+        progress = _FitProgress()
         bar = ProgressBar(
-            total=target, initial=self.step, enabled=progress_enabled(self.settings.progress)
+            total=target,
+            initial=self.step,
+            enabled=progress_enabled(self.config.logging.progress),
         )
         console_metrics = self.logger.console_metrics
         self.logger.console_metrics = console_metrics and not bar.active
@@ -459,94 +502,93 @@ class Trainer:
             self.coordinator.start()
         try:
             with StopSignal(enabled=True) as stop:
-                while self.step < target:
-                    step_started = time.perf_counter()
-                    loss, grad_norm, samples, tokens = self._train_step()
-                    if not self._finite(loss, grad_norm):
-                        consecutive_skips += 1
-                        self._handle_nonfinite(loss, grad_norm, consecutive_skips)
-                        continue
-                    consecutive_skips = 0
-                    if self.scheduler is not None:
-                        self.scheduler.step()
-                    self.step += 1
-                    self.samples += samples
-                    self.tokens += tokens
-                    if self.coordinator is not None:
-                        self._reset_inner_optimizer_if_needed(
-                            self.coordinator.after_optimizer_step(self.model, self.step)
-                        )
-                    final_loss = loss
-                    step_time = time.perf_counter() - step_started
-                    if self.logger.wants_step(self.step):
-                        self.logger.emit(
-                            "train_step",
-                            self._metrics.record(
-                                step=self.step,
-                                loss=loss,
-                                lr=self.optimizer.param_groups[0]["lr"],
-                                grad_norm=grad_norm,
-                                samples=samples,
-                                tokens=tokens,
-                                step_time=step_time,
-                            ),
-                        )
-                    bar.update(self.step, loss, tokens / step_time if step_time > 0 else 0.0)
-                    evaluated = self._maybe_evaluate()
-                    val_loss = evaluated if evaluated is not None else val_loss
-                    last_path = self._checkpoint() or last_path
-                    if stop.received:
-                        stopped_by = stop.received
-                        break
-            if stopped_by is not None:
-                saved_now = last_path is not None and last_path == self._path_for_current()
-                if self.settings.save_on_signal and not saved_now:
-                    last_path = self._checkpoint(force=True) or last_path
-                self.logger.warning("%s received: stopped at step %d", stopped_by, self.step)
-            elif (
-                self.settings.save_final
-                and self.step > first_step
-                and not (
-                    self.checkpoint_manager is not None
-                    and self.checkpoint_manager.should_save(self.step)
-                )
-            ):
-                last_path = self._checkpoint(force=True) or last_path
+                while self.step < target and progress.stopped_by is None:
+                    self._run_step(progress, bar)
+                    progress.stopped_by = stop.received
+            self._finish(progress, first_step=first[0])
         finally:
             bar.close()
             self.logger.console_metrics = console_metrics
             if self.coordinator is not None:
                 self.coordinator.stop()
-        elapsed = time.perf_counter() - started
-        tokens_run = self.tokens - first_tokens
+        return self._result(progress, first, time.perf_counter() - started)
+
+    def _run_step(self, progress: _FitProgress, bar: ProgressBar) -> None:
+        """One optimizer step and what follows it: metrics, evaluation, a due checkpoint."""
+        outcome = self._train_step()
+        if not outcome.applied:
+            progress.consecutive_skips += 1
+            self._handle_nonfinite(outcome, progress.consecutive_skips)
+            return
+        progress.consecutive_skips = 0
+        self._advance(outcome)
+        progress.final_loss = outcome.loss
+        self._log_step(outcome)
+        tokens_per_s = outcome.tokens / outcome.seconds if outcome.seconds > 0 else 0.0
+        bar.update(self.step, outcome.loss, tokens_per_s)
+        evaluated = self._maybe_evaluate()
+        progress.val_loss = evaluated if evaluated is not None else progress.val_loss
+        progress.checkpoint = self._checkpoint() or progress.checkpoint
+
+    def _log_step(self, outcome: StepOutcome) -> None:
+        if not self.logger.wants_step(self.step):
+            return
+        record = self._metrics.record(
+            step=self.step,
+            loss=outcome.loss,
+            lr=self.optimizer.param_groups[0]["lr"],
+            grad_norm=outcome.grad_norm,
+            samples=outcome.samples,
+            tokens=outcome.tokens,
+            step_time=outcome.seconds,
+        )
+        self.logger.emit("train_step", record)
+
+    def _finish(self, progress: _FitProgress, *, first_step: int) -> None:
+        """After the loop: the on-signal or final checkpoint, when due and not yet written."""
+        manager = self.checkpoint_manager
+        written_now = manager is not None and progress.checkpoint == manager.path_for(self.step)
+        if progress.stopped_by is not None:
+            if self.config.checkpoint.save_on_signal and not written_now:
+                progress.checkpoint = self._checkpoint(force=True) or progress.checkpoint
+            self.logger.warning("%s received: stopped at step %d", progress.stopped_by, self.step)
+        elif self.config.checkpoint.save_final and self.step > first_step and not written_now:
+            progress.checkpoint = self._checkpoint(force=True) or progress.checkpoint
+
+    def _result(
+        self, progress: _FitProgress, first: tuple[int, int, int], elapsed: float
+    ) -> TrainResult:
+        first_step, first_samples, first_tokens = first
+        per_s = 1.0 / elapsed if elapsed > 0 else 0.0
         metrics = {
-            "tokens_per_s": tokens_run / elapsed if elapsed > 0 else 0.0,
-            "samples_per_s": (self.samples - first_samples) / elapsed if elapsed > 0 else 0.0,
+            "tokens_per_s": (self.tokens - first_tokens) * per_s,
+            "samples_per_s": (self.samples - first_samples) * per_s,
         }
-        if val_loss is not None:
-            metrics["val_loss"] = val_loss
+        if progress.val_loss is not None:
+            metrics["val_loss"] = progress.val_loss
         self.logger.emit(
             "fit_end",
-            {"step": self.step, "final_loss": final_loss, "elapsed_s": elapsed, **metrics},
+            {
+                "step": self.step,
+                "final_loss": progress.final_loss,
+                "elapsed_s": elapsed,
+                **metrics,
+            },
         )
         return TrainResult(
             self.step,
             self.samples,
             self.tokens,
-            final_loss,
+            progress.final_loss,
             elapsed,
             metrics,
             steps_run=self.step - first_step,
             skipped_steps=self.skipped_steps,
-            stopped_by=stopped_by,
-            checkpoint=last_path,
+            stopped_by=progress.stopped_by,
+            checkpoint=progress.checkpoint,
         )
 
-    train = fit
-
-    def _path_for_current(self) -> Path | None:
-        manager = self.checkpoint_manager
-        return manager.path_for(self.step) if manager is not None else None
+    train = fit  # 2.0 name of fit
 
     def close(self) -> None:
         """Release the stage-stream scheduler's hooks; the trainer can still fit eagerly
@@ -557,14 +599,10 @@ class Trainer:
             self._stage_scheduler = None
 
 
-TrainingEngine = Trainer
-SpeedtronicTrainer = Trainer
-
 __all__ = [
     "NonFiniteLossError",
-    "SpeedtronicTrainer",
+    "StepOutcome",
     "SyncCoordinator",
     "TrainResult",
     "Trainer",
-    "TrainingEngine",
 ]

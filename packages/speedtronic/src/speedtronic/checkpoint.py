@@ -1,6 +1,22 @@
-"""2.0 import path `speedtronic.checkpoint`: the objects of `speedtronic_trainer.checkpoint` (the
-same objects, not copies).
+"""2.0 import path `speedtronic.checkpoint`: speedtronic_trainer's checkpoints and
+speedtronic_systems' atomic writes.
 """
 
-from speedtronic_trainer.checkpoint import *  # noqa: F403
-from speedtronic_trainer.checkpoint import __all__  # noqa: F401
+from __future__ import annotations
+
+from speedtronic_systems.atomic import atomic_json_dump, atomic_torch_save
+from speedtronic_trainer.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    capture_rng_state,
+    restore_rng_state,
+)
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointManager",
+    "atomic_json_dump",
+    "atomic_torch_save",
+    "capture_rng_state",
+    "restore_rng_state",
+]

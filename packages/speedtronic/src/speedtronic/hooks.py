@@ -1,6 +1,9 @@
-"""2.0 import path `speedtronic.hooks`: the objects of `speedtronic_trainer.hooks` (the same
-objects, not copies).
-"""
+"""2.0 import path `speedtronic.hooks`: speedtronic_trainer's hook helpers."""
 
-from speedtronic_trainer.hooks import *  # noqa: F403
-from speedtronic_trainer.hooks import __all__  # noqa: F401
+from __future__ import annotations
+
+from speedtronic_trainer.hooks import on_event
+
+__all__ = [
+    "on_event",
+]

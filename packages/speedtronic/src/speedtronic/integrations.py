@@ -1,6 +1,10 @@
-"""2.0 import path `speedtronic.integrations`: the objects of `speedtronic_trainer.integrations`
-(the same objects, not copies).
-"""
+"""2.0 import path `speedtronic.integrations`: speedtronic_trainer's TensorBoard and W&B hooks."""
 
-from speedtronic_trainer.integrations import *  # noqa: F403
-from speedtronic_trainer.integrations import __all__  # noqa: F401
+from __future__ import annotations
+
+from speedtronic_trainer.integrations import TensorboardHook, WandbHook
+
+__all__ = [
+    "TensorboardHook",
+    "WandbHook",
+]

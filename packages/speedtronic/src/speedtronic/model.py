@@ -1,6 +1,38 @@
-"""2.0 import path `speedtronic.model`: the objects of `speedtronic_model.model` (the same objects,
-not copies).
+"""2.0 import path `speedtronic.model`: the reference transformer of speedtronic_model and its
+2.0 aliases.
 """
 
-from speedtronic_model.model import *  # noqa: F403
-from speedtronic_model.model import __all__  # noqa: F401
+from __future__ import annotations
+
+from speedtronic_model.model import (
+    CausalSelfAttention,
+    GPTConfig,
+    ReferenceTransformer,
+    RMSNorm,
+    RotaryEmbedding,
+    SwiGLU,
+    TransformerBlock,
+    apply_rope,
+)
+
+GPT = ReferenceTransformer
+Transformer = ReferenceTransformer
+ReferenceModel = ReferenceTransformer
+GPTModel = ReferenceTransformer
+TransformerConfig = GPTConfig
+
+__all__ = [
+    "CausalSelfAttention",
+    "GPT",
+    "GPTConfig",
+    "GPTModel",
+    "RMSNorm",
+    "ReferenceModel",
+    "ReferenceTransformer",
+    "RotaryEmbedding",
+    "SwiGLU",
+    "Transformer",
+    "TransformerBlock",
+    "TransformerConfig",
+    "apply_rope",
+]

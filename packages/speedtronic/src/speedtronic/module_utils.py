@@ -1,6 +1,9 @@
-"""2.0 import path `speedtronic.module_utils`: the objects of `speedtronic_model.module_utils` (the
-same objects, not copies).
-"""
+"""2.0 import path `speedtronic.module_utils`: speedtronic_model's module helpers."""
 
-from speedtronic_model.module_utils import *  # noqa: F403
-from speedtronic_model.module_utils import __all__  # noqa: F401
+from __future__ import annotations
+
+from speedtronic_model.module_utils import set_gradient_checkpointing
+
+__all__ = [
+    "set_gradient_checkpointing",
+]

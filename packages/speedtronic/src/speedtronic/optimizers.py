@@ -1,6 +1,39 @@
-"""2.0 import path `speedtronic.optimizers`: the objects of `speedtronic_optim` (the same objects,
-not copies).
+"""2.0 import path `speedtronic.optimizers`: speedtronic_optim's optimizers and the 2.0
+builder name.
 """
 
-from speedtronic_optim import *  # noqa: F403
-from speedtronic_optim import __all__  # noqa: F401
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from speedtronic_optim import (
+    CautiousOptimizer,
+    HybridOptimizer,
+    Muon,
+    ParameterRouting,
+    build_optimizer,
+    newton_schulz,
+    post_polar_normalize,
+    route_parameters,
+)
+
+
+def build_v2_optimizer(model: nn.Module, config: Any, device: torch.device) -> Optimizer:
+    """Build AdamW, hybrid Muon/AdamW or a cautious variant from a config (or its optimizer)."""
+    return build_optimizer(model, getattr(config, "optimizer", config), device)
+
+
+__all__ = [
+    "CautiousOptimizer",
+    "HybridOptimizer",
+    "Muon",
+    "ParameterRouting",
+    "build_v2_optimizer",
+    "newton_schulz",
+    "post_polar_normalize",
+    "route_parameters",
+]

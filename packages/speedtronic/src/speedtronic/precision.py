@@ -1,6 +1,23 @@
-"""2.0 import path `speedtronic.precision`: the objects of `speedtronic_systems.precision` (the same
-objects, not copies).
-"""
+"""2.0 import path `speedtronic.precision`: speedtronic_systems' device and precision resolution."""
 
-from speedtronic_systems.precision import *  # noqa: F403
-from speedtronic_systems.precision import __all__  # noqa: F401
+from __future__ import annotations
+
+from speedtronic_systems.precision import (
+    PrecisionPlan,
+    autocast_context,
+    make_grad_scaler,
+    parameter_count,
+    resolve_device,
+    resolve_precision,
+    supports_fused_adamw,
+)
+
+__all__ = [
+    "PrecisionPlan",
+    "autocast_context",
+    "make_grad_scaler",
+    "parameter_count",
+    "resolve_device",
+    "resolve_precision",
+    "supports_fused_adamw",
+]

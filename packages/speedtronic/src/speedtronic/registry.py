@@ -1,6 +1,19 @@
-"""2.0 import path `speedtronic.registry`: the objects of `speedtronic_model.registry` (the same
-objects, not copies).
-"""
+"""2.0 import path `speedtronic.registry`: speedtronic_model's model registry."""
 
-from speedtronic_model.registry import *  # noqa: F403
-from speedtronic_model.registry import __all__  # noqa: F401
+from __future__ import annotations
+
+from speedtronic_model.registry import (
+    ModelFactory,
+    ModelRegistry,
+    build_model,
+    register_model,
+    registry,
+)
+
+__all__ = [
+    "ModelFactory",
+    "ModelRegistry",
+    "build_model",
+    "register_model",
+    "registry",
+]

@@ -1,19 +1,22 @@
-"""The composition root: turn one config into a runnable Trainer, in spec/02's 13 steps."""
+"""The composition root: one config to a runnable Trainer, in 13 steps (docs/architecture.md)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
+# 2.0 exposed the same builder here and in speedtronic.optimizers.
+from speedtronic.optimizers import build_v2_optimizer as build_optimizer
 from speedtronic_config import ConfigError, SpeedtronicConfig
 from speedtronic_data import build_dataloader, build_eval_dataloader
 from speedtronic_model import build_model
 from speedtronic_optim import build_lr_scheduler
-from speedtronic_optim import build_optimizer as _build_optimizer
-from speedtronic_systems import resolve_device, resolve_precision, validate_startup_shapes
+from speedtronic_systems import resolve_device
 from speedtronic_trainer import CheckpointManager, MetricLogger, Trainer, TrainResult
 
 
@@ -22,13 +25,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds all CUDA devices
-
-
-def build_optimizer(model: torch.nn.Module, config: Any, device: Any) -> torch.optim.Optimizer:
-    """Build the configured AdamW, hybrid Muon, or cautious optimizer (config or its optimizer
-    section).
-    """
-    return _build_optimizer(model, getattr(config, "optimizer", config), device)
 
 
 def build_scheduler(
@@ -64,6 +60,20 @@ def _checkpoint_manager(config: SpeedtronicConfig) -> CheckpointManager:
     return CheckpointManager.from_config(config.checkpoint, output_dir=config.run.output_dir)
 
 
+def _with_overrides(
+    config: SpeedtronicConfig | Mapping[str, Any], device: str | torch.device | None
+) -> SpeedtronicConfig:
+    """Return the validated config with a `device` argument applied to run.device."""
+    if isinstance(config, SpeedtronicConfig):
+        config.validate()  # a config object may have been edited since it was built
+    else:
+        config = SpeedtronicConfig.from_dict(config)
+    if device is None:
+        return config
+    # A new run section (validated on construction); the caller's config is left untouched.
+    return dataclasses.replace(config, run=dataclasses.replace(config.run, device=str(device)))
+
+
 def build_runtime(
     config: SpeedtronicConfig | dict[str, Any],
     *,
@@ -71,40 +81,35 @@ def build_runtime(
     device: str | torch.device | None = None,
     max_steps: int | None = None,
 ) -> tuple[Trainer, CheckpointManager]:
-    """Build the Trainer and its CheckpointManager from one configuration object."""
-    values = dict(config) if isinstance(config, dict) else config.to_dict()
-    if max_steps is not None:  # as an override, so the default schedule horizon follows it
-        values["run"] = {**values.get("run", {}), "max_steps": max_steps}
-    if device is not None:
-        values["run"] = {**values.get("run", {}), "device": str(device)}
-    config = SpeedtronicConfig.from_dict(values)  # 1
+    """Build the Trainer and its CheckpointManager from one configuration object.
+
+    An explicit `max_steps` is the step target, over data.max_steps and run.max_steps; it does not
+    move the schedule horizon (the CLI's --max-steps does, as a config override).
+    """
+    config = _with_overrides(config, device)  # 1
     seed_everything(config.run.seed)  # 2
     resolved = resolve_device(config.run.device)  # 3
     model = build_model(config.model)  # 4
-    pin = resolved.type == "cuda"
-    dataloader = build_dataloader(config.data, pin_memory_device=pin)  # 5
-    eval_dataloader = build_eval_dataloader(config.data, pin_memory_device=pin)
+    dataloader = build_dataloader(config.data, device=resolved)  # 5
+    eval_dataloader = build_eval_dataloader(config.data, device=resolved)
     optimizer = build_optimizer(model.to(resolved), config, resolved)  # 6
     scheduler = build_scheduler(optimizer, config)  # 7
     manager = _checkpoint_manager(config)  # 8
     logger = build_logger(config)  # 9
     coordinator = build_coordinator(config, model, logger)  # 10
-    target = config.step_target  # 11
-    precision = resolve_precision(config.precision, resolved)
-    shape_report = validate_startup_shapes(config, model, resolved, precision, logger=logger)
+    target = max_steps if max_steps is not None else config.step_target  # 11
+    # 12: the trainer resolves the precision plan and the startup shape report, once.
     trainer = Trainer(
         model,
         optimizer,
         dataloader,
         device=resolved,
         config=config,
-        scheduler=scheduler,  # 12
-        precision=precision,
+        scheduler=scheduler,
         logger=logger,
         checkpoint_manager=manager,
         coordinator=coordinator,
         max_steps=target,
-        shape_report=shape_report,
         eval_dataloader=eval_dataloader,
     )
     if resume or config.checkpoint.resume:  # 13 (warns and starts fresh when there is none)

@@ -1,6 +1,10 @@
-"""2.0 import path `speedtronic.scheduling`: the objects of `speedtronic_systems.scheduling` (the
-same objects, not copies).
-"""
+"""2.0 import path `speedtronic.scheduling`: speedtronic_systems' CUDA stage streams."""
 
-from speedtronic_systems.scheduling import *  # noqa: F403
-from speedtronic_systems.scheduling import __all__  # noqa: F401
+from __future__ import annotations
+
+from speedtronic_systems.scheduling import StageInfo, StageStreamScheduler
+
+__all__ = [
+    "StageInfo",
+    "StageStreamScheduler",
+]

@@ -1,6 +1,19 @@
-"""2.0 import path `speedtronic.shapes`: the objects of `speedtronic_systems.shapes` (the same
-objects, not copies).
-"""
+"""2.0 import path `speedtronic.shapes`: speedtronic_systems' startup shape checks."""
 
-from speedtronic_systems.shapes import *  # noqa: F403
-from speedtronic_systems.shapes import __all__  # noqa: F401
+from __future__ import annotations
+
+from speedtronic_systems.shapes import (
+    ShapeProfile,
+    ShapeReport,
+    ShapeWarning,
+    resolve_shape_profile,
+    validate_startup_shapes,
+)
+
+__all__ = [
+    "ShapeProfile",
+    "ShapeReport",
+    "ShapeWarning",
+    "resolve_shape_profile",
+    "validate_startup_shapes",
+]

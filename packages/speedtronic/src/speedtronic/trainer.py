@@ -1,6 +1,16 @@
-"""2.0 import path `speedtronic.trainer`: the objects of `speedtronic_trainer.trainer` (the same
-objects, not copies).
-"""
+"""2.0 import path `speedtronic.trainer`: speedtronic_trainer's loop and its 2.0 aliases."""
 
-from speedtronic_trainer.trainer import *  # noqa: F403
-from speedtronic_trainer.trainer import __all__  # noqa: F401
+from __future__ import annotations
+
+from speedtronic_trainer.trainer import SyncCoordinator, Trainer, TrainResult
+
+TrainingEngine = Trainer
+SpeedtronicTrainer = Trainer
+
+__all__ = [
+    "SpeedtronicTrainer",
+    "SyncCoordinator",
+    "TrainResult",
+    "Trainer",
+    "TrainingEngine",
+]

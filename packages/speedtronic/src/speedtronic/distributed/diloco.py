@@ -1,6 +1,24 @@
-"""2.0 import path `speedtronic.distributed.diloco`: the objects of `speedtronic_diloco.diloco` (the
-same objects, not copies).
+"""2.0 import path `speedtronic.distributed.diloco`: speedtronic_diloco's coordinator and its
+2.0 alias.
 """
 
-from speedtronic_diloco.diloco import *  # noqa: F403
-from speedtronic_diloco.diloco import __all__  # noqa: F401
+from __future__ import annotations
+
+from speedtronic_diloco.diloco import (
+    LOGGER,
+    DeltaUploadJob,
+    DumbDiLoCoCoordinator,
+    GlobalCandidate,
+    SyncResult,
+)
+
+DumbDiLoCo = DumbDiLoCoCoordinator
+
+__all__ = [
+    "DeltaUploadJob",
+    "DumbDiLoCo",
+    "DumbDiLoCoCoordinator",
+    "GlobalCandidate",
+    "LOGGER",
+    "SyncResult",
+]

@@ -1,6 +1,17 @@
-"""2.0 import path `speedtronic.distributed.hub`: the objects of `speedtronic_diloco.hub` (the same
-objects, not copies).
+"""2.0 import path `speedtronic.distributed.hub`: speedtronic_diloco's Hub client and its 2.0
+alias.
 """
 
-from speedtronic_diloco.hub import *  # noqa: F403
-from speedtronic_diloco.hub import __all__  # noqa: F401
+from __future__ import annotations
+
+from speedtronic_diloco.hub import GlobalMetadata, HubClient, HubError, HubUnavailable
+
+HubTransport = HubClient
+
+__all__ = [
+    "GlobalMetadata",
+    "HubClient",
+    "HubError",
+    "HubTransport",
+    "HubUnavailable",
+]

@@ -1,6 +1,12 @@
-"""2.0 import path `speedtronic.distributed.outer`: the objects of `speedtronic_diloco.outer` (the
-same objects, not copies).
-"""
+"""2.0 import path `speedtronic.distributed.outer`: speedtronic_diloco's outer loop."""
 
-from speedtronic_diloco.outer import *  # noqa: F403
-from speedtronic_diloco.outer import __all__  # noqa: F401
+from __future__ import annotations
+
+from speedtronic_diloco.outer import LOGGER, MasterOuterLoop, NesterovOuterOptimizer, OuterState
+
+__all__ = [
+    "LOGGER",
+    "MasterOuterLoop",
+    "NesterovOuterOptimizer",
+    "OuterState",
+]

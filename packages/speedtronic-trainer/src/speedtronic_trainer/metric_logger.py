@@ -1,4 +1,4 @@
-"""Lightweight text/JSONL metrics and pluggable training hooks."""
+"""MetricLogger: level-filtered text lines, JSONL records and hook delivery for training events."""
 
 from __future__ import annotations
 
@@ -7,16 +7,14 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
-import torch
+from speedtronic_config import LoggingConfig, resolve_section
+from speedtronic_trainer.hooks import deliver, hook_name
 
-Metric = dict[str, Any]
-Hook = Callable[[str, Metric], None]
-
+_DEFAULTS = LoggingConfig()
 _LEVELS = {
     "DEBUG": logging.DEBUG,
     "INFO": logging.INFO,
@@ -25,41 +23,16 @@ _LEVELS = {
 }
 
 
-class TrainingHook(Protocol):
-    def on_event(self, event: str, payload: dict[str, Any]) -> None: ...
-
-
-def memory_usage_bytes() -> int | None:
-    """Return allocated accelerator memory when the backend exposes it."""
-    if torch.cuda.is_available():
-        return int(torch.cuda.memory_allocated())
-    mps = getattr(torch, "mps", None)
-    if mps is not None and torch.backends.mps.is_available():
-        return int(mps.current_allocated_memory())
-    return None
-
-
-def _deliver(hook: Any, event: str, payload: Metric) -> None:
-    if hasattr(hook, "on_event"):
-        hook.on_event(event, payload)
-    else:
-        hook(event, payload)
-
-
-def _hook_name(hook: Any) -> str:
-    return getattr(hook, "__qualname__", None) or type(hook).__name__
-
-
 @dataclass
 class MetricLogger:
     """Write level-filtered text lines, JSONL records and hook events; hook failures never stop
     training.
     """
 
-    level: str = "INFO"
-    file: str | None = None
-    json_file: str | None = None
-    every_steps: int = 1
+    level: str = _DEFAULTS.level
+    file: str | None = _DEFAULTS.file
+    json_file: str | None = _DEFAULTS.json_file
+    every_steps: int = _DEFAULTS.every_steps
     stream: TextIO | None = None
     hooks: list[Any] = field(default_factory=list)
     console_metrics: bool = (
@@ -67,10 +40,8 @@ class MetricLogger:
     )
 
     def __post_init__(self) -> None:
-        if self.every_steps <= 0:
-            raise ValueError(
-                f"logging every_steps must be a positive integer, got {self.every_steps!r}"
-            )
+        # LoggingConfig owns the rules for these values (a ConfigError names logging.<field>).
+        LoggingConfig(level=self.level, every_steps=self.every_steps)
         self._level = _LEVELS.get(str(self.level).upper(), logging.INFO)
         self.stream = sys.stdout if self.stream is None else self.stream
         self._lock = threading.Lock()
@@ -85,12 +56,11 @@ class MetricLogger:
         """Build a logger from a LoggingConfig-like section, including its `hooks` names
         (tensorboard, wandb).
         """
-        from speedtronic_trainer.integrations import (
-            hooks_from_names,
-        )  # integrations are optional; stay lazy
+        # Integrations import optional packages: only when a section names them.
+        from speedtronic_trainer.integrations import hooks_from_names
 
-        names = list(getattr(section, "hooks", None) or [])
-        built = list(hooks or []) + hooks_from_names(names, log_dir=hook_dir)
+        section = resolve_section(section, "logging")
+        built = list(hooks or []) + hooks_from_names(section.hooks, log_dir=hook_dir)
         return cls(
             level=section.level,
             file=section.file,
@@ -111,12 +81,12 @@ class MetricLogger:
         """Return True when a train_step record for `step` is due under every_steps."""
         return step % self.every_steps == 0
 
-    def emit(self, event: str, payload: Metric) -> None:
+    def emit(self, event: str, payload: dict[str, Any]) -> None:
         """Record one event as a text line, a JSONL record and a hook call."""
         with self._lock:
             self._emit_locked(event, payload)
 
-    def _emit_locked(self, event: str, payload: Metric) -> None:
+    def _emit_locked(self, event: str, payload: dict[str, Any]) -> None:
         line = f"{event} {_format_metrics(payload)}"
         self._write_text(logging.INFO, line, console=self.console_metrics or event != "train_step")
         if self._json is not None:
@@ -128,12 +98,12 @@ class MetricLogger:
             if id(hook) in self._failed_hooks:
                 continue
             try:
-                _deliver(hook, event, payload)
+                deliver(hook, event, payload)
             except Exception as exc:  # a metrics sink must never end a training run
                 self._failed_hooks.add(id(hook))
                 self._write_text(
                     logging.WARNING,
-                    f"hook {_hook_name(hook)} failed on {event!r} and is disabled: "
+                    f"hook {hook_name(hook)} failed on {event!r} and is disabled: "
                     f"{type(exc).__name__}: {exc}",
                     console=True,
                 )
@@ -184,11 +154,11 @@ class MetricLogger:
                         close()
                     except Exception as exc:  # closing a sink is best-effort too
                         self._write_text(
-                            logging.WARNING, f"hook {_hook_name(hook)} failed to close: {exc}"
+                            logging.WARNING, f"hook {hook_name(hook)} failed to close: {exc}"
                         )
 
 
-def _format_metrics(metrics: Metric) -> str:
+def _format_metrics(metrics: dict[str, Any]) -> str:
     parts = []
     for key, value in metrics.items():
         if isinstance(value, float):
@@ -198,23 +168,14 @@ def _format_metrics(metrics: Metric) -> str:
     return " ".join(parts)
 
 
-class CallbackList:
-    """Fan-out adapter for optional W&B/TensorBoard-style callbacks."""
-
-    def __init__(self, callbacks: list[Any] | None = None) -> None:
-        self.callbacks = list(callbacks or [])
-
-    def on_event(self, event: str, payload: dict[str, Any]) -> None:
-        """Deliver the event to every callback in order."""
-        for callback in self.callbacks:
-            _deliver(callback, event, payload)
-
-    def close(self) -> None:
-        """Close every callback that can be closed."""
-        for callback in self.callbacks:
-            close = getattr(callback, "close", None)
-            if callable(close):
-                close()
+def _format_metrics(metrics: dict[str, Any]) -> str:
+    parts = []
+    for key, value in metrics.items():
+        if isinstance(value, float):
+            parts.append(f"{key}={value:.6g}")
+        else:
+            parts.append(f"{key}={value}")
+    return " ".join(parts)
 
 
-__all__ = ["CallbackList", "Hook", "Metric", "MetricLogger", "TrainingHook", "memory_usage_bytes"]
+__all__ = ["MetricLogger"]

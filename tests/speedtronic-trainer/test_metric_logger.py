@@ -8,7 +8,7 @@ import pytest
 import torch
 from trainer_testkit import RecordingHook
 
-from speedtronic_trainer import CallbackList, MetricLogger, memory_usage_bytes
+from speedtronic_trainer import MetricLogger
 
 
 def test_text_and_jsonl_outputs(tmp_path):
@@ -74,7 +74,7 @@ def test_failing_hook_is_logged_once_and_skipped():
 def test_failing_hook_never_stops_training():
     from trainer_testkit import TinyLM, make_loader
 
-    from speedtronic_trainer import Trainer, TrainerSettings
+    from speedtronic_trainer import Trainer
 
     def bad(event, payload):
         raise ValueError("boom")
@@ -87,7 +87,6 @@ def test_failing_hook_never_stops_training():
         make_loader(),
         device="cpu",
         logger=logger,
-        settings=TrainerSettings(),
     )
     assert trainer.fit(3).steps == 3
 
@@ -122,18 +121,3 @@ def test_from_config_reads_the_section(tmp_path):
                 level="INFO", file=None, json_file=None, every_steps=1, hooks=["mlflow"]
             )
         )
-
-
-def test_callback_list_fans_out():
-    a, b = RecordingHook(), RecordingHook()
-    plain = []
-    callbacks = CallbackList([a, b, lambda e, p: plain.append(e)])
-    callbacks.on_event("eval", {"val_loss": 1.0})
-    assert a.events == b.events == [("eval", {"val_loss": 1.0})] and plain == ["eval"]
-
-
-def test_memory_usage_is_none_without_an_accelerator():
-    if torch.cuda.is_available():
-        assert memory_usage_bytes() >= 0
-    else:
-        assert memory_usage_bytes() is None

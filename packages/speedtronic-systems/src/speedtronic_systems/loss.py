@@ -1,0 +1,25 @@
+"""The causal language-model loss and its ignored-label convention, shared by models and trainer."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Label value that takes no part in the loss (padding, prompts): PyTorch's and Hugging Face's.
+IGNORE_INDEX = -100
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Return the mean cross-entropy of (..., V) logits over labels != IGNORE_INDEX.
+
+    Labels are already shifted (one next-token label per position). With every label ignored the
+    loss is 0, not NaN. Computed in float32: half-precision cross entropy loses accuracy for large
+    vocabularies.
+    """
+    total = F.cross_entropy(
+        logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    return total / (labels != IGNORE_INDEX).sum().clamp_min(1)
+
+
+__all__ = ["IGNORE_INDEX", "causal_lm_loss"]

@@ -18,7 +18,7 @@ from speedtronic_config import (
     ShapeValidationConfig,
 )
 
-# The defaults of spec/03 plus the 2.1 additions (CHANGELOG).
+# The 2.0 defaults plus the 2.1 additions (CHANGELOG).
 DEFAULTS = {
     RunConfig: dict(
         name="speedtronic-run",

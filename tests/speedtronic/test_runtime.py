@@ -1,4 +1,4 @@
-"""build_runtime follows spec/02's construction order, and train_from_config trains."""
+"""build_runtime follows the documented construction order, and train_from_config trains."""
 
 from __future__ import annotations
 

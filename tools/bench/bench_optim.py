@@ -1,7 +1,7 @@
 """Muon benchmark: speedtronic_optim.Muon against torch.optim.Muon, and newton_schulz against SVD.
 
 Case 1 steps every hidden matrix of a GPT-style transformer at d_model 768 (per layer: four
-768x768, two 2048x768, one 768x2048, as in /work/shared/notes/cpu-performance-facts.md) with
+768x768, two 2048x768, one 768x2048, as in a GPT-2-small block) with
 torch.optim.Muon, with our Muon on the standard iteration (same algorithm: measures overhead), and
 with our Muon on its default `auto` method (Gram Newton-Schulz for matrices with aspect >= 1.5);
 ours orthogonalizes same-shaped matrices together in one batched Newton-Schulz.

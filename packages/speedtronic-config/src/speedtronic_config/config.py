@@ -59,8 +59,8 @@ class SpeedtronicConfig:
         self._normalize()
 
     def _normalize(self) -> None:
-        """Apply the cross-section rules of spec/03 (in its order), fixing 2.0's unreachable horizon
-        branch.
+        """Apply the cross-section rules (docs/configuration.md, in its order), fixing 2.0's
+        unreachable horizon branch.
         """
         for name in ("gradient_checkpointing", "compile", "ooo_backprop"):
             setattr(self, name, coerce(getattr(self, name), "bool", name))

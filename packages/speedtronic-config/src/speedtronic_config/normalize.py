@@ -123,7 +123,7 @@ def canonical(values: Mapping[str, Any] | None) -> dict[str, Any]:
         name: special.get(name, lambda v, n=name: _section(v, n))(values) for name in SECTIONS
     }
     for alias in RUN_ALIASES:
-        if alias in values:  # the top-level alias wins over the nested run field (spec/03)
+        if alias in values:  # the top-level alias wins over the nested run field (2.0 rule)
             result["run"][alias] = values[alias]
     result["gradient_checkpointing"] = coerce(
         values.get("gradient_checkpointing", False), "bool", "gradient_checkpointing"

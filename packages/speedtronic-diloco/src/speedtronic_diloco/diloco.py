@@ -142,7 +142,7 @@ class DumbDiLoCoCoordinator:
             return
         try:
             sink(event, {"node_id": self.identity.node_id, **payload})
-        except Exception:  # metric hooks never break training (spec/02 failure table)
+        except Exception:  # metric hooks never break training (docs/architecture.md)
             self.logger.warning("metric hook failed for %s", event, exc_info=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -157,7 +157,8 @@ class DumbDiLoCoCoordinator:
             self._start_master()
         if self._last_global_step < 0:
             self._wait_for_first_global()
-        else:  # resumed: a restart begins from the latest global version it can read (spec/01)
+        # resumed: a restart begins from the latest global version it can read (docs/diloco.md)
+        else:
             self.install_latest_global()
         if self._baseline is None:
             self._baseline = cpu_state_dict(self.model.state_dict())

@@ -16,7 +16,8 @@ def set_gradient_checkpointing(module: Any, enabled: bool = True) -> Any:
     Speedtronic does not inspect transformer internals: a module opts in by exposing
     `set_gradient_checkpointing(enabled)`, or the Hugging Face pair
     `gradient_checkpointing_enable()` / `gradient_checkpointing_disable()`. A missing or failing
-    hook warns (GradientCheckpointingWarning) instead of stopping the run (spec/02 fallbacks).
+    hook warns (GradientCheckpointingWarning) instead of stopping the run (docs/architecture.md,
+    failure policies).
     """
     hook = _hook(module, enabled)
     if hook is None:

@@ -30,6 +30,6 @@ def make_adamw(
         try:
             return torch.optim.AdamW(params, fused=True, **kwargs)
         except (RuntimeError, ValueError, TypeError):
-            # Fused kernels are missing for some devices/dtypes; the spec makes fused best-effort.
+            # Fused kernels are missing for some devices/dtypes; fused is best-effort by design.
             pass
     return torch.optim.AdamW(params, **kwargs)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from speedtronic_config import PrecisionConfig, resolve_section
 
 logger = logging.getLogger(__name__)
 
@@ -150,25 +151,11 @@ def available_devices() -> list[str]:
 
 
 def _read_section(section: Any) -> tuple[str, str | None]:
-    """Return (mode, dtype) from a precision section, its string shorthand, or None (auto)."""
-    if section is None:
-        return "auto", None
+    """Return (mode, dtype) of a precision section, its string shorthand, or None (auto)."""
     if isinstance(section, str):
-        mode, dtype = section, None
-    elif isinstance(section, Mapping):
-        mode, dtype = section.get("mode", "auto"), section.get("dtype")
-    else:
-        mode, dtype = getattr(section, "mode", "auto"), getattr(section, "dtype", None)
-    mode = "auto" if mode is None else str(mode).strip().lower()
-    if mode not in MODES:
-        raise PrecisionError(f"precision.mode must be one of {', '.join(MODES)}; got {mode!r}")
-    if dtype is not None:
-        dtype = str(dtype).strip().lower()
-        if dtype not in DTYPES:
-            raise PrecisionError(
-                f"precision.dtype must be one of {', '.join(DTYPES)} or null; got {dtype!r}"
-            )
-    return mode, dtype
+        section = PrecisionConfig(mode=section)
+    section = resolve_section(section, "precision")
+    return section.mode, section.dtype
 
 
 def _plan(mode: str, device_type: str) -> PrecisionPlan:

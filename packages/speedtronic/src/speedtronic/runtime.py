@@ -10,7 +10,7 @@ import torch
 
 from speedtronic_config import ConfigError, SpeedtronicConfig
 from speedtronic_data import build_dataloader, build_eval_dataloader
-from speedtronic_model import build_model
+from speedtronic_model import apply_init_from, build_model
 from speedtronic_optim import build_lr_scheduler
 from speedtronic_optim import build_optimizer as _build_optimizer
 from speedtronic_systems import resolve_device, resolve_precision, validate_startup_shapes
@@ -80,7 +80,7 @@ def build_runtime(
     config = SpeedtronicConfig.from_dict(values)  # 1
     seed_everything(config.run.seed)  # 2
     resolved = resolve_device(config.run.device)  # 3
-    model = build_model(config.model)  # 4
+    model = apply_init_from(build_model(config.model), config.model.init_from)  # 4
     pin = resolved.type == "cuda"
     dataloader = build_dataloader(config.data, pin_memory_device=pin)  # 5
     eval_dataloader = build_eval_dataloader(config.data, pin_memory_device=pin)

@@ -88,8 +88,12 @@ def sample_text(
             f"{path}: model {config.model.name!r} has no generate(); sample needs the reference "
             "model"
         )
+    from speedtronic_data.tokenizer import check_ids
+
     codec = run_tokenizer(config, tokenizer, strict=False)
-    ids = torch.tensor([codec.encode(prompt or "\n")], dtype=torch.long)
+    prompt_ids = codec.encode(prompt or "\n")
+    check_ids(prompt_ids, config.model.vocab_size, "--prompt")  # e.g. a byte past a cut vocabulary
+    ids = torch.tensor([prompt_ids], dtype=torch.long)
     torch.manual_seed(seed)
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from interop_testkit import noisy_checkpoint, run_config
 
-from speedtronic.artifacts import export_hf, load_checkpoint_model, run_tokenizer, sample_text
+from speedtronic.artifacts import export_hf, load_checkpoint_model, resolve_tokenizer, sample_text
 from speedtronic.errors import UsageError
 from speedtronic_config import ConfigError
 
@@ -111,11 +111,11 @@ def test_the_tokenizer_must_be_known(tmp_path, checkpoint, byte_shards, bpe_json
     _, config = load_checkpoint_model(checkpoint)
     config.data.shard_path = str(tmp_path / "moved" / "train_*.bin")
     with pytest.raises(UsageError, match="cannot tell which tokenizer.*--tokenizer bytes"):
-        run_tokenizer(config)
-    assert type(run_tokenizer(config, strict=False)).__name__ == "CharTokenizer"
-    assert run_tokenizer(config, bpe_json).vocab_size > 256
+        resolve_tokenizer(config)
+    assert type(resolve_tokenizer(config, strict=False)).__name__ == "CharTokenizer"
+    assert resolve_tokenizer(config, bpe_json).vocab_size > 256
     with pytest.raises(UsageError, match="no such file"):
-        run_tokenizer(config, tmp_path / "missing.json")
+        resolve_tokenizer(config, tmp_path / "missing.json")
     from tokenizers import Tokenizer, models
 
     big = tmp_path / "big.json"

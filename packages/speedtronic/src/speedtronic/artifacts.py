@@ -41,13 +41,18 @@ def load_checkpoint_model(path: Path) -> tuple[Any, Any]:
     return _model_from_state(read_checkpoint(path))
 
 
-def run_tokenizer(config: Any, choice: str | Path | None = None, *, strict: bool = True) -> Any:
+def resolve_tokenizer(config: Any, choice: str | Path | None = None, *, strict: bool = True) -> Any:
     """Return the tokenizer a run used: `choice` (bytes or a tokenizer.json path) when given, else
     the one recorded beside its shards. Shards that cannot be found are a UsageError when strict,
     else the byte tokenizer with a note on stderr.
     """
-    from speedtronic_data import CharTokenizer, DataError, JsonTokenizer, load_tokenizer
-    from speedtronic_data import run_tokenizer as recorded
+    from speedtronic_data import (
+        CharTokenizer,
+        DataError,
+        JsonTokenizer,
+        load_tokenizer,
+        run_tokenizer,
+    )
 
     if choice is not None and str(choice) == "bytes":
         return CharTokenizer()
@@ -56,7 +61,7 @@ def run_tokenizer(config: Any, choice: str | Path | None = None, *, strict: bool
             raise UsageError(f"--tokenizer {choice}: no such file; pass bytes or a tokenizer.json")
         return JsonTokenizer.from_file(choice)
     try:
-        return load_tokenizer(recorded(config.data))
+        return load_tokenizer(run_tokenizer(config.data))
     except DataError as error:
         hint = "pass --tokenizer bytes or --tokenizer PATH/tokenizer.json"
         if strict:
@@ -90,7 +95,7 @@ def sample_text(
         )
     from speedtronic_data.tokenizer import check_ids
 
-    codec = run_tokenizer(config, tokenizer, strict=False)
+    codec = resolve_tokenizer(config, tokenizer, strict=False)
     prompt_ids = codec.encode(prompt or "\n")
     check_ids(prompt_ids, config.model.vocab_size, "--prompt")  # e.g. a byte past a cut vocabulary
     ids = torch.tensor([prompt_ids], dtype=torch.long)
@@ -146,7 +151,7 @@ def export_hf(
     state = read_checkpoint(path)
     model, config = _model_from_state(state)
     llama_config(model)  # a model that does not map fails here, before anything is written
-    codec = run_tokenizer(config, tokenizer)
+    codec = resolve_tokenizer(config, tokenizer)
     record = record_for(codec)
     if record.kind != "bytes" and record.vocab_size > config.model.vocab_size:
         raise UsageError(

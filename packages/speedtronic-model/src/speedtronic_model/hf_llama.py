@@ -58,11 +58,12 @@ def llama_names(model: ReferenceTransformer) -> list[tuple[str, str]]:
 def _require_reference(model: Any, what: str) -> ReferenceTransformer:
     if isinstance(model, ReferenceTransformer):
         return model
-    params = [name for name, _ in getattr(model, "named_parameters", lambda: [])()][:4]
+    params = [name for name, _ in getattr(model, "named_parameters", lambda: [])()]
+    shown = ", ".join(params[:4]) + (", ..." if len(params) > 4 else "")
     raise ConfigError(
         "model.name",
         f"{type(model).__name__} does not map onto transformers' {ARCHITECTURE} "
-        f"(parameters {', '.join(params) or 'unknown'}...): only the reference transformer does",
+        f"(its parameters: {shown or 'none'}); only the reference transformer does",
         allowed=f"{what} needs model.name: reference_transformer",
     )
 

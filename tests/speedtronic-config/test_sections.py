@@ -42,6 +42,7 @@ DEFAULTS = {
         tie_weights=True,
         rope_base=10000.0,
         gradient_checkpointing=False,
+        init_from=None,
     ),
     DataConfig: dict(
         shard_path=None,
@@ -168,6 +169,9 @@ REJECTED = [
     (ModelConfig, {"dropout": -0.1}, "model.dropout"),
     (ModelConfig, {"rope_base": 1.0}, "model.rope_base"),
     (ModelConfig, {"tie_weights": "maybe"}, "model.tie_weights"),
+    (ModelConfig, {"init_from": "exports/my-model"}, "model.init_from"),
+    (ModelConfig, {"init_from": "hf: "}, "model.init_from"),
+    (ModelConfig, {"init_from": 3}, "model.init_from"),
     (DataConfig, {"num_tokens": 0}, "data.num_tokens"),
     (DataConfig, {"vocab_size": 0}, "data.vocab_size"),
     (DataConfig, {"block_size": 0}, "data.block_size"),
@@ -258,6 +262,7 @@ def test_every_rule_rejects_with_the_dotted_path(cls, values, path):
 ACCEPTED = [
     (RunConfig, {"max_steps": 1, "log_every": 1, "seed": 0, "nonfinite_loss": "skip"}),
     (ModelConfig, {"n_head": 4, "n_kv_head": 1, "d_model": 64, "d_ff": 1, "dropout": 0.99}),
+    (ModelConfig, {"init_from": "hf:exports/my-model"}),
     (
         DataConfig,
         {

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -91,3 +93,51 @@ def test_stdlib_corpus_is_deterministic_python_source_of_the_requested_size():
     assert stdlib_corpus(50_000) == text.encode("utf-8")[:50_000].decode("utf-8", errors="ignore")
     assert "def " in text and "import " in text
     assert np.frombuffer(text.encode("utf-8"), dtype=np.uint8).max() < 256
+
+
+def test_record_sources_split_by_documents(tmp_path):
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(20)))
+    seen = []
+    result = prepare_shards(
+        [docs],
+        tmp_path / "out",
+        val_fraction=0.1,
+        progress=None,
+        on_progress=lambda done, total, tokens: seen.append((done, total, tokens)),
+    )
+    val, train = bytes(_tokens(result.val_paths)), bytes(_tokens(result.train_paths))
+    assert val == b"doc 0\ndoc 1\n"  # the first 10% of the rows, each ending with a line break
+    assert train == b"".join(f"doc {i}\n".encode() for i in range(2, 20))
+    assert seen[-1][0] == seen[-1][2] == len(val) + len(train)  # bytes done = byte tokens
+    assert result.seconds > 0 and result.tokens_per_s > 0
+
+
+def test_a_tokenizer_json_prepares_and_is_recorded(tmp_path, bpe_json):
+    from speedtronic_data import JsonTokenizer
+
+    tokenizer = JsonTokenizer.from_file(bpe_json)
+    (tmp_path / "a.txt").write_text("def add(a, b):\n    return a + b\n" * 50)
+    result = prepare_shards([tmp_path / "a.txt"], tmp_path / "out", tokenizer, progress=None)
+    ids = _tokens(result.val_paths) + _tokens(result.train_paths)
+    assert tokenizer.decode(ids) == (tmp_path / "a.txt").read_text()
+    assert len(ids) < len((tmp_path / "a.txt").read_bytes()) / 2  # merges happened
+    assert result.tokenizer.kind == "tokenizers"
+    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == bpe_json.read_bytes()
+    assert json.loads((tmp_path / "out" / "tokenizer_record.json").read_text())["vocab_size"] == (
+        tokenizer.vocab_size
+    )
+
+
+def test_a_tokenizers_object_gets_no_special_tokens(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from tokenizers.processors import TemplateProcessing
+
+    tok = tokenizers.Tokenizer(WordLevel({"<s>": 0, "a": 1, "b": 2}, unk_token="<s>"))
+    tok.pre_tokenizer = Whitespace()
+    tok.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    assert tok.encode("a b").ids == [0, 1, 2]
+    result = prepare_shards([], tmp_path, tok, val_fraction=0.0, texts=["a b a\n"], progress=None)
+    assert _tokens(result.train_paths) == [1, 2, 1]  # one stream: no <s> per chunk

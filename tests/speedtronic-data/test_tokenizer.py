@@ -52,3 +52,33 @@ def test_hugging_face_tokenizer_adapter():
     tok = tokenizers.Tokenizer(WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
     tok.pre_tokenizer = Whitespace()
     assert encode_text(tok, "a b zz a") == [0, 1, 2, 0]
+
+
+def test_json_tokenizer_reads_a_tokenizer_json(bpe_json):
+    from speedtronic_data import JsonTokenizer
+
+    tok = JsonTokenizer.from_file(bpe_json)
+    ids = tok.encode("return a + b")
+    assert tok.decode(ids) == "return a + b" and tok("x") == tok.encode("x")
+    assert tok.vocab_size > 256 and max(ids) < tok.vocab_size
+
+
+def test_json_tokenizer_bad_inputs(tmp_path):
+    from speedtronic_data import JsonTokenizer
+
+    pytest.importorskip("tokenizers")
+    with pytest.raises(DataError, match="does not exist"):
+        JsonTokenizer.from_file(tmp_path / "missing.json")
+    (tmp_path / "t.json").write_text('{"not": "a tokenizer"}')
+    with pytest.raises(DataError, match="is not a tokenizers tokenizer.json"):
+        JsonTokenizer.from_file(tmp_path / "t.json")
+
+
+def test_missing_tokenizers_names_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    from speedtronic_data import JsonTokenizer
+
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import now raises ImportError
+    with pytest.raises(DataError, match=r"pip install 'speedtronic-data\[tokenizers\]'"):
+        JsonTokenizer("{}")

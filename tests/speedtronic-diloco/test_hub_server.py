@@ -149,3 +149,11 @@ def test_command_line_entry_point_serves(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_readme_metadata_is_validated_before_upload(api, server):
+    card = b"---\nlibrary_name: transformers\n---\n# model\n"
+    _add(api, "README.md", card)
+    assert server.files("org/r")["README.md"] == card
+    with pytest.raises(ValueError, match="Invalid metadata in README.md"):
+        _add(api, "README.md", b"---\nlibrary_name: transformers\n")

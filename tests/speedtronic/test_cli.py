@@ -232,3 +232,93 @@ def test_sample_on_a_non_checkpoint_exits_2(tmp_path):
 def test_distributed_without_repo_is_a_config_error(tmp_path):
     config = tiny_config(tmp_path, **{"distributed": "{enabled: true}"})
     assert_one_line_error(cli("train", str(config), cwd=tmp_path), 2, "repo_id")
+
+
+def test_prepare_train_export_hf_and_sample_agree_with_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    result = cli("prepare", str(tmp_path / "data"), "--stdlib-bytes", "60000", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "tokens/s" in result.stdout.splitlines()[-1]
+    config = tiny_config(tmp_path)
+    config.write_text(
+        config.read_text().replace("vocab_size: 128", "vocab_size: 256")
+        + f"data:\n  shard_path: {tmp_path / 'data' / 'train_*.bin'}\n  micro_batch_size: 4\n"
+        "  target_batch_size: 4\noptimizer:\n  name: adamw\n  lr: 0.01\n"
+    )
+    result = cli("train", str(config), "--max-steps", "8", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_8.pt"
+    result = cli("export", str(checkpoint), str(tmp_path / "hf"), "--format", "hf", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(tmp_path / "hf")
+    result = cli(
+        "sample",
+        str(checkpoint),
+        "--prompt",
+        "def ",
+        "--max-new-tokens",
+        "20",
+        "--temperature",
+        "0",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    ids = tokenizer("def ", return_tensors="pt").input_ids
+    generated = model.generate(ids, max_new_tokens=20, do_sample=False)[0]
+    assert tokenizer.decode(generated) + "\n" == result.stdout
+
+    # export's usage mistakes: one line, exit 2
+    for args, fragment in [
+        (["--private"], "--private applies to --push-to-hub"),
+        (["--tokenizer", "bytes"], "--tokenizer need --format hf"),
+        (["--format", "hf", "--tokenizer", "gone.json"], "gone.json: no such file"),
+    ]:
+        result = cli("export", str(checkpoint), str(tmp_path / "x"), *args, cwd=tmp_path)
+        assert_one_line_error(result, 2, fragment)
+    result = cli(
+        "export", str(checkpoint), "x", "--format", "hf", "--max-shard-size", "lots", cwd=tmp_path
+    )
+    assert result.returncode == 2 and "is not a size" in result.stderr
+
+
+def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path):
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(400)}, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "words.txt").write_text(" ".join(f"w{i % 400}" for i in range(5000)))
+    result = cli(
+        "prepare",
+        str(tmp_path / "data"),
+        str(tmp_path / "words.txt"),
+        "--tokenizer",
+        str(tmp_path / "tokenizer.json"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    config = tiny_config(tmp_path, **{"data": f"{{shard_path: {tmp_path / 'data'}/train_*.bin}}"})
+    assert_one_line_error(
+        cli("train", str(config), cwd=tmp_path),
+        1,
+        "tokenizer.json (400 ids)",
+        "is 128",
+        "set model.vocab_size to at least 400",
+    )
+    assert_one_line_error(
+        cli(
+            "train",
+            str(config),
+            "--set",
+            "model.vocab_size=400",
+            "--set",
+            f"model.init_from=hf:{tmp_path}",
+            cwd=tmp_path,
+        ),
+        2,
+        "model.init_from",
+        "has no config.json",
+    )

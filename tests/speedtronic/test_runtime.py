@@ -104,3 +104,27 @@ def test_enabled_distributed_without_the_package_names_it(tmp_path, monkeypatch)
     config = small_config(tmp_path, distributed={"enabled": True, "repo_id": "me/run"})
     with pytest.raises(ConfigError, match="pip install speedtronic-diloco"):
         runtime.build_runtime(config)
+
+
+def test_init_from_loads_a_llama_folder_into_the_built_model(tmp_path):
+    import torch
+
+    from speedtronic_model import build_model, save_llama
+
+    config = small_config(tmp_path)
+    source = build_model(SpeedtronicConfig.from_dict(config).model)
+    with torch.no_grad():
+        for param in source.parameters():  # nothing like the seeded init of the run
+            param.add_(1.0)
+    save_llama(source, tmp_path / "hf")
+    trainer, _ = runtime.build_runtime(
+        {**config, "model": {**config["model"], "init_from": f"hf:{tmp_path / 'hf'}"}}
+    )
+    try:
+        for ours, theirs in zip(trainer.model.parameters(), source.parameters(), strict=True):
+            assert torch.equal(ours, theirs)
+    finally:
+        trainer.close()
+    wider = {**config["model"], "n_layer": 2, "init_from": f"hf:{tmp_path / 'hf'}"}
+    with pytest.raises(ConfigError, match="model.n_layer is 2 but the checkpoint has 1"):
+        runtime.build_runtime({**config, "model": wider})

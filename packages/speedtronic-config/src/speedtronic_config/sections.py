@@ -85,6 +85,7 @@ class ModelConfig:
     tie_weights: bool = True
     rope_base: float = 10000.0
     gradient_checkpointing: bool = False
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
@@ -115,6 +116,14 @@ class ModelConfig:
         )
         # 2.0 did not check the rotary base; a base <= 1 makes every frequency 1 or undefined.
         _check(self.rope_base > 1.0, "model.rope_base", "must be greater than 1", self.rope_base)
+        _check(
+            self.init_from is None
+            or (self.init_from.startswith("hf:") and bool(self.init_from[3:].strip())),
+            "model.init_from",
+            "must be hf:PATH, a local transformers Llama folder",
+            self.init_from,
+            "e.g. hf:exports/my-model, or null to start from random weights",
+        )
 
 
 @dataclass

@@ -13,10 +13,11 @@ from speedtronic_config import DataConfig, resolve_section
 from speedtronic_data.collate import collate_batch
 from speedtronic_data.errors import DataError
 from speedtronic_data.position import DataPosition, read_state
-from speedtronic_data.shards import TokenShardDataset
+from speedtronic_data.shards import TokenShardDataset, resolve_shards
 from speedtronic_data.synthetic import SyntheticTokenDataset
 from speedtronic_data.text import TextFileTokenDataset
 from speedtronic_data.tokenizer import CharTokenizer
+from speedtronic_data.tokenizer_record import BYTES, TokenizerRecord, shards_record
 
 
 class ResumableSampler(Sampler[int]):
@@ -203,6 +204,14 @@ def select_dataset(
     )
 
 
+def run_tokenizer(config: Any) -> TokenizerRecord:
+    """Return the record of the tokenizer behind a data section's tokens: its shards' record, else
+    the byte tokenizer (what text files and synthetic data use unless a tokenizer is passed in).
+    """
+    pattern = resolve_section(config, "data").shard_path
+    return BYTES if pattern is None else shards_record(resolve_shards(pattern))
+
+
 def make_loader(
     config: Any,
     dataset: Dataset | IterableDataset,
@@ -284,5 +293,6 @@ __all__ = [
     "loader_state",
     "make_loader",
     "restore_loader",
+    "run_tokenizer",
     "select_dataset",
 ]

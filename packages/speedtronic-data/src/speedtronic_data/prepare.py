@@ -2,32 +2,49 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import sysconfig
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from speedtronic_data.errors import DataError
+from speedtronic_data.records import RecordSource, is_record_source, open_records
 from speedtronic_data.shards import write_shard
 from speedtronic_data.text import CHUNK_BYTES, check_text_file, iter_text_chunks
-from speedtronic_data.tokenizer import CharTokenizer, check_ids, encode_text, is_byte_tokenizer
+from speedtronic_data.tokenizer import (
+    CharTokenizer,
+    as_json_tokenizer,
+    check_ids,
+    encode_text,
+    is_byte_tokenizer,
+)
+from speedtronic_data.tokenizer_record import RECORD_NAME, TokenizerRecord, write_record
 
 DEFAULT_SHARD_TOKENS = 100_000_000  # llm.c's shard size: 200 MB of uint16
 
 
 @dataclass
 class PrepareResult:
-    """What prepare_shards wrote."""
+    """What prepare_shards wrote, which tokenizer wrote it and how long it took."""
 
     train_paths: list[Path] = field(default_factory=list)
     val_paths: list[Path] = field(default_factory=list)
     train_tokens: int = 0
     val_tokens: int = 0
+    tokenizer: TokenizerRecord | None = None
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Return the tokens written (both splits) per second of preparation."""
+        return (self.train_tokens + self.val_tokens) / max(self.seconds, 1e-9)
 
 
 class _ShardWriter:
@@ -103,6 +120,74 @@ def _chunks(text: str) -> Iterator[str]:
         yield text[start : start + CHUNK_BYTES]
 
 
+def _text_pieces(
+    size: int, chunks: Iterator[str], val_fraction: float
+) -> Iterator[tuple[str, str]]:
+    """Yield (split, text): the first val_fraction of the bytes (to a line break) is validation."""
+    val_bytes, seen = val_fraction * size, 0
+    for chunk in chunks:
+        head, tail = _split_at_line(chunk, val_bytes - seen)
+        seen += len(chunk.encode("utf-8"))
+        for split, text in (("val", head), ("train", tail)):
+            if text:
+                yield split, text
+
+
+def _record_pieces(source: RecordSource, val_fraction: float) -> Iterator[tuple[str, str]]:
+    """Yield (split, text) runs of whole documents, each ending with a line break: the first
+    val_fraction of the rows (at least one, never all) are validation.
+    """
+    rows = source.num_rows
+    val_rows = min(math.ceil(val_fraction * rows), rows - 1) if val_fraction > 0 and rows else 0
+    parts: list[str] = []
+    size, current = 0, "val" if val_rows else "train"
+    for row, text in enumerate(source.texts()):
+        split = "val" if row < val_rows else "train"
+        if parts and (split != current or size >= CHUNK_BYTES):
+            yield current, "".join(parts)
+            parts, size = [], 0
+        current = split
+        parts.append(text if text.endswith("\n") else text + "\n")
+        size += len(parts[-1])
+    if parts:
+        yield current, "".join(parts)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One input: its name, its size in bytes (for progress) and its (split, text) pieces."""
+
+    name: str
+    size: int
+    pieces: Callable[[float], Iterator[tuple[str, str]]]  # val_fraction -> pieces
+
+
+def _sources(text_paths: Iterable[str | Path], texts: Iterable[str], column: str) -> list[_Source]:
+    sources: list[_Source] = []
+    for item in text_paths:
+        path = Path(item)
+        if is_record_source(path):
+            records = open_records(path, column)
+            pieces = partial(_record_pieces, records)
+            sources.append(_Source(str(path), records.approx_bytes, pieces))
+            continue
+        path = check_text_file(path)
+        size = path.stat().st_size
+        sources.append(
+            _Source(
+                str(path), size, lambda f, p=path, n=size: _text_pieces(n, iter_text_chunks(p), f)
+            )
+        )
+    for number, text in enumerate(texts):
+        size = len(text.encode("utf-8"))
+        sources.append(
+            _Source(
+                f"texts[{number}]", size, lambda f, t=text, n=size: _text_pieces(n, _chunks(t), f)
+            )
+        )
+    return sources
+
+
 def prepare_shards(
     text_paths: Iterable[str | Path],
     out_dir: str | Path,
@@ -112,45 +197,49 @@ def prepare_shards(
     *,
     texts: Iterable[str] = (),
     progress: Callable[[str], None] | None = print,
+    text_column: str = "text",
+    on_progress: Callable[[int, int, int], None] | None = None,
 ) -> PrepareResult:
-    """Tokenize text files (and in-memory texts) into train_*.bin / val_*.bin llm.c shards under
-    out_dir.
+    """Tokenize sources into train_*.bin / val_*.bin llm.c shards under out_dir, recording the
+    tokenizer beside them (tokenizer_record.json, plus tokenizer.json for a `tokenizers` one).
 
-    The first val_fraction of each source's text goes to validation, the rest to training. Every
-    shard is written atomically; shards left from an earlier, longer run are removed.
+    A source is a UTF-8 text file, an in-memory text, a Parquet or JSON Lines file, or a
+    `datasets` save_to_disk folder (the records' text_column, one document after another). The
+    first val_fraction of each source goes to validation (of its bytes, cut at a line break, for
+    text; of its rows for records), the rest to training. Every shard is written atomically;
+    shards left from an earlier, longer run are removed. on_progress(done_bytes, total_bytes,
+    tokens) is called after each chunk (totals are estimates for Parquet).
     """
+    started = time.perf_counter()
     if not 0.0 <= val_fraction < 1.0:
         raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}")
     if shard_tokens < 1:
         raise DataError(f"shard_tokens must be positive, got {shard_tokens}")
-    tokenizer = tokenizer if tokenizer is not None else CharTokenizer()
+    tokenizer = as_json_tokenizer(tokenizer) if tokenizer is not None else CharTokenizer()
     vocab = getattr(tokenizer, "vocab_size", None)
     vocab = (
         tokenizer.get_vocab_size()
         if callable(getattr(tokenizer, "get_vocab_size", None))
         else vocab
     )
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    report = progress or (lambda line: None)
-    writers = {split: _ShardWriter(out, split, shard_tokens, report) for split in ("train", "val")}
-
-    sources: list[tuple[str, int, Iterator[str]]] = []
-    for item in text_paths:
-        path = check_text_file(Path(item))
-        sources.append((str(path), path.stat().st_size, iter_text_chunks(path)))
-    for number, text in enumerate(texts):
-        sources.append((f"texts[{number}]", len(text.encode("utf-8")), _chunks(text)))
+    sources = _sources(text_paths, texts, text_column)
     if not sources:
         raise DataError("prepare_shards got no text: pass text files or texts=[...]")
-    for name, size, chunks in sources:
-        val_bytes, seen = val_fraction * size, 0
-        for chunk in chunks:
-            head, tail = _split_at_line(chunk, val_bytes - seen)
-            seen += len(chunk.encode("utf-8"))
-            for split, text in (("val", head), ("train", tail)):
-                if text:
-                    writers[split].add(_encode_chunk(tokenizer, text, vocab, name))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    # A record that outlived its shards would vouch for tokens another tokenizer wrote.
+    (out / RECORD_NAME).unlink(missing_ok=True)
+    report = progress or (lambda line: None)
+    writers = {split: _ShardWriter(out, split, shard_tokens, report) for split in ("train", "val")}
+    total = sum(source.size for source in sources)
+    done = tokens = 0
+    for source in sources:
+        for split, text in source.pieces(val_fraction):
+            ids = _encode_chunk(tokenizer, text, vocab, source.name)
+            writers[split].add(ids)
+            done, tokens = done + len(text.encode("utf-8")), tokens + ids.size
+            if on_progress is not None:
+                on_progress(done, max(total, done), tokens)
     for writer in writers.values():
         writer.flush()
         for stale in sorted(out.glob(f"{writer.split}_*.bin")):
@@ -161,9 +250,12 @@ def prepare_shards(
     )
     if not result.train_tokens:
         raise DataError(
-            f"prepare_shards produced no training tokens from {[s[0] for s in sources]}; "
+            "prepare_shards produced no training tokens from "
+            f"{[source.name for source in sources]}; "
             "lower val_fraction or add text"
         )
+    result.tokenizer = write_record(out, tokenizer)
+    result.seconds = time.perf_counter() - started
     return result
 
 

@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 
 from speedtronic_data.errors import DataError
 from speedtronic_data.position import DataPosition, read_state
+from speedtronic_data.tokenizer_record import check_vocab, shards_record
 
 HEADER_INTS = 256  # the header is 256 little-endian int32s: magic, version, token count, then zeros
 HEADER_BYTES = HEADER_INTS * 4
@@ -150,6 +151,10 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
             raise DataError(f"TokenShardDataset block_size must be positive, got {block_size}")
         self.block_size, self.vocab_size = block_size, vocab_size
         self.shards = [read_shard_header(p) for p in resolve_shards(paths)]
+        # Which tokenizer wrote them (tokenizer_record.json beside the shards): a vocabulary too
+        # small for it fails here, in one line, not at the first out-of-range id mid-epoch.
+        self.tokenizer = shards_record(s.path for s in self.shards)
+        check_vocab(self.tokenizer, vocab_size, str(self.shards[0].path.parent))
         windows = [max(0, (s.num_tokens - 1) // block_size) for s in self.shards]
         self.offsets = np.concatenate([[0], np.cumsum(windows)]).astype(
             np.int64

@@ -4,6 +4,7 @@ of ids.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,11 +30,70 @@ class CharTokenizer:
         return ids
 
     def decode(self, ids: Any) -> str:
-        """Return the text whose UTF-8 bytes are ids (invalid sequences become U+FFFD)."""
-        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+        """Return the text whose UTF-8 bytes are ids (invalid sequences become U+FFFD).
+
+        Ids from 256 up stand for no byte (a vocabulary larger than 256 leaves them unused) and
+        decode to nothing, as they do in the exported `tokenizers` tokenizer.json.
+        """
+        return bytes(i for i in map(int, ids) if 0 <= i < 256).decode("utf-8", errors="replace")
 
     def __call__(self, text: str) -> list[int]:
         return self.encode(text)
+
+
+def import_tokenizers() -> Any:
+    """Return the `tokenizers` module, or raise DataError naming the extra that installs it."""
+    try:
+        import tokenizers
+    except ImportError:
+        raise DataError(
+            "reading a tokenizer.json needs the Hugging Face tokenizers package: "
+            "pip install 'speedtronic-data[tokenizers]'"
+        ) from None
+    return tokenizers
+
+
+class JsonTokenizer:
+    """A Hugging Face `tokenizers` tokenizer.json: encode adds no special tokens, decode keeps all.
+
+    Shards are one continuous token stream, so the tokenizer's post-processor (a BOS per call, for
+    instance) is left out; `text` is the JSON exactly as read, so it can be copied through.
+    """
+
+    def __init__(self, text: str, name: str = "tokenizer.json") -> None:
+        try:
+            self.tokenizer = import_tokenizers().Tokenizer.from_str(text)
+        except Exception as error:  # tokenizers raises plain Exception on malformed JSON
+            raise DataError(f"{name} is not a tokenizers tokenizer.json: {error}") from None
+        self.text, self.name = text, name
+        vocab = self.tokenizer.get_vocab(with_added_tokens=True)
+        self.vocab_size = max(vocab.values()) + 1 if vocab else 0
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> JsonTokenizer:
+        """Read a tokenizer.json; DataError when it is missing or not a tokenizer."""
+        path = Path(path)
+        if not path.is_file():
+            raise DataError(f"tokenizer file {str(path)!r} does not exist; pass a tokenizer.json")
+        return cls(path.read_text(encoding="utf-8"), str(path))
+
+    def encode(self, text: str) -> list[int]:
+        """Return the ids of text, without the special tokens a post-processor would add."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Any) -> str:
+        """Return the text of ids, special tokens included (what AutoTokenizer.decode does)."""
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def __call__(self, text: str) -> list[int]:
+        return self.encode(text)
+
+
+def as_json_tokenizer(tokenizer: Any) -> Any:
+    """Return a `tokenizers.Tokenizer` as a JsonTokenizer; any other tokenizer unchanged."""
+    if type(tokenizer).__module__.split(".")[0] == "tokenizers" and hasattr(tokenizer, "to_str"):
+        return JsonTokenizer(tokenizer.to_str(), "tokenizers.Tokenizer")
+    return tokenizer
 
 
 def is_byte_tokenizer(tokenizer: Any) -> bool:
@@ -77,4 +137,12 @@ def check_ids(ids: Any, vocab_size: int, source: str) -> None:
         )
 
 
-__all__ = ["CharTokenizer", "check_ids", "encode_text", "is_byte_tokenizer"]
+__all__ = [
+    "CharTokenizer",
+    "JsonTokenizer",
+    "as_json_tokenizer",
+    "check_ids",
+    "encode_text",
+    "import_tokenizers",
+    "is_byte_tokenizer",
+]

@@ -30,6 +30,10 @@ _EXPORTS: dict[str, str] = {
         "speedtronic_model.registry",
     ),
     **dict.fromkeys(
+        ["apply_init_from", "llama_config", "load_llama", "save_llama"],
+        "speedtronic_model.hf_llama",
+    ),
+    **dict.fromkeys(
         ["GradientCheckpointingWarning", "set_gradient_checkpointing"],
         "speedtronic_model.module_utils",
     ),

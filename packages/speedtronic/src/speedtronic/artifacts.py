@@ -1,32 +1,75 @@
-"""What a finished run leaves behind, used again: sampling text and exporting to safetensors."""
+"""What a finished run leaves behind, used again: sampling text, exporting to safetensors or to a
+Hugging Face `transformers` folder.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from speedtronic.errors import UsageError
 
 
-def load_checkpoint_model(path: Path) -> tuple[Any, Any]:
-    """Return (model in eval mode, its SpeedtronicConfig) rebuilt from a trainer checkpoint."""
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Return a trainer checkpoint's state (weights only), or UsageError when it is not one."""
     if not path.is_file():
         raise UsageError(
             f"{path}: no such checkpoint file (look in <output_dir>/checkpoints/step_<n>.pt)"
         )
     import torch
 
-    from speedtronic_config import SpeedtronicConfig
-    from speedtronic_model import build_model
-
     state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise UsageError(f"{path}: not a Speedtronic trainer checkpoint (no model/config entries)")
+    return state
+
+
+def _model_from_state(state: dict[str, Any]) -> tuple[Any, Any]:
+    from speedtronic_config import SpeedtronicConfig
+    from speedtronic_model import build_model
+
     config = SpeedtronicConfig.from_dict(state["config"])
-    model = build_model(config.model)
+    model = build_model(config.model)  # model.init_from is not applied: the checkpoint has weights
     model.load_state_dict(state["model"])
     return model.eval(), config
+
+
+def load_checkpoint_model(path: Path) -> tuple[Any, Any]:
+    """Return (model in eval mode, its SpeedtronicConfig) rebuilt from a trainer checkpoint."""
+    return _model_from_state(read_checkpoint(path))
+
+
+def resolve_tokenizer(config: Any, choice: str | Path | None = None, *, strict: bool = True) -> Any:
+    """Return the tokenizer a run used: `choice` (bytes or a tokenizer.json path) when given, else
+    the one recorded beside its shards. Shards that cannot be found are a UsageError when strict,
+    else the byte tokenizer with a note on stderr.
+    """
+    from speedtronic_data import (
+        CharTokenizer,
+        DataError,
+        JsonTokenizer,
+        load_tokenizer,
+        run_tokenizer,
+    )
+
+    if choice is not None and str(choice) == "bytes":
+        return CharTokenizer()
+    if choice is not None:
+        if not Path(choice).is_file():
+            raise UsageError(f"--tokenizer {choice}: no such file; pass bytes or a tokenizer.json")
+        return JsonTokenizer.from_file(choice)
+    try:
+        return load_tokenizer(run_tokenizer(config.data))
+    except DataError as error:
+        hint = "pass --tokenizer bytes or --tokenizer PATH/tokenizer.json"
+        if strict:
+            raise UsageError(
+                f"cannot tell which tokenizer the run used ({error}); {hint}"
+            ) from None
+        print(f"note: decoding with the byte tokenizer ({error}); {hint}", file=sys.stderr)
+        return CharTokenizer()
 
 
 def sample_text(
@@ -37,11 +80,12 @@ def sample_text(
     temperature: float = 0.8,
     top_k: int | None = None,
     seed: int = 0,
+    tokenizer: str | Path | None = None,
 ) -> str:
-    """Return the prompt continued by the checkpoint's model, decoded byte-level."""
+    """Return the prompt continued by the checkpoint's model, in the run's tokenizer (or
+    `tokenizer`: bytes or a tokenizer.json).
+    """
     import torch
-
-    from speedtronic_data import CharTokenizer
 
     model, config = load_checkpoint_model(path)
     if not hasattr(model, "generate"):
@@ -49,12 +93,16 @@ def sample_text(
             f"{path}: model {config.model.name!r} has no generate(); sample needs the reference "
             "model"
         )
-    tokenizer = CharTokenizer(vocab_size=config.model.vocab_size)
-    ids = torch.tensor([tokenizer.encode(prompt or "\n")], dtype=torch.long)
+    from speedtronic_data.tokenizer import check_ids
+
+    codec = resolve_tokenizer(config, tokenizer, strict=False)
+    prompt_ids = codec.encode(prompt or "\n")
+    check_ids(prompt_ids, config.model.vocab_size, "--prompt")  # e.g. a byte past a cut vocabulary
+    ids = torch.tensor([prompt_ids], dtype=torch.long)
     torch.manual_seed(seed)
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k)
-    return tokenizer.decode(out[0].tolist())
+    return codec.decode(out[0].tolist())
 
 
 def export_checkpoint(path: Path, out_dir: Path) -> Path:
@@ -81,3 +129,42 @@ def load_exported(out_dir: Path) -> Any:
     model = build_model(ModelConfig(**json.loads((out_dir / "config.json").read_text())))
     load_model(model, str(out_dir / "model.safetensors"))  # strict: raises on any mismatch
     return model.eval()
+
+
+def export_hf(
+    path: Path,
+    out_dir: Path,
+    *,
+    tokenizer: str | Path | None = None,
+    max_shard_bytes: int | None = None,
+    repo_id: str | None = None,
+) -> Path:
+    """Write a checkpoint as a `transformers` Llama folder (config.json, generation_config.json,
+    safetensors weights, tokenizer.json, tokenizer_config.json, README.md model card); return it.
+    """
+    from speedtronic.model_card import write_model_card
+    from speedtronic_data import write_hf_tokenizer
+    from speedtronic_data.tokenizer_record import record_for
+    from speedtronic_model import llama_config, save_llama
+    from speedtronic_model.hf_llama import DEFAULT_MAX_SHARD_BYTES
+
+    state = read_checkpoint(path)
+    model, config = _model_from_state(state)
+    llama_config(model)  # a model that does not map fails here, before anything is written
+    codec = resolve_tokenizer(config, tokenizer)
+    record = record_for(codec)
+    if record.kind != "bytes" and record.vocab_size > config.model.vocab_size:
+        raise UsageError(
+            f"the tokenizer has {record.vocab_size:,} ids but the model only "
+            f"{config.model.vocab_size:,} (model.vocab_size); export with the run's tokenizer"
+        )
+    bos, eos = write_hf_tokenizer(out_dir, codec, model_max_length=config.model.max_seq_len)
+    save_llama(
+        model,
+        out_dir,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        max_shard_bytes=max_shard_bytes or DEFAULT_MAX_SHARD_BYTES,
+    )
+    write_model_card(out_dir, config, state, checkpoint=path, tokenizer=record, repo_id=repo_id)
+    return out_dir

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,7 +46,18 @@ def _parser() -> argparse.ArgumentParser:
     prepare = commands.add_parser("prepare", help="tokenize text into train/val token shards")
     prepare.add_argument("out_dir")
     prepare.add_argument(
-        "texts", nargs="*", help="UTF-8 text files (default: the Python stdlib corpus)"
+        "texts",
+        nargs="*",
+        help="UTF-8 text files, .parquet or .jsonl files, or `datasets` save_to_disk folders "
+        "(default: the Python stdlib corpus)",
+    )
+    prepare.add_argument(
+        "--tokenizer",
+        metavar="TOKENIZER_JSON",
+        help="a Hugging Face tokenizers tokenizer.json (default: the byte tokenizer)",
+    )
+    prepare.add_argument(
+        "--text-column", default="text", help="the text column of Parquet/JSONL/datasets inputs"
     )
     prepare.add_argument(
         "--stdlib-bytes",
@@ -66,11 +78,50 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--temperature", type=float, default=0.8)
     sample.add_argument("--top-k", type=int, default=None)
     sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument(
+        "--tokenizer",
+        help="bytes or a tokenizer.json (default: the one recorded beside the run's shards)",
+    )
 
-    export = commands.add_parser("export", help="write model.safetensors and config.json")
+    export = commands.add_parser(
+        "export", help="write the model as safetensors, or as a transformers Llama folder"
+    )
     export.add_argument("checkpoint")
     export.add_argument("out_dir")
+    export.add_argument(
+        "--format",
+        choices=("speedtronic", "hf"),
+        default="speedtronic",
+        help="speedtronic: model.safetensors + config.json; hf: a folder transformers loads",
+    )
+    export.add_argument(
+        "--tokenizer",
+        help="hf: bytes or a tokenizer.json (default: the one recorded beside the run's shards)",
+    )
+    export.add_argument(
+        "--max-shard-size",
+        type=_byte_size,
+        metavar="SIZE",
+        help="hf: split the weights into shards of at most SIZE (e.g. 2GB, 500MB; default 5GB)",
+    )
+    export.add_argument("--push-to-hub", metavar="REPO", help="hf: upload the folder to REPO")
+    export.add_argument(
+        "--private", action="store_true", help="with --push-to-hub: create REPO private"
+    )
     return parser
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMG]i?)?B?", re.IGNORECASE)
+_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "KI": 2**10, "MI": 2**20, "GI": 2**30}
+
+
+def _byte_size(text: str) -> int:
+    """Return the bytes a size like 5GB, 500MB, 2GiB or 1048576 names (an argparse type)."""
+    match = _SIZE.fullmatch(text.strip())
+    size = int(float(match[1]) * _UNITS[(match[2] or "").upper()]) if match else 0
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; use e.g. 5GB, 500MB or 1048576")
+    return size
 
 
 def _load_config(source: Any, overrides: Sequence[str]):
@@ -138,7 +189,12 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     from speedtronic.corpus import prepare_corpus
 
     prepare_corpus(
-        Path(args.out_dir), [Path(t) for t in args.texts], args.stdlib_bytes, args.val_fraction
+        Path(args.out_dir),
+        [Path(t) for t in args.texts],
+        args.stdlib_bytes,
+        args.val_fraction,
+        tokenizer=Path(args.tokenizer) if args.tokenizer else None,
+        text_column=args.text_column,
     )
     return 0
 
@@ -161,15 +217,43 @@ def _cmd_sample(args: argparse.Namespace) -> int:
             temperature=args.temperature,
             top_k=args.top_k,
             seed=args.seed,
+            tokenizer=args.tokenizer,
         )
     )
     return 0
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from speedtronic.artifacts import export_checkpoint
+    from speedtronic.artifacts import export_checkpoint, export_hf
 
-    print(export_checkpoint(Path(args.checkpoint), Path(args.out_dir)))
+    if args.private and not args.push_to_hub:
+        raise UsageError("--private applies to --push-to-hub REPO; add it or drop --private")
+    if args.format != "hf":
+        extra = [
+            flag
+            for flag, value in (
+                ("--tokenizer", args.tokenizer),
+                ("--max-shard-size", args.max_shard_size),
+                ("--push-to-hub", args.push_to_hub),
+            )
+            if value
+        ]
+        if extra:
+            raise UsageError(f"{', '.join(extra)} need --format hf")
+        print(export_checkpoint(Path(args.checkpoint), Path(args.out_dir)))
+        return 0
+    out = export_hf(
+        Path(args.checkpoint),
+        Path(args.out_dir),
+        tokenizer=args.tokenizer,
+        max_shard_bytes=args.max_shard_size,
+        repo_id=args.push_to_hub,
+    )
+    print(out)
+    if args.push_to_hub:
+        from speedtronic.hub_upload import push_to_hub
+
+        print(push_to_hub(out, args.push_to_hub, private=args.private))
     return 0
 
 

@@ -1,27 +1,100 @@
-"""Corpus preparation for `speedtronic prepare`: text files (or the Python stdlib) to token
-shards.
+"""Corpus preparation for `speedtronic prepare`: text, Parquet, JSON Lines or `datasets` folders
+(or the Python stdlib) to token shards, with a progress bar and the tokens/s reached.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any
 
 from speedtronic.errors import UsageError
 
 
-def prepare_corpus(
-    out_dir: Path, texts: list[Path], stdlib_bytes: int, val_fraction: float
-) -> None:
-    """Tokenize texts (default: the Python stdlib's source) byte-level into train/val shards,
-    once.
-    """
-    from speedtronic_data import prepare_shards, stdlib_corpus
+class _Progress:
+    """A tqdm bar over source bytes on an interactive stderr (tokens and tokens/s alongside)."""
 
+    def __init__(self, enabled: bool | None) -> None:
+        from tqdm import tqdm
+
+        # disable=None: drawn only when stderr is a terminal, unless enabled says otherwise
+        self.bar = tqdm(
+            total=0,
+            unit="B",
+            unit_scale=True,
+            desc="prepare",
+            file=sys.stderr,
+            disable=None if enabled is None else not enabled,
+            dynamic_ncols=True,
+        )
+
+    def update(self, done: int, total: int, tokens: int) -> None:
+        """Advance to done of total source bytes, tokens written so far."""
+        if self.bar.disable:
+            return
+        self.bar.total = total
+        self.bar.update(done - self.bar.n)
+        elapsed = self.bar.format_dict["elapsed"] or 1e-9
+        self.bar.set_postfix(tokens=f"{tokens:,}", tok_s=f"{tokens / elapsed:,.0f}", refresh=False)
+
+    def write(self, line: str) -> None:
+        """Print a line above the bar."""
+        self.bar.write(line, file=sys.stdout)
+
+    def close(self) -> None:
+        """Remove the bar."""
+        self.bar.close()
+
+
+def prepare_corpus(
+    out_dir: Path,
+    inputs: list[Path],
+    stdlib_bytes: int,
+    val_fraction: float,
+    *,
+    tokenizer: Path | None = None,
+    text_column: str = "text",
+    progress: bool | None = None,
+) -> Any:
+    """Tokenize inputs (default: the Python stdlib's source) into train/val shards once, with the
+    byte tokenizer or a tokenizer.json; return the PrepareResult, or None when already prepared.
+    """
+    from speedtronic_data import JsonTokenizer, prepare_shards, stdlib_corpus
+    from speedtronic_data.tokenizer_record import read_record, record_for
+
+    if tokenizer is not None and not tokenizer.is_file():
+        raise UsageError(f"--tokenizer {tokenizer}: no such file; pass a tokenizer.json")
+    codec = JsonTokenizer.from_file(tokenizer) if tokenizer is not None else None
     if sorted(out_dir.glob("train_*.bin")) and sorted(out_dir.glob("val_*.bin")):
-        print(f"prepare: shards already in {out_dir}; delete the folder to rebuild them")
-        return
-    for text in texts:
-        if not text.is_file():
-            raise UsageError(f"{text}: no such text file")
-    inline = [] if texts else [stdlib_corpus(stdlib_bytes)]
-    prepare_shards(texts, out_dir, val_fraction=val_fraction, texts=inline)
+        existing, wanted = read_record(out_dir), record_for(codec)
+        if existing.kind == wanted.kind == "bytes" or existing.same_tokenizer(wanted):
+            print(f"prepare: shards already in {out_dir}; delete the folder to rebuild them")
+            return None
+        raise UsageError(
+            f"{out_dir} already holds shards written by {existing.describe()}, not "
+            f"{wanted.describe()}; delete the folder to rebuild them"
+        )
+    for item in inputs:
+        if not item.exists():
+            raise UsageError(f"{item}: no such file or folder")
+    inline = [] if inputs else [stdlib_corpus(stdlib_bytes)]
+    bar = _Progress(progress)
+    try:
+        result = prepare_shards(
+            inputs,
+            out_dir,
+            codec,
+            val_fraction=val_fraction,
+            texts=inline,
+            text_column=text_column,
+            progress=bar.write,
+            on_progress=bar.update,
+        )
+    finally:
+        bar.close()
+    print(
+        f"prepared {result.train_tokens:,} train + {result.val_tokens:,} val tokens with "
+        f"{result.tokenizer.describe()} in {result.seconds:.1f}s "
+        f"({result.tokens_per_s:,.0f} tokens/s) into {out_dir}"
+    )
+    return result

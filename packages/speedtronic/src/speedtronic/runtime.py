@@ -14,7 +14,7 @@ import torch
 from speedtronic.optimizers import build_v2_optimizer as build_optimizer
 from speedtronic_config import ConfigError, SpeedtronicConfig
 from speedtronic_data import build_dataloader, build_eval_dataloader
-from speedtronic_model import build_model
+from speedtronic_model import apply_init_from, build_model
 from speedtronic_optim import build_lr_scheduler
 from speedtronic_systems import resolve_device
 from speedtronic_trainer import CheckpointManager, MetricLogger, Trainer, TrainResult
@@ -89,7 +89,7 @@ def build_runtime(
     config = _with_overrides(config, device)  # 1
     seed_everything(config.run.seed)  # 2
     resolved = resolve_device(config.run.device)  # 3
-    model = build_model(config.model)  # 4
+    model = apply_init_from(build_model(config.model), config.model.init_from)  # 4
     dataloader = build_dataloader(config.data, device=resolved)  # 5
     eval_dataloader = build_eval_dataloader(config.data, device=resolved)
     optimizer = build_optimizer(model.to(resolved), config, resolved)  # 6

@@ -3,7 +3,8 @@
 It stores repositories in memory as chains of commits with 40-hex oids, honours `parentCommit`
 (412 when it is not the head), answers "regular" upload mode so contents travel inline, and
 injects faults on request: 5xx, 429, dropped connections (request not applied), lost responses
-(request applied, answer never sent) and stale parents (another writer commits first).
+(request applied, answer never sent) and stale parents (another writer commits first). A README.md
+upload is preceded by POST /api/validate-yaml, answered here for a closed metadata block.
 
     python -m speedtronic_diloco.testing.hub_server --port 8765 [--fault-rate 0.3 --seed 1]
 
@@ -260,6 +261,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._create(json.loads(body or b"{}"))
             if self.command == "GET" and parts == ["api", "whoami-v2"]:
                 return lambda: self._json(200, {"name": "user", "type": "user", "orgs": []})
+            if self.command == "POST" and parts == ["api", "validate-yaml"]:
+                return self._validate_yaml(json.loads(body or b"{}").get("content", ""))
             if len(parts) >= 4 and parts[0] == "api" and parts[1] in _TYPES:
                 repo = self._repo(_TYPES[parts[1]], f"{parts[2]}/{parts[3]}")
                 rest = parts[4:]
@@ -305,6 +308,13 @@ class _Handler(BaseHTTPRequestHandler):
         repo.commit({".gitattributes": b""}, "initial commit")
         self.server.store.repos[(repo_type, repo_id)] = repo
         return lambda: self._json(200, url)
+
+    def _validate_yaml(self, content: str):
+        """Check a README.md's metadata block is closed (the Hub also checks its schema)."""
+        if content.startswith("---\n") and "\n---" not in content[3:]:
+            errors = [{"message": "the metadata block opened by --- is never closed"}]
+            return lambda: self._json(400, {"errors": errors, "warnings": []})
+        return lambda: self._json(200, {"errors": [], "warnings": []})
 
     def _commit(self, repo: Repo, body: bytes, *, stale: bool):
         lines = [json.loads(line) for line in body.splitlines() if line.strip()]

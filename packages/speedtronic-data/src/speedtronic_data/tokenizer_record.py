@@ -1,0 +1,172 @@
+"""Which tokenizer wrote a folder of token shards: a small JSON record beside them.
+
+`prepare_shards` writes `tokenizer_record.json` (kind, vocabulary size, a name) and, for a
+`tokenizers` tokenizer, a byte-exact copy of its `tokenizer.json`. Training reads the record to
+refuse a model whose vocabulary cannot hold the tokenizer's ids; export reads it to ship the
+tokenizer the run used. A folder without a record (written before 2.1) holds byte-level tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from speedtronic_data.errors import DataError
+from speedtronic_data.files import write_text_atomic
+from speedtronic_data.tokenizer import CharTokenizer, JsonTokenizer, as_json_tokenizer
+
+RECORD_NAME = "tokenizer_record.json"
+TOKENIZER_JSON = "tokenizer.json"
+BYTE_IDS = 256  # the byte tokenizer emits ids 0-255 whatever its vocab_size
+
+
+@dataclass(frozen=True)
+class TokenizerRecord:
+    """A tokenizer as recorded beside shards: kind is bytes, tokenizers or custom."""
+
+    kind: str
+    vocab_size: int | None  # ids it can emit; None when unknown (custom, or a pre-2.1 folder)
+    name: str
+    sha256: str | None = None  # of tokenizer.json, for kind tokenizers
+    folder: Path | None = None  # where the record (and the tokenizer.json copy) lives
+
+    @property
+    def tokenizer_json(self) -> Path | None:
+        """Return the recorded tokenizer.json copy, for kind tokenizers."""
+        if self.kind != "tokenizers" or self.folder is None:
+            return None
+        return self.folder / TOKENIZER_JSON
+
+    def same_tokenizer(self, other: TokenizerRecord) -> bool:
+        """Return True when both records name the same tokenizer (wherever they are stored)."""
+        return (self.kind, self.vocab_size, self.sha256) == (
+            other.kind,
+            other.vocab_size,
+            other.sha256,
+        ) and (self.kind != "custom" or self.name == other.name)
+
+    def describe(self) -> str:
+        """Return a short human description, e.g. `tokenizer.json (50,257 ids)`."""
+        size = f"{self.vocab_size:,} ids" if self.vocab_size is not None else "vocabulary unknown"
+        label = "the byte tokenizer" if self.kind == "bytes" else self.name
+        return f"{label} ({size})"
+
+
+BYTES = TokenizerRecord("bytes", BYTE_IDS, "bytes")
+
+
+def record_for(tokenizer: Any) -> TokenizerRecord:
+    """Return the record that describes a tokenizer object (before anything is written)."""
+    tokenizer = as_json_tokenizer(tokenizer)
+    if tokenizer is None or type(tokenizer) is CharTokenizer:
+        size = BYTE_IDS if tokenizer is None else min(tokenizer.vocab_size, BYTE_IDS)
+        return TokenizerRecord("bytes", size, "bytes")
+    if isinstance(tokenizer, JsonTokenizer):
+        digest = hashlib.sha256(tokenizer.text.encode("utf-8")).hexdigest()
+        return TokenizerRecord(
+            "tokenizers", tokenizer.vocab_size, Path(tokenizer.name).name, digest
+        )
+    size = getattr(tokenizer, "vocab_size", None)
+    if callable(getattr(tokenizer, "get_vocab_size", None)):
+        size = tokenizer.get_vocab_size()
+    kind = type(tokenizer)
+    return TokenizerRecord(
+        "custom", size if isinstance(size, int) else None, f"{kind.__module__}.{kind.__qualname__}"
+    )
+
+
+def write_record(out_dir: str | Path, tokenizer: Any) -> TokenizerRecord:
+    """Write the record of tokenizer (and a copy of its tokenizer.json) into out_dir; return it."""
+    out = Path(out_dir)
+    tokenizer = as_json_tokenizer(tokenizer)
+    record = record_for(tokenizer)
+    copy = out / TOKENIZER_JSON
+    if isinstance(tokenizer, JsonTokenizer):
+        write_text_atomic(copy, tokenizer.text)
+    else:
+        copy.unlink(missing_ok=True)  # left by an earlier prepare with another tokenizer
+    fields = {"kind": record.kind, "vocab_size": record.vocab_size, "name": record.name}
+    if record.sha256 is not None:
+        fields.update(file=TOKENIZER_JSON, sha256=record.sha256)
+    write_text_atomic(out / RECORD_NAME, json.dumps({"format": 1, **fields}, indent=2) + "\n")
+    return dataclasses.replace(record, folder=out)
+
+
+def read_record(folder: str | Path) -> TokenizerRecord:
+    """Return the record in folder; the byte tokenizer (vocabulary unchecked) when it has none."""
+    folder = Path(folder)
+    path = folder / RECORD_NAME
+    if not path.is_file():
+        # Shards written before 2.1 carry no record: byte-level, but their vocabulary may have
+        # been cut below 256, so it is not checked.
+        return TokenizerRecord("bytes", None, "bytes", folder=folder)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        record = TokenizerRecord(
+            data["kind"], data["vocab_size"], data["name"], data.get("sha256"), folder
+        )
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise DataError(
+            f"{path} is unreadable ({error}); run `speedtronic prepare` again into a fresh folder"
+        ) from None
+    if record.kind == "tokenizers" and not (folder / TOKENIZER_JSON).is_file():
+        raise DataError(f"{path} names {TOKENIZER_JSON}, which is missing from {folder}")
+    return record
+
+
+def shards_record(shard_paths: Iterable[str | Path]) -> TokenizerRecord:
+    """Return the one tokenizer record of the folders holding shard_paths."""
+    folders = sorted({Path(p).parent for p in shard_paths})
+    if not folders:
+        raise DataError("shards_record needs at least one shard path")
+    records = [read_record(folder) for folder in folders]
+    first = records[0]
+    for folder, record in zip(folders[1:], records[1:], strict=True):
+        if not record.same_tokenizer(first):
+            raise DataError(
+                "these token shards come from different tokenizers: {folders[0]} holds "
+                f"{first.describe()}, {folder} holds {record.describe()}; prepare them with one"
+            )
+    return first
+
+
+def check_vocab(record: TokenizerRecord, vocab_size: int | None, where: str) -> None:
+    """Raise DataError when the model's vocabulary cannot hold every id the tokenizer emits."""
+    if vocab_size is None or record.vocab_size is None or record.vocab_size <= vocab_size:
+        return
+    raise DataError(
+        f"token shards in {where} were written by {record.describe()} but model.vocab_size "
+        f"(data.vocab_size) is {vocab_size:,}; set model.vocab_size to at least "
+        f"{record.vocab_size} or prepare the shards with a tokenizer of at most {vocab_size:,} ids"
+    )
+
+
+def load_tokenizer(record: TokenizerRecord) -> Any:
+    """Return a tokenizer object for a record: CharTokenizer or JsonTokenizer."""
+    if record.kind == "bytes":
+        return CharTokenizer()
+    if record.tokenizer_json is not None:
+        return JsonTokenizer.from_file(record.tokenizer_json)
+    raise DataError(
+        f"the shards were written by {record.describe()}, a Python tokenizer with no "
+        "tokenizer.json; pass that tokenizer yourself"
+    )
+
+
+__all__ = [
+    "BYTES",
+    "RECORD_NAME",
+    "TOKENIZER_JSON",
+    "TokenizerRecord",
+    "check_vocab",
+    "load_tokenizer",
+    "read_record",
+    "record_for",
+    "shards_record",
+    "write_record",
+]

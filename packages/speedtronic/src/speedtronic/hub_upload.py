@@ -1,0 +1,41 @@
+"""Upload an export folder to a Hugging Face Hub model repository with huggingface_hub."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from speedtronic.errors import UsageError
+
+
+def push_to_hub(
+    folder: Path, repo_id: str, *, private: bool = False, endpoint: str | None = None
+) -> str:
+    """Create the model repository if needed and upload every file of folder as one commit;
+    return the repository URL.
+
+    The token is huggingface_hub's own: HF_TOKEN, else the `hf auth login` cache. Speedtronic
+    never reads, prints or stores it. `endpoint` (default: HF_ENDPOINT, else huggingface.co)
+    points at another Hub.
+    """
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import HFValidationError
+
+    if not folder.is_dir():
+        raise UsageError(f"{folder}: no such export folder")
+    api = HfApi(endpoint=endpoint)
+    try:
+        url = api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+    except HFValidationError as error:
+        raise UsageError(
+            f"--push-to-hub {repo_id!r}: not a repository id ({error}); use NAME or OWNER/NAME"
+        ) from None
+    api.upload_folder(
+        folder_path=str(folder),
+        repo_id=url.repo_id,  # OWNER/NAME, also when only NAME was given
+        repo_type="model",
+        commit_message="Upload a Speedtronic export",
+    )
+    return str(url)
+
+
+__all__ = ["push_to_hub"]

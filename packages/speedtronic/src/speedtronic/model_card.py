@@ -1,0 +1,168 @@
+"""The model card (README.md) of a Hugging Face export: how it was trained, its loss curve."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from speedtronic.errors import UsageError
+
+CARD_NAME = "README.md"
+CURVE_NAME = "loss_curve.png"
+
+
+def find_metrics(config: Any, checkpoint: Path) -> Path | None:
+    """Return the run's metrics.jsonl: logging.json_file, else beside the checkpoints folder."""
+    candidates = [
+        Path(config.logging.json_file) if config.logging.json_file else None,
+        checkpoint.parent.parent / "metrics.jsonl",
+        Path(config.run.output_dir) / "metrics.jsonl",
+    ]
+    return next((path for path in candidates if path is not None and path.is_file()), None)
+
+
+def final_val_loss(records: list[dict[str, Any]], step: int) -> tuple[int, float] | None:
+    """Return (step, val_loss) of the last evaluation at or before step, or None."""
+    evals = [
+        (r["step"], r["val_loss"])
+        for r in records
+        if r.get("val_loss") is not None and isinstance(r.get("step"), int) and r["step"] <= step
+    ]
+    return evals[-1] if evals else None
+
+
+def _architecture(config: Any) -> str:
+    m = config.model
+    head = "tied embedding and head" if m.tie_weights else "untied head"
+    return (
+        f"LlamaForCausalLM: {m.n_layer} layers, hidden size {m.d_model}, {m.n_head} attention "
+        f"heads ({m.n_kv_head} key/value), MLP {m.d_ff}, vocabulary {m.vocab_size}, context "
+        f"{m.max_seq_len}, RoPE theta {m.rope_base:g}, {head}"
+    )
+
+
+def render_card(
+    config: Any,
+    state: dict[str, Any],
+    *,
+    tokenizer: str,
+    val_loss: tuple[int, float] | None,
+    curve: bool,
+    repo_id: str | None = None,
+) -> str:
+    """Return the README.md text: front matter, training summary, loss curve, usage, config."""
+    step, tokens = state.get("step"), state.get("tokens")
+    where = repo_id or "path/to/this/folder"
+    origin = (
+        f"continued from `{config.model.init_from}`"
+        if config.model.init_from
+        else "trained from random initialization"
+    )
+    opt, sched = config.optimizer, config.scheduler
+    rows = [
+        ("architecture", _architecture(config)),
+        ("tokenizer", tokenizer),
+        ("optimizer", f"{opt.name}, lr {opt.lr:g}, weight decay {opt.weight_decay:g}"),
+        ("schedule", f"{sched.name}, {sched.warmup_steps} warmup steps"),
+        ("batch", f"{config.data.target_batch_size} sequences of {config.data.block_size} tokens"),
+        ("steps", f"{step:,}" if isinstance(step, int) else "unknown"),
+        ("tokens", f"{tokens:,}" if isinstance(tokens, int) else "unknown"),
+        (
+            "final validation loss",
+            f"{val_loss[1]:.4f} nats/token (step {val_loss[0]:,})" if val_loss else "not measured",
+        ),
+    ]
+    lines = [
+        "---",
+        "library_name: transformers",
+        "pipeline_tag: text-generation",
+        "tags:",
+        "- speedtronic",
+        "- llama",
+        "- text-generation",
+        "---",
+        "",
+        f"# {config.run.name}",
+        "",
+        f"A Llama-architecture causal language model {origin} with Speedtronic and exported as a "
+        "`transformers` checkpoint: `AutoModelForCausalLM` and `AutoTokenizer` load it with no "
+        "custom code.",
+        "",
+        "| | |",
+        "|---|---|",
+        *(f"| {name} | {value} |" for name, value in rows),
+        "",
+    ]
+    if curve:
+        lines += ["## Loss curve", "", f"![training and validation loss]({CURVE_NAME})", ""]
+    lines += [
+        "## Use it",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        f'tokenizer = AutoTokenizer.from_pretrained("{where}")',
+        f'model = AutoModelForCausalLM.from_pretrained("{where}")',
+        'ids = tokenizer("def ", return_tensors="pt", add_special_tokens=False).input_ids',
+        "out = model.generate(ids, max_new_tokens=64, do_sample=False)",
+        "print(tokenizer.decode(out[0]))",
+        "```",
+        "",
+        f"Training saw windows of {config.model.max_seq_len} tokens with no special tokens "
+        "added; keep prompt plus generation within that length for the quality it was trained "
+        "for.",
+        "",
+        "## Training configuration",
+        "",
+        "```yaml",
+        config.to_yaml(redact_secrets=True).rstrip("\n"),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_model_card(
+    out_dir: Path,
+    config: Any,
+    state: dict[str, Any],
+    *,
+    checkpoint: Path,
+    tokenizer: Any,
+    repo_id: str | None = None,
+) -> Path:
+    """Write README.md (and loss_curve.png when the run's metrics are found) into out_dir."""
+    from speedtronic.plotting import plot_metrics, read_metrics
+    from speedtronic_systems.atomic import atomic_write_bytes
+
+    metrics = find_metrics(config, checkpoint)
+    records = read_metrics(metrics) if metrics is not None else []
+    curve = out_dir / CURVE_NAME
+    try:
+        plotted = metrics is not None and plot_metrics(metrics, curve) == curve
+    except UsageError:  # a run too short to have logged a loss
+        plotted = False
+    if not plotted:
+        curve.unlink(missing_ok=True)
+    step = state.get("step") if isinstance(state.get("step"), int) else 2**63
+    text = render_card(
+        config,
+        state,
+        tokenizer=tokenizer.describe(),
+        val_loss=final_val_loss(records, step),
+        curve=plotted,
+        repo_id=repo_id,
+    )
+    target = out_dir / CARD_NAME
+    atomic_write_bytes(target, text.encode("utf-8"))
+    return target
+
+
+__all__ = [
+    "CARD_NAME",
+    "CURVE_NAME",
+    "final_val_loss",
+    "find_metrics",
+    "render_card",
+    "write_model_card",
+]

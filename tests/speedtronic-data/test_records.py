@@ -1,0 +1,87 @@
+"""Record sources: Parquet, JSON Lines and `datasets` folders written by the real libraries."""
+
+from __future__ import annotations
+
+import builtins
+import json
+
+import pytest
+
+from speedtronic_data import DataError
+from speedtronic_data.records import is_record_source, open_records
+
+ROWS = ["first document", None, "second\nwith two lines\n", "third"]
+
+
+def jsonl(tmp_path, rows=ROWS, key="text"):
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({key: row, "n": 1}) + "\n\n" for row in rows))
+    return path
+
+
+def test_jsonl_rows_in_order_nulls_skipped(tmp_path):
+    source = open_records(jsonl(tmp_path))
+    assert (source.kind, source.num_rows) == ("jsonl", 4)
+    assert list(source.texts()) == [r for r in ROWS if r is not None]
+
+
+def test_parquet(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"body": ROWS, "n": [1, 2, 3, 4]}), path, row_group_size=2)
+    source = open_records(path, "body")
+    assert (source.kind, source.num_rows) == ("parquet", 4) and source.approx_bytes > 0
+    assert list(source.texts()) == [r for r in ROWS if r is not None]
+    with pytest.raises(DataError, match=r"no column 'text' \(columns: body, n\).*--text-column"):
+        open_records(path)
+
+
+def test_datasets_save_to_disk_folder(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("pyarrow")
+    data = datasets.Dataset.from_dict({"text": ROWS, "n": [1, 2, 3, 4]})
+    data.save_to_disk(str(tmp_path / "ds"))
+    source = open_records(tmp_path / "ds")
+    assert (source.kind, source.num_rows) == ("arrow", 4)
+    assert list(source.texts()) == [r for r in ROWS if r is not None]
+    datasets.DatasetDict({"train": data, "test": data}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(DataError, match="DatasetDict with splits train, test.*dd/train"):
+        open_records(tmp_path / "dd")
+
+
+def test_what_counts_as_records(tmp_path):
+    assert is_record_source(tmp_path) and is_record_source(tmp_path / "a.JSONL")
+    assert is_record_source(tmp_path / "a.parquet") and not is_record_source(tmp_path / "a.txt")
+    with pytest.raises(DataError, match="not a `datasets` save_to_disk folder"):
+        open_records(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        ('{"text": "a"}\nnot json\n', "docs.jsonl:2: not a JSON object"),
+        ('{"body": "a"}\n', "docs.jsonl:1: no 'text' field \\(has body\\)"),
+        ('{"text": 5}\n', "docs.jsonl:1: 'text' is int, not text"),
+    ],
+)
+def test_bad_jsonl_lines_are_named(tmp_path, content, fragment):
+    path = tmp_path / "docs.jsonl"
+    path.write_text(content)
+    with pytest.raises(DataError, match=fragment):
+        list(open_records(path).texts())
+
+
+def test_missing_pyarrow_names_the_extra(tmp_path, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_pyarrow(name, *args, **kwargs):
+        if name.startswith("pyarrow"):
+            raise ImportError("No module named 'pyarrow'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pyarrow)
+    (tmp_path / "x.parquet").write_bytes(b"PAR1")
+    with pytest.raises(DataError, match=r"needs pyarrow: pip install 'speedtronic-data\[arrow\]'"):
+        open_records(tmp_path / "x.parquet")

@@ -1,0 +1,114 @@
+"""tokenizer_record.json: written by prepare_shards, read by training and export."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from speedtronic_data import (
+    CharTokenizer,
+    DataError,
+    JsonTokenizer,
+    TokenShardDataset,
+    load_tokenizer,
+    write_shard,
+)
+from speedtronic_data.tokenizer_record import (
+    RECORD_NAME,
+    check_vocab,
+    read_record,
+    record_for,
+    shards_record,
+    write_record,
+)
+
+
+def test_byte_tokenizer_record(tmp_path):
+    record = write_record(tmp_path, CharTokenizer(512))
+    assert (record.kind, record.vocab_size, record.folder) == ("bytes", 256, tmp_path)
+    assert json.loads((tmp_path / RECORD_NAME).read_text()) == {
+        "format": 1,
+        "kind": "bytes",
+        "vocab_size": 256,
+        "name": "bytes",
+    }
+    assert read_record(tmp_path) == record
+    assert record_for(CharTokenizer(128)).vocab_size == 128  # a cut vocabulary is what it emits
+    assert type(load_tokenizer(record)) is CharTokenizer
+
+
+def test_tokenizers_record_keeps_an_exact_copy(tmp_path, bpe_json):
+    (tmp_path / "out").mkdir()
+    tokenizer = JsonTokenizer.from_file(bpe_json)
+    record = write_record(tmp_path / "out", tokenizer)
+    assert record.kind == "tokenizers" and record.vocab_size == tokenizer.vocab_size > 256
+    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == bpe_json.read_bytes()
+    assert read_record(tmp_path / "out").same_tokenizer(record)
+    assert record.describe() == f"tokenizer.json ({tokenizer.vocab_size} ids)"
+    loaded = load_tokenizer(read_record(tmp_path / "out"))
+    assert loaded.encode("def add") == JsonTokenizer.from_file(bpe_json).encode("def add")
+    # a later byte-level prepare into the same folder removes the copy
+    write_record(tmp_path / "out", CharTokenizer())
+    assert not (tmp_path / "out" / "tokenizer.json").exists()
+
+
+def test_a_folder_without_a_record_is_bytes_with_an_unknown_vocabulary(tmp_path):
+    record = read_record(tmp_path)
+    assert (record.kind, record.vocab_size) == ("bytes", None)
+    check_vocab(record, 7, "anywhere")  # unknown: not checked (2.0 folders, cut vocabularies)
+
+
+def test_custom_tokenizers_are_recorded_by_name(tmp_path):
+    class Words:
+        vocab_size = 1000
+
+        def encode(self, text):
+            return [1]
+
+    record = write_record(tmp_path, Words())
+    assert record.kind == "custom" and record.vocab_size == 1000 and "Words" in record.name
+    with pytest.raises(DataError, match="no tokenizer.json"):
+        load_tokenizer(record)
+
+
+def test_unreadable_or_incomplete_records(tmp_path):
+    (tmp_path / RECORD_NAME).write_text("{not json")
+    with pytest.raises(DataError, match="unreadable"):
+        read_record(tmp_path)
+    (tmp_path / RECORD_NAME).write_text(
+        json.dumps({"kind": "tokenizers", "vocab_size": 9, "name": "t", "sha256": "x"})
+    )
+    with pytest.raises(DataError, match="tokenizer.json, which is missing"):
+        read_record(tmp_path)
+
+
+def shards(folder, tokenizer, count=2000):
+    folder.mkdir(parents=True, exist_ok=True)
+    write_shard(folder / "train_000000.bin", np.arange(count) % 200)
+    write_record(folder, tokenizer)
+    return folder
+
+
+def test_training_refuses_a_vocabulary_smaller_than_the_tokenizer(tmp_path, bpe_json):
+    size = JsonTokenizer.from_file(bpe_json).vocab_size
+    folder = shards(tmp_path / "bpe", JsonTokenizer.from_file(bpe_json))
+    with pytest.raises(DataError) as caught:
+        TokenShardDataset(str(folder / "train_*.bin"), 16, vocab_size=256)
+    message = str(caught.value)
+    assert f"tokenizer.json ({size} ids)" in message and "is 256" in message
+    assert f"set model.vocab_size to at least {size}" in message and "\n" not in message
+    assert TokenShardDataset(str(folder / "train_*.bin"), 16, vocab_size=320).tokenizer.kind == (
+        "tokenizers"
+    )
+
+
+def test_shards_from_different_tokenizers_do_not_mix(tmp_path, bpe_json):
+    shards(tmp_path / "a", CharTokenizer())
+    shards(tmp_path / "b", JsonTokenizer.from_file(bpe_json))
+    paths = [tmp_path / "a" / "train_000000.bin", tmp_path / "b" / "train_000000.bin"]
+    with pytest.raises(DataError, match="different tokenizers"):
+        shards_record(paths)
+    with pytest.raises(DataError, match="different tokenizers"):
+        TokenShardDataset([str(p) for p in paths], 16, 512)

@@ -1,0 +1,253 @@
+"""The reference transformer as a transformers Llama checkpoint: numbers checked against the real
+`transformers` (skipped where it is not installed), files and errors checked without it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from speedtronic_config import ConfigError
+from speedtronic_model import ReferenceTransformer, apply_init_from, load_llama, save_llama
+from speedtronic_model.hf_llama import INDEX_NAME, WEIGHTS_NAME, hf_folder, llama_config
+
+SHAPE = dict(vocab_size=300, block_size=32, n_layer=2, n_head=4, d_model=32, rope_base=5000.0)
+VARIANTS = {
+    "mha-tied": dict(n_kv_head=4, tie_weights=True),
+    "mha-untied": dict(n_kv_head=4, tie_weights=False),
+    "gqa-tied": dict(n_kv_head=2, tie_weights=True),
+    "gqa-untied": dict(n_kv_head=1, tie_weights=False),
+}
+
+
+def model(seed: int = 0, **overrides) -> ReferenceTransformer:
+    """A small model whose weights are far from init, so a wrong mapping cannot hide."""
+    torch.manual_seed(seed)
+    net = ReferenceTransformer(**{**SHAPE, **overrides}).eval()
+    with torch.no_grad():
+        for param in net.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    return net
+
+
+def batch(length: int = 32) -> torch.Tensor:
+    return torch.randint(
+        0, SHAPE["vocab_size"], (3, length), generator=torch.Generator().manual_seed(7)
+    )
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+# -- against transformers ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_transformers_logits_equal_ours(tmp_path, variant):
+    transformers = pytest.importorskip("transformers")
+    ours = model(**VARIANTS[variant])
+    save_llama(ours, tmp_path)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(theirs).__name__ == "LlamaForCausalLM"
+    assert theirs.dtype == torch.float32
+    ids = batch()
+    with torch.no_grad():
+        difference = (ours(ids)["logits"] - theirs(ids).logits).abs().max().item()
+    assert difference <= 1e-5, difference
+
+
+@pytest.mark.parametrize("variant", ["mha-tied", "gqa-untied"])
+def test_transformers_greedy_generate_matches(tmp_path, variant):
+    transformers = pytest.importorskip("transformers")
+    ours = model(**VARIANTS[variant])
+    save_llama(ours, tmp_path)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    prompt = batch(8)[:1]
+    # prompt + new tokens within block_size: past it ours slides its window, Llama does not
+    expected = ours.generate(prompt, 24, temperature=0)
+    got = theirs.generate(prompt, max_new_tokens=24, do_sample=False)
+    assert got.tolist() == expected.tolist()
+
+
+def test_sharded_export_has_an_index_and_loads_in_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    ours = model(**VARIANTS["gqa-untied"])
+    written = save_llama(ours, tmp_path, max_shard_bytes=20_000)
+    shards = sorted(tmp_path.glob("model-*.safetensors"))
+    assert len(shards) > 2 and not (tmp_path / WEIGHTS_NAME).exists()
+    assert shards[0].name == f"model-00001-of-{len(shards):05d}.safetensors"
+    index = json.loads((tmp_path / INDEX_NAME).read_text())
+    assert set(index["weight_map"].values()) == {p.name for p in shards}
+    assert index["metadata"]["total_size"] == sum(p.numel() * 4 for p in ours.parameters())
+    assert set(written) >= set(shards)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.allclose(ours(batch())["logits"], theirs(batch()).logits, atol=1e-5)
+
+
+def test_a_folder_transformers_saved_loads_back(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    ours = model(**VARIANTS["gqa-tied"])
+    save_llama(ours, tmp_path / "a")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "a")
+    theirs.save_pretrained(tmp_path / "b")  # transformers' own file layout and config keys
+    again = load_llama(model(seed=1, **VARIANTS["gqa-tied"]), tmp_path / "b")
+    assert torch.equal(again(batch())["logits"], ours(batch())["logits"])
+
+
+# -- files and round trip ------------------------------------------------------------------------
+
+
+def test_config_json_describes_the_model():
+    config = llama_config(model(**VARIANTS["gqa-untied"]), bos_token_id=None, eos_token_id=3)
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
+    assert (config["hidden_size"], config["intermediate_size"], config["head_dim"]) == (32, 128, 8)
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (4, 1)
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == 5000.0
+    assert config["rms_norm_eps"] == 1e-5 and config["hidden_act"] == "silu"
+    assert config["tie_word_embeddings"] is False and config["max_position_embeddings"] == 32
+    assert (config["bos_token_id"], config["eos_token_id"]) == (None, 3)
+
+
+@pytest.mark.parametrize("shard", [None, 20_000])
+def test_save_load_save_is_byte_identical(tmp_path, shard):
+    kwargs = {} if shard is None else {"max_shard_bytes": shard}
+    save_llama(model(**VARIANTS["gqa-untied"]), tmp_path / "a", **kwargs)
+    copy = load_llama(model(seed=3, **VARIANTS["gqa-untied"]), tmp_path / "a")
+    save_llama(copy, tmp_path / "b", **kwargs)
+    assert files(tmp_path / "a") == files(tmp_path / "b")
+
+
+def test_a_new_export_replaces_stale_weights(tmp_path):
+    save_llama(model(), tmp_path, max_shard_bytes=20_000)
+    save_llama(model(), tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("model*")) == [WEIGHTS_NAME]
+
+
+def test_tied_export_stores_the_shared_matrix_once(tmp_path):
+    from safetensors import safe_open
+
+    save_llama(model(**VARIANTS["mha-tied"]), tmp_path)
+    with safe_open(str(tmp_path / WEIGHTS_NAME), framework="pt") as handle:
+        names = set(handle.keys())
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
+    assert len(names) == 1 + 9 * 2 + 1
+
+
+def test_apply_init_from(tmp_path):
+    source = model(**VARIANTS["gqa-tied"])
+    save_llama(source, tmp_path)
+    fresh = model(seed=5, **VARIANTS["gqa-tied"])
+    assert apply_init_from(fresh, None) is fresh
+    apply_init_from(fresh, f"hf:{tmp_path}")
+    assert torch.equal(fresh(batch())["logits"], source(batch())["logits"])
+
+
+# -- bad paths -----------------------------------------------------------------------------------
+
+
+def saved(tmp_path: Path, **overrides) -> Path:
+    save_llama(model(**{**VARIANTS["gqa-untied"], **overrides}), tmp_path)
+    return tmp_path
+
+
+def edit_config(folder: Path, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+@pytest.mark.parametrize("spec", ["exports/x", "hf:", 7])
+def test_init_from_must_be_hf_path(spec):
+    with pytest.raises(ConfigError, match="model.init_from"):
+        hf_folder(spec)
+
+
+def test_folder_without_config_json(tmp_path):
+    with pytest.raises(ConfigError, match="has no config.json"):
+        apply_init_from(model(), f"hf:{tmp_path}")
+
+
+def test_non_llama_config_is_refused(tmp_path):
+    edit_config(saved(tmp_path), model_type="gpt2", architectures=["GPT2LMHeadModel"])
+    with pytest.raises(ConfigError, match="model_type 'gpt2'.*does not map"):
+        load_llama(model(**VARIANTS["gqa-untied"]), tmp_path)
+
+
+def test_size_mismatches_are_named_with_the_fix(tmp_path):
+    saved(tmp_path)
+    target = model(n_layer=3, n_kv_head=4, tie_weights=True)
+    with pytest.raises(ConfigError) as caught:
+        load_llama(target, tmp_path)
+    message = str(caught.value)
+    assert "model.n_layer is 3 but the checkpoint has 2" in message
+    assert "model.n_kv_head is 4 but the checkpoint has 1" in message
+    assert "model.tie_weights is True but the checkpoint has False" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "changes, fragment",
+    [
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu' does not map"),
+        ({"attention_bias": True}, "attention_bias True does not map"),
+        ({"rms_norm_eps": 1e-6}, "rms_norm_eps 1e-06 does not map"),
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5000.0}}, "rope type 'llama3'"),
+        ({"head_dim": 16}, "head_dim 16 does not map"),
+    ],
+)
+def test_architecture_features_that_do_not_map(tmp_path, changes, fragment):
+    edit_config(saved(tmp_path), **changes)
+    with pytest.raises(ConfigError, match=fragment):
+        load_llama(model(**VARIANTS["gqa-untied"]), tmp_path)
+
+
+def test_tensor_shape_mismatch_is_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    saved(tmp_path)
+    tensors = load_file(tmp_path / WEIGHTS_NAME)
+    tensors["model.layers.1.mlp.up_proj.weight"] = torch.zeros(64, 32)
+    save_file(tensors, tmp_path / WEIGHTS_NAME)
+    with pytest.raises(ConfigError, match=r"up_proj.weight has shape \(64, 32\).*\(128, 32\)"):
+        load_llama(model(**VARIANTS["gqa-untied"]), tmp_path)
+
+
+def test_missing_and_unexpected_tensors_are_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    saved(tmp_path)
+    tensors = load_file(tmp_path / WEIGHTS_NAME)
+    del tensors["model.norm.weight"]
+    save_file(tensors, tmp_path / WEIGHTS_NAME)
+    with pytest.raises(ConfigError, match="lacks tensor.*model.norm.weight"):
+        load_llama(model(**VARIANTS["gqa-untied"]), tmp_path)
+    tensors["model.norm.weight"] = torch.ones(32)
+    tensors["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(32)
+    save_file(tensors, tmp_path / WEIGHTS_NAME)
+    with pytest.raises(ConfigError, match="q_proj.bias"):
+        load_llama(model(**VARIANTS["gqa-untied"]), tmp_path)
+
+
+def test_missing_weights_and_missing_shards(tmp_path):
+    saved(tmp_path)
+    (tmp_path / WEIGHTS_NAME).unlink()
+    with pytest.raises(ConfigError, match="neither model.safetensors nor"):
+        load_llama(model(**VARIANTS["gqa-untied"]), tmp_path)
+    save_llama(model(**VARIANTS["gqa-untied"]), tmp_path, max_shard_bytes=20_000)
+    second = sorted(tmp_path.glob("model-*.safetensors"))[1]
+    second.unlink()
+    with pytest.raises(ConfigError, match=f"missing shard.*{second.name}"):
+        load_llama(model(**VARIANTS["gqa-untied"]), tmp_path)
+
+
+def test_a_custom_model_does_not_map(tmp_path):
+    custom = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10))
+    with pytest.raises(ConfigError, match="Sequential does not map onto transformers' Llama"):
+        save_llama(custom, tmp_path)
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(ConfigError, match="model.name.*0.weight"):
+        load_llama(custom, tmp_path)

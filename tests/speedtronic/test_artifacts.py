@@ -1,0 +1,124 @@
+"""export_hf and sample_text against the real transformers: same logits, same greedy tokens, same
+text; and export -> model.init_from -> export round trips byte for byte.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from interop_testkit import noisy_checkpoint, run_config
+
+from speedtronic.artifacts import export_hf, load_checkpoint_model, resolve_tokenizer, sample_text
+from speedtronic.errors import UsageError
+from speedtronic_config import ConfigError
+
+MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors"}
+TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json"}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, byte_shards) -> Path:
+    run = tmp_path_factory.mktemp("run")
+    return noisy_checkpoint(run_config(run, byte_shards, tie_weights=False), step=4)
+
+
+def test_export_is_a_folder_transformers_loads_with_equal_logits(tmp_path, checkpoint):
+    transformers = pytest.importorskip("transformers")
+    out = export_hf(checkpoint, tmp_path / "hf")
+    assert {p.name for p in out.iterdir()} == MODEL_FILES | TOKENIZER_FILES | {"README.md"}
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    ours, _ = load_checkpoint_model(checkpoint)
+    ids = torch.randint(0, 300, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        difference = (ours(ids)["logits"] - theirs(ids).logits).abs().max().item()
+    assert difference <= 1e-5, difference
+
+
+def test_greedy_generate_equals_sample_at_temperature_0(tmp_path, checkpoint):
+    transformers = pytest.importorskip("transformers")
+    out = export_hf(checkpoint, tmp_path / "hf")
+    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    prompt = "def f(é):"
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    assert ids[0].tolist() == list(prompt.encode())
+    new = 32 - ids.size(1)  # within the context: past it sample slides its window, Llama does not
+    generated = model.generate(ids, max_new_tokens=new, do_sample=False)[0].tolist()
+    ours, _ = load_checkpoint_model(checkpoint)
+    assert generated == ours.generate(ids, new, temperature=0)[0].tolist()
+    # the noisy weights emit ids past 255 and invalid UTF-8: both sides decode them alike
+    assert max(generated) >= 256 and tokenizer.decode(generated) == sample_text(
+        checkpoint, prompt, max_new_tokens=new, temperature=0
+    )
+
+
+def test_export_import_export_is_byte_identical(tmp_path, checkpoint, byte_shards):
+    first = export_hf(checkpoint, tmp_path / "first")
+    config = run_config(tmp_path / "run2", byte_shards, tie_weights=False)
+    config["model"]["init_from"] = f"hf:{first}"
+    again = noisy_checkpoint(config, step=0, noise=0.0)  # the imported weights, saved unchanged
+    second = export_hf(again, tmp_path / "second")
+    for name in MODEL_FILES | TOKENIZER_FILES:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+
+
+def test_a_bpe_run_exports_its_tokenizer(tmp_path, bpe_json):
+    transformers = pytest.importorskip("transformers")
+    from speedtronic_data import JsonTokenizer, prepare_shards
+
+    text = "def add(a, b):\n    return a + b\n" * 300
+    shards = tmp_path / "shards"
+    prepare_shards([], shards, JsonTokenizer.from_file(bpe_json), texts=[text], progress=None)
+    checkpoint = noisy_checkpoint(run_config(tmp_path / "run", shards))
+    out = export_hf(checkpoint, tmp_path / "hf")
+    assert (out / "tokenizer.json").read_bytes() == bpe_json.read_bytes()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert (model.config.bos_token_id, model.config.eos_token_id) == (0, 0)
+    assert tokenizer.eos_token == "<|endoftext|>"
+    ids = tokenizer("return a", return_tensors="pt").input_ids
+    generated = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None)
+    assert tokenizer.decode(generated[0]) == sample_text(
+        checkpoint, "return a", max_new_tokens=8, temperature=0
+    )
+
+
+def test_a_custom_registered_model_does_not_map(tmp_path, byte_shards):
+    from speedtronic_model import register_model
+
+    class Bigram(torch.nn.Module):
+        def __init__(self, vocab_size, **_):
+            super().__init__()
+            self.table = torch.nn.Embedding(vocab_size, vocab_size)
+
+        def forward(self, input_ids, labels=None, **_):
+            logits = self.table(input_ids)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+            return {"logits": logits, "loss": loss}
+
+    register_model("hf_test_bigram", Bigram, replace=True)
+    config = run_config(tmp_path / "run", byte_shards)
+    config["model"]["name"] = "hf_test_bigram"
+    checkpoint = noisy_checkpoint(config)
+    with pytest.raises(ConfigError, match="Bigram does not map onto transformers' Llama.*table"):
+        export_hf(checkpoint, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_the_tokenizer_must_be_known(tmp_path, checkpoint, byte_shards, bpe_json):
+    _, config = load_checkpoint_model(checkpoint)
+    config.data.shard_path = str(tmp_path / "moved" / "train_*.bin")
+    with pytest.raises(UsageError, match="cannot tell which tokenizer.*--tokenizer bytes"):
+        resolve_tokenizer(config)
+    assert type(resolve_tokenizer(config, strict=False)).__name__ == "CharTokenizer"
+    assert resolve_tokenizer(config, bpe_json).vocab_size > 256
+    with pytest.raises(UsageError, match="no such file"):
+        resolve_tokenizer(config, tmp_path / "missing.json")
+    from tokenizers import Tokenizer, models
+
+    big = tmp_path / "big.json"
+    Tokenizer(models.WordLevel({f"w{i}": i for i in range(400)}, unk_token="w0")).save(str(big))
+    with pytest.raises(UsageError, match="tokenizer has 400 ids but the model only 300"):
+        export_hf(checkpoint, tmp_path / "hf", tokenizer=big)

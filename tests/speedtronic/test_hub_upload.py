@@ -1,0 +1,84 @@
+"""export --push-to-hub against the loopback Hub server, through the real huggingface_hub client;
+the token comes from the environment and never shows up anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from interop_testkit import noisy_checkpoint, run_config
+
+from speedtronic.artifacts import export_hf
+from speedtronic.errors import UsageError
+from speedtronic.hub_upload import push_to_hub
+from speedtronic_diloco.testing.hub_server import HubServer
+
+SECRET = "hf_PUSH_secret_token_value"
+
+
+@pytest.fixture
+def server():
+    with HubServer() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, byte_shards) -> Path:
+    return noisy_checkpoint(run_config(tmp_path_factory.mktemp("run"), byte_shards), step=4)
+
+
+def local_files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_push_uploads_every_file(tmp_path, server, checkpoint, monkeypatch, capsys):
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    out = export_hf(checkpoint, tmp_path / "hf", repo_id="me/tiny")
+    url = push_to_hub(out, "me/tiny", endpoint=server.url)
+    assert url.endswith("/me/tiny")
+    remote = server.files("me/tiny")
+    assert {k: v for k, v in remote.items() if k != ".gitattributes"} == local_files(out)
+    assert not server.store.repos[("model", "me/tiny")].private
+    # pushing again reuses the repository: one more commit, same files
+    push_to_hub(out, "me/tiny", endpoint=server.url)
+    assert len(server.store.repos[("model", "me/tiny")].commits) == 3
+    captured = capsys.readouterr()
+    assert SECRET not in captured.out + captured.err
+    assert all(SECRET.encode() not in data for data in remote.values())
+
+
+def test_bad_repository_id_and_folder(tmp_path, server):
+    with pytest.raises(UsageError, match="not a repository id"):
+        push_to_hub(tmp_path, "a/b/c", endpoint=server.url)
+    with pytest.raises(UsageError, match="no such export folder"):
+        push_to_hub(tmp_path / "missing", "me/x", endpoint=server.url)
+
+
+def test_cli_push_to_hub_private(tmp_path, server, checkpoint):
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": server.url,
+        "HF_TOKEN": SECRET,
+        "HF_HOME": str(tmp_path / "hf-home"),  # no login cache of the machine's user
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "speedtronic", "export", str(checkpoint), str(tmp_path / "hf")]
+        + ["--format", "hf", "--push-to-hub", "me/private-run", "--private"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1].endswith("/me/private-run")
+    assert SECRET not in result.stdout + result.stderr
+    assert server.store.repos[("model", "me/private-run")].private
+    remote = server.files("me/private-run")
+    assert '"me/private-run"' in remote["README.md"].decode()
+    for path in (tmp_path / "hf").iterdir():
+        assert SECRET.encode() not in path.read_bytes()
+        assert remote[path.name] == path.read_bytes()

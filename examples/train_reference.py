@@ -13,7 +13,7 @@ from torch import nn
 import speedtronic
 
 
-@speedtronic.register_model("tiny_mlp_lm", replace=True)
+@speedtronic.register_model("tiny_mlp_lm")
 def tiny_mlp_lm(vocab_size: int, d_model: int, **_: object) -> nn.Module:
     """A custom model: embedding + MLP + head, returning {"logits"} for the trainer's causal
     loss.

@@ -130,9 +130,9 @@ DEFAULTS = {
         delta_upload_overflow="skip",
         delta_upload_shutdown_timeout=5.0,
         async_global_poll=True,
-        staleness_limit=2,
-        max_local_rounds=4,
-        global_wait_timeout=300.0,
+        staleness_limit=None,  # opt-in: 2.0 applied every delta
+        max_local_rounds=None,  # opt-in: 2.0 never blocked a boundary
+        global_wait_timeout=0.0,  # opt-in: 2.0 never waited
     ),
 }
 
@@ -305,7 +305,7 @@ ACCEPTED = [
         {"enabled": True, "repo_id": "r", "transport": "filesystem", "endpoint": "/shared"},
     ),
     (DistributedConfig, {"enabled": True, "mode": "disabled"}),
-    (DistributedConfig, {"staleness_limit": None, "max_local_rounds": None}),
+    (DistributedConfig, {"staleness_limit": 2, "max_local_rounds": 4, "global_wait_timeout": 300}),
     (DistributedConfig, {"staleness_limit": 0, "retry_initial": 2.0, "retry_max": 2.0}),
 ]
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -42,13 +43,20 @@ def test_register_as_decorator_and_as_call():
     assert reg.build("b", x=2) == ("b", {"x": 2})
 
 
-def test_duplicate_names_need_replace():
-    reg = ModelRegistry()
+def test_registering_a_name_again_replaces_it_and_says_so(caplog):
+    # 2.0's register_model is a plain extension seam: re-run notebook cells, overridden built-ins.
+    reg = ModelRegistry(builtins=True)
     reg.register("a", dict)
-    with pytest.raises(ValueError, match="already registered.*replace=True"):
+    with caplog.at_level(logging.INFO, logger="speedtronic_model.registry"):
         reg.register("a", list)
-    reg.register("a", list, replace=True)
-    assert reg.get("a") is list
+
+        @reg.register("reference_transformer")
+        def mine(**kwargs):
+            return "mine"
+
+    assert reg.get("a") is list and reg.build("reference_transformer") == "mine"
+    replaced = [r for r in caplog.records if "replaces the registered one" in r.getMessage()]
+    assert [r.levelno for r in replaced] == [logging.INFO, logging.INFO]
 
 
 @pytest.mark.parametrize("name, factory, error", [("", dict, ValueError), ("x", 3, TypeError)])
@@ -106,7 +114,7 @@ def test_custom_factory_receives_every_field_and_extra_overrides():
         seen.update(kwargs)
         return "built"
 
-    register_model("test_registry_custom", factory, replace=True)
+    register_model("test_registry_custom", factory)
     assert build_model(Section(name="test_registry_custom"), hidden_act="relu") == "built"
     assert seen == {
         "vocab_size": 64,

@@ -80,3 +80,22 @@ def test_load_rejects_adamw_only_state(tiny_lm, lm_loss) -> None:
     adamw_only = torch.optim.AdamW(tiny_lm.parameters()).state_dict()
     with pytest.raises(ValueError, match="different optimizer setup"):
         optimizer.load_state_dict(adamw_only)
+
+
+@pytest.mark.parametrize("cautious", [False, True])
+def test_state_is_a_live_view_that_clear_resets(tiny_lm, lm_loss, cautious: bool) -> None:
+    # DiLoCo resets the inner optimizer with optimizer.state.clear(): it must reach both children.
+    from speedtronic_optim import CautiousOptimizer
+
+    hybrid = _hybrid(tiny_lm)
+    optimizer = CautiousOptimizer(hybrid) if cautious else hybrid
+    lm_loss(tiny_lm).backward()
+    optimizer.step()
+    assert len(hybrid.muon.state) > 0 and len(hybrid.adamw.state) > 0
+    param = next(iter(optimizer.state))
+    assert optimizer.state[param] is (hybrid.muon.state.get(param) or hybrid.adamw.state[param])
+    optimizer.state.clear()
+    assert len(hybrid.muon.state) == len(hybrid.adamw.state) == len(optimizer.state) == 0
+    lm_loss(tiny_lm).backward()
+    optimizer.step()  # steps again from fresh moments
+    assert len(optimizer.state) == sum(1 for _ in tiny_lm.parameters())

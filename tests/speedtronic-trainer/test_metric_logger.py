@@ -54,21 +54,26 @@ def test_cadence():
         MetricLogger(every_steps=0)
 
 
-def test_failing_hook_is_logged_once_and_skipped():
+def test_a_failing_hook_keeps_being_called_with_rate_limited_warnings():
     stream = io.StringIO()
     good = RecordingHook()
     calls = []
 
-    def bad(event, payload):
+    def flaky(event, payload):
         calls.append(event)
-        raise RuntimeError("sink is down")
+        if payload["step"] < 25:  # a transient outage: the sink recovers at step 25
+            raise RuntimeError("sink is down")
 
-    logger = MetricLogger(stream=stream, hooks=[bad, good])
-    for step in range(3):
+    logger = MetricLogger(stream=stream, hooks=[flaky, good])
+    for step in range(30):
         logger.emit("train_step", {"step": step})
-    assert calls == ["train_step"]
-    assert stream.getvalue().count("sink is down") == 1
-    assert len(good.events) == 3
+    assert len(calls) == 30 and len(good.events) == 30  # never switched off
+    warnings = [line for line in stream.getvalue().splitlines() if "sink is down" in line]
+    assert len(warnings) == 2 and "(1 failure so far" in warnings[0]  # the 1st and the 10th
+    assert "(10 failures so far" in warnings[1]
+    assert logger.hook_failures == {
+        "test_a_failing_hook_keeps_being_called_with_rate_limited_warnings.<locals>.flaky": 25
+    }
 
 
 def test_failing_hook_never_stops_training():
@@ -88,7 +93,8 @@ def test_failing_hook_never_stops_training():
         device="cpu",
         logger=logger,
     )
-    assert trainer.fit(3).steps == 3
+    result = trainer.fit(3)
+    assert result.steps == 3 and result.metrics["hook_failures"] == 3 + 1  # steps and fit_end
 
 
 def test_console_metrics_off_keeps_files_and_other_events(tmp_path):

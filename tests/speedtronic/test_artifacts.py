@@ -98,7 +98,7 @@ def test_a_custom_registered_model_does_not_map(tmp_path, byte_shards):
             loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
             return {"logits": logits, "loss": loss}
 
-    register_model("hf_test_bigram", Bigram, replace=True)
+    register_model("hf_test_bigram", Bigram)
     config = run_config(tmp_path / "run", byte_shards)
     config["model"]["name"] = "hf_test_bigram"
     checkpoint = noisy_checkpoint(config)

@@ -72,7 +72,7 @@ class SpeedtronicConfig:
             )
         if self.run.max_steps <= 0:
             raise ConfigError("run.max_steps", "must be positive", value=self.run.max_steps)
-        if self.distributed.enabled and self.distributed.role == "single":
+        if self.distributed.active and self.distributed.role == "single":
             self.distributed.role = "master"  # an enabled run needs a repository owner
         if self.data.block_size is None:
             self.data.block_size = self.model.max_seq_len

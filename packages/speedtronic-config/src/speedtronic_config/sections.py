@@ -429,13 +429,15 @@ class DistributedConfig:
     delta_upload_overflow: str = "skip"
     delta_upload_shutdown_timeout: float = 5.0
     async_global_poll: bool = True
-    staleness_limit: int | None = 2
-    max_local_rounds: int | None = 4
-    global_wait_timeout: float = 300.0
+    # 2.0 never dropped, blocked or waited: these policies are opt-in (configs/diloco.yaml).
+    staleness_limit: int | None = None
+    max_local_rounds: int | None = None
+    global_wait_timeout: float = 0.0
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
-        _choice(self, "mode", ("dumb_diloco", "disabled"))
+        # 2.0 names two ways to switch DiLoCo off with the section still present.
+        _choice(self, "mode", ("dumb_diloco", "disabled", "single"))
         _choice(self, "role", ("single", "master", "worker"))
         _choice(self, "transport", ("hub", "filesystem"))
         _choice(self, "delta_upload_overflow", ("skip", "block"))
@@ -480,7 +482,7 @@ class DistributedConfig:
             self.max_local_rounds,
             "or null to never wait for a newer global model",
         )
-        if self.enabled and self.mode == "dumb_diloco":
+        if self.active:
             _check(
                 bool(self.repo_id),
                 "distributed.repo_id",
@@ -494,6 +496,11 @@ class DistributedConfig:
                 "must name a shared folder when transport is filesystem",
                 self.endpoint,
             )
+
+    @property
+    def active(self) -> bool:
+        """Return True when a DumbDiLoCo coordinator runs: enabled, and mode is dumb_diloco."""
+        return self.enabled and self.mode == "dumb_diloco"
 
     def __repr__(self) -> str:
         # The token must never reach a log line, even through repr(config).

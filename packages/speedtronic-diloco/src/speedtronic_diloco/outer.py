@@ -27,8 +27,6 @@ from speedtronic_diloco.tensors import (
 from speedtronic_systems.atomic import atomic_write_bytes
 
 LOGGER = logging.getLogger("speedtronic_diloco.outer")
-# A delta computed against outer step b is applied at outer step s when s - b <= this limit.
-DEFAULT_STALENESS_LIMIT = 2
 # safetensors adds a JSON header; anything far beyond the payload size is not a delta of this model.
 _HEADER_ALLOWANCE = 1 << 20
 # Deltas a master round downloads concurrently (and at most holds in memory at once).
@@ -118,7 +116,9 @@ class MasterOuterLoop:
         outer_lr: float = 0.7,
         outer_momentum: float = 0.9,
         poll_interval: float = 60.0,
-        staleness_limit: int | None = DEFAULT_STALENESS_LIMIT,
+        # A delta computed against outer step b is applied at step s when s - b <= the limit;
+        # None (2.0's behaviour) applies every delta.
+        staleness_limit: int | None = None,
         on_global_update: Callable[[dict[str, torch.Tensor], int], None] | None = None,
         events: EventSink | None = None,
         logger: logging.Logger | None = None,
@@ -472,7 +472,6 @@ class MasterOuterLoop:
 
 
 __all__ = [
-    "DEFAULT_STALENESS_LIMIT",
     "MasterOuterLoop",
     "NesterovOuterOptimizer",
     "OuterState",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from speedtronic_config import ConfigError, resolve_section
 
 ModelFactory = Callable[..., Any]
+_logger = logging.getLogger(__name__)
 
 # The ModelConfig fields build_model() forwards, as (config field, factory keyword).
 _MODEL_FIELDS: tuple[tuple[str, str], ...] = (
@@ -39,8 +41,12 @@ class ModelRegistry:
         self._factories: dict[str, ModelFactory] = {}
         self._lazy: dict[str, str] = dict(self._builtin_names) if builtins else {}
 
-    def register(self, name: str, factory: ModelFactory | None = None, *, replace: bool = False):
-        """Register a factory, usable as a decorator or a normal function; returns the factory."""
+    def register(self, name: str, factory: ModelFactory | None = None):
+        """Register a factory, usable as a decorator or a normal function; returns the factory.
+
+        Registering a name again replaces its factory (notebooks re-run cells; users override
+        built-ins), logged at info level.
+        """
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"model name must be a non-empty string, got {name!r}")
 
@@ -49,11 +55,8 @@ class ModelRegistry:
                 raise TypeError(
                     f"model factory for {name!r} must be callable, got {type(fn).__name__}"
                 )
-            if name in self and not replace:
-                raise ValueError(
-                    f"model {name!r} is already registered; choose another name or pass "
-                    "replace=True"
-                )
+            if name in self:
+                _logger.info("model %r: a new factory replaces the registered one", name)
             self._lazy.pop(name, None)
             self._factories[name] = fn
             return fn
@@ -93,9 +96,11 @@ class ModelRegistry:
 registry = ModelRegistry(builtins=True)
 
 
-def register_model(name: str, factory: ModelFactory | None = None, *, replace: bool = False):
-    """Register a factory in the process-global registry (decorator or call)."""
-    return registry.register(name, factory, replace=replace)
+def register_model(name: str, factory: ModelFactory | None = None):
+    """Register a factory in the process-global registry (decorator or call); a registered name is
+    replaced.
+    """
+    return registry.register(name, factory)
 
 
 def build_model(config: Any, **overrides: Any) -> Any:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 import torch
@@ -43,3 +43,45 @@ def evaluate_closure(closure: Callable[[], Any] | None) -> Any:
         return None
     with torch.enable_grad():
         return closure()
+
+
+class MergedState(MutableMapping):
+    """A live view of several optimizers' per-parameter state as one mapping.
+
+    Reads find the child that holds a parameter; writes and deletes go to that child; clear()
+    empties every child, so ``optimizer.state.clear()`` resets a facade as it does a plain
+    torch optimizer.
+    """
+
+    def __init__(self, children: Callable[[], list[Optimizer]]) -> None:
+        self._children = children
+
+    def _owner(self, param: torch.Tensor) -> Optimizer:
+        for child in self._children():
+            if any(p is param for group in child.param_groups for p in group["params"]):
+                return child
+        raise KeyError(param)
+
+    def __getitem__(self, param: torch.Tensor) -> Any:
+        for child in self._children():
+            if param in child.state:
+                return child.state[param]
+        raise KeyError(param)
+
+    def __setitem__(self, param: torch.Tensor, value: Any) -> None:
+        self._owner(param).state[param] = value
+
+    def __delitem__(self, param: torch.Tensor) -> None:
+        del self._owner(param).state[param]
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for child in self._children():
+            yield from child.state
+
+    def __len__(self) -> int:
+        return sum(len(child.state) for child in self._children())
+
+    def clear(self) -> None:
+        """Drop every child's state (what a DiLoCo reset asks for)."""
+        for child in self._children():
+            child.state.clear()

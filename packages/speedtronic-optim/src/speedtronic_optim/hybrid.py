@@ -15,7 +15,7 @@ from speedtronic_optim.adamw import (
     DEFAULT_WEIGHT_DECAY,
     make_adamw,
 )
-from speedtronic_optim.facade import check_keys, evaluate_closure, init_facade
+from speedtronic_optim.facade import MergedState, check_keys, evaluate_closure, init_facade
 from speedtronic_optim.muon import Muon
 
 
@@ -94,11 +94,9 @@ class HybridOptimizer(Optimizer):
         return [group for child in self.children.values() for group in child.param_groups]
 
     @property
-    def state(self) -> dict[torch.Tensor, Any]:  # type: ignore[override]
-        """Merged per-parameter state of both children (the children own it)."""
-        return {
-            param: value for child in self.children.values() for param, value in child.state.items()
-        }
+    def state(self) -> MergedState:  # type: ignore[override]
+        """Both children's per-parameter state as one live mapping (the children own it)."""
+        return MergedState(lambda: list(self.children.values()))
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:

@@ -18,6 +18,16 @@ from speedtronic_config import CheckpointConfig, resolve_section
 from speedtronic_systems.atomic import atomic_json_dump, atomic_torch_save
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+# 2.0 pickled NumPy's RNG state (a tuple holding a uint32 ndarray). weights_only loading stays on;
+# it admits exactly the types that array needs, under the names NumPy 1 and NumPy 2 pickle them.
+_RECONSTRUCT = (getattr(np, "_core", None) or np.core).multiarray._reconstruct  # NumPy 2, or 1
+_NUMPY_RNG_GLOBALS = [
+    (_RECONSTRUCT, "numpy.core.multiarray._reconstruct"),
+    (_RECONSTRUCT, "numpy._core.multiarray._reconstruct"),
+    np.ndarray,
+    np.dtype,
+    type(np.dtype(np.uint32)),
+]
 LATEST_POINTER = "latest"
 _DEFAULTS = CheckpointConfig()
 
@@ -100,7 +110,8 @@ class CheckpointManager:
         """Load one checkpoint with weights_only=True, raising CheckpointError naming a bad file."""
         path = Path(path)
         try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            with torch.serialization.safe_globals(_NUMPY_RNG_GLOBALS):
+                state = torch.load(path, map_location="cpu", weights_only=True)
         except FileNotFoundError as exc:
             raise CheckpointError(f"checkpoint {path} does not exist") from exc
         except (
@@ -199,25 +210,25 @@ def capture_rng_state() -> dict[str, Any]:
     return state
 
 
+def _numpy_state(saved: Any) -> tuple:
+    """Return NumPy's legacy RNG state tuple from our layout or 2.0's (the tuple itself)."""
+    if isinstance(saved, tuple):  # a 2.0 checkpoint: np.random.get_state() as it was
+        return saved
+    keys = saved["keys"].numpy().astype(np.uint32)
+    return (saved["kind"], keys, saved["pos"], saved["has_gauss"], saved["cached_gaussian"])
+
+
 def restore_rng_state(state: dict[str, Any] | None) -> None:
-    """Restore RNG states captured by capture_rng_state; missing parts are left untouched."""
+    """Restore RNG states captured by capture_rng_state (or by 2.0); missing parts are left
+    untouched.
+    """
     if not state:
         return
     if "python" in state:
         version, internal, gauss = state["python"]
         random.setstate((version, tuple(internal), gauss))
     if "numpy" in state:
-        np_state = state["numpy"]
-        keys = np_state["keys"].numpy().astype(np.uint32)
-        np.random.set_state(
-            (
-                np_state["kind"],
-                keys,
-                np_state["pos"],
-                np_state["has_gauss"],
-                np_state["cached_gaussian"],
-            )
-        )
+        np.random.set_state(_numpy_state(state["numpy"]))
     if "torch" in state:
         torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():

@@ -47,7 +47,7 @@ class MetricLogger:
         self._lock = threading.Lock()
         self._text = self._open(self.file)
         self._json = self._open(self.json_file)
-        self._failed_hooks: set[int] = set()
+        self.hook_failures: dict[str, int] = {}  # hook name -> failed deliveries, for the summary
 
     @classmethod
     def from_config(
@@ -95,18 +95,24 @@ class MetricLogger:
             )
             self._json.flush()
         for hook in self.hooks:
-            if id(hook) in self._failed_hooks:
-                continue
             try:
                 deliver(hook, event, payload)
             except Exception as exc:  # a metrics sink must never end a training run
-                self._failed_hooks.add(id(hook))
-                self._write_text(
-                    logging.WARNING,
-                    f"hook {hook_name(hook)} failed on {event!r} and is disabled: "
-                    f"{type(exc).__name__}: {exc}",
-                    console=True,
-                )
+                self._hook_failed(hook, event, exc)
+
+    def _hook_failed(self, hook: Any, event: str, exc: Exception) -> None:
+        """Count a failed delivery; warn on the 1st, 10th, 100th... so a broken sink cannot flood
+        the log, and keep calling it (a transient W&B or TensorBoard error must not end logging).
+        """
+        name = hook_name(hook)
+        count = self.hook_failures[name] = self.hook_failures.get(name, 0) + 1
+        if str(count).rstrip("0") == "1":  # the 1st, 10th, 100th ... failure
+            self._write_text(
+                logging.WARNING,
+                f"hook {name} failed on {event!r} ({count} failure{'s' if count > 1 else ''} so "
+                f"far; still called): {type(exc).__name__}: {exc}",
+                console=True,
+            )
 
     def _write_text(self, level: int, message: str, *, console: bool = True) -> None:
         if level < self._level:

@@ -346,14 +346,9 @@ class Trainer:
         if self.coordinator is not None:
             reset = self.coordinator.after_optimizer_step(self.model, self.step)
             if reset and self.config.distributed.reset_inner_optimizer:
-                self._reset_optimizer_state()
-
-    def _reset_optimizer_state(self) -> None:
-        reset = getattr(self.optimizer, "reset_state", None)
-        if callable(reset):
-            reset()
-        else:
-            self.optimizer.state.clear()
+                # Facades (hybrid Muon, cautious) expose a live state view whose clear() reaches
+                # every child optimizer.
+                self.optimizer.state.clear()
 
     # -------------------------------------------------------------------------------- evaluation
 
@@ -575,6 +570,9 @@ class Trainer:
                 **metrics,
             },
         )
+        failures = sum(self.logger.hook_failures.values())  # fit_end's own delivery included
+        if failures:
+            metrics["hook_failures"] = failures
         return TrainResult(
             self.step,
             self.samples,

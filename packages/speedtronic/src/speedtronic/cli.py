@@ -147,30 +147,45 @@ def _cuda_overrides(path: str) -> list[str]:
     return [f"{key}={json.dumps(value)}" for key, value in overlay.items()]  # JSON is YAML
 
 
+def _train_overrides(values: Any, args: argparse.Namespace) -> list[str]:
+    """Return --set, then --max-steps and --device, as config overrides (applied once)."""
+    overrides = list(args.overrides)
+    if args.device is not None:
+        overrides.append(f"run.device={args.device}")
+    if args.max_steps is not None:
+        overrides.append(f"run.max_steps={args.max_steps}")
+        # 2.0's --max-steps also moved the schedule horizon, unless scheduler.max_steps was set.
+        if _load_config(values, overrides).scheduler.follows_target:
+            overrides.append(f"scheduler.max_steps={args.max_steps}")
+    return overrides
+
+
+def _train_config(args: argparse.Namespace) -> Any:
+    """Return the run's config: the file with overrides, and the CUDA overlay on a CUDA device."""
+    from speedtronic_config.loading import read_source
+
+    values = read_source(args.config)  # read once: the CUDA overlay applies to the same values
+    overrides = _train_overrides(values, args)
+    config = _load_config(values, overrides)
+    if not args.cuda_overlay:
+        return config
+    from speedtronic_systems import resolve_device
+
+    # Validated on every machine, so a broken overlay fails on the laptop, not first on the cluster.
+    overlaid = _load_config(values, _cuda_overrides(args.cuda_overlay) + overrides)
+    if resolve_device(config.run.device).type != "cuda":
+        return config
+    print(f"speedtronic train: on CUDA, applying {args.cuda_overlay}", file=sys.stderr)
+    return overlaid
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from speedtronic.report import print_run_summary
     from speedtronic.runtime import build_runtime
 
-    # As overrides, so the config's own normalization applies (the schedule follows --max-steps).
-    overrides = list(args.overrides)
-    if args.max_steps is not None:
-        overrides.append(f"run.max_steps={args.max_steps}")
-    if args.device is not None:
-        overrides.append(f"run.device={args.device}")
-    from speedtronic_config.loading import read_source
-
-    values = read_source(args.config)  # read once: the CUDA overlay applies to the same values
-    config = _load_config(values, overrides)
-    if args.cuda_overlay:
-        from speedtronic_systems import resolve_device
-
-        # Validated on every machine, so a broken overlay fails on the laptop, not first on the
-        # cluster.
-        overlaid = _load_config(values, _cuda_overrides(args.cuda_overlay) + overrides)
-        if resolve_device(config.run.device).type == "cuda":
-            print(f"speedtronic train: on CUDA, applying {args.cuda_overlay}", file=sys.stderr)
-            config = overlaid
-    trainer, manager = build_runtime(config, resume=args.resume)
+    config = _train_config(args)
+    # An explicit --max-steps is the target even when data.max_steps is set.
+    trainer, manager = build_runtime(config, resume=args.resume, max_steps=args.max_steps)
     try:
         result = trainer.fit()
     finally:

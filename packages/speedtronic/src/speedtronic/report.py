@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,15 @@ def unigram_entropy(shard_glob: str) -> float | None:
     return float(-(p * np.log(p)).sum())
 
 
+def _reported(what: str, build: Callable[[], str]) -> str:
+    """Return `what: <build()>`, or `what: skipped (<why>)`: a report never fails a finished run."""
+    try:
+        return f"{what}: {build()}"
+    except Exception as why:  # any reporting failure becomes a note, never an exit 1
+        reason = why if isinstance(why, UsageError) else f"{type(why).__name__}: {why}"
+        return f"{what}: skipped ({reason})"
+
+
 def print_run_summary(config: Any, result: Any, checkpoint: Path | None) -> None:
     """Print the final numbers, a generated sample and where the run left its files."""
     from speedtronic.artifacts import sample_text
@@ -37,29 +47,38 @@ def print_run_summary(config: Any, result: Any, checkpoint: Path | None) -> None
     ]
     if result.final_loss is not None:
         lines.append(f"final train loss {result.final_loss:.3f} nats/token")
-    val_loss = (result.metrics or {}).get("val_loss")
-    if val_loss is not None:
-        entropy = (
-            unigram_entropy(config.data.val_shard_path)
-            if getattr(config.data, "val_shard_path", None)
-            else None
+    metrics = result.metrics or {}
+    if metrics.get("val_loss") is not None:
+        lines.append(_validation_line(config, metrics["val_loss"]))
+    if metrics.get("hook_failures"):
+        lines.append(
+            f"metric hooks failed {metrics['hook_failures']} times (logging went on; see the "
+            "warnings above)"
         )
-        reference = (
-            f" (unigram entropy of the corpus: {entropy:.3f})" if entropy is not None else ""
-        )
-        lines.append(f"validation loss {val_loss:.3f} nats/token{reference}")
-    metrics = Path(config.logging.json_file) if config.logging.json_file else None
-    if metrics is not None and metrics.exists():
-        lines.append(f"metrics:    {metrics}")
-        try:
-            lines.append(f"loss curve: {plot_metrics(metrics)}")
-        except UsageError as why:  # e.g. a run shorter than logging.every_steps
-            lines.append(f"loss curve: skipped ({why})")
+    json_file = Path(config.logging.json_file) if config.logging.json_file else None
+    if json_file is not None and json_file.exists():
+        lines.append(f"metrics:    {json_file}")
+        lines.append(_reported("loss curve", lambda: str(plot_metrics(json_file))))
     if checkpoint is not None:
         lines.append(f"checkpoint: {checkpoint}")
         if config.model.name == "reference_transformer":
-            sample = sample_text(checkpoint, "def ", max_new_tokens=160)
-            lines.append("sample:\n" + "\n".join("    " + s for s in sample.splitlines()))
+            lines.append(_reported("sample", lambda: _sample(sample_text, checkpoint)))
     print("\n".join(lines))
     if math.isnan(result.final_loss or 0.0):
         raise RuntimeError("training ended with a non-finite loss")
+
+
+def _validation_line(config: Any, val_loss: float) -> str:
+    line = f"validation loss {val_loss:.3f} nats/token"
+    try:
+        entropy = (
+            unigram_entropy(config.data.val_shard_path) if config.data.val_shard_path else None
+        )
+    except Exception:  # the reference number is a nicety; the loss is what counts
+        entropy = None
+    return line if entropy is None else f"{line} (unigram entropy of the corpus: {entropy:.3f})"
+
+
+def _sample(sample_text: Callable[..., str], checkpoint: Path) -> str:
+    text = sample_text(checkpoint, "def ", max_new_tokens=160)
+    return "\n" + "\n".join("    " + line for line in text.splitlines())

@@ -42,8 +42,10 @@ def build_logger(config: SpeedtronicConfig) -> MetricLogger:
 def build_coordinator(
     config: SpeedtronicConfig, model: torch.nn.Module, logger: MetricLogger
 ) -> Any:
-    """Return the DumbDiLoCo coordinator for an enabled distributed section, else None."""
-    if not config.distributed.enabled:
+    """Return the DumbDiLoCo coordinator when distributed.enabled and mode is dumb_diloco, else
+    None.
+    """
+    if not config.distributed.active:  # disabled, or mode: disabled / single
         return None
     try:
         from speedtronic_diloco import DumbDiLoCoCoordinator

@@ -19,6 +19,7 @@ from speedtronic_config.sections import (
     LoggingConfig,
     ModelConfig,
     OptimizerConfig,
+    ParallelConfig,
     PrecisionConfig,
     RunConfig,
     SchedulerConfig,
@@ -43,6 +44,7 @@ class SpeedtronicConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     shape_validation: ShapeValidationConfig = field(default_factory=ShapeValidationConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     gradient_checkpointing: bool = False
     compile: bool = False
     ooo_backprop: bool = False

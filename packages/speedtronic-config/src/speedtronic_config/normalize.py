@@ -15,6 +15,7 @@ from speedtronic_config.sections import (
     LoggingConfig,
     ModelConfig,
     OptimizerConfig,
+    ParallelConfig,
     PrecisionConfig,
     RunConfig,
     SchedulerConfig,
@@ -32,6 +33,7 @@ SECTIONS: dict[str, type] = {
     "logging": LoggingConfig,
     "distributed": DistributedConfig,
     "shape_validation": ShapeValidationConfig,
+    "parallel": ParallelConfig,
 }
 ROOT_FLAGS = ("gradient_checkpointing", "compile", "ooo_backprop", "ooo_streams")
 RUN_ALIASES = ("name", "seed", "device", "max_steps", "output_dir", "log_every")

@@ -12,6 +12,9 @@ from speedtronic_config.errors import ConfigError
 DEFAULT_SCHEDULE_HORIZON = 1000
 HOOK_NAMES = ("tensorboard", "wandb")
 _NODE_ID = re.compile(r"[A-Za-z0-9_.-]+")
+_BACKEND = re.compile(
+    r"auto|gloo|nccl|mpi|((cpu|cuda):(gloo|nccl|mpi))(,(cpu|cuda):(gloo|nccl|mpi))*"
+)
 
 
 def _check(ok: bool, path: str, problem: str, value: Any, allowed: str | None = None) -> None:
@@ -398,6 +401,37 @@ class ShapeValidationConfig:
             self.alignment = "auto"
         else:
             _positive(self, "alignment")
+
+
+@dataclass
+class ParallelConfig:
+    """Data parallelism on torch.distributed: none (one process), DDP, or FSDP2 under torchrun."""
+
+    SECTION: ClassVar[str] = "parallel"
+    data_parallel: str = "none"
+    backend: str = "auto"
+    timeout_s: float = 1800.0
+    fsdp_reshard_after_forward: bool = True
+    fsdp_param_dtype: str | None = None
+    fsdp_reduce_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        coerce_fields(self, self.SECTION)
+        self.data_parallel = self.data_parallel.lower()
+        _choice(self, "data_parallel", ("none", "ddp", "fsdp"))
+        self.backend = self.backend.strip().lower()
+        _check(
+            bool(_BACKEND.fullmatch(self.backend)),
+            "parallel.backend",
+            "unsupported value",
+            self.backend,
+            "use auto, gloo, nccl, or per-device pairs such as cpu:gloo,cuda:nccl",
+        )
+        _positive(self, "timeout_s")
+        for name in ("fsdp_param_dtype", "fsdp_reduce_dtype"):
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name).lower())
+                _choice(self, name, ("bf16", "fp16", "fp32"))
 
 
 @dataclass

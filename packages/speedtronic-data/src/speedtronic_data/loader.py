@@ -22,21 +22,28 @@ from speedtronic_data.tokenizer_record import BYTES, TokenizerRecord, shards_rec
 
 class ResumableSampler(Sampler[int]):
     """Sequential or seeded-shuffled indices; epoch e's order depends only on (seed, e), never on
-    global RNG.
+    global RNG. Under data parallelism every rank draws the same order and keeps every
+    world_size-th index from its rank on, the tail cut so all ranks get the same count.
     """
 
-    def __init__(self, size: int, shuffle: bool = False, seed: int = 0) -> None:
+    def __init__(
+        self, size: int, shuffle: bool = False, seed: int = 0, rank: int = 0, world_size: int = 1
+    ) -> None:
         self.size, self.shuffle, self.seed = size, shuffle, seed
+        self.rank, self.world_size = rank, world_size
         self.epoch, self.start = 0, 0  # set by ResumableLoader before each pass
 
     def __iter__(self) -> Iterator[int]:
+        share = len(self) * self.world_size  # whole rounds only: ranks must stay in step
         if not self.shuffle:
-            return iter(range(self.start, self.size))
+            order: Any = range(self.rank, share, self.world_size)
+            return iter(order[self.start :])
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return _as_ints(torch.randperm(self.size, generator=generator)[self.start :])
+        order = torch.randperm(self.size, generator=generator)[self.rank : share : self.world_size]
+        return _as_ints(order[self.start :])
 
     def __len__(self) -> int:
-        return self.size  # a full epoch; a resumed pass is shorter
+        return self.size // self.world_size  # this rank's full epoch; a resumed pass is shorter
 
 
 def _as_ints(order: torch.Tensor, chunk: int = 1 << 12) -> Iterator[int]:
@@ -60,10 +67,15 @@ class ResumableLoader(DataLoader):
         batch_size: int,
         shuffle: bool = False,
         seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
         **kwargs: Any,
     ) -> None:
         iterable = isinstance(dataset, IterableDataset)
-        sampler = None if iterable else ResumableSampler(len(dataset), shuffle, seed)
+        sampler = (
+            None if iterable else ResumableSampler(len(dataset), shuffle, seed, rank, world_size)
+        )
+        self.rank, self.world_size = rank, world_size
         super().__init__(
             dataset,
             batch_size=batch_size,
@@ -85,6 +97,7 @@ class ResumableLoader(DataLoader):
         if isinstance(self.dataset, TextFileTokenDataset):
             # Workers get a copy of the dataset when the pass starts, so set this first.
             self.dataset.start_block, self.dataset.batch_size = skip, self.batch_size
+            self.dataset.rank, self.dataset.world_size = self.rank, self.world_size
             return 0
         return (
             skip // self.batch_size
@@ -219,9 +232,12 @@ def make_loader(
     shuffle: bool,
     drop_last: bool,
     device: torch.device | str | None = None,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> ResumableLoader:
     """Return a ResumableLoader over dataset with the section's batch, worker and memory settings;
-    memory is pinned by default when the batches go to a CUDA `device`.
+    memory is pinned by default when the batches go to a CUDA `device`. Under data parallelism
+    (`world_size` > 1) rank `rank` gets its own, disjoint share of the data.
     """
     section = data_section(config)
     workers = section.num_workers
@@ -239,6 +255,8 @@ def make_loader(
         pin_memory=pin,
         drop_last=drop_last,
         collate_fn=collate_batch,
+        rank=rank,
+        world_size=world_size,
     )
 
 
@@ -249,14 +267,23 @@ def build_dataloader(
     tokenizer: Any | None = None,
     device: torch.device | str | None = None,
     vocab_size: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> DataLoader:
     """Build the training loader from a DataConfig (a ResumableLoader; dataset= takes
-    precedence); `device` is where the batches will go (it decides pinned memory).
+    precedence); `device` is where the batches will go (it decides pinned memory); `rank` of
+    `world_size` data-parallel ranks reads its own share.
     """
     section = data_section(config)
     source = select_dataset(section, dataset=dataset, tokenizer=tokenizer, vocab_size=vocab_size)
     return make_loader(
-        section, source, shuffle=section.shuffle, drop_last=section.drop_last, device=device
+        section,
+        source,
+        shuffle=section.shuffle,
+        drop_last=section.drop_last,
+        device=device,
+        rank=rank,
+        world_size=world_size,
     )
 
 
@@ -266,6 +293,8 @@ def build_eval_dataloader(
     tokenizer: Any | None = None,
     device: torch.device | str | None = None,
     vocab_size: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> DataLoader | None:
     """Build the validation loader from data.val_shard_path or data.val_text_path; None when
     neither is set.
@@ -281,7 +310,15 @@ def build_eval_dataloader(
         source = TextFileTokenDataset(section.val_text_path, section.block_size, tok, vocab)
     else:
         return None
-    return make_loader(section, source, shuffle=False, drop_last=False, device=device)
+    return make_loader(
+        section,
+        source,
+        shuffle=False,
+        drop_last=False,
+        device=device,
+        rank=rank,
+        world_size=world_size,
+    )
 
 
 __all__ = [

@@ -111,6 +111,7 @@ class TextFileTokenDataset(IterableDataset[dict[str, torch.Tensor]]):
         # Set by ResumableLoader: blocks before start_block are skipped; workers take whole batches
         # in turn.
         self.start_block, self.batch_size = 0, 1
+        self.rank, self.world_size = 0, 1  # set by ResumableLoader under data parallelism
 
     def _too_short(self, tokens: int) -> str:
         return (
@@ -123,7 +124,7 @@ class TextFileTokenDataset(IterableDataset[dict[str, torch.Tensor]]):
         return encode_text(self.tokenizer, text)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        plan = block_plan(self.start_block, self.batch_size)
+        plan = block_plan(self.start_block, self.batch_size, self.rank, self.world_size)
         blocks = iter_blocks(
             iter_token_chunks(self.path, self.tokenizer, self.vocab_size), self.block_size
         )

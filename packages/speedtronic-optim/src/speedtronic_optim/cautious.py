@@ -26,6 +26,11 @@ class CautiousOptimizer(Optimizer):
         init_facade(self)
         self.base = base
 
+    def leaf_optimizers(self) -> list[Optimizer]:
+        """Return the plain torch optimizers underneath (what sharded checkpoints address)."""
+        leaves = getattr(self.base, "leaf_optimizers", None)
+        return leaves() if callable(leaves) else [self.base]
+
     @property
     def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
         """The base optimizer's live groups."""

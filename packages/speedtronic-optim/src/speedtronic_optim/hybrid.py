@@ -88,6 +88,10 @@ class HybridOptimizer(Optimizer):
             if child is not None
         }
 
+    def leaf_optimizers(self) -> list[Optimizer]:
+        """Return the plain torch optimizers underneath (what sharded checkpoints address)."""
+        return list(self.children.values())
+
     @property
     def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
         """The children's live group dicts."""

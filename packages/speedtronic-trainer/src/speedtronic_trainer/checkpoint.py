@@ -16,8 +16,10 @@ import torch
 
 from speedtronic_config import CheckpointConfig, resolve_section
 from speedtronic_systems.atomic import atomic_json_dump, atomic_torch_save
+from speedtronic_trainer.sharded import TRAINER_STATE
 
-_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+# step_<n>.pt: one file (one process, or DDP's rank 0); step_<n>.dcp: a folder of FSDP2 shards.
+_STEP_FILE = re.compile(r"^step_(\d+)\.(pt|dcp)$")
 # 2.0 pickled NumPy's RNG state (a tuple holding a uint32 ndarray). weights_only loading stays on;
 # it admits exactly the types that array needs, under the names NumPy 1 and NumPy 2 pickle them.
 _RECONSTRUCT = (getattr(np, "_core", None) or np.core).multiarray._reconstruct  # NumPy 2, or 1
@@ -82,14 +84,32 @@ class CheckpointManager:
         """Return the file path of the checkpoint for `step`."""
         return self.directory / f"step_{step}.pt"
 
+    def sharded_path_for(self, step: int) -> Path:
+        """Return the folder of the sharded (FSDP2) checkpoint for `step`."""
+        return self.directory / f"step_{step}.dcp"
+
     def save(self, step: int, state: dict[str, Any]) -> Path:
         """Write `state` atomically, then move the latest pointer to it and prune old files."""
-        path = self.path_for(step)
-        atomic_torch_save(state, path)
-        # The pointer moves only after the checkpoint file is complete on disk.
+        path = self.write(self.path_for(step), state)
+        self.commit(path)
+        return path
+
+    def write(self, path: Path, state: dict[str, Any]) -> Path:
+        """Write `state` to `path` atomically (a step file, or a sharded folder's trainer state)."""
+        if path.suffix == ".dcp":
+            path.mkdir(parents=True, exist_ok=True)
+            atomic_torch_save(state, path / TRAINER_STATE)
+        else:
+            atomic_torch_save(state, path)
+        return path
+
+    def commit(self, path: Path) -> None:
+        """Point `latest` at a complete checkpoint, then prune; call it once every part is on
+        disk (under data parallelism: after every rank has finished).
+        """
+        step = int(_STEP_FILE.match(path.name).group(1))
         atomic_json_dump({"step": step, "file": path.name}, self.directory / LATEST_POINTER)
         self.prune()
-        return path
 
     def latest_path(self) -> Path | None:
         """Return the checkpoint the latest pointer names, else the highest-numbered file, else
@@ -101,14 +121,27 @@ class CheckpointManager:
                 target = self.directory / json.loads(pointer.read_text())["file"]
             except (ValueError, KeyError, TypeError):
                 target = None  # a damaged pointer is not fatal: the step files are the truth
-            if target is not None and target.is_file():
+            if target is not None and target.exists():
                 return target
         paths = self._checkpoint_paths()
         return paths[-1] if paths else None
 
     def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Load one checkpoint with weights_only=True, raising CheckpointError naming a bad file."""
+        """Load one checkpoint with weights_only=True, raising CheckpointError naming a bad file.
+
+        For a sharded folder this is its trainer state, with "sharded" set to the folder: the
+        model and optimizer shards load into a live model (speedtronic_trainer.sharded).
+        """
         path = Path(path)
+        if path.suffix == ".dcp":
+            if not (path / ".metadata").is_file():
+                raise CheckpointError(
+                    f"sharded checkpoint {path} is incomplete (no .metadata: a rank did not "
+                    "finish writing); delete it to resume from an older checkpoint"
+                )
+            state = self.load(path / TRAINER_STATE)
+            state["sharded"] = str(path)
+            return state
         try:
             with torch.serialization.safe_globals(_NUMPY_RNG_GLOBALS):
                 state = torch.load(path, map_location="cpu", weights_only=True)
@@ -151,7 +184,7 @@ class CheckpointManager:
         raise CheckpointError(f"no loadable checkpoint in {self.directory}: " + "; ".join(failures))
 
     def _checkpoint_paths(self) -> list[Path]:
-        """Return step_<n>.pt files sorted by step, oldest first."""
+        """Return step_<n>.pt files and step_<n>.dcp folders sorted by step, oldest first."""
         if not self.directory.is_dir():
             return []
         found = [
@@ -169,7 +202,11 @@ class CheckpointManager:
             return
         keep = self.latest_path()
         for path in self._checkpoint_paths()[: -self.keep_last]:
-            if path != keep:
+            if path == keep:
+                continue
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
                 path.unlink(missing_ok=True)
 
     def copy_to(self, destination: str | os.PathLike[str]) -> Path:
@@ -183,7 +220,10 @@ class CheckpointManager:
         if destination.is_dir():
             destination = destination / source.name
         destination.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, destination)
+        if source.is_dir():
+            shutil.copytree(source, destination)
+        else:
+            shutil.copy2(source, destination)
         return destination
 
 

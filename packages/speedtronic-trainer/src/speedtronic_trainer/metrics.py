@@ -36,11 +36,13 @@ class StepMetrics:
     memory.
     """
 
-    def __init__(self, model: Any, device: torch.device, precision: PrecisionPlan) -> None:
+    def __init__(
+        self, model: Any, device: torch.device, precision: PrecisionPlan, world_size: int = 1
+    ) -> None:
         self.flops_per_token = model_flops_per_token(model)
-        self.peak_flops = (
-            device_peak_flops(device, precision.dtype) if self.flops_per_token else None
-        )
+        peak = device_peak_flops(device, precision.dtype) if self.flops_per_token else None
+        # tokens/s counts every rank's tokens, so the peak is every rank's device together.
+        self.peak_flops = peak * world_size if peak else None
 
     def record(
         self,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -12,6 +12,15 @@ from typing import Any, Protocol
 import torch
 
 from speedtronic_config import SpeedtronicConfig
+from speedtronic_systems.parallel import (
+    SINGLE,
+    ParallelContext,
+    check_batch_split,
+    check_optimizer_after_wrapping,
+    gradient_sync,
+    total_norm,
+    unwrap_model,
+)
 from speedtronic_systems.precision import (
     PrecisionPlan,
     autocast_context,
@@ -26,12 +35,18 @@ from speedtronic_trainer.batches import (
     move_batch,
     valid_label_count,
 )
-from speedtronic_trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from speedtronic_trainer.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    capture_rng_state,
+    restore_rng_state,
+)
 from speedtronic_trainer.data_position import BatchStream
 from speedtronic_trainer.metric_logger import MetricLogger
 from speedtronic_trainer.metrics import StepMetrics
 from speedtronic_trainer.preemption import StopSignal
 from speedtronic_trainer.progress import ProgressBar, progress_enabled
+from speedtronic_trainer.sharded import load_sharded, save_sharded
 
 CHECKPOINT_FORMAT = 1
 # A "skip" policy that keeps meeting non-finite losses is a diverged run, not a bad batch.
@@ -76,10 +91,11 @@ class StepOutcome:
 
     loss: float
     grad_norm: float | None
-    samples: int
+    samples: int  # over every data-parallel rank
     tokens: int
     applied: bool
     seconds: float = 0.0
+    stop: bool = False  # a rank received SIGTERM/SIGINT: every rank stops after this step
 
 
 @dataclass
@@ -89,6 +105,7 @@ class _FitProgress:
     final_loss: float | None = None
     val_loss: float | None = None
     checkpoint: Path | None = None
+    checkpoint_step: int | None = None  # the step `checkpoint` holds
     stopped_by: str | None = None
     consecutive_skips: int = 0
 
@@ -136,12 +153,20 @@ class Trainer:
         start_step: int = 0,
         shape_report: Any | None = None,
         eval_dataloader: Iterable[Any] | None = None,
+        parallel: ParallelContext | None = None,
     ) -> None:
         self._config_given = config is not None
         self.config = _as_config(config)
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.optimizer = optimizer
+        # A data-parallel group (built by the runtime from parallel.*); SINGLE for one process.
+        self.parallel = parallel if parallel is not None else SINGLE
+        if self.parallel.mode != "none":
+            check_optimizer_after_wrapping(self.model, optimizer)
+        data = self.config.data
+        check_batch_split(data.target_batch_size, data.micro_batch_size, self.parallel.world_size)
+        self._accumulation = self.config.accumulation_steps // self.parallel.world_size
         self.dataloader = dataloader
         self.eval_dataloader = eval_dataloader
         self.scheduler = scheduler
@@ -168,13 +193,15 @@ class Trainer:
         self._compiled: Any | None = None
         self._compiled_ok = False
         self._stage_scheduler: Any | None = None
-        self._metrics = StepMetrics(self.model, self.device, self.precision)
+        self._metrics = StepMetrics(
+            unwrap_model(self.model), self.device, self.precision, self.parallel.world_size
+        )
         self._non_blocking = self.device.type == "cuda"
         self._configure_features()
 
     def accumulation_steps(self) -> int:
-        """Return how many microbatches make one optimizer update."""
-        return self.config.accumulation_steps
+        """Return how many microbatches this process runs per optimizer update."""
+        return self._accumulation
 
     # ----------------------------------------------------------------------------------- features
 
@@ -191,12 +218,12 @@ class Trainer:
             self._enable_compile()
 
     def _enable_gradient_checkpointing(self) -> None:
-        hook = getattr(self.model, "set_gradient_checkpointing", None)
+        hook = getattr(unwrap_model(self.model), "set_gradient_checkpointing", None)
         if not callable(hook):
             self.logger.warning(
                 "gradient_checkpointing is on but %s has no set_gradient_checkpointing(enabled) "
                 "hook; training without it",
-                type(self.model).__name__,
+                type(unwrap_model(self.model)).__name__,
             )
             return
         try:
@@ -243,38 +270,50 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ step
 
-    @staticmethod
-    def _microbatch_weights(microbatches: list[Any]) -> list[float]:
-        """Return each microbatch's share of the update: its valid-label share when labels exist,
-        else 1/k.
+    def _microbatch_weights(self, microbatches: list[Any]) -> list[float]:
+        """Return each microbatch's share of the update over every rank: its share of the step's
+        valid labels when labels exist, else 1/k per rank.
         """
         counts = [valid_label_count(b) for b in microbatches]
         if any(c is None for c in counts):
             return [1.0 / len(microbatches)] * len(microbatches)
-        total = sum(counts)  # type: ignore[arg-type]
+        # Token-weighted over the whole global batch: the label count summed over all ranks.
+        total = self.parallel.all_reduce_sum([float(sum(counts))])[0]  # type: ignore[arg-type]
         # With no valid label in the whole step the loss is undefined; NaN weights route it to
         # the non-finite policy.
         return [c / total if total else math.nan for c in counts]  # type: ignore[operator]
 
     def _accumulate(self, microbatches: list[Any]) -> tuple[float, int, int]:
-        """Run forward/backward over the microbatches; return (weighted loss, samples, tokens)."""
+        """Run forward/backward over this rank's microbatches; return (its share of the step
+        loss, samples, tokens). Gradients are reduced across ranks on the last microbatch only.
+        """
+        # DDP and FSDP average gradients over ranks; scaling by the world size turns that
+        # average back into the token-weighted sum over the global batch.
+        scale = float(self.parallel.world_size)
         step_loss: torch.Tensor | None = None
         samples = tokens = 0
-        for batch, weight in zip(microbatches, self._microbatch_weights(microbatches), strict=True):
+        weights = self._microbatch_weights(microbatches)
+        last = len(microbatches) - 1
+        for index, (batch, weight) in enumerate(zip(microbatches, weights, strict=True)):
             n, t = batch_size_and_tokens(batch)
             samples, tokens = samples + n, tokens + t
             if weight == 0.0:
                 continue  # every label ignored: no contribution, and its mean loss would be NaN
             batch = move_batch(batch, self.device, self._non_blocking)
-            loss = self._forward(batch) * weight
-            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            with gradient_sync(self.model, enabled=index == last):
+                loss = self._forward(batch) * weight
+                backward = loss * scale if scale != 1.0 else loss
+                (self.scaler.scale(backward) if self.scaler is not None else backward).backward()
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
-        return (float(step_loss) if step_loss is not None else math.nan), samples, tokens
+        # A rank whose every label was ignored adds nothing (the others' labels carry the step).
+        return (float(step_loss) if step_loss is not None else 0.0), samples, tokens
 
-    def _train_step(self) -> StepOutcome:
-        """Run one optimizer update; a non-finite loss or gradient norm is not applied."""
+    def _train_step(self, stop_requested: Callable[[], bool] = lambda: False) -> StepOutcome:
+        """Run one optimizer update; a non-finite loss or gradient norm is not applied. Every
+        rank learns the step's loss, size and any rank's stop request in one collective.
+        """
         started = time.perf_counter()
-        microbatches = [next(self._stream) for _ in range(self.config.accumulation_steps)]
+        microbatches = [next(self._stream) for _ in range(self._accumulation)]
         self.optimizer.zero_grad(set_to_none=True)
         if self._stage_scheduler is not None:
             self._stage_scheduler.begin()
@@ -283,6 +322,9 @@ class Trainer:
         finally:
             if self._stage_scheduler is not None:
                 self._stage_scheduler.finish()
+        loss, samples, tokens, stops = self.parallel.all_reduce_sum(
+            [loss, samples, tokens, stop_requested()]
+        )
         grad_norm = self._clip_gradients() if math.isfinite(loss) else None
         # A scaler skips inf gradients itself; without one nothing else would stop them.
         grads_ok = grad_norm is None or math.isfinite(grad_norm) or self.scaler is not None
@@ -292,7 +334,8 @@ class Trainer:
             self.scaler.update()
         elif applied:
             self.optimizer.step()
-        return StepOutcome(loss, grad_norm, samples, tokens, applied, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        return StepOutcome(loss, grad_norm, int(samples), int(tokens), applied, seconds, stops > 0)
 
     def _clip_gradients(self) -> float | None:
         clip = self.config.optimizer.grad_clip
@@ -306,7 +349,7 @@ class Trainer:
             for p in group["params"]
             if p.grad is not None
         ]
-        return float(torch.nn.utils.clip_grad_norm_(params, clip))
+        return total_norm(torch.nn.utils.clip_grad_norm_(params, clip))
 
     def _handle_nonfinite(self, outcome: StepOutcome, consecutive: int) -> None:
         """Apply run.nonfinite_loss to a step that was not applied: raise, or record the skip."""
@@ -355,7 +398,7 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, max_batches: int | None = None) -> float | None:
         """Return the validation loss (mean over valid labels) over up to max_batches eval
-        batches.
+        batches per rank, summed over every rank's batches.
         """
         if self.eval_dataloader is None:
             return None
@@ -376,6 +419,7 @@ class Trainer:
                 total, weight = total + loss * share, weight + share
         finally:
             self.model.train(was_training)
+        total, weight = self.parallel.all_reduce_sum([total, weight])
         return total / weight if weight else None
 
     def _maybe_evaluate(self) -> float | None:
@@ -397,8 +441,8 @@ class Trainer:
             "samples": self.samples,
             "tokens": self.tokens,
             "skipped_steps": self.skipped_steps,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            # FSDP2 shards go through DCP instead (speedtronic_trainer.sharded).
+            **self._dense_state(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "rng": capture_rng_state(),
@@ -408,14 +452,47 @@ class Trainer:
             "coordinator": self.coordinator.state_dict() if self.coordinator is not None else None,
         }
 
+    def _dense_state(self) -> dict[str, Any]:
+        if self.parallel.mode == "fsdp":
+            return {}
+        return {
+            "model": unwrap_model(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+
     def _checkpoint(self, *, force: bool = False) -> Path | None:
         manager = self.checkpoint_manager
         if manager is None or not manager.enabled:
             return None
         if not (force or manager.should_save(self.step)):
             return None
-        path = manager.save(self.step, self.state_dict())
+        if self.parallel.mode == "none":
+            path = manager.save(self.step, self.state_dict())
+        else:
+            path = self._checkpoint_ranks(manager)
         self.logger.emit("checkpoint", {"step": self.step, "path": str(path)})
+        return path
+
+    def _checkpoint_ranks(self, manager: CheckpointManager) -> Path:
+        """Save under data parallelism: the full state once (DDP: rank 0's file) or every rank's
+        shards (FSDP: DCP), each rank's RNG and data position, and move `latest` only after every
+        rank has finished.
+        """
+        state = self.state_dict()
+        state["rank_states"] = self.parallel.all_gather_object(
+            {"rng": state.pop("rng"), "data": state.pop("data")}
+        )
+        state["world_size"] = self.parallel.world_size
+        if self.parallel.mode == "fsdp":
+            path = manager.sharded_path_for(self.step)
+            save_sharded(path, self.model, self.optimizer)
+        else:
+            path = manager.path_for(self.step)
+        if self.parallel.is_main:
+            manager.write(path, state)
+        self.parallel.barrier()
+        if self.parallel.is_main:
+            manager.commit(path)
         return path
 
     def resume(self, state: dict[str, Any] | None) -> None:
@@ -427,13 +504,7 @@ class Trainer:
                 "resume requested but no checkpoint was found; starting from step %d", self.step
             )
             return
-        missing = [key for key in ("step", "model", "optimizer") if key not in state]
-        if missing:
-            raise ValueError(
-                f"checkpoint state lacks {missing}; it was not written by this trainer"
-            )
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self._restore_weights(state)
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler") is not None:
@@ -444,14 +515,50 @@ class Trainer:
         self.samples = int(state.get("samples", 0))
         self.tokens = int(state.get("tokens", 0))
         self.skipped_steps = int(state.get("skipped_steps", 0))
-        if state.get("data") is not None:
-            self._stream.load_state_dict(state["data"])
-        restore_rng_state(state.get("rng"))
+        self._restore_rank_state(state)
         self.logger.info(
             "resumed at step %d from %s",
             self.step,
             state.get("checkpoint_path", "a state dict"),
         )
+
+    def _restore_weights(self, state: dict[str, Any]) -> None:
+        """Load the model and optimizer: FSDP shards through DCP (any world size), else the
+        state dict every rank reads from the same file.
+        """
+        if "sharded" in state:
+            load_sharded(Path(state["sharded"]), self.model, self.optimizer)
+            return
+        missing = [key for key in ("step", "model", "optimizer") if key not in state]
+        if missing:
+            raise ValueError(
+                f"checkpoint state lacks {missing}; it was not written by this trainer"
+            )
+        if self.parallel.mode == "fsdp":
+            raise CheckpointError(
+                f"{state.get('checkpoint_path', 'the checkpoint')} is a single-file checkpoint; "
+                "resume it with parallel.data_parallel: none or ddp (fsdp resumes step_<n>.dcp)"
+            )
+        unwrap_model(self.model).load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def _restore_rank_state(self, state: dict[str, Any]) -> None:
+        """Restore this rank's RNG and data position; at another world size the data restarts
+        its epoch (the shares of the data differ), with a warning.
+        """
+        ranks = state.get("rank_states") or [{"rng": state.get("rng"), "data": state.get("data")}]
+        mine = ranks[self.parallel.rank] if len(ranks) == self.parallel.world_size else None
+        if mine is None:
+            self.logger.warning(
+                "checkpoint saved at world size %d, resuming at %d: weights and optimizer state "
+                "are restored; the data restarts from the beginning of an epoch",
+                len(ranks),
+                self.parallel.world_size,
+            )
+            return
+        if mine.get("data") is not None:
+            self._stream.load_state_dict(mine["data"])
+        restore_rng_state(mine.get("rng"))
 
     def resume_latest(self) -> bool:
         """Resume from the checkpoint manager's newest valid checkpoint; return whether one was
@@ -489,7 +596,7 @@ class Trainer:
         bar = ProgressBar(
             total=target,
             initial=self.step,
-            enabled=progress_enabled(self.config.logging.progress),
+            enabled=self.parallel.is_main and progress_enabled(self.config.logging.progress),
         )
         console_metrics = self.logger.console_metrics
         self.logger.console_metrics = console_metrics and not bar.active
@@ -498,8 +605,8 @@ class Trainer:
         try:
             with StopSignal(enabled=True) as stop:
                 while self.step < target and progress.stopped_by is None:
-                    self._run_step(progress, bar)
-                    progress.stopped_by = stop.received
+                    outcome = self._run_step(progress, bar, lambda: stop.received is not None)
+                    progress.stopped_by = self._stop_reason(stop.received, outcome)
             self._finish(progress, first_step=first[0])
         finally:
             bar.close()
@@ -508,13 +615,21 @@ class Trainer:
                 self.coordinator.stop()
         return self._result(progress, first, time.perf_counter() - started)
 
-    def _run_step(self, progress: _FitProgress, bar: ProgressBar) -> None:
+    def _stop_reason(self, received: str | None, outcome: StepOutcome) -> str | None:
+        """Return the signal that stops the run after this step, decided alike on every rank."""
+        if outcome.stop or (received is not None and not self.parallel.active):
+            return received or "a signal on another rank"
+        return None
+
+    def _run_step(
+        self, progress: _FitProgress, bar: ProgressBar, stop_requested: Callable[[], bool]
+    ) -> StepOutcome:
         """One optimizer step and what follows it: metrics, evaluation, a due checkpoint."""
-        outcome = self._train_step()
+        outcome = self._train_step(stop_requested)
         if not outcome.applied:
             progress.consecutive_skips += 1
             self._handle_nonfinite(outcome, progress.consecutive_skips)
-            return
+            return outcome
         progress.consecutive_skips = 0
         self._advance(outcome)
         progress.final_loss = outcome.loss
@@ -523,7 +638,10 @@ class Trainer:
         bar.update(self.step, outcome.loss, tokens_per_s)
         evaluated = self._maybe_evaluate()
         progress.val_loss = evaluated if evaluated is not None else progress.val_loss
-        progress.checkpoint = self._checkpoint() or progress.checkpoint
+        written = self._checkpoint()
+        if written is not None:
+            progress.checkpoint, progress.checkpoint_step = written, self.step
+        return outcome
 
     def _log_step(self, outcome: StepOutcome) -> None:
         if not self.logger.wants_step(self.step):
@@ -541,8 +659,7 @@ class Trainer:
 
     def _finish(self, progress: _FitProgress, *, first_step: int) -> None:
         """After the loop: the on-signal or final checkpoint, when due and not yet written."""
-        manager = self.checkpoint_manager
-        written_now = manager is not None and progress.checkpoint == manager.path_for(self.step)
+        written_now = progress.checkpoint_step == self.step
         if progress.stopped_by is not None:
             if self.config.checkpoint.save_on_signal and not written_now:
                 progress.checkpoint = self._checkpoint(force=True) or progress.checkpoint

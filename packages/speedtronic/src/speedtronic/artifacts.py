@@ -13,15 +13,20 @@ from speedtronic.errors import UsageError
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
-    """Return a trainer checkpoint's state (weights only), or UsageError when it is not one."""
-    if not path.is_file():
+    """Return a trainer checkpoint's state (weights only): a step_<n>.pt file, or the trainer
+    state of a sharded step_<n>.dcp folder; UsageError when it is neither.
+    """
+    if not path.exists():
         raise UsageError(
-            f"{path}: no such checkpoint file (look in <output_dir>/checkpoints/step_<n>.pt)"
+            f"{path}: no such checkpoint (look in <output_dir>/checkpoints/step_<n>.pt or .dcp)"
         )
-    import torch
+    from speedtronic_trainer import CheckpointError, CheckpointManager
 
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or "model" not in state or "config" not in state:
+    try:
+        state = CheckpointManager(path.parent).load(path)
+    except CheckpointError as error:
+        raise UsageError(str(error)) from None
+    if "config" not in state or ("model" not in state and "sharded" not in state):
         raise UsageError(f"{path}: not a Speedtronic trainer checkpoint (no model/config entries)")
     return state
 
@@ -29,10 +34,14 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
 def _model_from_state(state: dict[str, Any]) -> tuple[Any, Any]:
     from speedtronic_config import SpeedtronicConfig
     from speedtronic_model import build_model
+    from speedtronic_trainer.sharded import load_sharded
 
     config = SpeedtronicConfig.from_dict(state["config"])
     model = build_model(config.model)  # model.init_from is not applied: the checkpoint has weights
-    model.load_state_dict(state["model"])
+    if "sharded" in state:  # FSDP shards, gathered into this one process
+        load_sharded(Path(state["sharded"]), model, None)
+    else:
+        model.load_state_dict(state["model"])
     return model.eval(), config
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from speedtronic.errors import RUNTIME_ERROR, USAGE_ERROR, UsageError
+from speedtronic.launch import add_launch_arguments, launch
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -19,6 +20,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = commands.add_parser("train", help="train from a YAML/JSON config")
+    add_launch_arguments(train)
     train.add_argument("config", help="config file path (or inline YAML)")
     train.add_argument("--max-steps", type=int, help="absolute optimizer-step target")
     train.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps")
@@ -181,16 +183,22 @@ def _train_config(args: argparse.Namespace) -> Any:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from speedtronic.report import print_run_summary
-    from speedtronic.runtime import build_runtime
 
+    if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
+        return launch(args, args.argv)  # this process becomes torchrun's launcher
     config = _train_config(args)
+    from speedtronic.runtime import build_runtime
+    from speedtronic_systems.parallel import shutdown_parallel
+
     # An explicit --max-steps is the target even when data.max_steps is set.
     trainer, manager = build_runtime(config, resume=args.resume, max_steps=args.max_steps)
     try:
         result = trainer.fit()
     finally:
         trainer.close()
-    print_run_summary(config, result, manager.latest_path())
+        shutdown_parallel(trainer.parallel)
+    if trainer.parallel.is_main:  # one summary for the whole group
+        print_run_summary(config, result, manager.latest_path())
     return 0
 
 
@@ -284,7 +292,9 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit code (0 ok, 1 runtime failure, 2 usage or config error)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    args.argv = argv  # `train --nproc-per-node` hands the same arguments to torchrun's workers
     from speedtronic_config import ConfigError
 
     try:

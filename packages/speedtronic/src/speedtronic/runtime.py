@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -17,6 +18,14 @@ from speedtronic_data import build_dataloader, build_eval_dataloader
 from speedtronic_model import apply_init_from, build_model
 from speedtronic_optim import build_lr_scheduler
 from speedtronic_systems import resolve_device
+from speedtronic_systems.parallel import (
+    SINGLE,
+    ParallelContext,
+    check_batch_split,
+    init_parallel,
+    shutdown_parallel,
+    wrap_model,
+)
 from speedtronic_trainer import CheckpointManager, MetricLogger, Trainer, TrainResult
 
 
@@ -40,13 +49,22 @@ def build_logger(config: SpeedtronicConfig) -> MetricLogger:
 
 
 def build_coordinator(
-    config: SpeedtronicConfig, model: torch.nn.Module, logger: MetricLogger
+    config: SpeedtronicConfig,
+    model: torch.nn.Module,
+    logger: MetricLogger,
+    parallel: ParallelContext = SINGLE,
 ) -> Any:
     """Return the DumbDiLoCo coordinator when distributed.enabled and mode is dumb_diloco, else
     None.
     """
     if not config.distributed.active:  # disabled, or mode: disabled / single
         return None
+    if parallel.mode != "none":
+        raise ConfigError(
+            "distributed.enabled",
+            "a DiLoCo node that is itself a data-parallel group is not supported yet",
+            allowed="set parallel.data_parallel: none for DiLoCo nodes",
+        )
     try:
         from speedtronic_diloco import DumbDiLoCoCoordinator
     except ImportError as error:
@@ -86,19 +104,30 @@ def build_runtime(
     """Build the Trainer and its CheckpointManager from one configuration object.
 
     An explicit `max_steps` is the step target, over data.max_steps and run.max_steps; it does not
-    move the schedule horizon (the CLI's --max-steps does, as a config override).
+    move the schedule horizon (the CLI's --max-steps does, as a config override). Under torchrun
+    with parallel.data_parallel set, this process joins the group and trains its share.
     """
     config = _with_overrides(config, device)  # 1
-    seed_everything(config.run.seed)  # 2
+    seed_everything(config.run.seed)  # 2: every rank builds the same model
     resolved = resolve_device(config.run.device)  # 3
+    parallel = init_parallel(config.parallel, resolved)  # on CUDA, each rank gets cuda:LOCAL_RANK
+    resolved = parallel.device if parallel.mode != "none" else resolved
+    check_batch_split(
+        config.data.target_batch_size, config.data.micro_batch_size, parallel.world_size
+    )
     model = apply_init_from(build_model(config.model), config.model.init_from)  # 4
-    dataloader = build_dataloader(config.data, device=resolved)  # 5
-    eval_dataloader = build_eval_dataloader(config.data, device=resolved)
-    optimizer = build_optimizer(model.to(resolved), config, resolved)  # 6
+    # 4b: wrap before the optimizer exists (fully_shard replaces the parameters).
+    model = wrap_model(model.to(resolved), parallel, config.parallel)
+    if parallel.active:  # then each rank draws its own dropout (and other) randomness
+        seed_everything(config.run.seed + parallel.rank)
+    shares = {"device": resolved, "rank": parallel.rank, "world_size": parallel.world_size}
+    dataloader = build_dataloader(config.data, **shares)  # 5
+    eval_dataloader = build_eval_dataloader(config.data, **shares)
+    optimizer = build_optimizer(model, config, resolved)  # 6
     scheduler = build_scheduler(optimizer, config)  # 7
     manager = _checkpoint_manager(config)  # 8
-    logger = build_logger(config)  # 9
-    coordinator = build_coordinator(config, model, logger)  # 10
+    logger = build_logger(config) if parallel.is_main else MetricLogger(level="ERROR")  # 9
+    coordinator = build_coordinator(config, model, logger, parallel)  # 10
     target = max_steps if max_steps is not None else config.step_target  # 11
     # 12: the trainer resolves the precision plan and the startup shape report, once.
     trainer = Trainer(
@@ -113,10 +142,18 @@ def build_runtime(
         coordinator=coordinator,
         max_steps=target,
         eval_dataloader=eval_dataloader,
+        parallel=parallel,
     )
-    if resume or config.checkpoint.resume:  # 13 (warns and starts fresh when there is none)
-        trainer.resume_latest()
+    if resume or config.checkpoint.resume or elastic_restart():  # 13
+        trainer.resume_latest()  # warns and starts fresh when there is none
     return trainer, manager
+
+
+def elastic_restart() -> bool:
+    """Return True when torchrun restarted this worker after a failure (--max-restarts): it
+    resumes from the last checkpoint instead of starting over.
+    """
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
 
 
 def train_from_config(
@@ -132,6 +169,7 @@ def train_from_config(
         return trainer.fit()
     finally:
         trainer.close()
+        shutdown_parallel(trainer.parallel)
 
 
 run = train_from_config

@@ -1,0 +1,302 @@
+"""Data parallelism on torch.distributed: the process group, DDP/FSDP2 wrapping, and the few
+cross-rank agreements a training loop needs (sums, any-flags, barriers, object gathers).
+
+Launch with torchrun (elastic, c10d rendezvous); this module reads its environment (RANK,
+WORLD_SIZE, LOCAL_RANK), never re-implements it. One process needs none of it: SINGLE is the
+context of a plain run, and every collective on it is a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from speedtronic_config import ConfigError, ParallelConfig, resolve_section
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# Module containers whose children FSDP2 shards one by one (the transformer blocks).
+_BLOCK_CONTAINERS = ("blocks", "layers", "h")
+
+
+class ParallelError(RuntimeError):
+    """A data-parallel setup that cannot work: the launch, the backend, the model or the order."""
+
+
+@dataclass(frozen=True)
+class ParallelContext:
+    """This process's place in the data-parallel group and the collectives the loop asks of it."""
+
+    mode: str = "none"  # none, ddp or fsdp
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        """Return True on the rank that logs, reports and writes single-file checkpoints."""
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        """Return True when there are other ranks to agree with."""
+        return self.world_size > 1
+
+    def _reduce_device(self) -> torch.device:
+        # NCCL reduces CUDA tensors only; gloo (and a cpu:gloo,cuda:nccl group) takes CPU ones.
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        """Return the element-wise sum of `values` over every rank (float64, one collective)."""
+        if not self.active:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self._reduce_device())
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor.tolist()
+
+    def any(self, flag: bool) -> bool:
+        """Return True when `flag` is true on any rank (every rank gets the same answer)."""
+        return self.all_reduce_sum([1.0 if flag else 0.0])[0] > 0
+
+    def barrier(self) -> None:
+        """Wait until every rank reaches this point."""
+        if self.active:
+            dist.barrier()
+
+    def all_gather_object(self, value: Any) -> list[Any]:
+        """Return every rank's `value`, in rank order (picklable objects only)."""
+        if not self.active:
+            return [value]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, value)
+        return gathered
+
+    def broadcast_object(self, value: Any, src: int = 0) -> Any:
+        """Return rank `src`'s `value` on every rank."""
+        if not self.active:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+
+SINGLE = ParallelContext()
+
+
+def launched_world_size() -> int:
+    """Return WORLD_SIZE as torchrun set it (1 outside torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """Return the process-group backend for `auto` (gloo on CPU, cpu:gloo,cuda:nccl on CUDA), or
+    the requested one after checking it is available in this build.
+    """
+    if backend == "auto":
+        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    names = {part.split(":")[-1] for part in backend.split(",")}
+    available = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available()}
+    available["mpi"] = dist.is_mpi_available()
+    missing = sorted(name for name in names if not available.get(name, False))
+    if missing:
+        raise ConfigError(
+            "parallel.backend",
+            f"{', '.join(missing)} is not available in this PyTorch build",
+            value=backend,
+            allowed="use auto (gloo on CPU, nccl on CUDA) or gloo",
+        )
+    if device.type != "cuda" and "nccl" in names and "cpu:" not in backend:
+        raise ConfigError(
+            "parallel.backend",
+            "nccl reduces CUDA tensors only, and this run is on the CPU",
+            value=backend,
+            allowed="use auto or gloo",
+        )
+    return backend
+
+
+def init_parallel(section: Any, device: torch.device) -> ParallelContext:
+    """Join the process group torchrun describes and return this rank's context (SINGLE for a
+    plain run). On CUDA each rank uses cuda:LOCAL_RANK.
+    """
+    section: ParallelConfig = resolve_section(section, "parallel")
+    world_size = launched_world_size()
+    if section.data_parallel == "none":
+        if world_size > 1:
+            raise ConfigError(
+                "parallel.data_parallel",
+                f"is none, but {world_size} processes were launched (WORLD_SIZE={world_size}): "
+                "each would train alone",
+                allowed="set parallel.data_parallel: ddp (or fsdp)",
+            )
+        return SINGLE
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        if "MASTER_ADDR" not in os.environ:  # a plain `python` start: a group of one on loopback
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+            os.environ.setdefault("RANK", "0")
+            os.environ.setdefault("WORLD_SIZE", "1")
+        dist.init_process_group(
+            backend=resolve_backend(section.backend, device),
+            timeout=datetime.timedelta(seconds=section.timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+    return ParallelContext(
+        section.data_parallel, dist.get_rank(), dist.get_world_size(), local_rank, device
+    )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def shutdown_parallel(context: ParallelContext) -> None:
+    """Leave the process group this process joined (a no-op for a plain run)."""
+    if context.mode != "none" and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def check_batch_split(target_batch_size: int, micro_batch_size: int, world_size: int) -> None:
+    """Raise ConfigError unless the target batch splits into whole microbatches on every rank."""
+    if world_size <= 1:
+        return
+    per_rank, rest = divmod(target_batch_size, world_size)
+    if rest or per_rank % micro_batch_size:
+        raise ConfigError(
+            "data.target_batch_size",
+            f"{target_batch_size} does not split over {world_size} ranks into whole microbatches "
+            f"of {micro_batch_size}",
+            allowed=f"use a multiple of {world_size * micro_batch_size} (world size x "
+            "micro_batch_size)",
+        )
+
+
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """Return the repeated blocks FSDP2 shards one by one: the children of a ModuleList named
+    blocks, layers or h, or what the model's fsdp_units() returns.
+    """
+    units = getattr(model, "fsdp_units", None)
+    if callable(units):
+        return list(units())
+    for name in _BLOCK_CONTAINERS:
+        container = getattr(model, name, None)
+        if isinstance(container, nn.ModuleList) and len(container) > 0:
+            return list(container)
+    return []
+
+
+def wrap_model(model: nn.Module, context: ParallelContext, section: Any) -> nn.Module:
+    """Return the model wrapped for its data-parallel mode (DDP, or FSDP2 per block then the
+    root); unchanged for a plain run. Build the optimizer from the returned model's parameters.
+    """
+    section = resolve_section(section, "parallel")
+    if context.mode == "ddp":
+        ids = [context.device.index] if context.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    if context.mode != "fsdp":
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    blocks = transformer_blocks(model)
+    if not blocks:
+        raise ConfigError(
+            "parallel.data_parallel",
+            f"fsdp needs blocks to shard, and {type(model).__name__} has no ModuleList named "
+            f"{', '.join(_BLOCK_CONTAINERS)} and no fsdp_units() method",
+            allowed="use ddp, or give the model an fsdp_units() returning its blocks",
+        )
+    mesh = init_device_mesh(context.device.type, (context.world_size,))
+    policy = MixedPrecisionPolicy(
+        param_dtype=_DTYPES.get(section.fsdp_param_dtype),
+        reduce_dtype=_DTYPES.get(section.fsdp_reduce_dtype),
+    )
+    options = {
+        "mesh": mesh,
+        "mp_policy": policy,
+        "reshard_after_forward": section.fsdp_reshard_after_forward,
+    }
+    for block in blocks:
+        fully_shard(block, **options)
+    fully_shard(model, **options)
+    return model
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """Return the user's module inside a DDP wrapper (FSDP2 shards in place: the same module)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def check_optimizer_after_wrapping(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Raise ParallelError when the optimizer holds parameters the wrapped model no longer uses:
+    an optimizer built before fully_shard would silently never update the sharded weights.
+    """
+    current = {id(p) for p in model.parameters()}
+    stale = sum(
+        1 for group in optimizer.param_groups for p in group["params"] if id(p) not in current
+    )
+    if stale:
+        raise ParallelError(
+            f"the optimizer holds {stale} parameter(s) the wrapped model does not use: it was "
+            "built before the model was wrapped (fully_shard replaces parameters); build the "
+            "optimizer from the wrapped model"
+        )
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Within the block, skip (enabled=False) or do the cross-rank gradient reduction of a DDP or
+    FSDP2 model's backward; a plain model is unaffected.
+    """
+    if enabled:
+        yield
+    elif isinstance(model, nn.parallel.DistributedDataParallel):
+        with model.no_sync():
+            yield
+    elif callable(getattr(model, "set_requires_gradient_sync", None)):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def total_norm(norm: torch.Tensor) -> float:
+    """Return a gradient norm as a float, gathering it when FSDP2 computed it as a DTensor."""
+    full = getattr(norm, "full_tensor", None)
+    return float(full() if callable(full) else norm)
+
+
+__all__ = [
+    "SINGLE",
+    "ParallelContext",
+    "ParallelError",
+    "check_batch_split",
+    "check_optimizer_after_wrapping",
+    "gradient_sync",
+    "init_parallel",
+    "launched_world_size",
+    "resolve_backend",
+    "shutdown_parallel",
+    "total_norm",
+    "transformer_blocks",
+    "unwrap_model",
+    "wrap_model",
+]

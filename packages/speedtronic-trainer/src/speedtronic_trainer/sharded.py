@@ -1,0 +1,69 @@
+"""Sharded checkpoints of FSDP2 models through torch.distributed.checkpoint (DCP).
+
+Every rank writes its own shards of the model and optimizer state; DCP's metadata file, written
+once all ranks finished, makes the folder complete. A sharded checkpoint loads at any world size
+(DCP reshards), into an FSDP2 model or a plain one.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+# The file beside the shards holding everything that is not a tensor shard: counters, schedule,
+# per-rank RNG and data positions, the redacted config.
+TRAINER_STATE = "trainer_state.pt"
+
+
+def leaf_optimizers(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
+    """Return the plain torch optimizers under a facade (hybrid Muon, cautious), or [optimizer]."""
+    leaves = getattr(optimizer, "leaf_optimizers", None)
+    return leaves() if callable(leaves) else [optimizer]
+
+
+def save_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Write this rank's shards of the model and optimizer state under `path` (every rank calls)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, leaf_optimizers(optimizer))
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(path))
+
+
+def load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    """Load a sharded checkpoint into `model` (and `optimizer`), resharding to this world size."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
+
+    if optimizer is None:
+        state = {"model": get_model_state_dict(model)}
+        with warnings.catch_warnings():
+            # Outside a process group DCP warns that it loads in one process: that is the intent.
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load")
+            dcp.load(state, checkpoint_id=str(path))
+        set_model_state_dict(model, state["model"])
+        return
+    optimizers = leaf_optimizers(optimizer)
+    # get_state_dict creates the optimizer state first (a zero-learning-rate step), so every
+    # entry the checkpoint holds has a place to load into.
+    model_state, optimizer_state = get_state_dict(model, optimizers)
+    state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(
+        model,
+        optimizers,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+    )
+
+
+__all__ = ["TRAINER_STATE", "leaf_optimizers", "load_sharded", "save_sharded"]

@@ -1,0 +1,97 @@
+"""`speedtronic train ... --nproc-per-node N` hands the run over to torchrun's own launcher.
+
+torchrun (torch.distributed.run) starts the workers, runs the c10d rendezvous across nodes and
+restarts them on failure (--max-restarts); each worker runs `python -m speedtronic train` with the
+same arguments minus these launcher flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from speedtronic.errors import UsageError
+
+# Launcher flag -> whether it takes a value.
+LAUNCH_FLAGS = {"--nproc-per-node": True, "--nnodes": True, "--rdzv-endpoint": True}
+LAUNCH_FLAGS["--max-restarts"] = True
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the launcher flags to the train command."""
+    group = parser.add_argument_group("data-parallel launch (hands over to torchrun)")
+    group.add_argument(
+        "--nproc-per-node", type=int, metavar="N", help="processes on this node (e.g. its GPUs)"
+    )
+    group.add_argument(
+        "--nnodes", default="1", metavar="M", help="nodes, or MIN:MAX for elastic (default 1)"
+    )
+    group.add_argument(
+        "--rdzv-endpoint", metavar="HOST:PORT", help="c10d rendezvous address (multi-node)"
+    )
+    group.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="K",
+        help="restart the workers up to K times after a failure; they resume from the last "
+        "checkpoint",
+    )
+
+
+def worker_arguments(argv: Sequence[str]) -> list[str]:
+    """Return argv without the launcher flags (and their values)."""
+    out: list[str] = []
+    skip = False
+    for token in argv:
+        if skip:
+            skip = False
+            continue
+        name = token.split("=", 1)[0]
+        if name in LAUNCH_FLAGS:
+            skip = "=" not in token and LAUNCH_FLAGS[name]
+            continue
+        out.append(token)
+    return out
+
+
+def torchrun_arguments(args: argparse.Namespace, argv: Sequence[str]) -> list[str]:
+    """Return torchrun's command line for this train invocation."""
+    if args.nproc_per_node < 1:
+        raise UsageError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
+    if args.max_restarts < 0:
+        raise UsageError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    launcher = [f"--nproc-per-node={args.nproc_per_node}", f"--max-restarts={args.max_restarts}"]
+    if args.rdzv_endpoint:
+        launcher += [
+            f"--nnodes={args.nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={args.rdzv_endpoint}",
+        ]
+    elif args.nnodes != "1":
+        raise UsageError(
+            f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)"
+        )
+    else:
+        launcher.append("--standalone")
+    return [*launcher, "-m", "speedtronic", *worker_arguments(argv)]
+
+
+def launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Run torchrun with this invocation's workers; return 0, or 1 when a worker failed."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    try:
+        run(parse_args(torchrun_arguments(args, argv)))
+    except ChildFailedError as failure:
+        ranks = ", ".join(
+            f"rank {rank} (exit code {info.exitcode})" for rank, info in failure.failures.items()
+        )
+        raise RuntimeError(
+            f"data-parallel workers failed: {ranks}; see their errors above"
+        ) from None
+    return 0
+
+
+__all__ = ["add_launch_arguments", "launch", "torchrun_arguments", "worker_arguments"]

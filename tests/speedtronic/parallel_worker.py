@@ -1,0 +1,157 @@
+"""A torchrun worker for the data-parallel tests: runs one scenario, writes what it saw.
+
+    torchrun --nproc-per-node 2 tests/speedtronic/parallel_worker.py SCENARIO OUT_DIR MODE
+
+Each rank writes OUT_DIR/rank<r>.json (and rank 0 the parameters it ended with, params_*.pt);
+tests/speedtronic/test_parallel.py runs the scenarios and checks the files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from speedtronic import runtime
+from speedtronic_systems.parallel import ParallelError, check_optimizer_after_wrapping
+
+
+def config(out: Path, mode: str, **sections) -> dict:
+    """The tiny run every scenario trains: 2 microbatches of 2 per rank and step at world 2."""
+    values = {
+        "run": {"device": "cpu", "max_steps": 3, "output_dir": str(out / "run"), "seed": 5},
+        "model": {"vocab_size": 64, "max_seq_len": 16, "n_layer": 2, "n_head": 2, "d_model": 16},
+        "data": {"num_tokens": 96, "micro_batch_size": 2, "target_batch_size": 8},
+        # grad_clip far above the norm: the (global) gradient norm is logged, and a gradient
+        # scaled wrongly across ranks shows there even though AdamW's update is scale-invariant.
+        "optimizer": {"name": "adamw", "lr": 1e-3, "grad_clip": 1e9},
+        "scheduler": {"warmup_steps": 1},
+        "precision": "fp32",
+        "checkpoint": {"every_steps": 2, "keep_last": None},
+        "logging": {"progress": False, "json_file": str(out / "run" / "metrics.jsonl")},
+        "parallel": {"data_parallel": mode},
+    }
+    for name, extra in sections.items():
+        values[name] = {**values.get(name, {}), **extra}
+    return values
+
+
+def full_parameters(trainer) -> dict[str, torch.Tensor]:
+    """Return the whole model's parameters on every rank (FSDP shards gathered)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False)
+    if trainer.parallel.mode == "fsdp":
+        return get_model_state_dict(trainer.model, options=options)
+    model = getattr(trainer.model, "module", trainer.model)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def first_batch_ids(trainer) -> list[int]:
+    return trainer.dataloader.sampler and list(iter(trainer.dataloader.sampler))[:4]
+
+
+def scenario_train(out: Path, mode: str) -> dict:
+    """Train 3 steps (checkpoints at 2 and 3), then check resume is exact and the agreements."""
+    trainer, manager = runtime.build_runtime(config(out, mode))
+    rank = trainer.parallel.rank
+    seen = {"indices": first_batch_ids(trainer), "torch_seed": torch.initial_seed()}
+    trainer.evaluate()  # no eval loader: None on every rank, no collective mismatch
+    result = trainer.fit()
+    params = full_parameters(trainer)
+    if rank == 0:
+        torch.save(params, out / "params_train.pt")
+    seen.update(steps=result.steps, tokens=result.tokens, checkpoint=str(result.checkpoint))
+    seen["latest"] = str(manager.latest_path())
+    # Exact resume: a fresh run to step 2, resumed from its checkpoint to 3, equals the above.
+    resumed, _ = runtime.build_runtime(config(out / "resumed", mode))
+    resumed.fit(2)  # the same schedule, stopped at the step-2 checkpoint
+    again, _ = runtime.build_runtime(config(out / "resumed", mode), resume=True)
+    seen["resumed_from"] = again.step
+    again.fit()
+    after = full_parameters(again)
+    seen["resume_bit_equal"] = all(torch.equal(params[k], after[k]) for k in params)
+    # A non-finite loss on one rank only: every rank skips the same step.
+    skipping, _ = runtime.build_runtime(
+        config(out / "skip", mode, run={"nonfinite_loss": "skip", "max_steps": 2})
+    )
+    original = skipping._forward
+    calls = {"n": 0}
+
+    def poisoned(batch):
+        calls["n"] += 1
+        loss = original(batch)
+        return loss * float("nan") if rank == 1 and calls["n"] == 1 else loss
+
+    skipping._forward = poisoned
+    skipped = skipping.fit()
+    seen.update(skipped=skipped.skipped_steps, skip_steps=skipped.steps)
+    seen["eval_loss"] = evaluate_shares(out, mode)
+    if mode == "fsdp":
+        seen["wrong_order_refused"] = wrong_order_is_refused(trainer)
+    return seen
+
+
+def evaluate_shares(out: Path, mode: str) -> float | None:
+    """Return the validation loss every rank agrees on (each evaluates its own share)."""
+    from speedtronic_data import write_shard
+
+    shard = out / "val_000000.bin"
+    if int(os.environ["RANK"]) == 0:
+        write_shard(shard, torch.arange(400) % 64)
+    torch.distributed.barrier()
+    trainer, _ = runtime.build_runtime(
+        config(out / "eval", mode, data={"val_shard_path": str(shard), "eval_steps": 3})
+    )
+    return trainer.evaluate()
+
+
+def wrong_order_is_refused(trainer) -> bool:
+    """An optimizer built from the parameters before fully_shard must be refused."""
+    from speedtronic_model import build_model
+
+    model = build_model(trainer.config.model)
+    stale = torch.optim.AdamW(model.parameters())
+    from speedtronic_systems.parallel import wrap_model
+
+    wrapped = wrap_model(model, trainer.parallel, trainer.config.parallel)
+    try:
+        check_optimizer_after_wrapping(wrapped, stale)
+    except ParallelError as error:
+        return "built before the model was wrapped" in str(error)
+    return False
+
+
+def scenario_resume(out: Path, mode: str) -> dict:
+    """Resume the checkpoint of `train` (saved at world 2) at this world size and train on."""
+    source = Path(os.environ["SOURCE_RUN"])
+    values = config(source, mode, run={"max_steps": 4}, data={"target_batch_size": 16})
+    values["run"]["output_dir"] = str(out / "run")
+    checkpoint = sorted((source / "run" / "checkpoints").glob("step_3.*"))[0]
+    target = Path(values["run"]["output_dir"]) / "checkpoints"
+    target.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):  # every rank tries; one link wins
+        os.symlink(checkpoint, target / checkpoint.name)
+    trainer, _ = runtime.build_runtime(values, resume=True)
+    seen = {"resumed_at": trainer.step, "world_size": trainer.parallel.world_size}
+    seen["steps"] = trainer.fit().steps
+    return seen
+
+
+SCENARIOS = {"train": scenario_train, "resume": scenario_resume}
+
+
+def main() -> None:
+    scenario, out, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    seen = SCENARIOS[scenario](out, mode)
+    rank = int(os.environ["RANK"])
+    (out / f"rank{rank}.json").write_text(json.dumps(seen))
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""DDP and FSDP2 under torchrun, in real processes (gloo on CPU): each spawned run checks several
+things (tests/speedtronic/parallel_worker.py), compared here with one process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from speedtronic import runtime
+
+WORKER = Path(__file__).with_name("parallel_worker.py")
+sys.path.insert(0, str(WORKER.parent))
+from parallel_worker import config  # noqa: E402
+
+
+def torchrun(*args: str, nproc: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run torchrun (standalone c10d rendezvous on this machine) and return the finished process."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += [f"--nproc-per-node={nproc}", *args]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def ranks(out: Path, world: int) -> list[dict]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def grad_norms(out: Path) -> list[float]:
+    records = [
+        json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    return [r["grad_norm"] for r in records if r["event"] == "train_step"]
+
+
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """The reference: one process training the same global batches."""
+    out = tmp_path_factory.mktemp("single")
+    trainer, _ = runtime.build_runtime(config(out, "none"))
+    trainer.fit()
+    params = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    return params, grad_norms(out)
+
+
+@pytest.fixture(scope="module", params=["ddp", "fsdp"])
+def trained(request, tmp_path_factory) -> tuple[str, Path, list[dict]]:
+    out = tmp_path_factory.mktemp(request.param)
+    torchrun(str(WORKER), "train", str(out), request.param)
+    return request.param, out, ranks(out, 2)
+
+
+def test_two_ranks_make_the_same_update_as_one_process(trained, single_process):
+    _, out, _ = trained
+    reference, reference_norms = single_process
+    params = torch.load(out / "params_train.pt")
+    assert params.keys() == reference.keys()
+    for name, value in reference.items():
+        assert (params[name] - value).abs().max() <= 1e-6, name
+    # Token-weighted over both ranks and no double division: the same global gradient.
+    assert grad_norms(out) == pytest.approx(reference_norms, rel=1e-5)
+
+
+def test_ranks_read_disjoint_shares_and_reseed(trained):
+    _, _, (zero, one) = trained
+    assert zero["indices"] == [0, 2, 4, 6] and one["indices"] == [1, 3, 5, 7]
+    assert zero["torch_seed"] != one["torch_seed"]  # per-rank randomness after the same model
+    assert zero["steps"] == one["steps"] == 3 and zero["tokens"] == 3 * 8 * 16
+
+
+def test_checkpoints_resume_bit_for_bit_at_world_two(trained):
+    mode, out, (zero, one) = trained
+    suffix = ".dcp" if mode == "fsdp" else ".pt"
+    assert zero["latest"].endswith(f"step_3{suffix}") and zero["resumed_from"] == 2
+    assert zero["resume_bit_equal"] and one["resume_bit_equal"]
+    checkpoints = sorted(p.name for p in (out / "run" / "checkpoints").glob("step_*"))
+    assert checkpoints == [f"step_2{suffix}", f"step_3{suffix}"]  # one per step, not per rank
+
+
+def test_a_nonfinite_loss_on_one_rank_is_skipped_on_every_rank(trained):
+    _, _, (zero, one) = trained
+    assert zero["skipped"] == one["skipped"] == 1
+    assert zero["skip_steps"] == one["skip_steps"] == 2
+
+
+def test_evaluation_sums_every_ranks_share_and_only_rank_zero_logs(trained):
+    _, out, (zero, one) = trained
+    assert zero["eval_loss"] is not None and zero["eval_loss"] == one["eval_loss"]
+    records = [
+        json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    steps = [r["step"] for r in records if r["event"] == "train_step"]
+    assert steps == [1, 2, 3]  # rank 0's records only
+
+
+def test_fsdp_refuses_an_optimizer_built_before_wrapping(trained):
+    mode, _, (zero, _) = trained
+    if mode != "fsdp":
+        pytest.skip("fully_shard replaces parameters; DDP keeps them")
+    assert zero["wrong_order_refused"]
+
+
+@pytest.mark.parametrize("world", [1, 4])
+def test_a_checkpoint_resumes_at_another_world_size(trained, tmp_path, world):
+    mode, source, _ = trained
+    torchrun(
+        str(WORKER), "resume", str(tmp_path), mode, nproc=world, env={"SOURCE_RUN": str(source)}
+    )
+    for seen in ranks(tmp_path, world):
+        assert seen == {"resumed_at": 3, "world_size": world, "steps": 4}

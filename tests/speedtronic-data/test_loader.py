@@ -357,3 +357,42 @@ def test_dataset_state_resumes_under_another_batch_size(shards):
     assert next(iter(other))["input_ids"].tolist() == [
         windows[i][:-1].tolist() for i in order[17:22]
     ]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_get_disjoint_equal_shares_of_every_epoch(shuffle, world):
+    loaders = [
+        build_dataloader(section(num_tokens=41, shuffle=shuffle), rank=r, world_size=world)
+        for r in range(world)
+    ]
+    for _ in range(2):  # two epochs: every rank's order changes with the epoch, shares stay apart
+        shares = [[int(i) for i in loader.sampler] for loader in loaders]
+        assert len({len(share) for share in shares}) == 1 and len(shares[0]) == 41 // world
+        flat = [i for share in shares for i in share]
+        assert len(set(flat)) == len(flat)  # no window on two ranks
+        for loader in loaders:
+            list(loader)  # the pass ends: the next one is the next epoch
+    # Every rank draws the single-process order and keeps every world-th index from its rank.
+    single = [int(i) for i in build_dataloader(section(num_tokens=41, shuffle=shuffle)).sampler]
+    fresh = build_dataloader(section(num_tokens=41, shuffle=shuffle), rank=1, world_size=world)
+    assert [int(i) for i in fresh.sampler] == single[1 : (41 // world) * world : world]
+
+
+def test_a_rank_resumes_its_own_share(shards):
+    def loader():
+        return build_dataloader(section(shard_path=str(shards / "train_*.bin"), shuffle=True),
+                                rank=1, world_size=2)  # fmt: skip
+
+    first = loader()
+    iterator = iter(first)
+    seen = [next(iterator)["input_ids"] for _ in range(3)]
+    state = loader_state(first)
+    rest = [b["input_ids"] for b in iterator]
+    resumed = loader()
+    restore_loader(resumed, state)
+    again = [b["input_ids"] for b in resumed]
+    assert len(again) == len(rest) and all(
+        torch.equal(a, b) for a, b in zip(again, rest, strict=True)
+    )
+    assert seen and not any(torch.equal(seen[0], b) for b in again)

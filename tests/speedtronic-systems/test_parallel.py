@@ -1,0 +1,85 @@
+"""The data-parallel helpers that need no process group: choices, checks and clear errors.
+
+Real multi-process runs (DDP, FSDP2 under torchrun) are tests/speedtronic/test_parallel.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from speedtronic_config import ConfigError
+from speedtronic_systems.parallel import (
+    SINGLE,
+    ParallelContext,
+    check_batch_split,
+    gradient_sync,
+    init_parallel,
+    resolve_backend,
+    total_norm,
+    transformer_blocks,
+    unwrap_model,
+    wrap_model,
+)
+
+
+def test_a_plain_run_needs_no_process_group_and_its_collectives_are_identities():
+    assert init_parallel(None, torch.device("cpu")) is SINGLE
+    assert SINGLE.all_reduce_sum([1.5, 2.0]) == [1.5, 2.0] and SINGLE.any(True)
+    assert SINGLE.all_gather_object({"a": 1}) == [{"a": 1}] and SINGLE.broadcast_object(3) == 3
+    assert SINGLE.is_main and not SINGLE.active
+
+
+def test_several_processes_without_a_data_parallel_mode_are_refused(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"parallel.data_parallel: is none, but 2 processes"):
+        init_parallel({"data_parallel": "none"}, torch.device("cpu"))
+
+
+def test_the_backend_follows_the_device_and_an_unusable_one_is_named():
+    assert resolve_backend("auto", torch.device("cpu")) == "gloo"
+    with pytest.raises(ConfigError, match="parallel.backend: nccl"):
+        resolve_backend("nccl", torch.device("cpu"))
+    with pytest.raises(ConfigError, match="parallel.backend"):
+        init_parallel({"data_parallel": "ddp", "backend": "tcp"}, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("target, micro, world", [(8, 2, 3), (8, 4, 4), (6, 2, 2)])
+def test_a_target_batch_that_does_not_split_over_the_ranks_is_refused(target, micro, world):
+    with pytest.raises(ConfigError, match=f"data.target_batch_size: {target} does not split"):
+        check_batch_split(target, micro, world)
+
+
+def test_a_target_batch_that_splits_is_accepted():
+    check_batch_split(16, 2, 4)
+    check_batch_split(3, 3, 1)  # one process: anything the config accepts
+
+
+def test_fsdp_needs_blocks_to_shard():
+    class Flat(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+
+    fsdp = ParallelContext("fsdp", 0, 2)
+    with pytest.raises(ConfigError, match="fsdp needs blocks to shard, and Flat has no"):
+        wrap_model(Flat(), fsdp, {"data_parallel": "fsdp"})
+
+    class Units(Flat):
+        def fsdp_units(self):
+            return [self.linear]
+
+    assert len(transformer_blocks(Units())) == 1
+    stack = nn.Module()
+    stack.layers = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])
+    assert len(transformer_blocks(stack)) == 2
+
+
+def test_a_plain_model_is_left_alone():
+    model = nn.Linear(3, 3)
+    assert wrap_model(model, SINGLE, None) is model and unwrap_model(model) is model
+    with gradient_sync(model, enabled=False):
+        model(torch.ones(1, 3)).sum().backward()
+    assert model.weight.grad is not None
+    assert total_norm(torch.tensor(2.5)) == 2.5

@@ -1,0 +1,143 @@
+"""`speedtronic train --nproc-per-node` hands over to torchrun: real launchers, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from speedtronic.launch import torchrun_arguments, worker_arguments
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def train(out: Path, *extra: str, log: Path | None = None) -> subprocess.Popen:
+    """Start `speedtronic train` on the smoke config, data-parallel, writing under out."""
+    command = [sys.executable, "-m", "speedtronic", "train", str(ROOT / "configs" / "smoke.yaml")]
+    command += ["--set", "parallel.data_parallel=ddp", "--set", f"run.output_dir={out}"]
+    command += ["--set", f"logging.json_file={out / 'metrics.jsonl'}", *extra]
+    stream = open(log or out.with_suffix(".log"), "w")  # noqa: SIM115 - closed by the caller
+    return subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=ENV, cwd=ROOT)
+
+
+def wait_for(condition, what: str, process: subprocess.Popen, timeout: float = 240) -> None:
+    """Poll `condition` (a file the run writes) until true; fail if the run ends or time is up."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended (code {process.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def last_step(out: Path) -> int:
+    try:
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    steps = [json.loads(line).get("step", 0) for line in lines if line.endswith("}")]
+    return max(steps, default=0)
+
+
+def latest_step(out: Path) -> int:
+    """Return the step `latest` points at (0 before the first committed checkpoint)."""
+    try:
+        return json.loads((out / "checkpoints" / "latest").read_text())["step"]
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def workers(agent: int) -> dict[int, int]:
+    """Return {rank: pid} of the worker processes a torchrun agent started."""
+    children = Path(f"/proc/{agent}/task/{agent}/children").read_text().split()
+    found = {}
+    for pid in map(int, children):
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        rank = next((e.split(b"=")[1] for e in environ if e.startswith(b"RANK=")), None)
+        if rank is not None:
+            found[int(rank)] = pid
+    return found
+
+
+def test_launcher_arguments_go_to_torchrun_and_never_to_the_workers():
+    argv = ["train", "c.yaml", "--nproc-per-node", "2", "--max-restarts=1", "--set", "a.b=1"]
+
+    class Args:
+        nproc_per_node, nnodes, rdzv_endpoint, max_restarts = 2, "1", None, 1
+
+    assert worker_arguments(argv) == ["train", "c.yaml", "--set", "a.b=1"]
+    assert torchrun_arguments(Args, argv) == [
+        "--nproc-per-node=2",
+        "--max-restarts=1",
+        "--standalone",
+        "-m",
+        "speedtronic",
+        "train",
+        "c.yaml",
+        "--set",
+        "a.b=1",
+    ]
+
+
+def test_two_nodes_meet_through_c10d_rendezvous_on_loopback(tmp_path):
+    endpoint = f"127.0.0.1:{free_port()}"
+    launch = ["--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", endpoint]
+    nodes = [train(tmp_path / "run", *launch, log=tmp_path / f"node{i}.log") for i in range(2)]
+    for node in nodes:
+        assert node.wait(timeout=300) == 0, (tmp_path / "node0.log").read_text()[-3000:]
+    logs = [(tmp_path / f"node{i}.log").read_text() for i in range(2)]
+    assert sum("trained 8 steps" in log for log in logs) == 1  # one summary, from rank 0
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
+        "latest",
+        "step_4.pt",
+        "step_8.pt",
+    ]
+
+
+def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    out = tmp_path / "run"
+    run = train(out, "--nproc-per-node", "2", "--max-steps", "100000")
+    wait_for(lambda: last_step(out) >= 3, "step 3", run)
+    os.kill(workers(run.pid)[1], signal.SIGTERM)  # rank 1 only; rank 0 learns it at the step
+    code = run.wait(timeout=120)
+    log = out.with_suffix(".log").read_text()
+    assert code == 0, log[-3000:]
+    stopped = int(log.split("received: stopped at step ")[1].split()[0])
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in records if r["event"] == "train_step") == stopped
+    latest = json.loads((out / "checkpoints" / "latest").read_text())
+    assert latest["step"] == stopped  # one checkpoint at the stop step, for both ranks
+
+
+@pytest.mark.parametrize("kill", [signal.SIGKILL])
+def test_max_restarts_resumes_the_workers_from_the_last_checkpoint(tmp_path, kill):
+    out = tmp_path / "run"
+    run = train(
+        out, "--nproc-per-node", "2", "--max-restarts", "1", "--max-steps", "100000",
+        "--set", "checkpoint.every_steps=5",
+    )  # fmt: skip
+    wait_for(lambda: latest_step(out) >= 10, "a committed step-10 checkpoint", run)
+    os.kill(workers(run.pid)[1], kill)  # a worker dies: torchrun restarts the group
+    log = out.with_suffix(".log")
+    wait_for(lambda: "resumed at step" in log.read_text(), "the restarted workers' resume", run)
+    resumed = int(log.read_text().split("resumed at step ")[1].split()[0])
+    assert resumed >= 10 and resumed % 5 == 0
+    wait_for(lambda: last_step(out) >= resumed + 2, "two steps after the resume", run)
+    run.send_signal(signal.SIGTERM)  # the agent forwards it: the workers stop and checkpoint
+    run.wait(timeout=120)
+    assert latest_step(out) >= resumed + 2

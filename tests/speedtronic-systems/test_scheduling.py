@@ -112,6 +112,7 @@ def test_mps_is_a_noop_too():
     assert scheduler.active is False and "mps uses sequential backward" in scheduler.reason
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="stage streams need CUDA")
 def test_cuda_streams_give_the_sequential_loss_and_gradients():
     torch.manual_seed(0)

@@ -19,11 +19,14 @@ import torch
 from speedtronic import runtime
 from speedtronic_systems.parallel import ParallelError, check_optimizer_after_wrapping
 
+# The CUDA-marked tests run the same scenarios on GPUs (NCCL through backend auto).
+DEVICE = os.environ.get("SPEEDTRONIC_TEST_DEVICE", "cpu")
+
 
 def config(out: Path, mode: str, **sections) -> dict:
     """The tiny run every scenario trains: 2 microbatches of 2 per rank and step at world 2."""
     values = {
-        "run": {"device": "cpu", "max_steps": 3, "output_dir": str(out / "run"), "seed": 5},
+        "run": {"device": DEVICE, "max_steps": 3, "output_dir": str(out / "run"), "seed": 5},
         "model": {"vocab_size": 64, "max_seq_len": 16, "n_layer": 2, "n_head": 2, "d_model": 16},
         "data": {"num_tokens": 96, "micro_batch_size": 2, "target_batch_size": 8},
         # grad_clip far above the norm: the (global) gradient norm is logged, and a gradient

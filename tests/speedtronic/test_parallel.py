@@ -116,3 +116,21 @@ def test_a_checkpoint_resumes_at_another_world_size(trained, tmp_path, world):
     )
     for seen in ranks(tmp_path, world):
         assert seen == {"resumed_at": 3, "world_size": world, "steps": 4}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_on_cuda_with_nccl_two_ranks_match_one_process(tmp_path, mode):
+    """One rank per GPU (cuda:LOCAL_RANK, NCCL): two with two GPUs, else a group of one."""
+    trainer, _ = runtime.build_runtime(config(tmp_path / "single", "none"), device="cuda")
+    trainer.fit()
+    reference = {k: v.detach().cpu() for k, v in trainer.model.state_dict().items()}
+    out = tmp_path / mode
+    nproc = min(2, torch.cuda.device_count())
+    torchrun(
+        str(WORKER), "train", str(out), mode, nproc=nproc, env={"SPEEDTRONIC_TEST_DEVICE": "cuda"}
+    )
+    params = torch.load(out / "params_train.pt", map_location="cpu")
+    for name, value in reference.items():
+        assert (params[name].cpu() - value).abs().max() <= 1e-5, name

@@ -185,8 +185,13 @@ class Trainer:
         self.precision = precision
         self.scaler = make_grad_scaler(precision)
         if shape_report is None:
+            # Without a config the check reads the module's own widths, not default sections.
             shape_report = validate_startup_shapes(
-                config, self.model, self.device, precision, logger=self.logger
+                self.config if self._config_given else None,
+                self.model,
+                self.device,
+                precision,
+                logger=self.logger,
             )
         self.shape_report = shape_report
         self._stream = BatchStream(dataloader)

@@ -147,14 +147,36 @@ def init_parallel(section: Any, device: torch.device) -> ParallelContext:
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
             os.environ.setdefault("RANK", "0")
             os.environ.setdefault("WORLD_SIZE", "1")
+        timeout = datetime.timedelta(seconds=section.timeout_s)
         dist.init_process_group(
             backend=resolve_backend(section.backend, device),
-            timeout=datetime.timedelta(seconds=section.timeout_s),
+            timeout=timeout,
             device_id=device if device.type == "cuda" else None,
+            **_restart_store(timeout),
         )
     return ParallelContext(
         section.data_parallel, dist.get_rank(), dist.get_world_size(), local_rank, device
     )
+
+
+def _restart_store(timeout: datetime.timedelta) -> dict[str, Any]:
+    """Return init_process_group's store arguments for a worker torchrun restarted, else {}.
+
+    torchrun's c10d rendezvous keeps one store for every restart round, and workers join it
+    without a per-attempt prefix, so a restarted group would read the dead workers' gloo
+    addresses (a connection refused or a hang). A prefix per attempt keeps each round apart.
+    """
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    client = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
+    return {
+        "store": dist.PrefixStore(f"speedtronic/attempt_{attempt}", client),
+        "rank": int(os.environ["RANK"]),
+        "world_size": int(os.environ["WORLD_SIZE"]),
+    }
 
 
 def _free_port() -> int:

@@ -265,13 +265,13 @@ def quiet_peers() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="30 steps x 3 rounds")
+    parser.add_argument("--quick", action="store_true", help="30 steps x 2 rounds")
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS / "peers.json")
     args = parser.parse_args(argv)
-    steps = args.steps or (30 if args.quick else 80)
-    rounds = args.rounds or (3 if args.quick else 5)
+    steps = args.steps or (30 if args.quick else 60)
+    rounds = args.rounds or (2 if args.quick else 4)
     quiet_peers()
     ensure_corpus()
     values = bench_config(steps)

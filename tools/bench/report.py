@@ -120,7 +120,8 @@ def _trainer_row(t: dict[str, Any]) -> tuple[str, str, str]:
 def _optim_rows(o: dict[str, Any]) -> list[tuple[str, str, str]]:
     m = o["muon"]
     speed = m["speedup_vs_torch"]
-    extra = f"; forced batching {_x(speed['ours batched'])}" if "ours batched" in speed else ""
+    big = "ours 2^26 batches"
+    extra = f"; with 2^26-element batches (before) {_x(speed[big])}" if big in speed else ""
     avx2 = o.get("avx2_emulation")
     if avx2:
         extra += (
@@ -329,6 +330,20 @@ def _section_convergence(c: dict[str, Any]) -> list[str]:
             f"\nShortest horizon reaching AdamW's loss: {_x(s['muon_step_fraction_by_horizon'])} "
             "(goal <= 0.6x)."
         )
+    if c.get("ablations"):
+        lines += [
+            "",
+            "Without shuffling (the main job's data order today: 400 steps read the first 11% of "
+            "the path-sorted corpus in order):",
+            "",
+            "| optimizer | lr | held-out loss unshuffled | shuffled |",
+            "|---|---|---|---|",
+        ]
+        for a in c["ablations"]:
+            shuffled = s["best_final_val_loss"][a["optimizer"]]
+            lines.append(
+                f"| {a['optimizer']} | {a['lr']:g} | {a['final_val_loss']:.4f} | {shuffled:.4f} |"
+            )
     lines += [
         "",
         "![held-out loss vs tokens](convergence.png)",

@@ -25,14 +25,14 @@ from benchlib import RESULTS, ROOT, ensure_corpus, machine_info, write_json
 HERE = Path(__file__).resolve().parent
 # name -> (full-mode arguments, quick-mode arguments or None to skip in quick mode)
 BENCHMARKS: dict[str, tuple[list[str], list[str] | None]] = {
-    "optim": (["--full", "--repeats", "7"], ["--no-avx2"]),
+    "optim": (["--full", "--repeats", "5"], ["--no-avx2"]),
     "peers": ([], ["--quick"]),
     "trainer": ([], ["--steps", "10", "--rounds", "2"]),
     "cpu_settings": ([], ["--quick"]),
     "precision": ([], ["--quick"]),
     "data": (["--quick"], ["--quick"]),
     "convergence": ([], ["--quick"]),
-    "diloco": ([], None),
+    "diloco": ([], None),  # full mode only with --only diloco: it alone takes about 15 minutes
     "gpu": ([], None),
 }
 OUT_FLAG = {"diloco": "--output"}
@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and name not in args.only:
             continue
         if args.quick and quick is None:
+            continue
+        if name == "diloco" and not args.only:
             continue
         if name == "gpu" and not torch.cuda.is_available():
             print("=== gpu: skipped, no CUDA GPU here")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import subprocess
 import sys
@@ -79,14 +80,19 @@ def main(argv: list[str] | None = None) -> int:
             continue
         chosen.append((name, quick if args.quick else full))
     started = time.perf_counter()
+    previous = results / "run.json"
+    # --only into the same folder reruns those benchmarks and keeps the others' entries.
+    earlier = json.loads(previous.read_text()) if args.only and previous.is_file() else {}
+    kept = earlier.get("benchmarks", {})
     run = {
         "benchmark": "run",
         "mode": "quick" if args.quick else "full",
         "command": "hatch run bench" + (" --quick" if args.quick else ""),
-        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "started": earlier.get("started")
+        or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
         "machine": machine_info(),
-        "benchmarks": {},
+        "benchmarks": dict(kept),
     }
     failed = []
     for name, extra in chosen:
@@ -95,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         command.append(str(results / f"{name}.json"))
         print(f"=== {name}: {' '.join(command[1:])}", flush=True)
         before, begun = os.getloadavg(), time.perf_counter()
+        stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         code = subprocess.run(command, cwd=ROOT).returncode
         run["benchmarks"][name] = {
+            "started": stamp,
             "seconds": time.perf_counter() - begun,
             "returncode": code,
             "loadavg_before": [round(v, 2) for v in before],
@@ -104,17 +112,17 @@ def main(argv: list[str] | None = None) -> int:
         }
         if code != 0:
             failed.append(name)
+    run["duration_s"] = sum(b["seconds"] for b in run["benchmarks"].values())
     loads = [b["loadavg_before"][0] for b in run["benchmarks"].values()]
     loads += [b["loadavg_after"][0] for b in run["benchmarks"].values()]
     run["loadavg_range"] = [min(loads), max(loads)] if loads else None
-    run["duration_s"] = time.perf_counter() - started
     write_json(results / "run.json", run)
     report = [sys.executable, str(HERE / "report.py"), "--results", str(results)]
-    if not args.quick and args.results is None and not args.only:
+    if not args.quick and args.results is None:
         report.append("--write-readme")
     if subprocess.run(report, cwd=ROOT).returncode != 0:
         failed.append("report")
-    print(f"=== done in {run['duration_s'] / 60:.1f} min; results in {results}")
+    print(f"=== done in {(time.perf_counter() - started) / 60:.1f} min; results in {results}")
     if failed:
         print(f"failed: {', '.join(failed)}")
     return 1 if failed else 0

@@ -16,6 +16,7 @@ Usage: python tools/bench/bench_convergence.py [--quick] [--steps N] [--out PATH
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import tempfile
@@ -158,6 +159,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="60 steps, Muon and AdamW, one lr")
     parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument(
+        "--grid",
+        nargs="+",
+        default=None,
+        metavar="NAME=LR[,LR]",
+        help="the lrs to run per optimizer instead of the full grid (e.g. adamw=1e-3 muon=4e-3)",
+    )
+    parser.add_argument(
+        "--horizons", type=float, nargs="*", default=None, help="Muon horizon fractions"
+    )
+    parser.add_argument("--no-ablations", action="store_true", help="skip the unshuffled runs")
+    parser.add_argument(
+        "--earlier",
+        type=Path,
+        default=None,
+        help="JSON of sweep runs measured earlier with this harness, recorded beside this run's",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "convergence.json")
     args = parser.parse_args(argv)
     ensure_corpus()
@@ -171,7 +189,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{steps} steps of {base['data']['target_batch_size']} x {base['model']['max_seq_len']} "
         f"tokens; held-out set: {windows} windows spread over the validation shard"
     )
-    runs = sweep(QUICK_LRS if args.quick else FULL_LRS, steps, batches, eval_every)
+    grid = QUICK_LRS if args.quick else FULL_LRS
+    if args.grid:
+        grid = {
+            name: tuple(float(lr) for lr in lrs.split(","))
+            for name, lrs in (item.split("=") for item in args.grid)
+        }
+    runs = sweep(grid, steps, batches, eval_every)
     best = {name: min(grid, key=lambda run: run["final_val_loss"]) for name, grid in runs.items()}
     target = best["adamw"]["final_val_loss"]
     muon = best["muon"]
@@ -179,13 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     horizons: list[dict[str, Any]] = []
     if not args.quick:
         # Shorter Muon runs with the whole schedule (decay included), shortest first.
-        for fraction in HORIZONS:
+        for fraction in HORIZONS if args.horizons is None else args.horizons:
             short = round(fraction * steps)
             run = train_run(run_config("muon", muon["lr"], short), batches, short)
             horizons.append({"fraction": fraction, "steps": short, **run})
             print(f"  muon horizon {short} steps: held-out loss {run['final_val_loss']:.4f}")
     ablations: list[dict[str, Any]] = []
-    if not args.quick:
+    if not (args.quick or args.no_ablations):
         # The main job's own data order (configs/quickstart.yaml leaves data.shuffle false).
         for name in ("adamw", "muon"):
             values = run_config(name, best[name]["lr"], steps, shuffle=False)
@@ -230,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             "runs": runs,
             "horizons": horizons,
             "ablations": ablations,
+            "earlier_sweep": json.loads(args.earlier.read_text()) if args.earlier else None,
         },
     )
     print(f"wrote {args.out}")

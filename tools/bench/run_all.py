@@ -3,7 +3,7 @@
 Usage: python tools/bench/run_all.py [--quick] [--only NAME ...] [--results DIR]
 (`hatch run bench [--quick]`, which installs the peers into the `bench` environment).
 
-Full mode (about 60 minutes on 2 cores) writes tools/bench/results/ and regenerates the README's
+Full mode (about 60 minutes on 2 quiet cores, convergence 15 of them) writes tools/bench/results/ and regenerates the README's
 performance table from it; --quick (about 3 minutes: smaller sizes, fewer rounds, no DiLoCo, no
 compile) writes tools/bench/results/quick/ and leaves the README alone: it is CI's smoke run
 of every benchmark, not a measurement to quote. A failing benchmark fails the run after the others

@@ -169,7 +169,7 @@ def test_batched_same_shape_step_equals_one_matrix_at_a_time(monkeypatch, cap, m
     import speedtronic_optim.muon as muon_module
 
     if cap is not None:
-        monkeypatch.setattr(muon_module, "MAX_BATCH_ELEMENTS", cap)
+        monkeypatch.setattr(muon_module, "MAX_CPU_BATCH_ELEMENTS", cap)
     torch.manual_seed(3)
     shapes = [(20, 12), (12, 20), (20, 12), (20, 12), (12, 20), (20, 12), (16, 16)]
     starts = [torch.randn(*shape) for shape in shapes]
@@ -196,5 +196,8 @@ def test_same_shape_batches_group_by_shape_and_respect_the_cap(monkeypatch) -> N
 
     params = [torch.zeros(4, 4), torch.zeros(2, 8), torch.zeros(4, 4), torch.zeros(4, 4)]
     assert muon_module._same_shape_batches(params) == [[0, 2, 3], [1]]
-    monkeypatch.setattr(muon_module, "MAX_BATCH_ELEMENTS", 32)
+    monkeypatch.setattr(muon_module, "MAX_CPU_BATCH_ELEMENTS", 32)
     assert muon_module._same_shape_batches(params) == [[0, 2], [3], [1]]
+    # Accelerators keep the larger cap; meta tensors stand in for them here.
+    meta = [torch.zeros(4, 4, device="meta") for _ in range(3)]
+    assert muon_module._same_shape_batches(meta) == [[0, 1, 2]]

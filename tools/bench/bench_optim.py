@@ -1,11 +1,15 @@
 """Muon benchmark: speedtronic_optim.Muon against torch.optim.Muon, and newton_schulz against SVD.
 
 Case 1 steps every hidden matrix of a GPT-style transformer at d_model 768 (per layer: four
-768x768, two 2048x768, one 768x2048, as in a GPT-2-small block) with
-torch.optim.Muon, with our Muon on the standard iteration (same algorithm: measures overhead), and
-with our Muon on its default `auto` method (Gram Newton-Schulz for matrices with aspect >= 1.5);
-ours orthogonalizes same-shaped matrices together in one batched Newton-Schulz.
+768x768, two 2048x768, one 768x2048) with torch.optim.Muon, with our Muon as shipped ("ours
+default": same-shaped matrices orthogonalized together in batched chunks of up to 2^22 elements on
+CPU; Gram Newton-Schulz where the work dtype is float32 and the aspect >= 1.5), with the
+accelerator's 2^26-element chunks on CPU too ("ours 2^26 batches", the 0.85x shipped before), and
+with float32 Gram work ("ours fp32 gram").
 Case 2 times `newton_schulz` against the exact polar factor by SVD (U @ Vh, float32).
+Case 3 (CPU with native BF16 only) reruns case 1 at a small size in a child process that limits
+torch and oneDNN to AVX2 (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2), where bf16 matmuls
+are emulated as on an AVX2-only CPU: ours on float32 (what it picks there) against torch's bf16.
 Variants run interleaved in one process and the ratio of medians is reported (machines are noisy).
 
 Usage: python tools/bench/bench_optim.py [--full] [--layers N] [--d-model D] [--repeats N]
@@ -13,8 +17,6 @@ Usage: python tools/bench/bench_optim.py [--full] [--layers N] [--d-model D] [--
 Default: d_model 128, 2 layers, 3 repeats, polar at 256/512 (minutes even where bf16 is emulated);
 --full: d_model 768, 12 layers, 5 repeats, polar at 1024/2048 (the issue's sizes). Where bf16 is
 emulated, `--full --repeats 1 --bf16-layers 1` finishes in about 20 minutes.
-"ours default" is Muon's shipped settings: Gram for aspect >= 1.5 and the work dtype of
-fast_work_dtype (float32 on CPUs without BF16 instructions, where torch's bf16 is emulated).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+import speedtronic_optim.muon as muon_module
+from benchlib import machine_info, write_json
 from speedtronic_optim import Muon, newton_schulz
 from speedtronic_optim.newton_schulz import fast_work_dtype
 
@@ -50,19 +55,35 @@ def _sync(device: torch.device) -> None:
 
 def _interleaved(
     variants: dict[str, Callable[[], object]], repeats: int, device: torch.device
-) -> dict[str, float]:
-    """Median seconds per variant, running the variants round-robin after one warm-up call each."""
+) -> dict[str, list[float]]:
+    """Seconds per call of each variant, round-robin in a rotating order after one warm-up each."""
     for fn in variants.values():
         fn()
     _sync(device)
+    names = list(variants)
     times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, fn in variants.items():
+    for index in range(repeats):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
             start = time.perf_counter()
-            fn()
+            variants[name]()
             _sync(device)
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return times
+
+
+def _large_batches(step: Callable[[], None]) -> Callable[[], None]:
+    """Return `step` run with the accelerator batch cap on CPU too (the 0.85x of before)."""
+
+    def run() -> None:
+        saved = muon_module.MAX_CPU_BATCH_ELEMENTS
+        muon_module.MAX_CPU_BATCH_ELEMENTS = muon_module.MAX_BATCH_ELEMENTS
+        try:
+            step()
+        finally:
+            muon_module.MAX_CPU_BATCH_ELEMENTS = saved
+
+    return run
 
 
 def _muon_step(
@@ -78,14 +99,20 @@ def _muon_step(
 
 
 def muon_case(
-    layers: int, d_model: int, repeats: int, device: torch.device, bf16_layers: int | None = None
+    layers: int,
+    d_model: int,
+    repeats: int,
+    device: torch.device,
+    bf16_layers: int | None = None,
+    ours_dtype: torch.dtype | None = None,
 ) -> dict[str, object]:
     """Time one Muon step over every hidden matrix of a `layers`-layer model.
 
     Every variant but "ours default" (torch.optim.Muon always works in bf16) steps only the first
     `bf16_layers` layers when asked and is scaled by layers / bf16_layers: each steps matrices
     independently per shape, so its time is additive over layers, and emulated bf16 on CPUs
-    without BF16 instructions takes minutes per layer at d_model 768.
+    without BF16 instructions takes minutes per layer at d_model 768. `ours_dtype` overrides the
+    default work dtype (the AVX2 emulation, where the BF16 probe still sees the real CPU).
     """
     torch.manual_seed(0)
     shapes = layer_shapes(d_model)
@@ -97,31 +124,51 @@ def muon_case(
         "torch.optim.Muon": _muon_step(
             lambda p: torch.optim.Muon(p, **settings), bf16_grads, device
         ),
-        "ours bf16 standard": _muon_step(
-            lambda p: Muon(p, ns_method="standard", ns_dtype=torch.bfloat16, **settings),
-            bf16_grads,
-            device,
+        "ours default": _muon_step(
+            lambda p: Muon(p, ns_dtype=ours_dtype, **settings), grads, device
         ),
+    }
+    if ours_dtype is None:
+        variants["ours 2^26 batches"] = _large_batches(
+            _muon_step(lambda p: Muon(p, **settings), bf16_grads, device)
+        )
         # Gram runs in float32 only: in bf16 it amplifies rounding (newton_schulz.GRAM_DTYPES).
-        "ours fp32 gram": _muon_step(
+        variants["ours fp32 gram"] = _muon_step(
             lambda p: Muon(p, ns_dtype=torch.float32, **settings), bf16_grads, device
-        ),
-        "ours default": _muon_step(lambda p: Muon(p, **settings), grads, device),
-    }
-    seconds = _interleaved(variants, repeats, device)
+        )
+    times = _interleaved(variants, repeats, device)
     scale = layers / bf16_layers
-    seconds = {
-        name: value * (1.0 if name == "ours default" else scale) for name, value in seconds.items()
+    times = {
+        name: [t * (1.0 if name == "ours default" else scale) for t in values]
+        for name, values in times.items()
     }
-    base = seconds["torch.optim.Muon"]
+    seconds = {name: statistics.median(values) for name, values in times.items()}
+    base = times["torch.optim.Muon"]
     return {
         "case": f"Muon step, {layers} layers x {len(shapes)} matrices (d_model {d_model})",
         "matrices": len(grads),
         "bf16_layers_timed": bf16_layers,
-        "default_work_dtype": str(fast_work_dtype(device)),
+        "default_work_dtype": str(ours_dtype or fast_work_dtype(device)),
         "seconds": seconds,
-        "speedup_vs_torch": {name: base / value for name, value in seconds.items()},
+        "seconds_per_round": times,
+        # Paired: each round's ratio, then the median, so drift between rounds cancels.
+        "speedup_vs_torch": {
+            name: statistics.median(b / t for b, t in zip(base, values, strict=True))
+            for name, values in times.items()
+        },
     }
+
+
+def avx2_case(repeats: int) -> dict[str, object] | None:
+    """Return case 1 at d_model 256 measured in a child limited to AVX2, or None off BF16 CPUs."""
+    if fast_work_dtype(torch.device("cpu")) != torch.bfloat16:
+        return None  # already an AVX2-class CPU: case 1 itself is the AVX2 number
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    with tempfile.TemporaryDirectory(prefix="bench-avx2-") as tmp:
+        out = Path(tmp) / "avx2.json"
+        command = [sys.executable, __file__, "--avx2-child", "--repeats", str(repeats)]
+        subprocess.run([*command, "--out", str(out)], env=env, check=True)
+        return json.loads(out.read_text())
 
 
 def svd_case(size: int, repeats: int, device: torch.device) -> dict[str, object]:
@@ -135,25 +182,15 @@ def svd_case(size: int, repeats: int, device: torch.device) -> dict[str, object]
         u, _, vh = torch.linalg.svd(g, full_matrices=False)
         return u @ vh
 
-    seconds = _interleaved(
+    times = _interleaved(
         {"newton_schulz": lambda: newton_schulz(g), "svd polar": polar}, repeats, device
     )
+    seconds = {name: statistics.median(values) for name, values in times.items()}
     return {
         "case": f"polar factor {size}x{size}",
         "seconds": seconds,
         "ns_over_svd": seconds["newton_schulz"] / seconds["svd polar"],
     }
-
-
-def _write_json(path: Path, payload: dict[str, object]) -> None:
-    # Atomic: a reader never sees half a file.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(payload, handle, indent=2)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def main() -> None:
@@ -169,11 +206,17 @@ def main() -> None:
         help="time the bf16 variants on this many layers and scale (emulated-bf16 CPUs)",
     )
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--no-avx2", action="store_true", help="skip the AVX2-emulation case")
+    parser.add_argument("--avx2-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
+    repeats = args.repeats or (5 if args.full else 3)
+    if args.avx2_child:
+        case = muon_case(1, 256, repeats, torch.device("cpu"), ours_dtype=torch.float32)
+        write_json(args.out, {**case, "cpu_capability": torch.backends.cpu.get_cpu_capability()})
+        return
     layers = args.layers or (12 if args.full else 2)
     d_model = args.d_model or (768 if args.full else 128)
-    repeats = args.repeats or (5 if args.full else 3)
     device = torch.device(args.device)
     muon = muon_case(layers, d_model, repeats, device, args.bf16_layers)
     print(
@@ -182,9 +225,7 @@ def main() -> None:
     )
     if muon["bf16_layers_timed"] < layers:
         print(f"(bf16 variants timed on {muon['bf16_layers_timed']} of {layers} layers, scaled)")
-    print(f"{'variant':<20}{'median s':>10}{'speedup vs torch':>18}")
-    for name, value in muon["seconds"].items():
-        print(f"{name:<20}{value:>10.3f}{muon['speedup_vs_torch'][name]:>17.2f}x")
+    _print_muon(muon)
     sizes = (1024, 2048) if args.full else (256, 512)
     polar = [svd_case(size, repeats, device) for size in sizes]
     print(f"\n{'polar factor':<16}{'newton_schulz s':>16}{'svd s':>10}{'ns/svd':>8}")
@@ -194,20 +235,32 @@ def main() -> None:
             f"{case['case'][13:]:<16}{s['newton_schulz']:>16.3f}{s['svd polar']:>10.3f}"
             f"{case['ns_over_svd']:>8.2f}"
         )
-    _write_json(
+    avx2 = None if args.no_avx2 or device.type != "cpu" else avx2_case(repeats)
+    if avx2 is not None:
+        print(f"\nAVX2 emulation (bf16 emulated as on AVX2-only CPUs): {avx2['case']}")
+        _print_muon(avx2)
+    write_json(
         args.out,
         {
             "benchmark": "optim",
+            "machine": machine_info(),
             "device": str(device),
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "machine": platform.processor() or platform.machine(),
+            "full": args.full,
             "repeats": repeats,
             "muon": muon,
             "polar": polar,
+            "avx2_emulation": avx2,
+            "goal_speedup": 1.0,
+            "goal_ns_over_svd": 0.5,
         },
     )
     print(f"\nwrote {args.out}")
+
+
+def _print_muon(muon: dict[str, object]) -> None:
+    print(f"{'variant':<20}{'median s':>10}{'speedup vs torch':>18}")
+    for name, value in muon["seconds"].items():
+        print(f"{name:<20}{value:>10.3f}{muon['speedup_vs_torch'][name]:>17.2f}x")
 
 
 if __name__ == "__main__":

@@ -5,15 +5,13 @@ Both run the same reference model, data, AdamW and step count, interleaved round
 process (machines are noisy, so only the ratio is meaningful). Prints a table and writes
 tools/bench/results/trainer.json.
 
-Usage: python tools/bench/bench_trainer.py [--steps 30] [--rounds 5] [--device cpu]
+Usage: python tools/bench/bench_trainer.py [--steps 30] [--rounds 5] [--device cpu] [--out PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -21,6 +19,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from benchlib import machine_info, write_json
 from speedtronic_config import SpeedtronicConfig
 from speedtronic_model.model import ReferenceTransformer
 from speedtronic_trainer import MetricLogger, Trainer
@@ -109,6 +108,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     device = torch.device(args.device)
     (
@@ -124,7 +124,7 @@ def main() -> None:
         "benchmark": "trainer_overhead",
         "device": str(device),
         "torch": torch.__version__,
-        "machine": platform.processor() or platform.machine(),
+        "machine": machine_info(),
         "threads": torch.get_num_threads(),
         "model": MODEL,
         "micro_batch": MICRO_BATCH,
@@ -147,9 +147,8 @@ def main() -> None:
         f"{result['median_manual_tokens_per_s']:>13,.0f} {result['median_ratio']:>7.3f}   (goal >= "
         "0.97)"
     )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    write_json(args.out, result)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

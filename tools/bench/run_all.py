@@ -1,39 +1,133 @@
-"""Run every benchmark under tools/bench (or those named) one after another; each prints its table.
+"""Run every benchmark, one child process each, then write report.md, plots and the README table.
 
-Usage: python tools/bench/run_all.py [optim data precision trainer ...] [-- extra args for each]
-Results land in tools/bench/results/<name>.json.
+Usage: python tools/bench/run_all.py [--quick] [--only NAME ...] [--results DIR]
+(`hatch run bench [--quick]`, which installs the peers into the `bench` environment).
+
+Full mode (44 minutes without the convergence study on a shared 2-core machine; convergence is
+about 15 more when quiet) writes tools/bench/results/ and regenerates the README's performance
+table from it; --quick (5.6 minutes at load 2-5: smaller sizes, fewer rounds, no DiLoCo, no
+compile) writes tools/bench/results/quick/ and leaves the README alone: it is CI's smoke run
+of every benchmark, not a measurement to quote. A failing benchmark fails the run after the others
+have run. Benchmarks needing a GPU run only where one is present.
 """
 
 from __future__ import annotations
 
+import argparse
+import datetime
+import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+from benchlib import RESULTS, ROOT, ensure_corpus, machine_info, write_json
+
 HERE = Path(__file__).resolve().parent
+# name -> (full-mode arguments, quick-mode arguments or None to skip in quick mode)
+BENCHMARKS: dict[str, tuple[list[str], list[str] | None]] = {
+    "optim": (["--full", "--repeats", "5"], ["--no-avx2"]),
+    "peers": ([], ["--quick"]),
+    "trainer": ([], ["--steps", "10", "--rounds", "2"]),
+    "cpu_settings": ([], ["--quick"]),
+    "precision": ([], ["--quick"]),
+    "data": (["--quick"], ["--quick"]),
+    "convergence": ([], ["--quick"]),
+    "diloco": ([], None),  # full mode only with --only diloco: it alone takes about 15 minutes
+    "gpu": ([], None),
+}
+OUT_FLAG = {"diloco": "--output"}
 
 
-def main(argv: list[str]) -> int:
-    names, extra = (
-        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    )
-    scripts = sorted(HERE.glob("bench_*.py"))
-    chosen = [s for s in scripts if not names or s.stem.removeprefix("bench_") in names]
-    unknown = set(names) - {s.stem.removeprefix("bench_") for s in scripts}
-    if unknown:
-        print(
-            f"unknown benchmark(s) {sorted(unknown)}; choose from {[s.stem[6:] for s in scripts]}"
-        )
-        return 2
+def git_commit() -> str:
+    """Return the checked-out commit (with -dirty when the tree has changes), or '?'."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "?"
+    return f"{commit}-dirty" if dirty else commit or "?"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="CI's few-minute smoke run")
+    parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), default=None)
+    parser.add_argument("--results", type=Path, default=None)
+    args = parser.parse_args(argv)
+    results = args.results or (RESULTS / "quick" if args.quick else RESULTS)
+    results.mkdir(parents=True, exist_ok=True)
+    ensure_corpus()
+    import torch
+
+    chosen = []
+    for name, (full, quick) in BENCHMARKS.items():
+        if args.only and name not in args.only:
+            continue
+        if args.quick and quick is None:
+            continue
+        if name == "diloco" and not args.only:
+            continue
+        if name == "gpu" and not torch.cuda.is_available():
+            print("=== gpu: skipped, no CUDA GPU here")
+            continue
+        chosen.append((name, quick if args.quick else full))
+    started = time.perf_counter()
+    previous = results / "run.json"
+    # --only into the same folder reruns those benchmarks and keeps the others' entries.
+    earlier = json.loads(previous.read_text()) if args.only and previous.is_file() else {}
+    kept = earlier.get("benchmarks", {})
+    run = {
+        "benchmark": "run",
+        "mode": "quick" if args.quick else "full",
+        "command": "hatch run bench" + (" --quick" if args.quick else ""),
+        "started": earlier.get("started")
+        or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "machine": machine_info(),
+        "benchmarks": dict(kept),
+    }
     failed = []
-    for script in chosen:
-        print(f"=== {script.stem}", flush=True)
-        if subprocess.run([sys.executable, str(script), *extra]).returncode != 0:
-            failed.append(script.stem)
+    for name, extra in chosen:
+        script = HERE / f"bench_{name}.py"
+        command = [sys.executable, str(script), *extra, OUT_FLAG.get(name, "--out")]
+        command.append(str(results / f"{name}.json"))
+        print(f"=== {name}: {' '.join(command[1:])}", flush=True)
+        before, begun = os.getloadavg(), time.perf_counter()
+        stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        code = subprocess.run(command, cwd=ROOT).returncode
+        run["benchmarks"][name] = {
+            "started": stamp,
+            "seconds": time.perf_counter() - begun,
+            "returncode": code,
+            "loadavg_before": [round(v, 2) for v in before],
+            "loadavg_after": [round(v, 2) for v in os.getloadavg()],
+        }
+        if code != 0:
+            failed.append(name)
+    run["duration_s"] = sum(b["seconds"] for b in run["benchmarks"].values())
+    loads = [b["loadavg_before"][0] for b in run["benchmarks"].values()]
+    loads += [b["loadavg_after"][0] for b in run["benchmarks"].values()]
+    run["loadavg_range"] = [min(loads), max(loads)] if loads else None
+    write_json(results / "run.json", run)
+    report = [sys.executable, str(HERE / "report.py"), "--results", str(results)]
+    if not args.quick and args.results is None:
+        report.append("--write-readme")
+    if subprocess.run(report, cwd=ROOT).returncode != 0:
+        failed.append("report")
+    print(f"=== done in {(time.perf_counter() - started) / 60:.1f} min; results in {results}")
     if failed:
         print(f"failed: {', '.join(failed)}")
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

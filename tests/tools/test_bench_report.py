@@ -1,0 +1,68 @@
+"""The README's performance table is the one generated from the committed benchmark results."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "tools" / "bench"
+RESULTS = BENCH / "results"
+
+
+@pytest.fixture
+def report(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.delitem(sys.modules, "report", raising=False)
+    import report as module
+
+    return module
+
+
+def test_readme_report_and_results_agree(report) -> None:
+    assert report.check(RESULTS) == []
+
+
+def test_check_fails_on_a_hand_edited_readme(report, tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    text = (ROOT / "README.md").read_text()
+    table = report.extract_table(text)
+    assert table is not None and "| benchmark | command | result |" in table
+    row = next(line for line in table.splitlines() if line.startswith("| trainer vs"))
+    readme.write_text(text.replace(row, row.replace("**", "", 2)))
+    assert any("differs" in problem for problem in report.check(RESULTS, readme=readme))
+
+
+def test_check_fails_when_results_change_after_the_report(report, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("quick", "*.png"))
+    trainer = json.loads((results / "trainer.json").read_text())
+    trainer["median_ratio"] += 0.5
+    (results / "trainer.json").write_text(json.dumps(trainer))
+    assert any("stale" in problem for problem in report.check(results))
+
+
+def test_steps_to_reach_interpolates_between_evaluations(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    from bench_convergence import steps_to_reach
+
+    curve = [(0, 0, 5.0), (100, 1, 3.0), (200, 2, 2.0)]
+    assert steps_to_reach(curve, 2.5) == pytest.approx(150.0)
+    assert steps_to_reach(curve, 3.0) == pytest.approx(100.0)
+    assert steps_to_reach(curve, 1.0) is None
+
+
+def test_gpu_benchmark_runs_on_cpu_with_a_tiny_model(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_gpu
+
+    out = tmp_path / "gpu.json"
+    args = ["--device", "cpu", "--tiny", "--steps", "3", "--no-compile", "--out", str(out)]
+    assert bench_gpu.main(args) == 0
+    payload = json.loads(out.read_text())
+    assert payload["parameters"] > 0 and payload["tokens_per_s"] > 0
+    assert payload["flops_per_token"] > 0

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Everything that needs a CUDA GPU, in one go (under 8 minutes on one H100/H200-class GPU):
+#   1. the tests that skip without CUDA (every test file that checks torch.cuda.is_available());
+#   2. the main job with its CUDA overlay (configs/quickstart-cuda.yaml: 8 layers, d_model 512,
+#      bf16, torch.compile), 1000 steps;
+#   3. the 124M-parameter reference model, 50 steps with compile and bf16: tokens/s and MFU
+#      against the datasheet peak (tools/bench/bench_gpu.py);
+#   4. the Muon benchmark at 12 layers x d_model 768 on the GPU (tools/bench/bench_optim.py).
+# Results land in $GPU_CHECK_OUT (default tools/bench/results/gpu/); put them in the report with
+# `python tools/bench/report.py` after copying gpu.json next to the other results.
+# It uses the python on PATH and imports the packages from source (no install, no network): that
+# python needs torch with CUDA, numpy, pyyaml, tqdm, safetensors, huggingface_hub, matplotlib and
+# pytest. Set PYTHON to choose another interpreter.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python}
+OUT=${GPU_CHECK_OUT:-tools/bench/results/gpu}
+mkdir -p "$OUT"
+src=""
+for dir in packages/*/src; do src="$src:$PWD/$dir"; done
+export PYTHONPATH="${src#:}:$PWD/tools/bench${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+
+if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "no CUDA GPU visible to $PYTHON: nothing to check"
+  exit 2
+fi
+"$PYTHON" -c "import torch; print('torch', torch.__version__, 'on', torch.cuda.get_device_name(0))"
+failed=()
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep the log, remember failures
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (limit ${limit}s)"
+  local start=$SECONDS
+  timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+  local code=${PIPESTATUS[0]}
+  echo "== $name: exit $code after $((SECONDS - start))s"
+  [ "$code" -eq 0 ] || failed+=("$name")
+}
+
+mapfile -t cuda_tests < <(grep -rl "cuda.is_available" tests --include='test_*.py' | sort)
+step cuda-tests 120 "$PYTHON" -m pytest -q -rs -p no:cacheprovider --basetemp=/tmp/gpu-check-pytest \
+  "${cuda_tests[@]}"
+[ -f data/stdlib/val_000000.bin ] || "$PYTHON" -m speedtronic prepare data/stdlib >/dev/null
+step main-job 150 "$PYTHON" -m speedtronic train configs/quickstart.yaml \
+  --cuda-overlay configs/quickstart-cuda.yaml --set run.output_dir="$OUT/quickstart" \
+  --set logging.json_file="$OUT/quickstart/metrics.jsonl" --set checkpoint.enabled=false
+step gpu-124m 120 "$PYTHON" tools/bench/bench_gpu.py --out "$OUT/gpu.json"
+step muon 90 "$PYTHON" tools/bench/bench_optim.py --full --device cuda --out "$OUT/optim_cuda.json"
+
+echo "results in $OUT"
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "failed: ${failed[*]}"
+  exit 1
+fi

@@ -25,22 +25,21 @@ def test_flops_per_token_from_the_model_hook():
     assert model_flops_per_token(Broken()) is None
 
 
-def test_record_fields_and_mfu():
+def test_a_record_averages_the_logging_interval_and_names_a_probe_relative_utilization():
     metrics = StepMetrics(TinyLM(), torch.device("cpu"), plan())
-    record = metrics.record(
-        step=3, loss=1.5, lr=0.01, grad_norm=0.7, samples=4, tokens=24, step_time=0.5
-    )
-    assert (
-        record["tokens_per_s"] == 48.0
-        and record["samples_per_s"] == 8.0
-        and record["grad_norm"] == 0.7
-    )
+    metrics.add(loss=2.0, samples=2, tokens=8, seconds=0.25)
+    metrics.add(loss=1.0, samples=2, tokens=24, seconds=0.75)
+    record = metrics.record(step=3, loss=1.0, lr=0.01, grad_norm=0.7)
+    assert record["loss"] == (2.0 * 8 + 1.0 * 24) / 32  # token-weighted over the interval
+    assert record["loss_last"] == 1.0 and record["step_time_s"] == 0.5
+    assert (record["tokens_per_s"], record["samples_per_s"], record["grad_norm"]) == (32, 4, 0.7)
+    # On a CPU the peak is a measured matmul probe, not a datasheet: not called MFU.
+    assert "mfu" not in record and metrics.utilization_key == "mfu_vs_matmul_probe"
     if metrics.peak_flops:
-        assert record["mfu"] == metrics.flops_per_token * 48.0 / metrics.peak_flops
-    plain = StepMetrics(nn.Linear(2, 2), torch.device("cpu"), plan()).record(
-        step=1, loss=1.0, lr=0.1, grad_norm=None, samples=1, tokens=1, step_time=0.0
-    )
-    assert "mfu" not in plain and "grad_norm" not in plain and plain["tokens_per_s"] == 0.0
+        expected = metrics.flops_per_token * 32 / metrics.peak_flops
+        assert record["mfu_vs_matmul_probe"] == expected
+    after = metrics.record(step=4, loss=3.0, lr=0.01, grad_norm=None)  # a new, empty interval
+    assert after["loss"] == 3.0 and after["tokens_per_s"] == 0.0 and "grad_norm" not in after
 
 
 def test_peak_flops_probe_does_not_move_the_global_rng():

@@ -22,11 +22,11 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
 
+from speedtronic_config import DataConfig
 from speedtronic_data import build_dataloader, infinite_batches, stdlib_corpus, write_shard
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "data.json"
@@ -42,17 +42,16 @@ class Result:
     batches: int  # batches per timed run: one full epoch, at least --quick's 200 / the default 1000
 
 
-def _section(**fields) -> SimpleNamespace:
-    return SimpleNamespace(
-        **{
-            "vocab_size": 256,
-            "micro_batch_size": 32,
-            "num_workers": 0,
-            "drop_last": True,
-            "seed": 0,
-            "shuffle": False,
-            **fields,
-        }
+def _section(**fields) -> DataConfig:
+    """A data section whose target batch is one micro-batch (no accumulation)."""
+    fields.setdefault("micro_batch_size", 32)
+    return DataConfig(
+        vocab_size=256,
+        num_workers=0,
+        drop_last=True,
+        seed=0,
+        target_batch_size=fields["micro_batch_size"],
+        **fields,
     )
 
 

@@ -315,22 +315,33 @@ def _dtype_of(dtype: torch.dtype | str | None) -> torch.dtype:
         ) from None
 
 
+def datasheet_peak_flops(
+    device: torch.device | str, dtype: torch.dtype | str | None = torch.float32
+) -> float | None:
+    """Return a known GPU's datasheet dense matmul peak FLOP/s for `dtype`, else None."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    resolved = _dtype_of(dtype)
+    name = _cuda_device_name(device)
+    for key, peaks in PEAK_FLOPS:
+        if key.lower() in name.lower():
+            # None: the GPU lacks this dtype in hardware (the probe measures what emulation does)
+            return peaks[(torch.bfloat16, torch.float16, torch.float32).index(resolved)]
+    return None
+
+
 def device_peak_flops(
     device: torch.device | str, dtype: torch.dtype | str | None = torch.float32
 ) -> float | None:
-    """Return the dense matmul peak FLOP/s for MFU: a datasheet value for known GPUs, else a
-    measured probe.
+    """Return the dense matmul peak FLOP/s utilization is measured against: a datasheet value for
+    known GPUs, else a measured matmul probe.
     """
     device = torch.device(device)
     resolved = _dtype_of(dtype)
-    if device.type == "cuda":
-        name = _cuda_device_name(device)
-        for key, peaks in PEAK_FLOPS:
-            if key.lower() in name.lower():
-                peak = peaks[(torch.bfloat16, torch.float16, torch.float32).index(resolved)]
-                if peak is not None:
-                    return peak
-                break  # the GPU lacks this dtype in hardware: measure what emulation achieves
+    peak = datasheet_peak_flops(device, resolved)
+    if peak is not None:
+        return peak
     try:
         return measured_matmul_flops(str(device), resolved)
     except (
@@ -389,6 +400,7 @@ __all__ = [
     "autocast_context",
     "available_devices",
     "cpu_bf16_supported",
+    "datasheet_peak_flops",
     "device_peak_flops",
     "make_grad_scaler",
     "measured_matmul_flops",

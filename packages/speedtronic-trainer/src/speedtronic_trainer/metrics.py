@@ -6,7 +6,11 @@ from typing import Any
 
 import torch
 
-from speedtronic_systems.precision import PrecisionPlan, device_peak_flops
+from speedtronic_systems.precision import (
+    PrecisionPlan,
+    datasheet_peak_flops,
+    device_peak_flops,
+)
 
 
 def memory_usage_bytes() -> int | None:
@@ -32,8 +36,9 @@ def model_flops_per_token(model: Any) -> float | None:
 
 
 class StepMetrics:
-    """Build the train_step record: loss, lr, grad norm, tokens/s, samples/s, step time, MFU,
-    memory.
+    """Build the train_step record over the logging interval: the token-weighted mean loss,
+    tokens/s and samples/s of every step since the last record, the last step's loss, grad norm
+    and lr, MFU and memory.
     """
 
     def __init__(
@@ -43,36 +48,59 @@ class StepMetrics:
         peak = device_peak_flops(device, precision.dtype) if self.flops_per_token else None
         # tokens/s counts every rank's tokens, so the peak is every rank's device together.
         self.peak_flops = peak * world_size if peak else None
+        # A datasheet peak gives MFU; a measured matmul probe (CPUs, unknown GPUs) gives a
+        # utilization relative to that probe, named so nobody mistakes it for MFU.
+        datasheet = datasheet_peak_flops(device, precision.dtype)
+        self.utilization_key = "mfu" if datasheet is not None else "mfu_vs_matmul_probe"
+        self._interval = _Interval()
+
+    def add(self, *, loss: float, samples: int, tokens: int, seconds: float) -> None:
+        """Count one applied step into the current logging interval."""
+        self._interval.add(loss, samples, tokens, seconds)
 
     def record(
-        self,
-        *,
-        step: int,
-        loss: float,
-        lr: float,
-        grad_norm: float | None,
-        samples: int,
-        tokens: int,
-        step_time: float,
+        self, *, step: int, loss: float, lr: float, grad_norm: float | None
     ) -> dict[str, Any]:
-        """Return the metrics of one optimizer step."""
-        tokens_per_s = tokens / step_time if step_time > 0 else 0.0
+        """Return the interval's metrics (`loss` is the last step's) and start a new interval."""
+        interval, self._interval = self._interval, _Interval()
+        seconds = interval.seconds
+        tokens_per_s = interval.tokens / seconds if seconds > 0 else 0.0
         record: dict[str, Any] = {
             "step": step,
-            "loss": loss,
+            "loss": interval.mean_loss(loss),
+            "loss_last": loss,
             "lr": float(lr),
             "tokens_per_s": tokens_per_s,
-            "samples_per_s": samples / step_time if step_time > 0 else 0.0,
-            "step_time_s": step_time,
+            "samples_per_s": interval.samples / seconds if seconds > 0 else 0.0,
+            "step_time_s": seconds / max(interval.steps, 1),
         }
         if grad_norm is not None:
             record["grad_norm"] = grad_norm
         if self.flops_per_token and self.peak_flops:
-            record["mfu"] = self.flops_per_token * tokens_per_s / self.peak_flops
+            record[self.utilization_key] = self.flops_per_token * tokens_per_s / self.peak_flops
         memory = memory_usage_bytes()
         if memory is not None:
             record["memory_bytes"] = memory
         return record
+
+
+class _Interval:
+    """Sums over the steps since the last train_step record."""
+
+    def __init__(self) -> None:
+        self.steps = self.samples = self.tokens = 0
+        self.seconds = self.weighted_loss = 0.0
+
+    def add(self, loss: float, samples: int, tokens: int, seconds: float) -> None:
+        self.steps += 1
+        self.samples += samples
+        self.tokens += tokens
+        self.seconds += seconds
+        self.weighted_loss += loss * tokens
+
+    def mean_loss(self, fallback: float) -> float:
+        """Return the token-weighted mean loss of the interval (fallback without tokens)."""
+        return self.weighted_loss / self.tokens if self.tokens else fallback
 
 
 __all__ = ["StepMetrics", "memory_usage_bytes", "model_flops_per_token"]

@@ -649,16 +649,20 @@ class Trainer:
         return outcome
 
     def _log_step(self, outcome: StepOutcome) -> None:
-        if not self.logger.wants_step(self.step):
-            return
-        record = self._metrics.record(
-            step=self.step,
+        """Count the step into the logging interval; emit the interval's record when it is due
+        (a single step's loss is too noisy to plot).
+        """
+        self._metrics.add(
             loss=outcome.loss,
-            lr=self.optimizer.param_groups[0]["lr"],
-            grad_norm=outcome.grad_norm,
             samples=outcome.samples,
             tokens=outcome.tokens,
-            step_time=outcome.seconds,
+            seconds=outcome.seconds,
+        )
+        if not self.logger.wants_step(self.step):
+            return
+        lr = self.optimizer.param_groups[0]["lr"]
+        record = self._metrics.record(
+            step=self.step, loss=outcome.loss, lr=lr, grad_norm=outcome.grad_norm
         )
         self.logger.emit("train_step", record)
 

@@ -28,6 +28,7 @@ DEFAULTS = {
         output_dir="runs",
         log_every=None,
         nonfinite_loss="stop",
+        memory_check=True,
     ),
     ModelConfig: dict(
         name="reference_transformer",

@@ -92,6 +92,9 @@ class RunConfig:
     output_dir: str = "runs"
     log_every: int | None = None
     nonfinite_loss: str = "stop"
+    # Refuse, before allocating, a run whose estimated memory exceeds the device's; the estimate
+    # is rough, so this can be turned off.
+    memory_check: bool = True
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)

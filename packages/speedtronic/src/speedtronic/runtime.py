@@ -12,11 +12,12 @@ import torch
 
 # 2.0 exposed the same builder here and in speedtronic.optimizers.
 from speedtronic.optimizers import build_v2_optimizer as build_optimizer
+from speedtronic.preflight import check_output_paths
 from speedtronic_config import ConfigError, SpeedtronicConfig
 from speedtronic_data import build_dataloader, build_eval_dataloader
 from speedtronic_model import apply_init_from, build_model
 from speedtronic_optim import build_lr_scheduler
-from speedtronic_systems import resolve_device
+from speedtronic_systems import check_training_memory, resolve_device
 from speedtronic_trainer import CheckpointManager, MetricLogger, Trainer, TrainResult
 
 
@@ -89,6 +90,8 @@ def build_runtime(
     config = _with_overrides(config, device)  # 1
     seed_everything(config.run.seed)  # 2
     resolved = resolve_device(config.run.device)  # 3
+    check_training_memory(config, resolved)  # before anything is allocated (run.memory_check)
+    check_output_paths(config)  # a bad folder fails now, not at the first checkpoint
     model = apply_init_from(build_model(config.model), config.model.init_from)  # 4
     dataloader = build_dataloader(config.data, device=resolved)  # 5
     eval_dataloader = build_eval_dataloader(config.data, device=resolved)

@@ -612,3 +612,19 @@ def test_infinite_gradient_with_finite_loss_is_caught_by_the_policy():
     with pytest.raises(NonFiniteLossError, match="grad_norm=inf"):
         trainer.fit(1)
     assert torch.equal(model.w.detach(), torch.ones(1))
+
+
+def test_resume_reports_another_optimizer_and_logs_fallbacks_in_one_line(tmp_path):
+    from speedtronic_trainer import CheckpointError
+
+    manager = CheckpointManager(tmp_path, every_steps=1, keep_last=None)
+    make_trainer(checkpoint_manager=manager, sections={"optimizer": {"name": "muon"}}).fit(2)
+    (tmp_path / "step_2.pt").write_bytes(b"torn")
+    stream = io.StringIO()
+    adamw = make_trainer(checkpoint_manager=manager, logger=MetricLogger(stream=stream))
+    with pytest.raises(CheckpointError, match="optimizer.name: muon, but this run uses .*adamw"):
+        adamw.resume_latest()
+    fallback = [line for line in stream.getvalue().splitlines() if "falling back" in line]
+    assert (
+        len(fallback) == 1 and "WARNING checkpoint " in fallback[0] and "step_2.pt" in fallback[0]
+    )

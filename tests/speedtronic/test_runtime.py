@@ -157,3 +157,12 @@ def test_a_run_too_large_for_the_machine_is_refused_before_allocating(tmp_path):
     huge = small_config(tmp_path, model={"n_layer": 60000, "d_model": 4096, "n_head": 32})
     with pytest.raises(ConfigError, match="needs at least .* but cpu"):
         runtime.build_runtime(huge)
+
+
+def test_temp_files_a_killed_save_left_are_removed_at_start_up(tmp_path):
+    stale = tmp_path / "checkpoints" / ".step_4.pt.0a1b2c3d4e5f.tmp"
+    stale.parent.mkdir()
+    stale.write_bytes(b"x" * 1000)
+    trainer, _ = runtime.build_runtime(small_config(tmp_path))
+    trainer.close()
+    assert not stale.exists()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
 import re
 import shutil
-import warnings
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +17,16 @@ import numpy as np
 import torch
 
 from speedtronic_config import CheckpointConfig, resolve_section
-from speedtronic_systems.atomic import atomic_json_dump, atomic_torch_save
+from speedtronic_systems.atomic import atomic_json_dump, atomic_torch_save, remove_stale_temp_files
+from speedtronic_trainer.checkpoint_checks import CheckpointError, load_checkpoint_file
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 LATEST_POINTER = "latest"
 _DEFAULTS = CheckpointConfig()
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint file is missing, truncated, corrupt or not loadable with weights_only=True."""
+def _warn_on_stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
 
 
 class CheckpointManager:
@@ -72,14 +75,36 @@ class CheckpointManager:
         """Return the file path of the checkpoint for `step`."""
         return self.directory / f"step_{step}.pt"
 
-    def save(self, step: int, state: dict[str, Any]) -> Path:
-        """Write `state` atomically, then move the latest pointer to it and prune old files."""
+    def save(self, step: int, state: dict[str, Any], *, prune: bool = True) -> Path:
+        """Write `state` atomically, then move the latest pointer to it and prune old files
+        (unless `prune` is false); a failed write is a CheckpointError saying the previous
+        checkpoint is intact.
+        """
         path = self.path_for(step)
-        atomic_torch_save(state, path)
-        # The pointer moves only after the checkpoint file is complete on disk.
-        atomic_json_dump({"step": step, "file": path.name}, self.directory / LATEST_POINTER)
-        self.prune()
+        previous = self.latest_path()
+        try:
+            atomic_torch_save(state, path)
+            # The pointer moves only after the checkpoint file is complete on disk.
+            atomic_json_dump({"step": step, "file": path.name}, self.directory / LATEST_POINTER)
+        except OSError as error:
+            raise CheckpointError(self._write_failure(error, step, previous)) from error
+        if prune:
+            self.prune()
         return path
+
+    def _write_failure(self, error: OSError, step: int, previous: Path | None) -> str:
+        """Return one line: why writing `step` failed, and that the previous checkpoint stands."""
+        what = (
+            f"no space left on {self.directory}"
+            if error.errno == errno.ENOSPC
+            else f"cannot write {self.directory} ({error.strerror or type(error).__name__})"
+        )
+        kept = (
+            f"the previous checkpoint is intact ({previous.name})"
+            if previous is not None
+            else "no earlier checkpoint exists"
+        )
+        return f"{what} while writing step {step}; {kept}"
 
     def latest_path(self) -> Path | None:
         """Return the checkpoint the latest pointer names, else the highest-numbered file, else
@@ -98,32 +123,16 @@ class CheckpointManager:
 
     def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Load one checkpoint with weights_only=True, raising CheckpointError naming a bad file."""
-        path = Path(path)
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except FileNotFoundError as exc:
-            raise CheckpointError(f"checkpoint {path} does not exist") from exc
-        except (
-            Exception
-        ) as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, zip errors...
-            raise CheckpointError(
-                f"checkpoint {path} is corrupt, truncated or holds objects that weights_only=True "
-                "refuses "
-                f"({type(exc).__name__}: {exc}); delete it to resume from an older checkpoint"
-            ) from exc
-        if not isinstance(state, dict):
-            raise CheckpointError(
-                f"checkpoint {path} holds a {type(state).__name__}, expected a state dict"
-            )
-        return state
+        return load_checkpoint_file(path)
 
-    def load_latest(self) -> dict[str, Any] | None:
-        """Load the newest valid checkpoint, warning about each unreadable newer one; None when
-        there is none.
+    def load_latest(self, warn: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+        """Load the newest valid checkpoint, reporting each unreadable newer one in one line
+        through `warn` (default: a `warning:` line on stderr); None when there is none.
         """
         latest = self.latest_path()
         if latest is None:
             return None
+        warn = warn or _warn_on_stderr
         candidates = [latest] + [p for p in reversed(self._checkpoint_paths()) if p != latest]
         failures: list[str] = []
         for path in candidates:
@@ -131,9 +140,7 @@ class CheckpointManager:
                 state = self.load(path)
             except CheckpointError as exc:
                 failures.append(str(exc))
-                warnings.warn(
-                    f"{exc}; falling back to an older checkpoint", RuntimeWarning, stacklevel=2
-                )
+                warn(f"{exc}; falling back to an older checkpoint")
                 continue
             state.setdefault("checkpoint_path", str(path))
             return state
@@ -152,14 +159,25 @@ class CheckpointManager:
 
     def prune(self) -> None:
         """Delete all but the newest keep_last checkpoints, never the one the latest pointer
-        names.
+        names, and any temp file an interrupted save left.
         """
+        self.remove_stale_temp_files()
         if self.keep_last is None:
             return
         keep = self.latest_path()
         for path in self._checkpoint_paths()[: -self.keep_last]:
             if path != keep:
                 path.unlink(missing_ok=True)
+
+    def remove_stale_temp_files(self) -> list[Path]:
+        """Delete the temp files a save killed between writing and renaming left (a checkpoint's
+        full size each); return them. Call it only while this manager is not saving.
+        """
+        return [
+            path
+            for name in ("step_*.pt", LATEST_POINTER)
+            for path in remove_stale_temp_files(self.directory, name)
+        ]
 
     def copy_to(self, destination: str | os.PathLike[str]) -> Path:
         """Copy the latest checkpoint to `destination` (a file path, or an existing folder) and

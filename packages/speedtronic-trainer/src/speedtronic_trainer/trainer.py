@@ -27,6 +27,7 @@ from speedtronic_trainer.batches import (
     valid_label_count,
 )
 from speedtronic_trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from speedtronic_trainer.checkpoint_checks import restore_model, restore_optimizer
 from speedtronic_trainer.data_position import BatchStream
 from speedtronic_trainer.metric_logger import MetricLogger
 from speedtronic_trainer.metrics import StepMetrics
@@ -437,8 +438,10 @@ class Trainer:
             raise ValueError(
                 f"checkpoint state lacks {missing}; it was not written by this trainer"
             )
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        # One line naming the mismatch and the fix (another model size or optimizer).
+        config = self.config if self._config_given else None
+        restore_model(self.model, state, config)
+        restore_optimizer(self.optimizer, state, config)
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler") is not None:
@@ -464,7 +467,7 @@ class Trainer:
         """
         if self.checkpoint_manager is None:
             raise ValueError("resume_latest() needs a checkpoint_manager")
-        state = self.checkpoint_manager.load_latest()
+        state = self.checkpoint_manager.load_latest(warn=self.logger.warning)
         self.resume(state)
         return state is not None
 

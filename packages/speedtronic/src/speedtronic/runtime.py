@@ -58,7 +58,9 @@ def build_coordinator(
 
 
 def _checkpoint_manager(config: SpeedtronicConfig) -> CheckpointManager:
-    return CheckpointManager.from_config(config.checkpoint, output_dir=config.run.output_dir)
+    manager = CheckpointManager.from_config(config.checkpoint, output_dir=config.run.output_dir)
+    manager.remove_stale_temp_files()  # what a kill mid-save left; no save is in flight yet
+    return manager
 
 
 def _with_overrides(

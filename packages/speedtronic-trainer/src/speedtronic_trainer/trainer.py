@@ -27,8 +27,9 @@ from speedtronic_trainer.batches import (
     valid_label_count,
 )
 from speedtronic_trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
-from speedtronic_trainer.checkpoint_checks import restore_model, restore_optimizer
+from speedtronic_trainer.checkpoint_checks import CheckpointError, restore_model, restore_optimizer
 from speedtronic_trainer.data_position import BatchStream
+from speedtronic_trainer.emergency import StepGuard
 from speedtronic_trainer.metric_logger import MetricLogger
 from speedtronic_trainer.metrics import StepMetrics
 from speedtronic_trainer.preemption import StopSignal
@@ -166,6 +167,8 @@ class Trainer:
             )
         self.shape_report = shape_report
         self._stream = BatchStream(dataloader)
+        self._guard = StepGuard()
+        self.emergency_checkpoint: Path | None = None  # written when fit() failed mid-run
         self._compiled: Any | None = None
         self._compiled_ok = False
         self._stage_scheduler: Any | None = None
@@ -275,6 +278,7 @@ class Trainer:
     def _train_step(self) -> StepOutcome:
         """Run one optimizer update; a non-finite loss or gradient norm is not applied."""
         started = time.perf_counter()
+        self._guard.begin(self._stream.state_dict())
         microbatches = [next(self._stream) for _ in range(self.config.accumulation_steps)]
         self.optimizer.zero_grad(set_to_none=True)
         if self._stage_scheduler is not None:
@@ -288,6 +292,8 @@ class Trainer:
         # A scaler skips inf gradients itself; without one nothing else would stop them.
         grads_ok = grad_norm is None or math.isfinite(grad_norm) or self.scaler is not None
         applied = math.isfinite(loss) and grads_ok
+        if applied:
+            self._guard.updating()
         if applied and self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -489,6 +495,7 @@ class Trainer:
     def fit(self, max_steps: int | None = None) -> TrainResult:
         """Train until the absolute step target; return what was done."""
         target = self._target(max_steps)
+        self.emergency_checkpoint = None
         if target == self.step:
             return TrainResult(self.step, self.samples, self.tokens, None, 0.0)
         started = time.perf_counter()
@@ -509,6 +516,9 @@ class Trainer:
                     self._run_step(progress, bar)
                     progress.stopped_by = stop.received
             self._finish(progress, first_step=first[0])
+        except Exception as error:
+            self._save_emergency(error)
+            raise
         finally:
             bar.close()
             self.logger.console_metrics = console_metrics
@@ -525,6 +535,7 @@ class Trainer:
             return
         progress.consecutive_skips = 0
         self._advance(outcome)
+        self._guard.applied()
         progress.final_loss = outcome.loss
         self._log_step(outcome)
         tokens_per_s = outcome.tokens / outcome.seconds if outcome.seconds > 0 else 0.0
@@ -532,6 +543,37 @@ class Trainer:
         evaluated = self._maybe_evaluate()
         progress.val_loss = evaluated if evaluated is not None else progress.val_loss
         progress.checkpoint = self._checkpoint() or progress.checkpoint
+
+    def _save_emergency(self, error: Exception) -> None:
+        """After a failure mid-run, checkpoint the last sound state (never over a good checkpoint)
+        and log where it is; a failed checkpoint write or a non-finite loss saves nothing. Never
+        raises: the original failure is what the caller must see.
+        """
+        manager = self.checkpoint_manager
+        skip = isinstance(error, (CheckpointError, NonFiniteLossError))  # disk failed; policy
+        if manager is None or not manager.enabled or skip:
+            self._guard.applied()
+            return
+        failed_at = f"{type(error).__name__} at step {self._guard.failing_step(self.step)}"
+        try:
+            state = self._guard.sound_state(self.model, self.state_dict)
+            if state is None:
+                self.logger.error("%s: the model may be half-updated or non-finite", failed_at)
+                return
+            path = manager.path_for(state["step"])
+            if not path.is_file():
+                # Not pruned: every checkpoint from before the failure stays.
+                path = manager.save(state["step"], state, prune=False)
+            self.emergency_checkpoint = path
+            step = state["step"]
+            self.logger.error("%s; emergency checkpoint of step %d: %s", failed_at, step, path)
+        except Exception as failure:  # e.g. the log file is on the disk that just filled up
+            try:
+                self.logger.error("%s; emergency checkpoint failed: %s", failed_at, failure)
+            except Exception:
+                pass
+        finally:
+            self._guard.applied()  # a later fit() starts between steps
 
     def _log_step(self, outcome: StepOutcome) -> None:
         if not self.logger.wants_step(self.step):

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from speedtronic.errors import RUNTIME_ERROR, USAGE_ERROR, UsageError
+from speedtronic.errors import RUNTIME_ERROR, USAGE_ERROR, RunFailed, UsageError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -150,6 +150,7 @@ def _cuda_overrides(path: str) -> list[str]:
 def _cmd_train(args: argparse.Namespace) -> int:
     from speedtronic.report import print_run_summary
     from speedtronic.runtime import build_runtime
+    from speedtronic.train_end import report_signal_stop, run_failed
 
     # As overrides, so the config's own normalization applies (the schedule follows --max-steps).
     overrides = list(args.overrides)
@@ -173,8 +174,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     trainer, manager = build_runtime(config, resume=args.resume)
     try:
         result = trainer.fit()
+    except Exception as error:
+        raise run_failed(error, trainer, args) from error
     finally:
         trainer.close()
+    if result.stopped_by is not None:  # preempted: no slow report, a distinct exit code
+        return report_signal_stop(result, args)
     print_run_summary(config, result, manager.latest_path())
     return 0
 
@@ -267,25 +272,49 @@ COMMANDS = {
 }
 
 
+def _is_data_error(error: BaseException) -> bool:
+    """Return True for speedtronic-data's DataError: a data file or setting found unusable before
+    training started (during training it arrives as RunFailed), a usage error like a missing file.
+    """
+    # Looked up, not imported: speedtronic_data imports torch, which `validate` must never pay for.
+    errors = sys.modules.get("speedtronic_data.errors")
+    return errors is not None and isinstance(error, errors.DataError)
+
+
+def _one_line(error: BaseException) -> str:
+    """Return an error's message as one line: its first non-empty line, marked when cut."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    return lines[0] + (" [...]" if len(lines) > 1 else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; return the exit code (0 ok, 1 runtime failure, 2 usage or config error)."""
+    """Run the CLI; return the exit code (0 ok, 1 runtime failure, 2 usage or config error,
+    128 + N when signal N stopped a training run after checkpointing it).
+    """
     args = _parser().parse_args(argv)
     from speedtronic_config import ConfigError
 
     try:
         return COMMANDS[args.command](args)
     except (ConfigError, UsageError) as error:
-        print(f"speedtronic {args.command}: {error}", file=sys.stderr)
+        print(f"speedtronic {args.command}: {_one_line(error)}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:
         print(f"speedtronic {args.command}: interrupted", file=sys.stderr)
         return RUNTIME_ERROR
     except Exception as error:  # a runtime failure: one line unless debugging was asked for
+        if _is_data_error(error):
+            print(f"speedtronic {args.command}: {_one_line(error)}", file=sys.stderr)
+            return USAGE_ERROR
         if os.environ.get("SPEEDTRONIC_DEBUG"):
             raise
+        what = _one_line(error)
+        if not isinstance(error, RunFailed):
+            what = f"{type(error).__name__}: {what}"
         print(
-            f"speedtronic {args.command}: {type(error).__name__}: {error} "
-            "(set SPEEDTRONIC_DEBUG=1 for the traceback)",
+            f"speedtronic {args.command}: {what} (set SPEEDTRONIC_DEBUG=1 for the traceback)",
             file=sys.stderr,
         )
         return RUNTIME_ERROR

@@ -66,6 +66,7 @@ DEFAULTS = {
         max_steps=None,
         eval_every=None,
         eval_steps=20,
+        trust_pickle=False,
     ),
     OptimizerConfig: dict(
         name="adamw",

@@ -201,6 +201,8 @@ class DataConfig:
     max_steps: int | None = None
     eval_every: int | None = None
     eval_steps: int | None = 20
+    # data.dataset may name a torch.save'd Dataset: unpickling it runs any code the file holds.
+    trust_pickle: bool = False
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)

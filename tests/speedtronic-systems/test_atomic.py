@@ -218,3 +218,18 @@ def test_a_killed_writer_keeps_the_old_file(tmp_path, temp_kind):
             and leftovers[0].startswith(".state.bin.")
             and leftovers[0].endswith(".tmp")
         )
+
+
+def test_a_private_file_is_published_with_the_usual_permissions(tmp_path):
+    from speedtronic_systems.atomic import current_umask, publish_private_file
+
+    umask = os.umask(0o027)
+    try:
+        assert current_umask() == 0o027
+        temp = tmp_path / ".w.tmp"
+        temp.write_bytes(b"w")
+        temp.chmod(0o600)  # as safetensors and mkstemp create files
+        assert publish_private_file(temp, tmp_path / "w") == tmp_path / "w"
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "w").stat().st_mode & 0o777 == 0o640 and not temp.exists()

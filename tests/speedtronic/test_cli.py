@@ -358,3 +358,38 @@ def test_a_signal_stops_with_a_checkpoint_a_distinct_code_and_the_resume_command
     assert SECRET not in out + err
     assert checkpoint.exists() and not (tmp_path / "run" / "loss_curve.png").exists()
     assert "sample:" not in out and "trained " not in out  # the slow report is skipped
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["sample", "c.pt", "--max-new-tokens", "-5"], "--max-new-tokens: must be >= 0"),
+        (["sample", "c.pt", "--temperature", "nan"], "--temperature: must be >= 0"),
+        (["sample", "c.pt", "--top-k", "0"], "--top-k: must be >= 1"),
+        (["prepare", "out", "--stdlib-bytes", "-1"], "--stdlib-bytes: must be > 0"),
+        (["sample", "c.pt", "--seed", "x"], "--seed: expected a number"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_arguments_are_one_line_exit_2(tmp_path, capsys, args, fragment):
+    from speedtronic.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and fragment in err, err
+    assert len(err.strip().splitlines()) == 1 and "usage:" not in err
+
+
+def test_version_names_the_meta_package_and_every_part(capsys):
+    import importlib.metadata
+
+    from speedtronic.cli import PARTS, main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    out = capsys.readouterr().out
+    assert exited.value.code == 0
+    assert out.startswith(f"speedtronic {importlib.metadata.version('speedtronic')} (parts: ")
+    for part in PARTS:
+        assert f"{part} {importlib.metadata.version(part)}" in out

@@ -52,6 +52,30 @@ def probe_folder(folder: str | os.PathLike[str]) -> Path:
     return folder
 
 
+def current_umask() -> int:
+    """Return the process umask (read from /proc where it can be, as setting it is not
+    thread-safe).
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+def publish_private_file(temp: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
+    """Give a finished temp file a library created 0600 (safetensors, mkstemp) the permissions
+    open() would have, then rename it to `path` atomically; return the path.
+    """
+    os.chmod(temp, 0o666 & ~current_umask())
+    os.replace(temp, path)
+    return Path(path)
+
+
 def _open_anonymous(folder: Path) -> int | None:
     """Return a descriptor of an unnamed file in `folder` (Linux O_TMPFILE), or None where
     unsupported.
@@ -205,7 +229,9 @@ __all__ = [
     "atomic_torch_save",
     "atomic_write",
     "atomic_write_bytes",
+    "current_umask",
     "probe_folder",
+    "publish_private_file",
     "remove_stale_temp_files",
     "temp_glob",
 ]

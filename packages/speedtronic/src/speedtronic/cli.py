@@ -9,13 +9,79 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from speedtronic.errors import RUNTIME_ERROR, USAGE_ERROR, RunFailed, UsageError
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with errors in one line (its own print the usage block first), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(USAGE_ERROR)
+
+
+def _number(kind: type, low: float, high: float | None = None, *, low_open: bool = False) -> Any:
+    """Return an argparse type: `kind` within [low, high] (or (low, high] when low_open)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        too_low = value <= low if low_open else value < low
+        if too_low or (high is not None and value > high) or value != value:  # NaN
+            bounds = f"{'>' if low_open else '>='} {low}" + (f" and <= {high}" if high else "")
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+PARTS = (
+    "speedtronic-config",
+    "speedtronic-optim",
+    "speedtronic-systems",
+    "speedtronic-data",
+    "speedtronic-model",
+    "speedtronic-trainer",
+    "speedtronic-diloco",
+)
+
+
+def version_text() -> str:
+    """Return `speedtronic X (parts: speedtronic-config Y, ...)`: the meta-package continues the
+    2.0 line, each part has its own version (README, Versions); all from installed metadata.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    from speedtronic import __version__
+
+    def installed(name: str) -> str:
+        try:
+            return f"{name} {version(name)}"
+        except PackageNotFoundError:
+            return f"{name} not installed"
+
+    return f"speedtronic {__version__} (parts: {', '.join(installed(p) for p in PARTS)})"
+
+
+class _VersionAction(argparse.Action):
+    """--version: print version_text() and exit 0 (computed only when asked for)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the versions and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(version_text())
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="speedtronic", description="Fast, efficient LM training.")
+    parser = _Parser(prog="speedtronic", description="Fast, efficient LM training.")
+    parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = commands.add_parser("train", help="train from a YAML/JSON config")
@@ -61,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     prepare.add_argument(
         "--stdlib-bytes",
-        type=int,
+        type=_number(int, 0, low_open=True),
         default=8_000_000,
         help="size of the Python-stdlib corpus when no text files are given",
     )
@@ -74,10 +140,10 @@ def _parser() -> argparse.ArgumentParser:
     sample = commands.add_parser("sample", help="generate text from a reference-model checkpoint")
     sample.add_argument("checkpoint")
     sample.add_argument("--prompt", default="\n")
-    sample.add_argument("--max-new-tokens", type=int, default=200)
-    sample.add_argument("--temperature", type=float, default=0.8)
-    sample.add_argument("--top-k", type=int, default=None)
-    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--max-new-tokens", type=_number(int, 0, 2**24), default=200)
+    sample.add_argument("--temperature", type=_number(float, 0.0, 1e6), default=0.8)
+    sample.add_argument("--top-k", type=_number(int, 1), default=None)
+    sample.add_argument("--seed", type=_number(int, 0, 2**63 - 1), default=0)
     sample.add_argument(
         "--tokenizer",
         help="bytes or a tokenizer.json (default: the one recorded beside the run's shards)",
@@ -207,7 +273,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 def _cmd_plot(args: argparse.Namespace) -> int:
     from speedtronic.plotting import plot_metrics
 
-    print(plot_metrics(Path(args.metrics), Path(args.output) if args.output else None))
+    print(plot_metrics(Path(args.metrics), args.output))  # a str: a trailing "/" means a folder
     return 0
 
 

@@ -303,9 +303,9 @@ def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     config = tiny_config(tmp_path, **{"data": f"{{shard_path: {tmp_path / 'data'}/train_*.bin}}"})
-    assert_one_line_error(
+    assert_one_line_error(  # a data setting unusable before training: a usage error
         cli("train", str(config), cwd=tmp_path),
-        1,
+        2,
         "tokenizer.json (400 ids)",
         "is 128",
         "set model.vocab_size to at least 400",

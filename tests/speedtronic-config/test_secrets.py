@@ -25,7 +25,8 @@ def test_other_paths_are_not_secret(path):
 
 
 def test_describe_hidden_names_only_the_type():
-    assert describe_hidden(123456789012345) == "a int, value hidden"
+    assert describe_hidden(123456789012345) == "an int, value hidden"
+    assert describe_hidden([1]) == "a list, value hidden"
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,8 @@ def is_secret_path(path: str) -> bool:
 
 def describe_hidden(value: object) -> str:
     """Return what may be said about a secret value: its type, never its content."""
-    return f"a {type(value).__name__}, value hidden"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}, value hidden"
 
 
 __all__ = ["SECRET_FIELDS", "describe_hidden", "is_secret_path"]

@@ -260,7 +260,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     from speedtronic.corpus import prepare_corpus
 
     prepare_corpus(
-        Path(args.out_dir),
+        _output_folder(Path(args.out_dir), "OUT_DIR"),
         [Path(t) for t in args.texts],
         args.stdlib_bytes,
         args.val_fraction,
@@ -311,11 +311,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
         ]
         if extra:
             raise UsageError(f"{', '.join(extra)} need --format hf")
-        print(export_checkpoint(Path(args.checkpoint), Path(args.out_dir)))
+        print(
+            export_checkpoint(Path(args.checkpoint), _output_folder(Path(args.out_dir), "OUT_DIR"))
+        )
         return 0
     out = export_hf(
         Path(args.checkpoint),
-        Path(args.out_dir),
+        _output_folder(Path(args.out_dir), "OUT_DIR"),
         tokenizer=args.tokenizer,
         max_shard_bytes=args.max_shard_size,
         repo_id=args.push_to_hub,
@@ -338,13 +340,34 @@ COMMANDS = {
 }
 
 
-def _is_data_error(error: BaseException) -> bool:
-    """Return True for speedtronic-data's DataError: a data file or setting found unusable before
-    training started (during training it arrives as RunFailed), a usage error like a missing file.
+# Errors of the parts that are usage errors: a data file or setting found unusable before training
+# started (during training it arrives as RunFailed), a device that is malformed or absent.
+_USAGE_ERRORS = (
+    ("speedtronic_data.errors", "DataError"),
+    ("speedtronic_systems.precision", "DeviceError"),
+)
+
+
+def _is_usage_error(error: BaseException) -> bool:
+    """Return True for a part's error that is the user's to fix, like a missing file."""
+    # Looked up, not imported: those modules import torch, which `validate` must never pay for.
+    return any(
+        isinstance(error, getattr(sys.modules[module], name))
+        for module, name in _USAGE_ERRORS
+        if module in sys.modules
+    )
+
+
+def _output_folder(path: Path, flag: str) -> Path:
+    """Create and write-probe the folder a command writes into; UsageError naming it if it cannot
+    be written (a file in the way, read-only, no permission).
     """
-    # Looked up, not imported: speedtronic_data imports torch, which `validate` must never pay for.
-    errors = sys.modules.get("speedtronic_data.errors")
-    return errors is not None and isinstance(error, errors.DataError)
+    from speedtronic_systems.atomic import probe_folder
+
+    try:
+        return probe_folder(path)
+    except OSError as error:
+        raise UsageError(f"{flag} {path}: cannot write there ({error.strerror or error})") from None
 
 
 def _one_line(error: BaseException) -> str:
@@ -371,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"speedtronic {args.command}: interrupted", file=sys.stderr)
         return RUNTIME_ERROR
     except Exception as error:  # a runtime failure: one line unless debugging was asked for
-        if _is_data_error(error):
+        if _is_usage_error(error):
             print(f"speedtronic {args.command}: {_one_line(error)}", file=sys.stderr)
             return USAGE_ERROR
         if os.environ.get("SPEEDTRONIC_DEBUG"):

@@ -107,7 +107,10 @@ def plot_metrics(source: Path, output: str | Path | None = None) -> Path:
     fig.suptitle(f"Speedtronic run: {metrics.parent.name}")
     fig.tight_layout()
     target = output_path(metrics, output)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"-o {target}: cannot write there ({error.strerror or error})") from None
     fig.savefig(target, dpi=110)
     plt.close(fig)
     return target

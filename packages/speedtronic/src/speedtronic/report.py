@@ -55,6 +55,8 @@ def print_run_summary(config: Any, result: Any, checkpoint: Path | None) -> None
             lines.append(f"loss curve: {plot_metrics(metrics)}")
         except UsageError as why:  # e.g. a run shorter than logging.every_steps
             lines.append(f"loss curve: skipped ({why})")
+        except OSError as why:  # a full disk must not fail a run whose checkpoint is written
+            lines.append(f"loss curve: not written ({why.strerror or why})")
     if checkpoint is not None:
         lines.append(f"checkpoint: {checkpoint}")
         if config.model.name == "reference_transformer":

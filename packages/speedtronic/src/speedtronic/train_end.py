@@ -53,11 +53,16 @@ def run_failed(error: Exception, trainer: Any, args: argparse.Namespace) -> RunF
     """
     first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
     what = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    from speedtronic_trainer import CheckpointError
+
     saved: Path | None = trainer.emergency_checkpoint
     manager = trainer.checkpoint_manager
     latest = manager.latest_path() if manager is not None else None
     if saved is not None:
         where = f"emergency checkpoint of the last sound step: {saved}"
+    elif isinstance(error, CheckpointError) and latest is not None:
+        # A failed save already names the checkpoint that is intact.
+        return RunFailed(f"{what}; fix the cause, then resume with: {resume_command(args)}")
     elif latest is not None:
         where = f"latest checkpoint: {latest}"
     else:

@@ -91,3 +91,10 @@ def test_coerce_fields_converts_in_place_with_dotted_paths():
     assert (section.flag, section.count) == (True, 3)
     with pytest.raises(ConfigError, match="^sec.count: "):
         coerce_fields(Section(count="x"), "sec")  # type: ignore[arg-type]
+
+
+def test_strings_refuse_a_nul_character():
+    # The OS refuses NUL in paths; found at the first checkpoint it cost a whole interval (#19).
+    with pytest.raises(ConfigError, match="run.output_dir: must not contain a NUL"):
+        coerce("runs/\x00x", "str", "run.output_dir")
+    assert coerce("runs/x", "str | None", "run.output_dir") == "runs/x"

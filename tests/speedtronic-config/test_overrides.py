@@ -103,3 +103,13 @@ def test_override_into_a_non_mapping_value_and_bad_root():
     with pytest.raises(ConfigError, match="root must be a mapping"):
         apply_overrides([1], ["max_steps=1"])  # type: ignore[arg-type]
     assert apply_overrides(None, []) == {}
+
+
+@pytest.mark.parametrize("value", ["[1,", "{a: [", "@x", "a: b: c", "'unclosed"])
+def test_a_malformed_value_is_one_line_naming_where(value):
+    # PyYAML's own message quotes the text over several lines (8 in #19's probe).
+    with pytest.raises(ConfigError) as caught:
+        apply_overrides({}, [f"run.name={value}"])
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("run.name: value is not valid YAML at line 1, column ")

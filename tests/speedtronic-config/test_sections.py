@@ -28,6 +28,7 @@ DEFAULTS = {
         output_dir="runs",
         log_every=None,
         nonfinite_loss="stop",
+        memory_check=True,
     ),
     ModelConfig: dict(
         name="reference_transformer",
@@ -65,6 +66,7 @@ DEFAULTS = {
         max_steps=None,
         eval_every=None,
         eval_steps=20,
+        trust_pickle=False,
     ),
     OptimizerConfig: dict(
         name="adamw",
@@ -248,6 +250,46 @@ REJECTED = [
         {"enabled": True, "repo_id": "org/run", "transport": "filesystem"},
         "distributed.endpoint",
     ),
+    # Upper bounds: sizes a typo produces (#19: n_layer=1e20 hung, vocab_size=1e30 crashed torch)
+    (RunConfig, {"max_steps": 10**12 + 1}, "run.max_steps"),
+    (ModelConfig, {"n_layer": 10**20}, "model.n_layer"),
+    (ModelConfig, {"vocab_size": 10**30}, "model.vocab_size"),
+    (ModelConfig, {"max_seq_len": 2**24 + 1}, "model.max_seq_len"),
+    (ModelConfig, {"n_head": 2**17, "d_model": 2**17}, "model.n_head"),
+    (ModelConfig, {"d_model": 2**25, "n_head": 1}, "model.d_model"),
+    (ModelConfig, {"d_ff": 2**25}, "model.d_ff"),
+    (DataConfig, {"target_batch_size": 10**30}, "data.target_batch_size"),
+    (DataConfig, {"micro_batch_size": 2**25, "target_batch_size": 2**25}, "data.micro_batch_size"),
+    (DataConfig, {"num_workers": 2147483648}, "data.num_workers"),
+    (DataConfig, {"prefetch_factor": 10**6}, "data.prefetch_factor"),
+    (DataConfig, {"num_tokens": 2**40}, "data.num_tokens"),
+    (DataConfig, {"eval_steps": 10**13}, "data.eval_steps"),
+    (OptimizerConfig, {"name": "muon", "muon_ns_steps": 10**6}, "optimizer.muon_ns_steps"),
+    (SchedulerConfig, {"warmup_steps": 10**13}, "scheduler.warmup_steps"),
+    (CheckpointConfig, {"every_steps": 10**13}, "checkpoint.every_steps"),
+    (LoggingConfig, {"every_steps": 10**13}, "logging.every_steps"),
+    (ShapeValidationConfig, {"alignment": 2**30}, "shape_validation.alignment"),
+    (DistributedConfig, {"retry_attempts": 10**6}, "distributed.retry_attempts"),
+    (DistributedConfig, {"global_wait_timeout": 1e300}, "distributed.global_wait_timeout"),
+    (DistributedConfig, {"delta_upload_queue_size": 10**9}, "distributed.delta_upload_queue_size"),
+    # empty, blank or NUL names and paths
+    (RunConfig, {"name": " "}, "run.name"),
+    (RunConfig, {"output_dir": ""}, "run.output_dir"),
+    (RunConfig, {"output_dir": "runs/\x00x"}, "run.output_dir"),
+    (ModelConfig, {"name": ""}, "model.name"),
+    (DataConfig, {"shard_path": "  "}, "data.shard_path"),
+    (DataConfig, {"text_path": "a\x00b"}, "data.text_path"),
+    (DataConfig, {"dataset": ""}, "data.dataset"),
+    (DataConfig, {"dataset": "d\x00.pt"}, "data.dataset"),
+    (CheckpointConfig, {"directory": "ck\x00"}, "checkpoint.directory"),
+    (LoggingConfig, {"json_file": ""}, "logging.json_file"),
+    (DistributedConfig, {"state_dir": " "}, "distributed.state_dir"),
+    (DistributedConfig, {"endpoint": ""}, "distributed.endpoint"),
+    # a repository name, never a path out of the filesystem transport's endpoint (#19)
+    (DistributedConfig, {"repo_id": "../../x"}, "distributed.repo_id"),
+    (DistributedConfig, {"repo_id": "/etc"}, "distributed.repo_id"),
+    (DistributedConfig, {"repo_id": "org/"}, "distributed.repo_id"),
+    (DistributedConfig, {"repo_id": "a b"}, "distributed.repo_id"),
 ]
 
 
@@ -307,6 +349,12 @@ ACCEPTED = [
     (DistributedConfig, {"enabled": True, "mode": "disabled"}),
     (DistributedConfig, {"staleness_limit": 2, "max_local_rounds": 4, "global_wait_timeout": 300}),
     (DistributedConfig, {"staleness_limit": 0, "retry_initial": 2.0, "retry_max": 2.0}),
+    # the upper bounds themselves
+    (RunConfig, {"max_steps": 10**12}),
+    (ModelConfig, {"n_layer": 2**16, "vocab_size": 2**32, "max_seq_len": 2**24}),
+    (DataConfig, {"micro_batch_size": 2**24, "target_batch_size": 2**24, "num_workers": 1024}),
+    (DistributedConfig, {"repo_id": "team.a/run_1-x", "global_wait_timeout": 1e8}),
+    (DistributedConfig, {"repo_id": "team/project/run-1"}),
 ]
 
 

@@ -132,13 +132,27 @@ def test_bad_settings_name_the_field():
 
 def test_dataset_setting_loads_saved_datasets_and_shard_globs(tmp_path, shards):
     torch.save(SyntheticTokenDataset(12, 8, 64, seed=3), tmp_path / "ds.pt")
-    assert len(build_dataloader(section(dataset=str(tmp_path / "ds.pt"))).dataset) == 12
+    trusted = {"dataset": str(tmp_path / "ds.pt"), "trust_pickle": True}
+    assert len(build_dataloader(section(**trusted)).dataset) == 12
     assert isinstance(
         build_dataloader(section(dataset=str(shards / "val_*.bin"))).dataset, TokenShardDataset
     )
     torch.save({"not": "a dataset"}, tmp_path / "dict.pt")
     with pytest.raises(DataError, match="holds a dict, not a torch Dataset"):
-        build_dataloader(section(dataset=str(tmp_path / "dict.pt")))
+        build_dataloader(section(dataset=str(tmp_path / "dict.pt"), trust_pickle=True))
+
+
+class Payload:
+    def __reduce__(self):
+        return (print, ("pickled code ran",))
+
+
+def test_a_pickled_dataset_is_not_unpickled_without_trust(tmp_path, capsys):
+    # #19: a config file could run code: data.dataset was loaded with weights_only=False.
+    torch.save(Payload(), tmp_path / "evil.pt")
+    with pytest.raises(DataError, match="set data.trust_pickle: true only if you wrote it"):
+        build_dataloader(section(dataset=str(tmp_path / "evil.pt")))
+    assert "pickled code ran" not in capsys.readouterr().out
 
 
 def test_eval_loader(shards, text_file):

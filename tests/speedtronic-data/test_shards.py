@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import pickle
 
 import numpy as np
@@ -91,9 +92,8 @@ def test_no_match_short_data_and_vocab(tmp_path):
     with pytest.raises(DataError, match=r"at most 5 tokens each, fewer than block_size \+ 1 = 9"):
         TokenShardDataset(tmp_path / "short.bin", 8)
     write_shard(tmp_path / "v.bin", np.array([1, 2, 3, 300, 4, 5, 6, 7, 8, 9]))
-    ds = TokenShardDataset(tmp_path / "v.bin", 4, vocab_size=256)
     with pytest.raises(DataError, match=r"v.bin' holds token id 300 >= vocab_size 256"):
-        ds[0]
+        TokenShardDataset(tmp_path / "v.bin", 4, vocab_size=256)
 
 
 def test_write_shard_rejects_bad_ids(tmp_path):
@@ -177,21 +177,24 @@ def test_bad_batch_indices(tmp_path):
         ds.batch([])
 
 
-def test_vocab_is_checked_in_every_read_path(tmp_path):
+def test_an_id_late_in_any_shard_fails_when_the_dataset_is_built(tmp_path):
+    # #19: an id >= vocab_size late in a shard was raised only when its batch was read (step 31).
     write_shard(tmp_path / "a.bin", np.arange(40) % 10)
-    write_shard(tmp_path / "b.bin", np.r_[np.arange(30) % 10, 77])
-    ds = TokenShardDataset(str(tmp_path / "*.bin"), 5, vocab_size=64)
-    assert (
-        ds.__getitems__([0, 1, 2]).input_ids.max() < 64
-        and ds.__getitems__([3, 0]).labels.max() < 64
-    )
-    for indices in (
-        [11, 12],
-        [12, 8],
-        [6, 12],
-    ):  # the last window of b.bin ends on 77: slice, gather, two shards
-        with pytest.raises(DataError, match=r"b.bin' holds token id 77 >= vocab_size 64"):
-            ds.__getitems__(indices)
+    write_shard(tmp_path / "b.bin", np.r_[np.arange(3000) % 10, 77])
+    with pytest.raises(DataError, match=r"b.bin' holds token id 77 >= vocab_size 64"):
+        TokenShardDataset(str(tmp_path / "*.bin"), 5, vocab_size=64)
+    ds = TokenShardDataset(str(tmp_path / "*.bin"), 5, vocab_size=78)
+    assert ds.__getitems__([len(ds) - 1]).labels.max() == 77
+    # a uint16 shard cannot hold an id >= 65536: nothing to scan
+    assert len(TokenShardDataset(str(tmp_path / "a.bin"), 5, vocab_size=2**16))
+
+
+def test_shards_get_the_usual_permissions(tmp_path):
+    umask = os.umask(0o022)
+    os.umask(umask)
+    path = write_shard(tmp_path / "s.bin", np.arange(10))
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # mkstemp made them 0600 (#19)
+    assert [p.name for p in tmp_path.iterdir()] == ["s.bin"]
 
 
 # ------------------------------------------------------------------------------------------------

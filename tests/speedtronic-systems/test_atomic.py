@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -17,6 +18,8 @@ from speedtronic_systems.atomic import (
     atomic_torch_save,
     atomic_write,
     atomic_write_bytes,
+    probe_folder,
+    remove_stale_temp_files,
 )
 
 
@@ -45,9 +48,8 @@ def test_bytes_are_written_and_replaced(tmp_path, temp_kind):
     assert os.listdir(target.parent) == ["state.bin"]
 
 
-@pytest.mark.skipif(not hasattr(os, "O_TMPFILE"), reason="unnamed temp files are Linux-only")
-def test_new_unnamed_files_get_the_usual_permissions(tmp_path):
-    # (the named fallback uses mkstemp, whose files are private, 0600, by design)
+def test_new_files_get_the_usual_permissions(tmp_path, temp_kind):
+    # The named fallback used mkstemp, whose 0600 files a shared group could not read (#19).
     umask = os.umask(0o022)
     os.umask(umask)
     atomic_write_bytes(tmp_path / "f", b"x")
@@ -107,6 +109,54 @@ def test_writer_errors_propagate_unchanged(tmp_path, temp_kind):
     assert os.listdir(tmp_path) == []
 
 
+class FullDisk:
+    """A file whose writes fail with ENOSPC after `room` bytes, as a full filesystem's do."""
+
+    def __init__(self, handle, room: int) -> None:
+        self.handle, self.room = handle, room
+
+    def write(self, data) -> int:
+        self.room -= len(data)
+        if self.room < 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self.handle.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.handle, name)
+
+
+def test_a_full_disk_during_torch_save_is_the_oserror_not_torchs_enforce_fail(tmp_path, temp_kind):
+    target = tmp_path / "ckpt.pt"
+    atomic_torch_save({"step": 1}, target)
+    before = target.read_bytes()
+    # torch.save reports it as "RuntimeError: [enforce fail at inline_container.cc:672]" (#19).
+    with pytest.raises(OSError) as caught:
+        atomic_write(target, lambda h: torch.save({"x": torch.zeros(1 << 16)}, FullDisk(h, 4096)))
+    assert caught.value.errno == errno.ENOSPC
+    assert target.read_bytes() == before
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_stale_temp_files_of_our_naming_are_removed_and_nothing_else(tmp_path):
+    stale = [tmp_path / ".step_4.pt.0a1b2c3d4e5f.tmp", tmp_path / ".step_8.pt.abcdef.tmp"]
+    kept = [tmp_path / "step_4.pt", tmp_path / ".latest.x.tmp", tmp_path / "notes.tmp"]
+    for path in stale + kept:
+        path.write_bytes(b"x")
+    assert remove_stale_temp_files(tmp_path, "step_*.pt") == sorted(stale)
+    assert sorted(tmp_path.iterdir()) == sorted(kept)
+    assert remove_stale_temp_files(tmp_path / "missing", "latest") == []
+
+
+def test_probe_folder_creates_the_folder_and_leaves_nothing(tmp_path):
+    assert probe_folder(tmp_path / "a" / "b") == tmp_path / "a" / "b"
+    assert list((tmp_path / "a" / "b").iterdir()) == []
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OSError):
+        probe_folder(tmp_path / "file" / "sub")  # a path under a file
+    with pytest.raises(OSError):
+        probe_folder(tmp_path / "file")
+
+
 def test_folder_fsync_tolerates_folders_that_cannot_be_synced(tmp_path, monkeypatch):
     real_fsync = os.fsync
     calls = []
@@ -161,10 +211,25 @@ def test_a_killed_writer_keeps_the_old_file(tmp_path, temp_kind):
     if temp_kind == "unnamed":
         assert leftovers == []  # an unnamed file dies with its process
     else:
-        # The portable fallback cannot clean up after SIGKILL: its temp is hidden and never read as
-        # state.
+        # The portable fallback cannot clean up after SIGKILL: its temp is hidden, never read as
+        # state, and removed by remove_stale_temp_files at the next start.
         assert (
             len(leftovers) == 1
             and leftovers[0].startswith(".state.bin.")
             and leftovers[0].endswith(".tmp")
         )
+
+
+def test_a_private_file_is_published_with_the_usual_permissions(tmp_path):
+    from speedtronic_systems.atomic import current_umask, publish_private_file
+
+    umask = os.umask(0o027)
+    try:
+        assert current_umask() == 0o027
+        temp = tmp_path / ".w.tmp"
+        temp.write_bytes(b"w")
+        temp.chmod(0o600)  # as safetensors and mkstemp create files
+        assert publish_private_file(temp, tmp_path / "w") == tmp_path / "w"
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "w").stat().st_mode & 0o777 == 0o640 and not temp.exists()

@@ -82,19 +82,27 @@ def test_truncated_latest_raises_naming_the_file_and_resume_falls_back(tmp_path)
     path.write_bytes(path.read_bytes()[:40])  # a preempted copy, truncated
     with pytest.raises(CheckpointError, match="step_2.pt"):
         manager.load(path)
-    with pytest.warns(RuntimeWarning, match="step_2.pt"):
-        loaded = manager.load_latest()
+    warnings: list[str] = []
+    loaded = manager.load_latest(warn=warnings.append)
     assert loaded["step"] == 1
+    assert len(warnings) == 1 and "step_2.pt" in warnings[0] and "falling back" in warnings[0]
+
+
+def test_fallback_is_reported_in_one_line_on_stderr_by_default(tmp_path, capsys):
+    # 2.0 used warnings.warn: "file:line: RuntimeWarning: ..." plus the source line (#19).
+    manager = CheckpointManager(tmp_path, keep_last=None)
+    manager.save(1, state(1))
+    manager.save(2, state(2)).write_bytes(b"garbage")
+    assert manager.load_latest()["step"] == 1
+    err = capsys.readouterr().err
+    assert err.startswith("warning: checkpoint ") and len(err.splitlines()) == 1
 
 
 def test_every_checkpoint_corrupt_is_an_error(tmp_path):
     manager = CheckpointManager(tmp_path)
     manager.save(1, state(1)).write_bytes(b"garbage")
-    with (
-        pytest.warns(RuntimeWarning),
-        pytest.raises(CheckpointError, match="no loadable checkpoint"),
-    ):
-        manager.load_latest()
+    with pytest.raises(CheckpointError, match="no loadable checkpoint"):
+        manager.load_latest(warn=lambda message: None)
 
 
 class NotATensor:
@@ -106,8 +114,42 @@ def test_loading_is_weights_only(tmp_path):
     torch.save(
         {"step": 1, "payload": NotATensor()}, path
     )  # pickled code would run on an unsafe load
-    with pytest.raises(CheckpointError, match="weights_only"):
+    with pytest.raises(CheckpointError, match="holds pickled objects a Speedtronic checkpoint"):
         CheckpointManager(tmp_path).load(path)
+
+
+def test_a_full_disk_says_so_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    import errno
+
+    from speedtronic_trainer import checkpoint
+
+    manager = CheckpointManager(tmp_path, keep_last=None)
+    manager.save(4, state(4))
+
+    def full(state, path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "atomic_torch_save", full)
+    with pytest.raises(CheckpointError) as caught:
+        manager.save(8, state(8))
+    assert str(caught.value) == (
+        f"no space left on {tmp_path} while writing step 8; the previous checkpoint is intact "
+        "(step_4.pt)"
+    )
+    assert manager.load_latest()["step"] == 4
+
+
+def test_pruning_removes_temp_files_an_interrupted_save_left(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    stale = [tmp_path / ".step_3.pt.0a1b2c3d4e5f.tmp", tmp_path / ".latest.abcdef.tmp"]
+    for path in stale:
+        path.write_bytes(b"x" * 100)  # a kill between the write and the rename leaves these
+    foreign = tmp_path / ".other.tmp"
+    foreign.write_bytes(b"keep")
+    manager.save(1, state(1))
+    assert not any(path.exists() for path in stale) and foreign.exists()
+    stale[0].write_bytes(b"x")
+    assert manager.remove_stale_temp_files() == [stale[0]]
 
 
 def test_copy_to_file_or_folder(tmp_path):

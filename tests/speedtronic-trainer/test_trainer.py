@@ -611,3 +611,120 @@ def test_infinite_gradient_with_finite_loss_is_caught_by_the_policy():
     with pytest.raises(NonFiniteLossError, match="grad_norm=inf"):
         trainer.fit(1)
     assert torch.equal(model.w.detach(), torch.ones(1))
+
+
+# ------------------------------------------------------------------------ emergency checkpoints
+
+
+class FailingDataset(TokenDataset):
+    """TokenDataset whose `fail_at`-th read (1-based, counted across epochs) raises."""
+
+    def __init__(self, fail_at: int | None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.fail_at, self.reads = fail_at, 0
+
+    def __getitem__(self, i):
+        self.reads += 1
+        if self.reads == self.fail_at:
+            raise ValueError(f"bad sample {i}")
+        return super().__getitem__(i)
+
+
+def test_a_failure_mid_step_saves_the_previous_step_exactly(tmp_path):
+    # #19: an error during training saved nothing, losing every step since the last checkpoint.
+    torch.manual_seed(0)
+    whole = build_run(tmp_path / "a", every_steps=100)
+    whole.fit(7)
+    # Step 5's second micro-batch fails (4 reads per step): step 4 is the last sound state, and
+    # the data position and RNG the failed step had consumed are rewound.
+    torch.manual_seed(0)
+    failing = build_run(tmp_path / "b", dataset=FailingDataset(19, n=10), every_steps=100)
+    with pytest.raises(ValueError, match="bad sample"):
+        failing.fit(7)
+    assert failing.emergency_checkpoint == tmp_path / "b" / "step_4.pt"
+    assert CheckpointManager(tmp_path / "b").load_latest()["step"] == 4
+    torch.manual_seed(999)
+    resumed = build_run(tmp_path / "b", every_steps=100)
+    assert resumed.resume_latest()
+    resumed.fit(7)
+    losses = hook_of(failing).values("train_step", "loss") + hook_of(resumed).values(
+        "train_step", "loss"
+    )
+    assert losses == hook_of(whole).values("train_step", "loss")
+    for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_emergency_checkpoint_never_replaces_or_prunes_good_ones(tmp_path):
+    trainer = build_run(tmp_path, dataset=FailingDataset(4 * 5 + 1, n=10), every_steps=2)
+    trainer.checkpoint_manager.keep_last = 1
+    with pytest.raises(ValueError):
+        trainer.fit(7)  # fails in step 6: step 4 was saved, step 5 is the emergency one
+    assert sorted(p.name for p in tmp_path.glob("step_*.pt")) == ["step_4.pt", "step_5.pt"]
+    assert trainer.emergency_checkpoint == tmp_path / "step_5.pt"
+    # right after a regular save, that checkpoint already is the state: nothing new is written
+    again = build_run(tmp_path / "c", dataset=FailingDataset(4 * 4 + 1, n=10), every_steps=2)
+    with pytest.raises(ValueError):
+        again.fit(7)
+    assert again.emergency_checkpoint == tmp_path / "c" / "step_4.pt"
+    assert sorted(p.name for p in (tmp_path / "c").glob("step_*.pt")) == ["step_2.pt", "step_4.pt"]
+
+
+class BrokenOptimizer(torch.optim.SGD):
+    def step(self, closure=None):
+        with torch.no_grad():
+            for group in self.param_groups:
+                group["params"][0].add_(1.0)  # half-applied
+        raise RuntimeError("update failed")
+
+
+def test_no_emergency_checkpoint_from_a_half_applied_update_or_nonfinite_weights(tmp_path):
+    model = TinyLM()
+    trainer = make_trainer(
+        model,
+        optimizer=BrokenOptimizer(model.parameters(), lr=0.1),
+        checkpoint_manager=CheckpointManager(tmp_path),
+    )
+    with pytest.raises(RuntimeError, match="update failed"):
+        trainer.fit(3)
+    assert trainer.emergency_checkpoint is None and not list(tmp_path.glob("step_*.pt"))
+    poisoned = make_trainer(
+        loader=[{"bad": 1}], checkpoint_manager=CheckpointManager(tmp_path / "nan")
+    )
+    with torch.no_grad():
+        next(poisoned.model.parameters()).fill_(math.nan)
+    with pytest.raises(TypeError):  # the batch has no input_ids
+        poisoned.fit(1)
+    assert poisoned.emergency_checkpoint is None and not (tmp_path / "nan").exists()
+
+
+def test_a_failure_after_the_update_saves_the_completed_step(tmp_path):
+    class BadEval(DataLoader):
+        def __iter__(self):
+            raise OSError(28, "No space left on device")
+
+    trainer = make_trainer(
+        checkpoint_manager=CheckpointManager(tmp_path, every_steps=100),
+        eval_dataloader=BadEval(TokenDataset()),
+        sections={"data": {"eval_every": 2}},
+    )
+    with pytest.raises(OSError):
+        trainer.fit(5)
+    assert trainer.emergency_checkpoint == tmp_path / "step_2.pt"
+    assert torch.load(tmp_path / "step_2.pt", weights_only=True)["step"] == 2
+
+
+def test_resume_reports_another_optimizer_and_logs_fallbacks_in_one_line(tmp_path):
+    from speedtronic_trainer import CheckpointError
+
+    manager = CheckpointManager(tmp_path, every_steps=1, keep_last=None)
+    make_trainer(checkpoint_manager=manager, sections={"optimizer": {"name": "muon"}}).fit(2)
+    (tmp_path / "step_2.pt").write_bytes(b"torn")
+    stream = io.StringIO()
+    adamw = make_trainer(checkpoint_manager=manager, logger=MetricLogger(stream=stream))
+    with pytest.raises(CheckpointError, match="optimizer.name: muon, but this run uses .*adamw"):
+        adamw.resume_latest()
+    fallback = [line for line in stream.getvalue().splitlines() if "falling back" in line]
+    assert (
+        len(fallback) == 1 and "WARNING checkpoint " in fallback[0] and "step_2.pt" in fallback[0]
+    )

@@ -122,3 +122,34 @@ def test_the_tokenizer_must_be_known(tmp_path, checkpoint, byte_shards, bpe_json
     Tokenizer(models.WordLevel({f"w{i}": i for i in range(400)}, unk_token="w0")).save(str(big))
     with pytest.raises(UsageError, match="tokenizer has 400 ids but the model only 300"):
         export_hf(checkpoint, tmp_path / "hf", tokenizer=big)
+
+
+def test_exports_get_the_usual_permissions(tmp_path, checkpoint):
+    # #19: safetensors (and mkstemp) created exports 0600, unreadable to the group they are
+    # shared with.
+    import os
+
+    from speedtronic.artifacts import export_checkpoint
+
+    umask = os.umask(0o022)
+    os.umask(umask)
+    out = export_checkpoint(checkpoint, tmp_path / "plain")
+    hf = export_hf(checkpoint, tmp_path / "hf")
+    files = [p for folder in (out, hf) for p in folder.iterdir()]
+    assert files and not [p for p in files if p.name.startswith(".")]
+    assert {p.stat().st_mode & 0o777 for p in files} == {0o666 & ~umask}
+
+
+def test_a_malicious_checkpoint_is_refused_in_one_line_for_sample_and_export(tmp_path):
+    import os
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    torch.save({"model": Evil(), "config": {}}, tmp_path / "evil.pt")
+    with pytest.raises(UsageError) as caught:
+        load_checkpoint_model(tmp_path / "evil.pt")
+    message = str(caught.value)
+    assert "\n" not in message and "weights_only" not in message
+    assert "never contains" in message

@@ -301,9 +301,9 @@ def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     config = tiny_config(tmp_path, **{"data": f"{{shard_path: {tmp_path / 'data'}/train_*.bin}}"})
-    assert_one_line_error(
+    assert_one_line_error(  # a data setting unusable before training: a usage error
         cli("train", str(config), cwd=tmp_path),
-        1,
+        2,
         "tokenizer.json (400 ids)",
         "is 128",
         "set model.vocab_size to at least 400",
@@ -322,3 +322,38 @@ def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path):
         "model.init_from",
         "has no config.json",
     )
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["sample", "c.pt", "--max-new-tokens", "-5"], "--max-new-tokens: must be >= 0"),
+        (["sample", "c.pt", "--temperature", "nan"], "--temperature: must be >= 0"),
+        (["sample", "c.pt", "--top-k", "0"], "--top-k: must be >= 1"),
+        (["prepare", "out", "--stdlib-bytes", "-1"], "--stdlib-bytes: must be > 0"),
+        (["sample", "c.pt", "--seed", "x"], "--seed: expected a number"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_arguments_are_one_line_exit_2(tmp_path, capsys, args, fragment):
+    from speedtronic.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and fragment in err, err
+    assert len(err.strip().splitlines()) == 1 and "usage:" not in err
+
+
+def test_version_names_the_meta_package_and_every_part(capsys):
+    import importlib.metadata
+
+    from speedtronic.cli import PARTS, main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    out = capsys.readouterr().out
+    assert exited.value.code == 0
+    assert out.startswith(f"speedtronic {importlib.metadata.version('speedtronic')} (parts: ")
+    for part in PARTS:
+        assert f"{part} {importlib.metadata.version(part)}" in out

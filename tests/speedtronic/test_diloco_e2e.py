@@ -25,7 +25,10 @@ from typing import Any
 import pytest
 import torch
 
+from speedtronic.errors import signal_exit_code
+
 ROOT = Path(__file__).resolve().parents[2]
+STOPPED_BY_SIGTERM = signal_exit_code("SIGTERM")  # a node stopped by SIGTERM after checkpointing
 CONFIG = ROOT / "configs" / "diloco.yaml"
 EXAMPLE = ROOT / "examples" / "diloco_master.yaml"
 INNER_STEPS = 10
@@ -141,7 +144,7 @@ def _wait_for(
         if process is not None and process.poll() is not None:
             pytest.fail(f"process exited with {process.returncode} while waiting for {what}")
         for node in nodes:
-            if node.process.poll() not in (None, 0):
+            if node.process.poll() not in (None, 0, STOPPED_BY_SIGTERM):  # stop() sent it
                 pytest.fail(
                     f"{node.name} exited with {node.process.returncode} while waiting for {what}:\n"
                     f"{node.output()[-3000:]}"
@@ -469,10 +472,10 @@ def progressed(node: Node, since: int = 0) -> bool:
 
 def stop(node: Node) -> None:
     """SIGTERM a node: the trainer checkpoints, the coordinator flushes its upload, the CLI
-    exits 0.
+    exits 143 (stopped by SIGTERM).
     """
     node.process.send_signal(signal.SIGTERM)
-    assert node.wait() == 0, node.output()[-3000:]
+    assert node.wait() == STOPPED_BY_SIGTERM, node.output()[-3000:]
 
 
 def finish(cluster: Cluster, since: dict[str, int] | None = None) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from speedtronic.launch import torchrun_arguments, worker_arguments
+from speedtronic.launch import preempted_exit_code, torchrun_arguments, worker_arguments
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -92,6 +92,10 @@ def test_launcher_arguments_go_to_torchrun_and_never_to_the_workers():
         "--set",
         "a.b=1",
     ]
+    # Every worker stopped for a signal: the group was preempted, not failed.
+    assert preempted_exit_code({143}) == 143 and preempted_exit_code({143, -15}) == 143
+    assert preempted_exit_code({130}) == 130
+    assert preempted_exit_code({143, 1}) is None and preempted_exit_code(set()) is None
 
 
 def test_two_nodes_meet_through_c10d_rendezvous_on_loopback(tmp_path):
@@ -109,15 +113,19 @@ def test_two_nodes_meet_through_c10d_rendezvous_on_loopback(tmp_path):
     ]
 
 
-def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+@pytest.mark.parametrize("target", ["one rank", "launcher"])
+def test_sigterm_stops_every_rank_at_the_same_step_and_exits_143(tmp_path, target):
     out = tmp_path / "run"
     run = train(out, "--nproc-per-node", "2", "--max-steps", "100000")
     wait_for(lambda: last_step(out) >= 3, "step 3", run)
-    os.kill(workers(run.pid)[1], signal.SIGTERM)  # rank 1 only; rank 0 learns it at the step
+    # One rank: the others learn it at the step. The launcher: torchrun passes it to every rank.
+    os.kill(workers(run.pid)[1] if target == "one rank" else run.pid, signal.SIGTERM)
     code = run.wait(timeout=120)
     log = out.with_suffix(".log").read_text()
-    assert code == 0, log[-3000:]
-    stopped = int(log.split("received: stopped at step ")[1].split()[0])
+    assert code == 143, log[-3000:]  # preempted, as a scheduler must be able to tell
+    assert log.count("speedtronic train: stopped by SIGTERM at step") == 1, log[-3000:]
+    assert "--nproc-per-node 2" in log.split("resume with: ")[1].splitlines()[0]
+    stopped = int(log.split("SIGTERM received: stopped at step ")[1].split()[0])
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in records if r["event"] == "train_step") == stopped
     latest = json.loads((out / "checkpoints" / "latest").read_text())

@@ -10,6 +10,8 @@ from speedtronic_config import ConfigError, SpeedtronicConfig
 ORDER = [
     "seed",
     "device",
+    "memory",
+    "paths",
     "model",
     "data",
     "optimizer",
@@ -50,6 +52,8 @@ def test_construction_order(tmp_path, monkeypatch):
 
     record("seed", "seed_everything")
     record("device", "resolve_device")
+    record("memory", "check_training_memory")
+    record("paths", "check_output_paths")
     record("model", "build_model")
     record("data", "build_dataloader")
     record("optimizer", "build_optimizer")
@@ -128,3 +132,37 @@ def test_init_from_loads_a_llama_folder_into_the_built_model(tmp_path):
     wider = {**config["model"], "n_layer": 2, "init_from": f"hf:{tmp_path / 'hf'}"}
     with pytest.raises(ConfigError, match="model.n_layer is 2 but the checkpoint has 1"):
         runtime.build_runtime({**config, "model": wider})
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {},
+        {"n_kv_head": 1, "tie_weights": False},
+        {"d_ff": 40, "n_layer": 3, "vocab_size": 100},
+    ],
+)
+def test_the_memory_estimate_counts_the_built_models_parameters(tmp_path, model):
+    from speedtronic_model import build_model
+    from speedtronic_systems.memory import reference_parameter_count
+
+    base = small_config(tmp_path)
+    config = SpeedtronicConfig.from_dict({**base, "model": {**base["model"], **model}})
+    built = build_model(config.model)
+    unique = {id(p): p.numel() for p in built.parameters()}
+    assert reference_parameter_count(config.model)[0] == sum(unique.values())
+
+
+def test_a_run_too_large_for_the_machine_is_refused_before_allocating(tmp_path):
+    huge = small_config(tmp_path, model={"n_layer": 60000, "d_model": 4096, "n_head": 32})
+    with pytest.raises(ConfigError, match="needs at least .* but cpu"):
+        runtime.build_runtime(huge)
+
+
+def test_temp_files_a_killed_save_left_are_removed_at_start_up(tmp_path):
+    stale = tmp_path / "checkpoints" / ".step_4.pt.0a1b2c3d4e5f.tmp"
+    stale.parent.mkdir()
+    stale.write_bytes(b"x" * 1000)
+    trainer, _ = runtime.build_runtime(small_config(tmp_path))
+    trainer.close()
+    assert not stale.exists()

@@ -54,9 +54,12 @@ def _float(value: Any, path: str) -> float:
 
 
 def _str(value: Any, path: str) -> str:
-    if isinstance(value, str):
-        return value
-    raise ConfigError(path, "expected a string", value=value, allowed="quote the value in YAML")
+    if not isinstance(value, str):
+        raise ConfigError(path, "expected a string", value=value, allowed="quote the value in YAML")
+    # No name, path, device or token may hold one: the OS refuses it in paths, often much later.
+    if "\x00" in value:
+        raise ConfigError(path, "must not contain a NUL character", value=value)
+    return value
 
 
 def _str_list(value: Any, path: str) -> list[str]:

@@ -6,23 +6,28 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
+from speedtronic_config.secrets import describe_hidden, is_secret_path
+
 _NO_VALUE = object()
 
 
 class ConfigError(ValueError):
     """Raised when a run configuration is invalid; names the dotted path, the value and what is
-    allowed.
+    allowed. The value of a secret setting (distributed.token) is never kept or shown.
     """
 
     def __init__(
         self, path: str, problem: str, *, value: Any = _NO_VALUE, allowed: str | None = None
     ) -> None:
+        secret = value is not _NO_VALUE and value is not None and is_secret_path(path)
         self.path = path
         self.problem = problem
-        self.value = None if value is _NO_VALUE else value
+        self.value = None if value is _NO_VALUE or secret else value
         self.allowed = allowed
         message = f"{path}: {problem}" if path else problem
-        if value is not _NO_VALUE:
+        if secret:
+            message += f" (got {describe_hidden(value)})"
+        elif value is not _NO_VALUE:
             message += f" (got {value!r})"
         if allowed:
             message += f"; {allowed}"

@@ -24,14 +24,20 @@ def parse_text(text: str, source: str, *, as_json: bool = False) -> Any:
             ) from None
     try:
         return yaml.safe_load(text)
-    except yaml.MarkedYAMLError as error:
+    except yaml.YAMLError as error:
+        raise ConfigError(source, describe_yaml_error(error)) from None
+
+
+def describe_yaml_error(error: yaml.YAMLError, what: str = "invalid YAML") -> str:
+    """Return a YAML error as one line, `<what> at line L, column C: problem`, without the quoted
+    source text PyYAML adds (it spans several lines and may hold a secret).
+    """
+    if isinstance(error, yaml.MarkedYAMLError):
         mark = error.problem_mark or error.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(
-            source, f"invalid YAML{where}: {error.problem or error.context}"
-        ) from None
-    except yaml.YAMLError as error:
-        raise ConfigError(source, f"invalid YAML: {error}") from None
+        return f"{what}{where}: {error.problem or error.context}"
+    first = str(error).strip().splitlines()
+    return f"{what}: {first[0] if first else type(error).__name__}"
 
 
 def read_file(path: str | os.PathLike[str]) -> Any:

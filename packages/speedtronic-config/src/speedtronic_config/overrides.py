@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import yaml
 
 from speedtronic_config.errors import ConfigError, unknown_key
+from speedtronic_config.loading import describe_yaml_error
 from speedtronic_config.normalize import (
     ROOT_KEYS,
     RUN_ALIASES,
@@ -16,9 +18,11 @@ from speedtronic_config.normalize import (
     SECTIONS,
     field_names,
 )
+from speedtronic_config.secrets import is_secret_path
 
 # A scalar given for these sections is their shorthand field (optimizer=muon, precision=bf16).
 SHORTHAND_FIELD = {"optimizer": "name", "precision": "mode", "compile": "enabled"}
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -26,16 +30,24 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, sep, raw = text.partition("=")
     parts = key.strip().split(".")
     if not sep or not all(parts):
+        # Name the key only when it is one; echo the text only when it cannot hold a secret.
+        where = key.strip() if _DOTTED.fullmatch(key.strip()) else "--set"
+        shown = {} if is_secret_path(text) else {"value": text}
         raise ConfigError(
-            key.strip() or text,
+            where,
             "an override must look like section.key=value",
-            value=text,
             allowed="e.g. model.n_layer=6",
+            **shown,
         )
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as error:
-        raise ConfigError(key.strip(), f"value is not valid YAML: {error}", value=raw) from None
+        raise ConfigError(
+            key.strip(),
+            describe_yaml_error(error, "value is not valid YAML"),
+            value=raw,
+            allowed="quote a string value, e.g. --set 'run.name=\"a: b\"'",
+        ) from None
     return parts, value
 
 

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from speedtronic_config.coerce import coerce_fields
+from speedtronic_config.coerce import coerce, coerce_fields
 from speedtronic_config.errors import ConfigError
 
 DEFAULT_SCHEDULE_HORIZON = 1000
@@ -15,6 +15,22 @@ _NODE_ID = re.compile(r"[A-Za-z0-9_.-]+")
 _BACKEND = re.compile(
     r"auto|gloo|nccl|mpi|((cpu|cuda):(gloo|nccl|mpi))(,(cpu|cuda):(gloo|nccl|mpi))*"
 )
+_REPO_PART = re.compile(r"[A-Za-z0-9_.-]+")
+
+# Upper bounds: far beyond any real run, low enough that a typo (1e20 layers, a batch of 1e30)
+# is refused here instead of hanging, exhausting memory or overflowing inside torch. Whether a
+# valid size fits the machine is a separate check made before the model is built
+# (speedtronic_systems.memory).
+MAX_STEPS = 10**12  # step targets, intervals and horizons
+MAX_VOCAB = 2**32  # token ids fit the uint32 shard format
+MAX_SEQ_LEN = 2**24
+MAX_LAYERS = 2**16
+MAX_HEADS = 2**16
+MAX_WIDTH = 2**24  # d_model, d_ff
+MAX_BATCH = 2**24  # sequences in a micro-batch or an optimizer step
+MAX_SAMPLES = 2**32  # synthetic samples (data.num_tokens)
+MAX_WORKERS = 1024  # DataLoader worker processes and prefetched batches per worker
+MAX_SECONDS = 1e8  # about three years: any longer wait or retry is a typo
 
 
 def _check(ok: bool, path: str, problem: str, value: Any, allowed: str | None = None) -> None:
@@ -26,6 +42,29 @@ def _positive(section: Any, *names: str) -> None:
     for name in names:
         value = getattr(section, name)
         _check(value is None or value > 0, f"{section.SECTION}.{name}", "must be positive", value)
+
+
+def _at_most(section: Any, limit: float, *names: str) -> None:
+    for name in names:
+        value = getattr(section, name)
+        _check(
+            value is None or value <= limit,
+            f"{section.SECTION}.{name}",
+            f"must be at most {limit:,}",
+            value,
+        )
+
+
+def _not_blank(section: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(section, name)
+        _check(
+            value is None or not isinstance(value, str) or bool(value.strip()),
+            f"{section.SECTION}.{name}",
+            "must not be empty or blank",
+            value,
+            "remove the key, or set it to null, to use the default",
+        )
 
 
 def _choice(section: Any, name: str, choices: tuple[str, ...]) -> None:
@@ -56,11 +95,16 @@ class RunConfig:
     output_dir: str = "runs"
     log_every: int | None = None
     nonfinite_loss: str = "stop"
+    # Refuse, before allocating, a run whose estimated memory exceeds the device's; the estimate
+    # is rough, so this can be turned off.
+    memory_check: bool = True
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
         _seed(self.seed, "run.seed")
         _positive(self, "max_steps", "log_every")
+        _at_most(self, MAX_STEPS, "max_steps", "log_every")
+        _not_blank(self, "name", "output_dir")
         _check(
             bool(self.device.strip()),
             "run.device",
@@ -95,6 +139,12 @@ class ModelConfig:
         _positive(
             self, "vocab_size", "max_seq_len", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff"
         )
+        _at_most(self, MAX_VOCAB, "vocab_size")
+        _at_most(self, MAX_SEQ_LEN, "max_seq_len")
+        _at_most(self, MAX_LAYERS, "n_layer")
+        _at_most(self, MAX_HEADS, "n_head", "n_kv_head")
+        _at_most(self, MAX_WIDTH, "d_model", "d_ff")
+        _not_blank(self, "name")
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
         _check(
@@ -154,6 +204,8 @@ class DataConfig:
     max_steps: int | None = None
     eval_every: int | None = None
     eval_steps: int | None = 20
+    # data.dataset may name a torch.save'd Dataset: unpickling it runs any code the file holds.
+    trust_pickle: bool = False
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
@@ -169,6 +221,15 @@ class DataConfig:
             "eval_every",
             "eval_steps",
         )
+        _at_most(self, MAX_SAMPLES, "num_tokens")
+        _at_most(self, MAX_VOCAB, "vocab_size")
+        _at_most(self, MAX_SEQ_LEN, "block_size")
+        _at_most(self, MAX_BATCH, "micro_batch_size", "target_batch_size")
+        _at_most(self, MAX_WORKERS, "num_workers", "prefetch_factor")
+        _at_most(self, MAX_STEPS, "max_steps", "eval_every", "eval_steps")
+        if isinstance(self.dataset, str):  # Any-typed (it may hold a Dataset object): check here
+            self.dataset = coerce(self.dataset, "str", "data.dataset")
+        _not_blank(self, "shard_path", "val_shard_path", "text_path", "val_text_path", "dataset")
         _check(
             self.target_batch_size >= self.micro_batch_size,
             "data.target_batch_size",
@@ -213,6 +274,7 @@ class OptimizerConfig:
         self.name = self.name.lower()
         _choice(self, "name", ("adamw", "muon"))
         _positive(self, "lr", "eps", "grad_clip", "muon_ns_steps", "muon_norm_eps")
+        _at_most(self, 100, "muon_ns_steps")  # 5 is usual; each step is a few matmuls per matrix
         for index, beta in enumerate(self.betas):
             _check(0.0 <= beta < 1.0, f"optimizer.betas[{index}]", "must be in [0, 1)", beta)
         _check(
@@ -258,6 +320,7 @@ class SchedulerConfig:
             self.warmup_steps,
         )
         _positive(self, "max_steps")
+        _at_most(self, MAX_STEPS, "warmup_steps", "max_steps")
         if self.max_steps is None:
             self.max_steps = DEFAULT_SCHEDULE_HORIZON
             self._auto_horizon: int | None = DEFAULT_SCHEDULE_HORIZON
@@ -322,6 +385,7 @@ class CheckpointConfig:
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
         _positive(self, "every_steps", "keep_last")
+        _at_most(self, MAX_STEPS, "every_steps", "keep_last")
         _check(
             bool(self.directory.strip()),
             "checkpoint.directory",
@@ -346,6 +410,8 @@ class LoggingConfig:
         coerce_fields(self, self.SECTION)
         self.level = self.level.upper()
         _positive(self, "every_steps")
+        _at_most(self, MAX_STEPS, "every_steps")
+        _not_blank(self, "file", "json_file")
         for index, hook in enumerate(self.hooks):
             _check(
                 hook in HOOK_NAMES,
@@ -401,6 +467,7 @@ class ShapeValidationConfig:
             self.alignment = "auto"
         else:
             _positive(self, "alignment")
+            _at_most(self, MAX_WIDTH, "alignment")
 
 
 @dataclass
@@ -428,6 +495,7 @@ class ParallelConfig:
             "use auto, gloo, nccl, or per-device pairs such as cpu:gloo,cuda:nccl",
         )
         _positive(self, "timeout_s")
+        _at_most(self, MAX_SECONDS, "timeout_s")
         for name in ("fsdp_param_dtype", "fsdp_reduce_dtype"):
             if getattr(self, name) is not None:
                 setattr(self, name, getattr(self, name).lower())
@@ -492,6 +560,29 @@ class DistributedConfig:
             "retry_attempts",
             "delta_upload_queue_size",
         )
+        _at_most(self, MAX_STEPS, "inner_steps", "staleness_limit", "max_local_rounds")
+        _at_most(self, 1000, "retry_attempts")
+        _at_most(self, MAX_WORKERS, "delta_upload_queue_size")
+        _at_most(
+            self,
+            MAX_SECONDS,
+            "poll_interval",
+            "retry_initial",
+            "retry_max",
+            "delta_upload_shutdown_timeout",
+            "global_wait_timeout",
+        )
+        _not_blank(self, "endpoint", "cache_dir", "state_dir")
+        if self.repo_id is not None:
+            parts = self.repo_id.split("/")
+            _check(
+                all(_REPO_PART.fullmatch(p) and p not in {".", ".."} for p in parts),
+                "distributed.repo_id",
+                "must be a repository name such as my-org/run-1",
+                self.repo_id,
+                "use letters, digits, '_', '.', '-' and '/' between names (no '..', no leading "
+                "'/'): with transport: filesystem it is a folder inside distributed.endpoint",
+            )
         _check(
             0.0 <= self.outer_momentum < 1.0,
             "distributed.outer_momentum",

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-SECRET_FIELDS = {"distributed": ("token",)}
+from speedtronic_config.secrets import SECRET_FIELDS
 
 
 def section_dict(section: Any) -> dict[str, Any]:

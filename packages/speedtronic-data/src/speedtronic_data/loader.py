@@ -167,10 +167,10 @@ def data_section(config: Any) -> DataConfig:
 
 
 def _config_dataset(
-    value: Any, block_size: int, vocab_size: int | None
+    value: Any, block_size: int, vocab_size: int | None, trust_pickle: bool
 ) -> Dataset | IterableDataset:
     """Return the dataset data.dataset names: a Dataset object, a .bin shard glob, or a torch.save'd
-    Dataset.
+    Dataset (unpickled only with data.trust_pickle: true).
     """
     if isinstance(value, (Dataset, IterableDataset)):
         return value
@@ -182,7 +182,13 @@ def _config_dataset(
             f"data.dataset = {str(value)!r} does not exist; give a Dataset object, a .bin shard "
             "glob, or a file written by torch.save(dataset)"
         )
-    # A local file the user saved themselves; a Dataset object cannot be loaded weights-only.
+    if not trust_pickle:
+        raise DataError(
+            f"data.dataset = {str(value)!r} is a pickled Dataset, and unpickling runs any code the "
+            "file holds: set data.trust_pickle: true only if you wrote it yourself, or use token "
+            "shards (data.shard_path)"
+        )
+    # A Dataset object cannot be loaded weights-only; the user vouched for this file.
     loaded = torch.load(path, weights_only=False)
     if not isinstance(loaded, (Dataset, IterableDataset)):
         raise DataError(
@@ -208,7 +214,7 @@ def select_dataset(
         tok = tokenizer if tokenizer is not None else CharTokenizer(vocab)
         return TextFileTokenDataset(section.text_path, block_size, tok, vocab)
     if section.dataset is not None:
-        return _config_dataset(section.dataset, block_size, vocab)
+        return _config_dataset(section.dataset, block_size, vocab, section.trust_pickle)
     if section.synthetic:
         return SyntheticTokenDataset(section.num_tokens, block_size, vocab, section.seed)
     raise DataError(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import bisect
 import glob
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,9 +101,10 @@ def write_shard(path: str | Path, tokens: Any) -> Path:
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (magic, version, ids.size)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # Created by open(), not mkstemp: the umask applies, as for any tool's output (mkstemp: 0600).
+    tmp = path.with_name(f".{path.name}.{os.urandom(6).hex()}.tmp")
     try:
-        with os.fdopen(fd, "wb") as handle:
+        with open(tmp, "xb") as handle:
             handle.write(header.tobytes())
             handle.write(ids.astype(dtype, copy=False).tobytes())
             handle.flush()
@@ -114,6 +114,21 @@ def write_shard(path: str | Path, tokens: Any) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _check_shard_vocab(shard: ShardInfo, vocab_size: int | None) -> None:
+    """Raise DataError when a shard holds a token id >= vocab_size: one vectorized max over the
+    memmap (milliseconds per GB), so a bad id fails at start-up, not when its batch is read.
+    """
+    if vocab_size is None or shard.num_tokens == 0 or int(np.iinfo(shard.dtype).max) < vocab_size:
+        return  # e.g. a uint16 shard under a vocabulary of 65536 cannot hold one
+    largest = int(read_shard_tokens(shard.path).max())
+    if largest >= vocab_size:
+        raise DataError(
+            f"token shard {str(shard.path)!r} holds token id {largest} >= vocab_size "
+            f"{vocab_size}; raise model.vocab_size to at least {largest + 1} or prepare the "
+            "shards with a tokenizer of that size"
+        )
 
 
 def resolve_shards(
@@ -171,11 +186,8 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
             self.offsets.tolist()
         )  # python ints: bisect on them is cheaper than numpy per batch
         self.position = DataPosition()
-        # Which shards can hold an id >= vocab_size at all (a uint16 shard under a vocabulary of
-        # 65536 cannot).
-        self._check_ids = [
-            vocab_size is not None and int(np.iinfo(s.dtype).max) >= vocab_size for s in self.shards
-        ]
+        for shard in self.shards:
+            _check_shard_vocab(shard, vocab_size)
         self._maps: list[tuple[np.ndarray, np.ndarray]] | None = None
 
     @property
@@ -209,20 +221,6 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
         # index math.
         return tokens, sliding_window_view(tokens, width)[:: self.block_size]
 
-    def _check_vocab(self, tokens: np.ndarray, shard: int) -> None:
-        """Raise DataError when the tokens just read hold an id >= vocab_size (checked per read, on
-        the raw dtype).
-        """
-        if not self._check_ids[shard]:
-            return
-        largest = int(tokens.max())
-        if largest >= self.vocab_size:
-            raise DataError(
-                f"token shard {str(self.shards[shard].path)!r} holds token id {largest} >= "
-                f"vocab_size {self.vocab_size}; raise model.vocab_size to at least {largest + 1} "
-                "or prepare the shards with a tokenizer of that size"
-            )
-
     def _one_shard(self, shard: int, local: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Return (inputs, labels) views of windows `local` of one shard: a slice when they are
         consecutive.
@@ -232,10 +230,8 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
             # Consecutive windows overlap by one token: they are one contiguous run, no gather
             # needed.
             run = tokens[first * block : (first + len(local)) * block + 1]
-            self._check_vocab(run, shard)
             return run[:-1].reshape(-1, block), run[1:].reshape(-1, block)
         windows = rows[local]
-        self._check_vocab(windows, shard)
         return windows[:, :-1], windows[:, 1:]
 
     def batch(self, indices: Any) -> WindowBatch:

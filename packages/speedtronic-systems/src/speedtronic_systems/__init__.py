@@ -12,6 +12,11 @@ from speedtronic_systems.atomic import (
     atomic_write_bytes,
 )
 from speedtronic_systems.loss import IGNORE_INDEX, causal_lm_loss
+from speedtronic_systems.memory import (
+    MemoryEstimate,
+    check_training_memory,
+    estimate_training_memory,
+)
 from speedtronic_systems.precision import (
     DeviceError,
     PrecisionError,
@@ -39,6 +44,7 @@ from speedtronic_systems.shapes import (
 __all__ = [
     "IGNORE_INDEX",
     "DeviceError",
+    "MemoryEstimate",
     "PrecisionError",
     "PrecisionPlan",
     "ShapeProfile",
@@ -54,9 +60,11 @@ __all__ = [
     "autocast_context",
     "available_devices",
     "causal_lm_loss",
+    "check_training_memory",
     "cpu_bf16_supported",
     "datasheet_peak_flops",
     "device_peak_flops",
+    "estimate_training_memory",
     "make_grad_scaler",
     "parameter_count",
     "resolve_device",

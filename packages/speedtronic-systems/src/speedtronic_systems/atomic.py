@@ -4,19 +4,85 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 
+TEMP_SUFFIX = ".tmp"
+
+
+def temp_glob(name: str) -> str:
+    """Return the glob matching the temporary files written on the way to `name` (a file name, or
+    a glob of file names such as `step_*.pt`).
+    """
+    return f".{name}.*{TEMP_SUFFIX}"
+
+
+def remove_stale_temp_files(folder: str | os.PathLike[str], name: str) -> list[Path]:
+    """Delete the temporary files an interrupted atomic write of `name` (a file name or a glob)
+    left in `folder`; return them. Call it only where no write to those names is in flight.
+    """
+    removed = []
+    for path in sorted(Path(folder).glob(temp_glob(name))):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(path)
+    return removed
+
+
+def probe_folder(folder: str | os.PathLike[str]) -> Path:
+    """Create `folder` if needed and prove a file can be written, synced and removed in it; return
+    it. Raises OSError (read-only, full, a file in the way, no permission) as the first real write
+    would.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".speedtronic-probe.{os.urandom(6).hex()}{TEMP_SUFFIX}"
+    try:
+        with open(probe, "xb") as handle:
+            handle.write(b"speedtronic write probe\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+    finally:
+        probe.unlink(missing_ok=True)
+    return folder
+
+
+def current_umask() -> int:
+    """Return the process umask (read from /proc where it can be, as setting it is not
+    thread-safe).
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+def publish_private_file(temp: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
+    """Give a finished temp file a library created 0600 (safetensors, mkstemp) the permissions
+    open() would have, then rename it to `path` atomically; return the path.
+    """
+    os.chmod(temp, 0o666 & ~current_umask())
+    os.replace(temp, path)
+    return Path(path)
+
 
 def _open_anonymous(folder: Path) -> int | None:
     """Return a descriptor of an unnamed file in `folder` (Linux O_TMPFILE), or None where
     unsupported.
 
-    An unnamed file vanishes with its process, so even a SIGKILL mid-write leaves no temp litter.
+    An unnamed file vanishes with its process, so a SIGKILL while writing leaves nothing behind;
+    only a kill between naming it (_link_anonymous) and the rename leaves a temp file, which
+    remove_stale_temp_files clears.
     """
     flag = getattr(os, "O_TMPFILE", None)
     if flag is None or not os.path.isdir("/proc/self/fd"):
@@ -51,7 +117,7 @@ def _link_anonymous(fd: int, path: Path) -> str:
     folder = os.open(path.parent, os.O_RDONLY)
     try:
         while True:
-            name = f".{path.name}.{os.urandom(6).hex()}.tmp"
+            name = f".{path.name}.{os.urandom(6).hex()}{TEMP_SUFFIX}"
             try:
                 os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=folder, follow_symlinks=True)
                 return str(path.parent / name)
@@ -81,21 +147,52 @@ def _unlink_quietly(name: str) -> None:
         pass
 
 
+def _open_named(path: Path) -> tuple[int, str]:
+    """Return a descriptor and the name of a fresh hidden temp file beside `path`."""
+    while True:
+        name = str(path.parent / f".{path.name}.{os.urandom(6).hex()}{TEMP_SUFFIX}")
+        try:
+            # 0o666 through the umask, like open(): mkstemp's 0600 would hide the file from the
+            # group an output folder is shared with.
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), name
+        except FileExistsError:
+            continue
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """Return the OSError behind `error`: torch.save reports a failed write (ENOSPC, EIO) as
+    `RuntimeError: [enforce fail at inline_container.cc]`, with the OSError as its context.
+    """
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]) -> Path:
     """Write `path` through `write(file)` atomically and durably; on any failure the old file
-    stays.
+    stays. A failed write raises the OSError behind it (errno ENOSPC for a full disk).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp_name = _open_anonymous(path.parent), None
     if fd is None:
-        fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, temp_name = _open_named(path)
     try:
         with os.fdopen(fd, "wb", closefd=False) as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         _publish(fd, temp_name, path)
+    except Exception as error:
+        if temp_name is not None:
+            _unlink_quietly(temp_name)
+        cause = _os_error(error)
+        if cause is None or cause is error:
+            raise
+        raise cause from error
     except BaseException:
         if temp_name is not None:
             _unlink_quietly(temp_name)
@@ -126,4 +223,15 @@ def atomic_torch_save(state: Any, path: str | os.PathLike[str]) -> Path:
     return atomic_write(path, lambda handle: torch.save(state, handle))
 
 
-__all__ = ["atomic_json_dump", "atomic_torch_save", "atomic_write", "atomic_write_bytes"]
+__all__ = [
+    "TEMP_SUFFIX",
+    "atomic_json_dump",
+    "atomic_torch_save",
+    "atomic_write",
+    "atomic_write_bytes",
+    "current_umask",
+    "probe_folder",
+    "publish_private_file",
+    "remove_stale_temp_files",
+    "temp_glob",
+]

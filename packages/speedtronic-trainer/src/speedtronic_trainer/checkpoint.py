@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
 import re
 import shutil
-import warnings
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,27 +17,18 @@ import numpy as np
 import torch
 
 from speedtronic_config import CheckpointConfig, resolve_section
-from speedtronic_systems.atomic import atomic_json_dump, atomic_torch_save
+from speedtronic_systems.atomic import atomic_json_dump, atomic_torch_save, remove_stale_temp_files
+from speedtronic_trainer.checkpoint_checks import CheckpointError, load_checkpoint_file
 from speedtronic_trainer.sharded import TRAINER_STATE
 
 # step_<n>.pt: one file (one process, or DDP's rank 0); step_<n>.dcp: a folder of FSDP2 shards.
 _STEP_FILE = re.compile(r"^step_(\d+)\.(pt|dcp)$")
-# 2.0 pickled NumPy's RNG state (a tuple holding a uint32 ndarray). weights_only loading stays on;
-# it admits exactly the types that array needs, under the names NumPy 1 and NumPy 2 pickle them.
-_RECONSTRUCT = (getattr(np, "_core", None) or np.core).multiarray._reconstruct  # NumPy 2, or 1
-_NUMPY_RNG_GLOBALS = [
-    (_RECONSTRUCT, "numpy.core.multiarray._reconstruct"),
-    (_RECONSTRUCT, "numpy._core.multiarray._reconstruct"),
-    np.ndarray,
-    np.dtype,
-    type(np.dtype(np.uint32)),
-]
 LATEST_POINTER = "latest"
 _DEFAULTS = CheckpointConfig()
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint file is missing, truncated, corrupt or not loadable with weights_only=True."""
+def _warn_on_stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
 
 
 class CheckpointManager:
@@ -88,28 +81,55 @@ class CheckpointManager:
         """Return the folder of the sharded (FSDP2) checkpoint for `step`."""
         return self.directory / f"step_{step}.dcp"
 
-    def save(self, step: int, state: dict[str, Any]) -> Path:
-        """Write `state` atomically, then move the latest pointer to it and prune old files."""
+    def save(self, step: int, state: dict[str, Any], *, prune: bool = True) -> Path:
+        """Write `state` atomically, then move the latest pointer to it and prune old files
+        (unless `prune` is false); a failed write is a CheckpointError saying the previous
+        checkpoint is intact.
+        """
         path = self.write(self.path_for(step), state)
-        self.commit(path)
+        self.commit(path, prune=prune)
         return path
 
     def write(self, path: Path, state: dict[str, Any]) -> Path:
-        """Write `state` to `path` atomically (a step file, or a sharded folder's trainer state)."""
-        if path.suffix == ".dcp":
-            path.mkdir(parents=True, exist_ok=True)
-            atomic_torch_save(state, path / TRAINER_STATE)
-        else:
-            atomic_torch_save(state, path)
+        """Write `state` to `path` atomically (a step file, or a sharded folder's trainer state);
+        a failed write is a CheckpointError saying the previous checkpoint is intact.
+        """
+        try:
+            if path.suffix == ".dcp":
+                path.mkdir(parents=True, exist_ok=True)
+                atomic_torch_save(state, path / TRAINER_STATE)
+            else:
+                atomic_torch_save(state, path)
+        except OSError as error:
+            step = int(_STEP_FILE.match(path.name).group(1))
+            raise CheckpointError(self._write_failure(error, step, self.latest_path())) from error
         return path
 
-    def commit(self, path: Path) -> None:
-        """Point `latest` at a complete checkpoint, then prune; call it once every part is on
-        disk (under data parallelism: after every rank has finished).
+    def commit(self, path: Path, *, prune: bool = True) -> None:
+        """Point `latest` at a complete checkpoint, then prune (unless `prune` is false); call it
+        once every part is on disk (under data parallelism: after every rank has finished).
         """
         step = int(_STEP_FILE.match(path.name).group(1))
-        atomic_json_dump({"step": step, "file": path.name}, self.directory / LATEST_POINTER)
-        self.prune()
+        try:
+            atomic_json_dump({"step": step, "file": path.name}, self.directory / LATEST_POINTER)
+        except OSError as error:
+            raise CheckpointError(self._write_failure(error, step, self.latest_path())) from error
+        if prune:
+            self.prune()
+
+    def _write_failure(self, error: OSError, step: int, previous: Path | None) -> str:
+        """Return one line: why writing `step` failed, and that the previous checkpoint stands."""
+        what = (
+            f"no space left on {self.directory}"
+            if error.errno == errno.ENOSPC
+            else f"cannot write {self.directory} ({error.strerror or type(error).__name__})"
+        )
+        kept = (
+            f"the previous checkpoint is intact ({previous.name})"
+            if previous is not None
+            else "no earlier checkpoint exists"
+        )
+        return f"{what} while writing step {step}; {kept}"
 
     def latest_path(self) -> Path | None:
         """Return the checkpoint the latest pointer names, else the highest-numbered file, else
@@ -139,35 +159,19 @@ class CheckpointManager:
                     f"sharded checkpoint {path} is incomplete (no .metadata: a rank did not "
                     "finish writing); delete it to resume from an older checkpoint"
                 )
-            state = self.load(path / TRAINER_STATE)
+            state = load_checkpoint_file(path / TRAINER_STATE)
             state["sharded"] = str(path)
             return state
-        try:
-            with torch.serialization.safe_globals(_NUMPY_RNG_GLOBALS):
-                state = torch.load(path, map_location="cpu", weights_only=True)
-        except FileNotFoundError as exc:
-            raise CheckpointError(f"checkpoint {path} does not exist") from exc
-        except (
-            Exception
-        ) as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, zip errors...
-            raise CheckpointError(
-                f"checkpoint {path} is corrupt, truncated or holds objects that weights_only=True "
-                "refuses "
-                f"({type(exc).__name__}: {exc}); delete it to resume from an older checkpoint"
-            ) from exc
-        if not isinstance(state, dict):
-            raise CheckpointError(
-                f"checkpoint {path} holds a {type(state).__name__}, expected a state dict"
-            )
-        return state
+        return load_checkpoint_file(path)
 
-    def load_latest(self) -> dict[str, Any] | None:
-        """Load the newest valid checkpoint, warning about each unreadable newer one; None when
-        there is none.
+    def load_latest(self, warn: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+        """Load the newest valid checkpoint, reporting each unreadable newer one in one line
+        through `warn` (default: a `warning:` line on stderr); None when there is none.
         """
         latest = self.latest_path()
         if latest is None:
             return None
+        warn = warn or _warn_on_stderr
         candidates = [latest] + [p for p in reversed(self._checkpoint_paths()) if p != latest]
         failures: list[str] = []
         for path in candidates:
@@ -175,9 +179,7 @@ class CheckpointManager:
                 state = self.load(path)
             except CheckpointError as exc:
                 failures.append(str(exc))
-                warnings.warn(
-                    f"{exc}; falling back to an older checkpoint", RuntimeWarning, stacklevel=2
-                )
+                warn(f"{exc}; falling back to an older checkpoint")
                 continue
             state.setdefault("checkpoint_path", str(path))
             return state
@@ -196,8 +198,9 @@ class CheckpointManager:
 
     def prune(self) -> None:
         """Delete all but the newest keep_last checkpoints, never the one the latest pointer
-        names.
+        names, and any temp file an interrupted save left.
         """
+        self.remove_stale_temp_files()
         if self.keep_last is None:
             return
         keep = self.latest_path()
@@ -208,6 +211,16 @@ class CheckpointManager:
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)
+
+    def remove_stale_temp_files(self) -> list[Path]:
+        """Delete the temp files a save killed between writing and renaming left (a checkpoint's
+        full size each); return them. Call it only while this manager is not saving.
+        """
+        return [
+            path
+            for name in ("step_*.pt", LATEST_POINTER)
+            for path in remove_stale_temp_files(self.directory, name)
+        ]
 
     def copy_to(self, destination: str | os.PathLike[str]) -> Path:
         """Copy the latest checkpoint to `destination` (a file path, or an existing folder) and

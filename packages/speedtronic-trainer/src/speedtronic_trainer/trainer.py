@@ -35,13 +35,10 @@ from speedtronic_trainer.batches import (
     move_batch,
     valid_label_count,
 )
-from speedtronic_trainer.checkpoint import (
-    CheckpointError,
-    CheckpointManager,
-    capture_rng_state,
-    restore_rng_state,
-)
+from speedtronic_trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from speedtronic_trainer.checkpoint_checks import CheckpointError, restore_model, restore_optimizer
 from speedtronic_trainer.data_position import BatchStream
+from speedtronic_trainer.emergency import StepGuard
 from speedtronic_trainer.metric_logger import MetricLogger
 from speedtronic_trainer.metrics import StepMetrics
 from speedtronic_trainer.preemption import StopSignal
@@ -95,7 +92,7 @@ class StepOutcome:
     tokens: int
     applied: bool
     seconds: float = 0.0
-    stop: bool = False  # a rank received SIGTERM/SIGINT: every rank stops after this step
+    stop: str | None = None  # a rank received this signal: every rank stops after this step
 
 
 @dataclass
@@ -195,6 +192,8 @@ class Trainer:
             )
         self.shape_report = shape_report
         self._stream = BatchStream(dataloader)
+        self._guard = StepGuard()
+        self.emergency_checkpoint: Path | None = None  # written when fit() failed mid-run
         self._compiled: Any | None = None
         self._compiled_ok = False
         self._stage_scheduler: Any | None = None
@@ -313,11 +312,12 @@ class Trainer:
         # A rank whose every label was ignored adds nothing (the others' labels carry the step).
         return (float(step_loss) if step_loss is not None else 0.0), samples, tokens
 
-    def _train_step(self, stop_requested: Callable[[], bool] = lambda: False) -> StepOutcome:
+    def _train_step(self, stop_requested: Callable[[], str | None] = lambda: None) -> StepOutcome:
         """Run one optimizer update; a non-finite loss or gradient norm is not applied. Every
         rank learns the step's loss, size and any rank's stop request in one collective.
         """
         started = time.perf_counter()
+        self._guard.begin(self._stream.state_dict())
         microbatches = [next(self._stream) for _ in range(self._accumulation)]
         self.optimizer.zero_grad(set_to_none=True)
         if self._stage_scheduler is not None:
@@ -327,20 +327,25 @@ class Trainer:
         finally:
             if self._stage_scheduler is not None:
                 self._stage_scheduler.finish()
-        loss, samples, tokens, stops = self.parallel.all_reduce_sum(
-            [loss, samples, tokens, stop_requested()]
+        received = stop_requested()
+        loss, samples, tokens, terms, interrupts = self.parallel.all_reduce_sum(
+            [loss, samples, tokens, received == "SIGTERM", received == "SIGINT"]
         )
         grad_norm = self._clip_gradients() if math.isfinite(loss) else None
         # A scaler skips inf gradients itself; without one nothing else would stop them.
         grads_ok = grad_norm is None or math.isfinite(grad_norm) or self.scaler is not None
         applied = math.isfinite(loss) and grads_ok
+        if applied:
+            self._guard.updating()
         if applied and self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         elif applied:
             self.optimizer.step()
         seconds = time.perf_counter() - started
-        return StepOutcome(loss, grad_norm, int(samples), int(tokens), applied, seconds, stops > 0)
+        # Every rank names the same signal (SIGTERM over SIGINT), so every rank exits alike.
+        stop = "SIGTERM" if terms > 0 else "SIGINT" if interrupts > 0 else None
+        return StepOutcome(loss, grad_norm, int(samples), int(tokens), applied, seconds, stop)
 
     def _clip_gradients(self) -> float | None:
         clip = self.config.optimizer.grad_clip
@@ -544,8 +549,10 @@ class Trainer:
                 f"{state.get('checkpoint_path', 'the checkpoint')} is a single-file checkpoint; "
                 "resume it with parallel.data_parallel: none or ddp (fsdp resumes step_<n>.dcp)"
             )
-        unwrap_model(self.model).load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        # One line naming the mismatch and the fix (another model size or optimizer).
+        config = self.config if self._config_given else None
+        restore_model(unwrap_model(self.model), state, config)
+        restore_optimizer(self.optimizer, state, config)
 
     def _restore_rank_state(self, state: dict[str, Any]) -> None:
         """Restore this rank's RNG and data position; at another world size the data restarts
@@ -571,7 +578,7 @@ class Trainer:
         """
         if self.checkpoint_manager is None:
             raise ValueError("resume_latest() needs a checkpoint_manager")
-        state = self.checkpoint_manager.load_latest()
+        state = self.checkpoint_manager.load_latest(warn=self.logger.warning)
         self.resume(state)
         return state is not None
 
@@ -593,6 +600,7 @@ class Trainer:
     def fit(self, max_steps: int | None = None) -> TrainResult:
         """Train until the absolute step target; return what was done."""
         target = self._target(max_steps)
+        self.emergency_checkpoint = None
         if target == self.step:
             return TrainResult(self.step, self.samples, self.tokens, None, 0.0)
         started = time.perf_counter()
@@ -610,9 +618,12 @@ class Trainer:
         try:
             with StopSignal(enabled=True) as stop:
                 while self.step < target and progress.stopped_by is None:
-                    outcome = self._run_step(progress, bar, lambda: stop.received is not None)
+                    outcome = self._run_step(progress, bar, lambda: stop.received)
                     progress.stopped_by = self._stop_reason(stop.received, outcome)
             self._finish(progress, first_step=first[0])
+        except Exception as error:
+            self._save_emergency(error)
+            raise
         finally:
             bar.close()
             self.logger.console_metrics = console_metrics
@@ -622,12 +633,12 @@ class Trainer:
 
     def _stop_reason(self, received: str | None, outcome: StepOutcome) -> str | None:
         """Return the signal that stops the run after this step, decided alike on every rank."""
-        if outcome.stop or (received is not None and not self.parallel.active):
-            return received or "a signal on another rank"
-        return None
+        if self.parallel.active:
+            return outcome.stop
+        return received
 
     def _run_step(
-        self, progress: _FitProgress, bar: ProgressBar, stop_requested: Callable[[], bool]
+        self, progress: _FitProgress, bar: ProgressBar, stop_requested: Callable[[], str | None]
     ) -> StepOutcome:
         """One optimizer step and what follows it: metrics, evaluation, a due checkpoint."""
         outcome = self._train_step(stop_requested)
@@ -637,6 +648,7 @@ class Trainer:
             return outcome
         progress.consecutive_skips = 0
         self._advance(outcome)
+        self._guard.applied()
         progress.final_loss = outcome.loss
         self._log_step(outcome)
         tokens_per_s = outcome.tokens / outcome.seconds if outcome.seconds > 0 else 0.0
@@ -647,6 +659,47 @@ class Trainer:
         if written is not None:
             progress.checkpoint, progress.checkpoint_step = written, self.step
         return outcome
+
+    def _save_emergency(self, error: Exception) -> None:
+        """After a failure mid-run, checkpoint the last sound state (never over a good checkpoint)
+        and log where it is; a failed checkpoint write or a non-finite loss saves nothing. Never
+        raises: the original failure is what the caller must see.
+        """
+        manager = self.checkpoint_manager
+        skip = isinstance(error, (CheckpointError, NonFiniteLossError))  # disk failed; policy
+        if manager is None or not manager.enabled or skip:
+            self._guard.applied()
+            return
+        failed_at = f"{type(error).__name__} at step {self._guard.failing_step(self.step)}"
+        if self.parallel.world_size > 1:
+            # Saving needs every rank (gathered RNG, FSDP shards); after a failure on one rank
+            # the others may be blocked in a collective, so trying would hang instead of exiting.
+            self._guard.applied()
+            self.logger.error(
+                "%s: no emergency checkpoint under data parallelism; resume from %s",
+                failed_at,
+                manager.latest_path() or "the start (no checkpoint yet)",
+            )
+            return
+        try:
+            state = self._guard.sound_state(self.model, self.state_dict)
+            if state is None:
+                self.logger.error("%s: the model may be half-updated or non-finite", failed_at)
+                return
+            path = manager.path_for(state["step"])
+            if not path.is_file():
+                # Not pruned: every checkpoint from before the failure stays.
+                path = manager.save(state["step"], state, prune=False)
+            self.emergency_checkpoint = path
+            step = state["step"]
+            self.logger.error("%s; emergency checkpoint of step %d: %s", failed_at, step, path)
+        except Exception as failure:  # e.g. the log file is on the disk that just filled up
+            try:
+                self.logger.error("%s; emergency checkpoint failed: %s", failed_at, failure)
+            except Exception:
+                pass
+        finally:
+            self._guard.applied()  # a later fit() starts between steps
 
     def _log_step(self, outcome: StepOutcome) -> None:
         """Count the step into the logging interval; emit the interval's record when it is due

@@ -5,6 +5,7 @@ Hugging Face `transformers` folder.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,13 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
             f"{path}: no such checkpoint (look in <output_dir>/checkpoints/step_<n>.pt or .dcp)"
         )
     from speedtronic_trainer import CheckpointError, CheckpointManager
+    from speedtronic_trainer.checkpoint_checks import load_checkpoint_file
 
     try:
-        state = CheckpointManager(path.parent).load(path)
+        if path.suffix == ".dcp":
+            state = CheckpointManager(path.parent).load(path)
+        else:
+            state = load_checkpoint_file(path, hint="pass a step_<n>.pt a Speedtronic run wrote")
     except CheckpointError as error:
         raise UsageError(str(error)) from None
     if "config" not in state or ("model" not in state and "sharded" not in state):
@@ -118,13 +123,21 @@ def export_checkpoint(path: Path, out_dir: Path) -> Path:
     """Write model.safetensors and config.json (the model section) to out_dir; return out_dir."""
     from safetensors.torch import save_model
 
+    from speedtronic_systems.atomic import atomic_write_bytes, publish_private_file
+
     model, config = load_checkpoint_model(path)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_model(
-        model, str(out_dir / "model.safetensors"), metadata={"format": "pt"}
-    )  # dedupes tied tensors
+    weights = out_dir / "model.safetensors"
+    temp = out_dir / f".{weights.name}.{os.urandom(6).hex()}.tmp"
+    try:
+        save_model(model, str(temp), metadata={"format": "pt"})  # dedupes tied tensors
+        publish_private_file(temp, weights)  # safetensors creates it 0600
+    finally:
+        temp.unlink(missing_ok=True)
     model_config = config.to_dict()["model"]
-    (out_dir / "config.json").write_text(json.dumps(model_config, indent=2) + "\n")
+    atomic_write_bytes(
+        out_dir / "config.json", (json.dumps(model_config, indent=2) + "\n").encode()
+    )
     return out_dir
 
 

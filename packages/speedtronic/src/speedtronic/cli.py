@@ -9,14 +9,80 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from speedtronic.errors import RUNTIME_ERROR, USAGE_ERROR, UsageError
+from speedtronic.errors import RUNTIME_ERROR, USAGE_ERROR, RunFailed, UsageError
 from speedtronic.launch import add_launch_arguments, launch
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with errors in one line (its own print the usage block first), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(USAGE_ERROR)
+
+
+def _number(kind: type, low: float, high: float | None = None, *, low_open: bool = False) -> Any:
+    """Return an argparse type: `kind` within [low, high] (or (low, high] when low_open)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        too_low = value <= low if low_open else value < low
+        if too_low or (high is not None and value > high) or value != value:  # NaN
+            bounds = f"{'>' if low_open else '>='} {low}" + (f" and <= {high}" if high else "")
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+PARTS = (
+    "speedtronic-config",
+    "speedtronic-optim",
+    "speedtronic-systems",
+    "speedtronic-data",
+    "speedtronic-model",
+    "speedtronic-trainer",
+    "speedtronic-diloco",
+)
+
+
+def version_text() -> str:
+    """Return `speedtronic X (parts: speedtronic-config Y, ...)`: the meta-package continues the
+    2.0 line, each part has its own version (README, Versions); all from installed metadata.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    from speedtronic import __version__
+
+    def installed(name: str) -> str:
+        try:
+            return f"{name} {version(name)}"
+        except PackageNotFoundError:
+            return f"{name} not installed"
+
+    return f"speedtronic {__version__} (parts: {', '.join(installed(p) for p in PARTS)})"
+
+
+class _VersionAction(argparse.Action):
+    """--version: print version_text() and exit 0 (computed only when asked for)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the versions and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(version_text())
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="speedtronic", description="Fast, efficient LM training.")
+    parser = _Parser(prog="speedtronic", description="Fast, efficient LM training.")
+    parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = commands.add_parser("train", help="train from a YAML/JSON config")
@@ -63,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     prepare.add_argument(
         "--stdlib-bytes",
-        type=int,
+        type=_number(int, 0, low_open=True),
         default=8_000_000,
         help="size of the Python-stdlib corpus when no text files are given",
     )
@@ -76,10 +142,10 @@ def _parser() -> argparse.ArgumentParser:
     sample = commands.add_parser("sample", help="generate text from a reference-model checkpoint")
     sample.add_argument("checkpoint")
     sample.add_argument("--prompt", default="\n")
-    sample.add_argument("--max-new-tokens", type=int, default=200)
-    sample.add_argument("--temperature", type=float, default=0.8)
-    sample.add_argument("--top-k", type=int, default=None)
-    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--max-new-tokens", type=_number(int, 0, 2**24), default=200)
+    sample.add_argument("--temperature", type=_number(float, 0.0, 1e6), default=0.8)
+    sample.add_argument("--top-k", type=_number(int, 1), default=None)
+    sample.add_argument("--seed", type=_number(int, 0, 2**63 - 1), default=0)
     sample.add_argument(
         "--tokenizer",
         help="bytes or a tokenizer.json (default: the one recorded beside the run's shards)",
@@ -188,15 +254,20 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return launch(args, args.argv)  # this process becomes torchrun's launcher
     config = _train_config(args)
     from speedtronic.runtime import build_runtime
+    from speedtronic.train_end import report_signal_stop, run_failed
     from speedtronic_systems.parallel import shutdown_parallel
 
     # An explicit --max-steps is the target even when data.max_steps is set.
     trainer, manager = build_runtime(config, resume=args.resume, max_steps=args.max_steps)
     try:
         result = trainer.fit()
+    except Exception as error:
+        raise run_failed(error, trainer, args) from error
     finally:
         trainer.close()
         shutdown_parallel(trainer.parallel)
+    if result.stopped_by is not None:  # preempted: no slow report, a distinct exit code
+        return report_signal_stop(result, args, announce=trainer.parallel.is_main)
     if trainer.parallel.is_main:  # one summary for the whole group
         print_run_summary(config, result, manager.latest_path())
     return 0
@@ -212,7 +283,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     from speedtronic.corpus import prepare_corpus
 
     prepare_corpus(
-        Path(args.out_dir),
+        _output_folder(Path(args.out_dir), "OUT_DIR"),
         [Path(t) for t in args.texts],
         args.stdlib_bytes,
         args.val_fraction,
@@ -225,7 +296,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 def _cmd_plot(args: argparse.Namespace) -> int:
     from speedtronic.plotting import plot_metrics
 
-    print(plot_metrics(Path(args.metrics), Path(args.output) if args.output else None))
+    print(plot_metrics(Path(args.metrics), args.output))  # a str: a trailing "/" means a folder
     return 0
 
 
@@ -263,11 +334,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
         ]
         if extra:
             raise UsageError(f"{', '.join(extra)} need --format hf")
-        print(export_checkpoint(Path(args.checkpoint), Path(args.out_dir)))
+        print(
+            export_checkpoint(Path(args.checkpoint), _output_folder(Path(args.out_dir), "OUT_DIR"))
+        )
         return 0
     out = export_hf(
         Path(args.checkpoint),
-        Path(args.out_dir),
+        _output_folder(Path(args.out_dir), "OUT_DIR"),
         tokenizer=args.tokenizer,
         max_shard_bytes=args.max_shard_size,
         repo_id=args.push_to_hub,
@@ -290,8 +363,48 @@ COMMANDS = {
 }
 
 
+# Errors of the parts that are usage errors: a data file or setting found unusable before training
+# started (during training it arrives as RunFailed), a device that is malformed or absent.
+_USAGE_ERRORS = (
+    ("speedtronic_data.errors", "DataError"),
+    ("speedtronic_systems.precision", "DeviceError"),
+)
+
+
+def _is_usage_error(error: BaseException) -> bool:
+    """Return True for a part's error that is the user's to fix, like a missing file."""
+    # Looked up, not imported: those modules import torch, which `validate` must never pay for.
+    return any(
+        isinstance(error, getattr(sys.modules[module], name))
+        for module, name in _USAGE_ERRORS
+        if module in sys.modules
+    )
+
+
+def _output_folder(path: Path, flag: str) -> Path:
+    """Create and write-probe the folder a command writes into; UsageError naming it if it cannot
+    be written (a file in the way, read-only, no permission).
+    """
+    from speedtronic_systems.atomic import probe_folder
+
+    try:
+        return probe_folder(path)
+    except OSError as error:
+        raise UsageError(f"{flag} {path}: cannot write there ({error.strerror or error})") from None
+
+
+def _one_line(error: BaseException) -> str:
+    """Return an error's message as one line: its first non-empty line, marked when cut."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    return lines[0] + (" [...]" if len(lines) > 1 else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; return the exit code (0 ok, 1 runtime failure, 2 usage or config error)."""
+    """Run the CLI; return the exit code (0 ok, 1 runtime failure, 2 usage or config error,
+    128 + N when signal N stopped a training run after checkpointing it).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     args.argv = argv  # `train --nproc-per-node` hands the same arguments to torchrun's workers
@@ -300,17 +413,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except (ConfigError, UsageError) as error:
-        print(f"speedtronic {args.command}: {error}", file=sys.stderr)
+        print(f"speedtronic {args.command}: {_one_line(error)}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:
         print(f"speedtronic {args.command}: interrupted", file=sys.stderr)
         return RUNTIME_ERROR
     except Exception as error:  # a runtime failure: one line unless debugging was asked for
+        if _is_usage_error(error):
+            print(f"speedtronic {args.command}: {_one_line(error)}", file=sys.stderr)
+            return USAGE_ERROR
         if os.environ.get("SPEEDTRONIC_DEBUG"):
             raise
+        what = _one_line(error)
+        if not isinstance(error, RunFailed):
+            what = f"{type(error).__name__}: {what}"
         print(
-            f"speedtronic {args.command}: {type(error).__name__}: {error} "
-            "(set SPEEDTRONIC_DEBUG=1 for the traceback)",
+            f"speedtronic {args.command}: {what} (set SPEEDTRONIC_DEBUG=1 for the traceback)",
             file=sys.stderr,
         )
         return RUNTIME_ERROR

@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+import signal
+
 USAGE_ERROR = 2
 RUNTIME_ERROR = 1
+# A run a signal stopped exits 128 + the signal's number, as a shell reports a signal death, so a
+# scheduler tells it from a finished run (0) and a failure (1): 143 for SIGTERM, 130 for SIGINT.
+SIGNAL_EXIT_BASE = 128
+
+
+def signal_exit_code(name: str) -> int:
+    """Return the exit code of a run stopped by the signal `name` (SIGTERM: 143, SIGINT: 130)."""
+    return SIGNAL_EXIT_BASE + signal.Signals[name].value
 
 
 class UsageError(Exception):
     """A user mistake (a missing file, a bad argument): printed in one line, exit code 2."""
 
 
-__all__ = ["RUNTIME_ERROR", "USAGE_ERROR", "UsageError"]
+class RunFailed(RuntimeError):
+    """A training run failed after it started; the message says what was saved and how to go on
+    (exit code 1).
+    """
+
+
+__all__ = [
+    "RUNTIME_ERROR",
+    "SIGNAL_EXIT_BASE",
+    "USAGE_ERROR",
+    "RunFailed",
+    "UsageError",
+    "signal_exit_code",
+]

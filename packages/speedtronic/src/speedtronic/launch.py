@@ -8,9 +8,10 @@ same arguments minus these launcher flags.
 from __future__ import annotations
 
 import argparse
+import signal
 from collections.abc import Sequence
 
-from speedtronic.errors import UsageError
+from speedtronic.errors import UsageError, signal_exit_code
 
 # Launcher flag -> whether it takes a value.
 LAUNCH_FLAGS = {"--nproc-per-node": True, "--nnodes": True, "--rdzv-endpoint": True}
@@ -78,13 +79,22 @@ def torchrun_arguments(args: argparse.Namespace, argv: Sequence[str]) -> list[st
 
 
 def launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Run torchrun with this invocation's workers; return 0, or 1 when a worker failed."""
+    """Run torchrun with this invocation's workers; return 0, the signal exit code when a signal
+    stopped the group (143 for SIGTERM), or raise when a worker failed.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     try:
         run(parse_args(torchrun_arguments(args, argv)))
+    except SignalException as stop:  # the launcher was signalled; torchrun passed it on
+        return signal_exit_code(signal.Signals(stop.sigval).name)
     except ChildFailedError as failure:
+        codes = {info.exitcode for info in failure.failures.values()}
+        stopped = preempted_exit_code(codes)
+        if stopped is not None:  # the workers checkpointed and said how to resume
+            return stopped
         ranks = ", ".join(
             f"rank {rank} (exit code {info.exitcode})" for rank, info in failure.failures.items()
         )
@@ -94,4 +104,20 @@ def launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
-__all__ = ["add_launch_arguments", "launch", "torchrun_arguments", "worker_arguments"]
+def preempted_exit_code(codes: set[int]) -> int | None:
+    """Return the group's exit code when every worker stopped for a signal (143/130 after its
+    checkpoint, or torchrun's SIGTERM to the rest: -15), else None.
+    """
+    term, interrupt = signal_exit_code("SIGTERM"), signal_exit_code("SIGINT")
+    if not codes or not codes <= {term, interrupt, -signal.SIGTERM}:
+        return None
+    return interrupt if codes == {interrupt} else term
+
+
+__all__ = [
+    "add_launch_arguments",
+    "launch",
+    "preempted_exit_code",
+    "torchrun_arguments",
+    "worker_arguments",
+]

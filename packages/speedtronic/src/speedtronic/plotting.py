@@ -3,30 +3,63 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from speedtronic.errors import UsageError
 
+IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
 
 def read_metrics(path: Path) -> list[dict]:
     """Return the JSON records of a metrics file, skipping a torn last line from a killed run."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not UTF-8 text; is this a metrics.jsonl file?") from None
     records = []
-    lines = path.read_text().splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             if number < len(lines):
                 raise UsageError(
                     f"{path}:{number}: not a JSON line; is this a metrics.jsonl file?"
                 ) from None
+            continue
+        if not isinstance(record, dict):
+            raise UsageError(
+                f"{path}:{number}: a JSON {type(record).__name__}, not a record; is this a "
+                "metrics.jsonl file?"
+            )
+        records.append(record)
     return records
 
 
+def output_path(metrics: Path, output: str | Path | None) -> Path:
+    """Return the file the figure goes to: `output`, inside it when it is a folder (or ends with
+    a separator), with .png added when it names no image format; by default loss_curve.png beside
+    the metrics.
+    """
+    if output is None:
+        return metrics.with_name("loss_curve.png")
+    folder = str(output).endswith(("/", os.sep))
+    output = Path(output)
+    if folder or output.is_dir():
+        return output / "loss_curve.png"
+    if output.suffix.lower() not in IMAGE_SUFFIXES:
+        return output.with_name(output.name + ".png")  # what matplotlib would write anyway
+    return output
+
+
 def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
-    points = [(r["step"], r[key]) for r in records if r.get(key) is not None and "step" in r]
+    points = [
+        (r["step"], r[key])
+        for r in records
+        if isinstance(r.get(key), (int, float)) and isinstance(r.get("step"), (int, float))
+    ]
     return [p[0] for p in points], [p[1] for p in points]
 
 
@@ -44,7 +77,7 @@ def find_metrics_file(source: Path) -> Path:
     return source
 
 
-def plot_metrics(source: Path, output: Path | None = None) -> Path:
+def plot_metrics(source: Path, output: str | Path | None = None) -> Path:
     """Write the loss / learning-rate / throughput figure and return its path."""
     metrics = find_metrics_file(source)
     records = read_metrics(metrics)
@@ -73,8 +106,11 @@ def plot_metrics(source: Path, output: Path | None = None) -> Path:
     ax_tps.grid(alpha=0.3)
     fig.suptitle(f"Speedtronic run: {metrics.parent.name}")
     fig.tight_layout()
-    target = output or metrics.with_name("loss_curve.png")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target = output_path(metrics, output)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"-o {target}: cannot write there ({error.strerror or error})") from None
     fig.savefig(target, dpi=110)
     plt.close(fig)
     return target

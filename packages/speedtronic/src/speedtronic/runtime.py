@@ -13,11 +13,12 @@ import torch
 
 # 2.0 exposed the same builder here and in speedtronic.optimizers.
 from speedtronic.optimizers import build_v2_optimizer as build_optimizer
+from speedtronic.preflight import check_output_paths
 from speedtronic_config import ConfigError, SpeedtronicConfig
 from speedtronic_data import build_dataloader, build_eval_dataloader
 from speedtronic_model import apply_init_from, build_model
 from speedtronic_optim import build_lr_scheduler
-from speedtronic_systems import resolve_device
+from speedtronic_systems import check_training_memory, resolve_device
 from speedtronic_systems.parallel import (
     SINGLE,
     ParallelContext,
@@ -77,7 +78,9 @@ def build_coordinator(
 
 
 def _checkpoint_manager(config: SpeedtronicConfig) -> CheckpointManager:
-    return CheckpointManager.from_config(config.checkpoint, output_dir=config.run.output_dir)
+    manager = CheckpointManager.from_config(config.checkpoint, output_dir=config.run.output_dir)
+    manager.remove_stale_temp_files()  # what a kill mid-save left; no save is in flight yet
+    return manager
 
 
 def _with_overrides(
@@ -115,6 +118,8 @@ def build_runtime(
     check_batch_split(
         config.data.target_batch_size, config.data.micro_batch_size, parallel.world_size
     )
+    check_training_memory(config, resolved)  # before anything is allocated (run.memory_check)
+    check_output_paths(config)  # a bad folder fails now, not at the first checkpoint
     model = apply_init_from(build_model(config.model), config.model.init_from)  # 4
     # 4b: wrap before the optimizer exists (fully_shard replaces the parameters).
     model = wrap_model(model.to(resolved), parallel, config.parallel)

@@ -1,0 +1,190 @@
+"""Read checkpoint files and restore them, turning every bad or mismatched checkpoint into one line
+that names the file and the fix (torch's own messages span up to 22 lines, and for a refused
+pickle suggest loading it unsafely, which we never do).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+# 2.0 pickled NumPy's RNG state (a tuple holding a uint32 ndarray). weights_only loading stays on;
+# it admits exactly the types that array needs, under the names NumPy 1 and NumPy 2 pickle them.
+_RECONSTRUCT = (getattr(np, "_core", None) or np.core).multiarray._reconstruct  # NumPy 2, or 1
+_NUMPY_RNG_GLOBALS = [
+    (_RECONSTRUCT, "numpy.core.multiarray._reconstruct"),
+    (_RECONSTRUCT, "numpy._core.multiarray._reconstruct"),
+    np.ndarray,
+    np.dtype,
+    type(np.dtype(np.uint32)),
+]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, truncated, corrupt or not loadable with weights_only=True."""
+
+
+# What a refused or torn file's torch error says, as (pattern in torch's message, our words).
+_REFUSED = re.compile(
+    r"(?:WeightsUnpickler error: |Trying to load )(?:\s*)(unsupported [^\n]*|Unsupported [^\n]*)"
+)
+_ZIP = re.compile(r"PytorchStreamReader failed [^:]*: ([^.\n]+)")
+
+
+def describe_load_error(error: BaseException) -> str:
+    """Return what is wrong with a file torch.load refused, in a few words on one line."""
+    text = str(error)
+    refused = _REFUSED.search(text)
+    if refused or "Weights only load failed" in text:
+        detail = refused.group(1).split(" was not an allowed global")[0] if refused else ""
+        detail = detail.rstrip(". ")
+        # A Speedtronic checkpoint holds tensors and plain containers only: anything else is
+        # foreign or tampered with, and must not be unpickled.
+        return "is corrupt or holds pickled objects a Speedtronic checkpoint never contains" + (
+            f" ({detail[:160]})" if detail else ""
+        )
+    torn = _ZIP.search(text)
+    if torn:
+        return f"is truncated or corrupt ({torn.group(1).strip()})"
+    if isinstance(error, EOFError):
+        return "is empty or truncated"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"is not a readable checkpoint ({type(error).__name__}{': ' if first else ''}{first})"[
+        :240
+    ]
+
+
+RESUME_HINT = "delete it to resume from an older checkpoint"
+
+
+def load_checkpoint_file(path: str | Path, hint: str = RESUME_HINT) -> dict[str, Any]:
+    """Load one checkpoint with weights_only=True; CheckpointError, in one line ending with
+    `hint`, for a bad file.
+    """
+    path = Path(path)
+    try:
+        with warnings.catch_warnings():
+            # e.g. "Detected pickle protocol 4": a Python-warning block on stderr, before our line.
+            warnings.simplefilter("ignore")
+            with torch.serialization.safe_globals(_NUMPY_RNG_GLOBALS):
+                state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"checkpoint {path} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise CheckpointError(f"checkpoint {path} is a folder, not a checkpoint file") from exc
+    except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, zip errors...
+        raise CheckpointError(f"checkpoint {path} {describe_load_error(exc)}; {hint}") from exc
+    if not isinstance(state, dict):
+        raise CheckpointError(
+            f"checkpoint {path} holds a {type(state).__name__}, expected a state dict"
+        )
+    return state
+
+
+def _shape(value: Any) -> str:
+    return str(list(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def _config_differences(saved: Any, current: Any, section: str) -> list[str]:
+    """Return `section.field: checkpoint X, this run Y` for each field the configs disagree on."""
+    if not isinstance(saved, Mapping) or current is None:
+        return []
+    theirs = saved.get(section)
+    ours = current.to_dict().get(section) if hasattr(current, "to_dict") else None
+    if not isinstance(theirs, Mapping) or not isinstance(ours, Mapping):
+        return []
+    return [
+        f"{section}.{name}: checkpoint {theirs[name]!r}, this run {ours[name]!r}"
+        for name in ours
+        if name in theirs and theirs[name] != ours[name]
+    ]
+
+
+def restore_model(model: torch.nn.Module, state: Mapping[str, Any], config: Any = None) -> None:
+    """Load a checkpoint's model weights strictly; CheckpointError naming the first mismatch, how
+    many there are, and the model settings that differ from the checkpoint's.
+    """
+    saved = state["model"]
+    current = model.state_dict()
+    problems = [
+        f"size mismatch for {name}: checkpoint {_shape(saved[name])}, model {_shape(value)}"
+        for name, value in current.items()
+        if name in saved and _shape(saved[name]) != _shape(value)
+    ]
+    problems += [f"missing {name}" for name in current if name not in saved]
+    problems += [f"unexpected {name}" for name in saved if name not in current]
+    if not problems:
+        model.load_state_dict(saved)
+        return
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    settings = _config_differences(state.get("config"), config, "model")
+    hint = (
+        f"the checkpoint was written with other model settings ({'; '.join(settings[:4])}): "
+        if settings
+        else ""
+    )
+    raise CheckpointError(
+        f"checkpoint {_where(state)} does not fit this model: {problems[0]}{more}; {hint}resume "
+        "with the model settings it was written with, or start a new run in another "
+        "run.output_dir"
+    )
+
+
+def restore_optimizer(optimizer: Any, state: Mapping[str, Any], config: Any = None) -> None:
+    """Load a checkpoint's optimizer state; CheckpointError naming both optimizers and the fix when
+    it was written by another one (Muon state is not interchangeable with AdamW state).
+    """
+    saved_config = state.get("config")
+    theirs = _optimizer_name(saved_config)
+    ours = getattr(getattr(config, "optimizer", None), "name", None)
+    if theirs is not None and ours is not None and theirs != ours:
+        raise CheckpointError(
+            f"checkpoint {_where(state)} was written with optimizer.name: {theirs}, but this run "
+            f"uses optimizer.name: {ours}; their states are not interchangeable: resume with "
+            f"--set optimizer.name={theirs}, or start a new run in another run.output_dir"
+        )
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except (KeyError, ValueError, TypeError, IndexError) as exc:
+        found = _layout(state["optimizer"])
+        first = next(iter(str(exc).splitlines()), "")
+        raise CheckpointError(
+            f"checkpoint {_where(state)} holds {found} optimizer state that this run's "
+            f"{type(optimizer).__name__} cannot load ({type(exc).__name__}: {first[:160]}); "
+            "resume with the optimizer settings it was written with, or start a new run in "
+            "another run.output_dir"
+        ) from exc
+
+
+def _optimizer_name(saved_config: Any) -> str | None:
+    section = saved_config.get("optimizer") if isinstance(saved_config, Mapping) else None
+    name = section.get("name") if isinstance(section, Mapping) else None
+    return name if isinstance(name, str) else None
+
+
+def _layout(optimizer_state: Any) -> str:
+    """Return which optimizer wrote a state dict, as far as its keys tell."""
+    if isinstance(optimizer_state, Mapping) and "muon" in optimizer_state:
+        return "Muon (hybrid)"
+    if isinstance(optimizer_state, Mapping) and "param_groups" in optimizer_state:
+        return "single-optimizer (AdamW-style)"
+    return "unrecognized"
+
+
+def _where(state: Mapping[str, Any]) -> str:
+    return str(state.get("checkpoint_path", "state"))
+
+
+__all__ = [
+    "CheckpointError",
+    "describe_load_error",
+    "load_checkpoint_file",
+    "restore_model",
+    "restore_optimizer",
+]

@@ -1,0 +1,82 @@
+"""How `speedtronic train` ends when it does not finish: stopped by a signal, or failed after it
+started. Each is one line on stderr that says what was saved and the command that resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from speedtronic.errors import RunFailed, signal_exit_code
+from speedtronic_config.secrets import is_secret_path
+
+
+def resume_command(args: argparse.Namespace) -> str:
+    """Return the `speedtronic train ... --resume` command that continues this run; a secret
+    override is shown as a placeholder, never its value.
+    """
+    words = ["speedtronic", "train", args.config]
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a torchrun worker: relaunch the group
+        words += ["--nproc-per-node", os.environ.get("LOCAL_WORLD_SIZE", "1")]
+        if os.environ["WORLD_SIZE"] != os.environ.get("LOCAL_WORLD_SIZE"):
+            words += ["--nnodes", "M", "--rdzv-endpoint", "HOST:PORT"]  # the same on every node
+    for override in args.overrides:
+        key = override.partition("=")[0]
+        words += ["--set", f"{key}=<secret>" if is_secret_path(key) else override]
+    for flag, value in (
+        ("--max-steps", args.max_steps),
+        ("--device", args.device),
+        ("--cuda-overlay", args.cuda_overlay),
+    ):
+        if value is not None:
+            words += [flag, str(value)]
+    return shlex.join([*words, "--resume"])
+
+
+def report_signal_stop(result: Any, args: argparse.Namespace, *, announce: bool = True) -> int:
+    """Say where a signal-stopped run saved its state and how to resume (when `announce`: one
+    rank speaks for a data-parallel group); return its exit code.
+    """
+    if not announce:
+        return signal_exit_code(result.stopped_by)
+    saved = (
+        f"checkpoint {result.checkpoint}"
+        if result.checkpoint is not None
+        else "no checkpoint written (checkpoint.save_on_signal or checkpoint.enabled is false)"
+    )
+    print(
+        f"speedtronic train: stopped by {result.stopped_by} at step {result.steps}; {saved}; "
+        f"resume with: {resume_command(args)}",
+        file=sys.stderr,
+    )
+    return signal_exit_code(result.stopped_by)
+
+
+def run_failed(error: Exception, trainer: Any, args: argparse.Namespace) -> RunFailed:
+    """Return the one-line failure of a started run: the error, the emergency checkpoint written
+    (or the last good one), and the command that resumes.
+    """
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    what = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    from speedtronic_trainer import CheckpointError
+
+    saved: Path | None = trainer.emergency_checkpoint
+    manager = trainer.checkpoint_manager
+    latest = manager.latest_path() if manager is not None else None
+    if saved is not None:
+        where = f"emergency checkpoint of the last sound step: {saved}"
+    elif isinstance(error, CheckpointError) and latest is not None:
+        # A failed save already names the checkpoint that is intact.
+        return RunFailed(f"{what}; fix the cause, then resume with: {resume_command(args)}")
+    elif latest is not None:
+        where = f"latest checkpoint: {latest}"
+    else:
+        return RunFailed(f"{what}; no checkpoint was written")
+    return RunFailed(f"{what}; {where}; fix the cause, then resume with: {resume_command(args)}")
+
+
+__all__ = ["report_signal_stop", "resume_command", "run_failed"]

@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import pytest
+
+from speedtronic_config import ConfigError, SpeedtronicConfig
+from speedtronic_systems import memory
+from speedtronic_systems.memory import (
+    check_training_memory,
+    device_memory,
+    estimate_training_memory,
+    format_bytes,
+    reference_parameter_count,
+)
+
+
+def config(**sections) -> SpeedtronicConfig:
+    return SpeedtronicConfig.from_dict(sections)
+
+
+def test_parameter_count_of_the_reference_shapes():
+    # d=8, 2 heads of 4, 1 KV head, d_ff=16, vocab 10, 1 layer, tied: hand-counted.
+    model = {"d_model": 8, "n_head": 2, "n_kv_head": 1, "d_ff": 16, "vocab_size": 10, "n_layer": 1}
+    per_layer = 2 * 8 + 2 * 8 * 8 + 2 * 8 * 4 + 3 * 8 * 16
+    assert reference_parameter_count(model) == (per_layer + 8 + 80, 80)
+    untied = reference_parameter_count({**model, "tie_weights": False})
+    assert untied == (per_layer + 8 + 160, 160)
+
+
+def test_estimate_parts_follow_the_settings():
+    adamw = estimate_training_memory(config(precision="fp32"))
+    count, _ = reference_parameter_count(config().model)
+    assert adamw.parameters == adamw.gradients == 4 * count
+    assert adamw.optimizer_state == 8 * count  # two moments
+    muon = estimate_training_memory(config(precision="fp32", optimizer="muon"))
+    assert muon.optimizer_state < adamw.optimizer_state
+    assert muon.activations == adamw.activations
+    recomputed = estimate_training_memory(
+        config(precision="fp32", model={"gradient_checkpointing": True})
+    )
+    assert recomputed.activations < adamw.activations
+    accumulated = estimate_training_memory(config(data={"target_batch_size": 8}))
+    assert accumulated.batches == 8 * adamw.batches
+    assert adamw.total == sum(
+        (adamw.parameters, adamw.gradients, adamw.optimizer_state, adamw.activations, adamw.batches)
+    )
+
+
+def test_a_custom_model_counts_only_its_batches():
+    estimate = estimate_training_memory(config(model={"name": "my_model"}))
+    assert estimate.parameters == estimate.activations == 0 and estimate.batches > 0
+
+
+def test_format_bytes():
+    assert [format_bytes(n) for n in (512, 3_400_000, 1.2e12, 5e18)] == [
+        "512 B",
+        "3.4 MB",
+        "1.2 TB",
+        "5000.0 PB",
+    ]
+
+
+def test_cpu_memory_is_known_here():
+    size, what = device_memory("cpu")
+    assert size > 0 and what.startswith("cpu")
+
+
+@pytest.mark.parametrize(
+    "sections",
+    [
+        {"model": {"n_layer": 60000, "d_model": 4096, "n_head": 32}},  # #19: 1e20 layers hung
+        {"model": {"vocab_size": 2**32, "d_model": 1024}},
+        {"data": {"micro_batch_size": 2**20, "target_batch_size": 2**24}},  # held micro-batches
+    ],
+)
+def test_a_run_that_cannot_fit_is_refused_with_the_estimate(sections):
+    with pytest.raises(ConfigError) as caught:
+        check_training_memory(config(**sections), "cpu")
+    message = str(caught.value)
+    assert "needs at least" in message and "cpu (" in message and "run.memory_check" in message
+    assert "\n" not in message
+
+
+def test_the_check_can_be_turned_off_and_passes_small_runs():
+    huge = config(run={"memory_check": False}, model={"n_layer": 60000, "d_model": 4096})
+    assert check_training_memory(huge, "cpu").total > 10**12
+    assert check_training_memory(config(), "cpu").total < 10**9
+
+
+def test_a_container_limit_lower_than_ram_is_the_limit(monkeypatch, tmp_path):
+    limit = tmp_path / "memory.max"
+    limit.write_text("1000000\n")
+    monkeypatch.setattr(memory, "_CGROUP_LIMITS", (tmp_path / "absent", limit))
+    assert device_memory("cpu") == (1_000_000, "cpu (container memory limit)")
+    limit.write_text("max\n")  # no limit set
+    assert device_memory("cpu")[1] == "cpu (RAM)"

@@ -1,0 +1,154 @@
+"""Every bad or mismatched checkpoint is one line naming the file and the fix (#19: 6-22 lines,
+including PyTorch's advice to load with weights_only=False)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+import torch
+
+from speedtronic_trainer.checkpoint_checks import (
+    CheckpointError,
+    load_checkpoint_file,
+    restore_model,
+    restore_optimizer,
+)
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def bad_files(tmp_path):
+    good = tmp_path / "good.pt"
+    torch.save({"model": torch.zeros(1000)}, good)
+    files = {
+        "malicious": lambda p: torch.save({"x": Evil()}, p),
+        "raw pickle": lambda p: p.write_bytes(pickle.dumps({"x": Evil()})),
+        "numpy object": lambda p: torch.save({"x": __import__("numpy").zeros(3)}, p),
+        "truncated": lambda p: p.write_bytes(good.read_bytes()[:300]),
+        "garbage": lambda p: p.write_bytes(bytes(range(256)) * 8),
+        "empty": lambda p: p.write_bytes(b""),
+        "text": lambda p: p.write_text("hello\nworld\n"),
+    }
+    for name, write in files.items():
+        write(tmp_path / f"{name}.pt")
+    return [tmp_path / f"{name}.pt" for name in files]
+
+
+def test_every_bad_file_is_one_line_never_suggesting_an_unsafe_load(tmp_path, capsys):
+    for path in bad_files(tmp_path):
+        with pytest.raises(CheckpointError) as caught:
+            load_checkpoint_file(path)
+        message = str(caught.value)
+        assert "\n" not in message, message
+        assert message.startswith(f"checkpoint {path} ")
+        assert "weights_only" not in message and "trust" not in message, message
+    assert capsys.readouterr().err == ""  # torch's pickle-protocol UserWarning is not printed
+
+
+def test_a_malicious_pickle_names_what_it_tried_to_load(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"x": Evil()}, path)
+    with pytest.raises(CheckpointError, match=r"never contains \(.*system"):
+        load_checkpoint_file(path)
+
+
+def test_a_folder_and_a_missing_file(tmp_path):
+    with pytest.raises(CheckpointError, match="is a folder"):
+        load_checkpoint_file(tmp_path)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint_file(tmp_path / "nope.pt")
+
+
+def model(width: int) -> torch.nn.Module:
+    return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(11)])
+
+
+def test_another_model_size_is_summarized_with_the_first_mismatch_and_the_count():
+    saved = {"model": model(4).state_dict(), "checkpoint_path": "ck/step_3.pt"}
+    with pytest.raises(CheckpointError) as caught:
+        restore_model(model(8), saved)
+    message = str(caught.value)
+    assert message.startswith(
+        "checkpoint ck/step_3.pt does not fit this model: size mismatch for 0.weight: "
+        "checkpoint [4, 4], model [8, 8] (and 21 more)"
+    )
+    assert "\n" not in message
+
+
+def test_a_model_mismatch_names_the_settings_that_differ():
+    from speedtronic_config import SpeedtronicConfig
+
+    ours = SpeedtronicConfig.from_dict({"model": {"d_model": 64}})
+    theirs = SpeedtronicConfig.from_dict({"model": {"d_model": 32}}).to_dict()
+    saved = {"model": model(4).state_dict(), "config": theirs}
+    with pytest.raises(CheckpointError, match="model.d_model: checkpoint 32, this run 64"):
+        restore_model(model(8), saved, ours)
+
+
+def test_missing_and_unexpected_weights_and_a_match():
+    target = model(4)
+    saved = dict(target.state_dict())
+    saved["extra"] = saved.pop("0.bias")
+    with pytest.raises(CheckpointError, match="missing 0.bias .and 1 more"):
+        restore_model(target, {"model": saved})
+    restore_model(target, {"model": model(4).state_dict()})
+
+
+class TwoBranchOptimizer:
+    """State laid out like speedtronic-optim's HybridOptimizer ({"muon": ..., "adamw": ...});
+    this package's tests may not import speedtronic-optim.
+    """
+
+    def __init__(self, params) -> None:
+        params = list(params)
+        self.children = {
+            "muon": torch.optim.SGD(params[:1], lr=0.1, momentum=0.9),
+            "adamw": torch.optim.AdamW(params[1:]),
+        }
+
+    def state_dict(self):
+        return {name: child.state_dict() for name, child in self.children.items()}
+
+    def load_state_dict(self, state):
+        if set(state) != set(self.children):
+            raise ValueError(f"expected keys {sorted(self.children)} but got {sorted(state)}")
+        for name, child in self.children.items():
+            child.load_state_dict(state[name])
+
+
+def optimizers():
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    return torch.optim.AdamW(net.parameters()), TwoBranchOptimizer(net.parameters())
+
+
+@pytest.mark.parametrize("direction", ["muon->adamw", "adamw->muon"])
+def test_another_optimizer_names_both_and_the_fix(direction):
+    from speedtronic_config import SpeedtronicConfig
+
+    adamw, hybrid = optimizers()
+    muon_cfg = SpeedtronicConfig.from_dict({"optimizer": "muon"})
+    adamw_cfg = SpeedtronicConfig.from_dict({"optimizer": "adamw"})
+    if direction == "muon->adamw":  # #19: KeyError: 'param_groups'
+        saved, target, ours, fix = hybrid, adamw, adamw_cfg, "optimizer.name=muon"
+        theirs = muon_cfg
+    else:
+        saved, target, ours, fix = adamw, hybrid, muon_cfg, "optimizer.name=adamw"
+        theirs = adamw_cfg
+    state = {"optimizer": saved.state_dict(), "config": theirs.to_dict()}
+    with pytest.raises(CheckpointError) as caught:
+        restore_optimizer(target, state, ours)
+    message = str(caught.value)
+    assert "adamw" in message and "muon" in message and f"--set {fix}" in message
+    assert "\n" not in message
+
+
+def test_without_configs_the_layout_mismatch_is_still_one_clear_line():
+    adamw, hybrid = optimizers()
+    with pytest.raises(CheckpointError, match=r"holds Muon \(hybrid\) optimizer state .*AdamW"):
+        restore_optimizer(adamw, {"optimizer": hybrid.state_dict()})
+    restore_optimizer(adamw, {"optimizer": adamw.state_dict()})

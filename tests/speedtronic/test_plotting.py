@@ -1,0 +1,69 @@
+"""`speedtronic plot`'s reading and output paths (#19: -o DIR reported one path and wrote another;
+non-object JSON lines and binary files raised AttributeError / UnicodeDecodeError)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from speedtronic.errors import UsageError
+from speedtronic.plotting import output_path, plot_metrics, read_metrics
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def metrics(tmp_path: Path) -> Path:
+    path = tmp_path / "run" / "metrics.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    records = [{"event": "train_step", "step": s, "loss": 5.0 / s, "lr": 1e-3} for s in (1, 2, 3)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"torn": ')
+    return path
+
+
+def test_output_paths(tmp_path):
+    source = tmp_path / "run" / "metrics.jsonl"
+    (tmp_path / "folder").mkdir()
+    assert output_path(source, None) == tmp_path / "run" / "loss_curve.png"
+    assert output_path(source, tmp_path / "folder") == tmp_path / "folder" / "loss_curve.png"
+    assert output_path(source, "new/") == Path("new/loss_curve.png")
+    assert output_path(source, Path("curve")) == Path("curve.png")
+    assert output_path(source, Path("v1.0")) == Path("v1.0.png")
+    assert output_path(source, Path("c.svg")) == Path("c.svg")
+
+
+@pytest.mark.parametrize("output", ["folder", "curve", "c.png"])
+def test_the_reported_path_is_the_written_file(tmp_path, output):
+    (tmp_path / "folder").mkdir()
+    written = plot_metrics(metrics(tmp_path), tmp_path / output)
+    assert written.is_file() and written.read_bytes()[:8] == PNG
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        ('[1, 2]\n{"step": 1, "loss": 2.0}\n', ":1: a JSON list, not a record"),
+        ('3\n{"step": 1}\n', ":1: a JSON int, not a record"),
+        ("not json\nalso not\n", ":1: not a JSON line"),
+    ],
+)
+def test_lines_that_are_not_records_are_usage_errors(tmp_path, content, fragment):
+    path = tmp_path / "m.jsonl"
+    path.write_text(content)
+    with pytest.raises(UsageError, match=fragment):
+        read_metrics(path)
+
+
+def test_a_binary_file_is_a_usage_error(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(bytes(range(256)))
+    with pytest.raises(UsageError, match="not UTF-8 text"):
+        plot_metrics(path)
+
+
+def test_non_numeric_values_are_not_plotted(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": "x", "loss": 1}\n{"step": 1, "loss": "nan?"}\n')
+    with pytest.raises(UsageError, match="no training-step records"):
+        plot_metrics(path)

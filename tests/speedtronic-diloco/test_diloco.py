@@ -202,7 +202,7 @@ def test_async_delta_dispatch_does_not_block_training(server, tmp_path):
     master.stop()
 
 
-def test_async_delta_failure_keeps_baseline_for_cumulative_retry(server, tmp_path):
+def test_async_delta_failure_is_resent_under_its_own_name(server, tmp_path):
     master, _, _ = node(server, tmp_path, "master")
     master.start()
     worker, net, opt = node(server, tmp_path, "w1", async_delta_upload=True)
@@ -216,11 +216,15 @@ def test_async_delta_failure_keeps_baseline_for_cumulative_retry(server, tmp_pat
     worker.start()  # restart after stop
     train(worker, net, opt, 4, seed=2)
     worker.stop()
-    data = worker.hub.read_bytes(delta_path("w1", 8, 0))
-    cumulative = (
-        baseline["weight"] - net.weight.detach()
-    )  # both rounds of work, against the old baseline
-    assert torch.allclose(from_safetensors_bytes(data)["weight"], cumulative, atol=1e-6)
+    # The failed delta is re-sent as itself (had it landed after all, the master would skip the
+    # repeat); merged into the next one, its work would count twice in that case.
+    first, second = (
+        from_safetensors_bytes(worker.hub.read_bytes(delta_path("w1", step, 0)))["weight"]
+        for step in (4, 8)
+    )
+    both = baseline["weight"] - net.weight.detach()  # both rounds of work, old baseline
+    assert not torch.allclose(second, both, atol=1e-6)
+    assert torch.allclose(first + second, both, atol=1e-6)
     master.stop()
 
 
@@ -331,7 +335,7 @@ def test_worker_without_a_global_model_trains_but_sends_nothing(server, tmp_path
     worker.stop()
 
 
-def test_failed_delta_after_a_global_install_is_carried_forward(server, tmp_path):
+def test_failed_delta_after_a_global_install_is_resent_with_its_own_base(server, tmp_path):
     master, master_net, master_opt = node(server, tmp_path, "master")
     master.start()
     worker, net, opt = node(server, tmp_path, "w1", async_delta_upload=True)
@@ -360,13 +364,17 @@ def test_failed_delta_after_a_global_install_is_carried_forward(server, tmp_path
     installed = {k: v.clone() for k, v in net.state_dict().items()}
     train(worker, net, opt, 4, seed=2)
     worker.stop()
-    path = [p for p in worker.hub.delta_paths() if "/w1/" in p][0]
-    ref = parse_delta_ref(path)
-    assert (
-        ref.local_step == 8 and ref.base_outer_step == 0
-    )  # the carried delta keeps its older base
-    sent = from_safetensors_bytes(worker.hub.read_bytes(path))["weight"]
-    assert torch.allclose(sent, failed + installed["weight"] - net.weight.detach(), atol=1e-6)
+    sent = {
+        (ref.local_step, ref.base_outer_step): from_safetensors_bytes(
+            worker.hub.read_bytes(ref.path)
+        )["weight"]
+        for ref in map(parse_delta_ref, worker.hub.delta_paths())
+        if ref.node_id == "w1"
+    }
+    # The failed delta keeps its name and older base; the next holds only the newer work.
+    assert sorted(sent) == [(4, 0), (8, 1)]
+    assert torch.equal(sent[4, 0], failed)
+    assert torch.allclose(sent[8, 1], installed["weight"] - net.weight.detach(), atol=1e-6)
     master.stop()
 
 

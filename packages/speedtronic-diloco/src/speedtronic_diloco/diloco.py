@@ -100,9 +100,11 @@ class DumbDiLoCoCoordinator:
         )  # -1: no global installed yet, so no base to compute deltas against
         self._generation = 0
         self._baseline: dict[str, torch.Tensor] | None = None
-        # Work of failed uploads: the baseline already moved past it, so it rides along with the
-        # next delta (cumulative retry) and survives a global install meanwhile.
-        self._carry: DeltaUploadJob | None = None
+        # Uploads that did not leave or failed: the baseline already moved past their work, so
+        # they are re-sent under their own names. Merging one into a newer delta would count its
+        # work twice when it had landed after all (a lost answer, a kill before the checkpoint
+        # saw the acknowledgement); a repeated name the master has consumed is skipped.
+        self._retries: list[DeltaUploadJob] = []
         self._prepared: dict[str, Any] | None = None
         self._prepared_pending: list[
             DeltaUploadJob
@@ -236,18 +238,17 @@ class DumbDiLoCoCoordinator:
                 return candidate
             if self._started:
                 self._collect_upload_results()
-                self._resend_carry()
+                self._resend_retries()
             self._staged.wait(min(self.settings.poll_interval, 1.0))
             self._staged.clear()
 
-    def _resend_carry(self) -> None:
-        """Send the work of failed uploads now, when the upload lane is idle."""
-        if self._carry is None or (
-            self._uploads is not None and (self._inflight is not None or not self._uploads.empty())
+    def _resend_retries(self) -> None:
+        """Re-send undelivered uploads, oldest first, while the upload lane is idle."""
+        while self._retries and (
+            self._uploads is None or (self._inflight is None and self._uploads.empty())
         ):
-            return
-        job, self._carry = self._carry, None
-        self._send(job)
+            if not self._send(self._retries.pop(0)):
+                return  # kept again (at the end); the next boundary or wait retries
 
     def stop(self) -> None:
         """Stop the lanes (waiting up to delta_upload_shutdown_timeout for a queued upload) and the
@@ -256,12 +257,23 @@ class DumbDiLoCoCoordinator:
         if not self._started:
             return
         self._stop_event.set()
-        if self._uploads is not None:
+        deadline = time.monotonic() + self.settings.delta_upload_shutdown_timeout
+        if self._uploads is None:
+            self._resend_retries()
+        else:
+            # Undelivered work goes out before the lane stops; what cannot stays in the state.
+            while self._retries:
+                try:
+                    self._uploads.put(
+                        self._retries[0], timeout=max(0.0, deadline - time.monotonic())
+                    )
+                except queue.Full:
+                    break
+                self._retries.pop(0)
             try:
-                self._uploads.put(_STOP, timeout=self.settings.delta_upload_shutdown_timeout)
+                self._uploads.put(_STOP, timeout=max(0.0, deadline - time.monotonic()))
             except queue.Full:
                 pass
-        deadline = time.monotonic() + self.settings.delta_upload_shutdown_timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
@@ -351,33 +363,19 @@ class DumbDiLoCoCoordinator:
             # diverge).
             self._count_skip(step)
             return False
+        self._resend_retries()
         current = cpu_state_dict(self.model.state_dict())
         delta = compute_pseudo_gradient(self._baseline, current)
         return self._send(
-            self._with_carry(
-                DeltaUploadJob(step, self._last_global_step, self._generation, delta, current)
-            )
-        )
-
-    def _with_carry(self, job: DeltaUploadJob) -> DeltaUploadJob:
-        """Return job with the kept work of earlier failed uploads added; the carry is emptied."""
-        carry, self._carry = self._carry, None
-        if carry is None:
-            return job
-        return DeltaUploadJob(
-            job.step,
-            min(job.base_outer_step, carry.base_outer_step),
-            job.generation,
-            {k: v.add(carry.delta[k]) for k, v in job.delta.items()},
-            job.target_state,
+            DeltaUploadJob(step, self._last_global_step, self._generation, delta, current)
         )
 
     def _keep_for_later(self, job: DeltaUploadJob) -> None:
-        """Keep the work of a job that was not delivered; it rides with the next delta.
+        """Keep a job that was not delivered, to re-send under its own name.
 
         The baseline already moved past it, so the kept job has no target to move it back to.
         """
-        self._carry = self._with_carry(replace(job, target_state={}))
+        self._retries.append(replace(job, target_state={}))
 
     def _send(self, job: DeltaUploadJob) -> bool:
         """Upload (sync) or enqueue (async) a job; return whether it left. Work that did not is
@@ -392,17 +390,12 @@ class DumbDiLoCoCoordinator:
             except queue.Full:
                 ok = False
         # The baseline moves at dispatch, not at acknowledgement: the job's work is now either in
-        # flight or kept for the next delta, never in both, and a global install cannot erase it.
+        # flight or kept to re-send, never in both, and a global install cannot erase it.
         if job.target_state:
             self._baseline = job.target_state
-        if ok:
-            return True
-        if (
-            self._uploads is not None
-        ):  # a re-sent job found the lane full: it is nowhere else, so keep it
-            self._count_skip(job.step)
-        self._keep_for_later(job)
-        return False
+        if not ok:  # a lane full for a re-sent job, or a failed synchronous upload
+            self._keep_for_later(job)
+        return ok
 
     def _count_skip(self, step: int) -> None:
         self.counters["uploads_skipped"] += 1
@@ -565,7 +558,7 @@ class DumbDiLoCoCoordinator:
         token).
         """
         with self._lock:
-            pending = [job for job in (self._carry, self._inflight) if job is not None]
+            pending = [*self._retries, *([self._inflight] if self._inflight else [])]
         if self._uploads is not None:
             pending += [job for job in list(self._uploads.queue) if isinstance(job, DeltaUploadJob)]
         return {
@@ -610,12 +603,10 @@ class DumbDiLoCoCoordinator:
             self.master.load_state_dict(state["master"])
 
     def _restore_pending_uploads(self, pending: list[dict[str, Any]]) -> None:
-        """Re-send the uploads not acknowledged at checkpoint time (same names: harmless if they had
-        landed).
+        """Re-send the uploads not acknowledged at checkpoint time under their own names: one that
+        had landed is skipped by the master, so nothing counts twice.
         """
-        # The checkpointed baseline already excludes these deltas (it moved at dispatch), so re-
-        # sending
-        # them cannot double count; one that fails or is skipped again rides with the next delta.
+        # The checkpointed baseline already excludes these deltas (it moved at dispatch).
         self._prepared_pending = [
             DeltaUploadJob(
                 int(job["step"]),

@@ -58,6 +58,15 @@ def test_muon_builds_hybrid_with_section_fields(make_lm) -> None:
     )
     assert group["adjust_lr"] == "match_rms_adamw"  # one lr for both branches
     assert optimizer.adamw.param_groups[0]["lr"] == group["lr"] == 1e-3
+    assert optimizer.muon.distributed is None and optimizer.muon.process_group is None
+
+
+def test_the_split_mode_reaches_muon(make_lm) -> None:
+    group = object()  # any process group: passed through, not used without a step
+    built = build_optimizer(
+        make_lm(), Section(name="muon", cautious=True), distributed=True, process_group=group
+    )
+    assert (built.base.muon.distributed, built.base.muon.process_group) == (True, group)
 
 
 @pytest.mark.parametrize("name", ["adamw", "muon"])
@@ -108,6 +117,6 @@ def test_package_imports_only_torch() -> None:
     assert (
         imported
         - {"__future__", "speedtronic_optim", "torch", "math", "typing", "dataclasses"}
-        - {"collections", "functools"}
+        - {"collections", "functools", "warnings"}
         == set()
     )

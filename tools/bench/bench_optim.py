@@ -10,13 +10,20 @@ Case 2 times `newton_schulz` against the exact polar factor by SVD (U @ Vh, floa
 Case 3 (CPU with native BF16 only) reruns case 1 at a small size in a child process that limits
 torch and oneDNN to AVX2 (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2), where bf16 matmuls
 are emulated as on an AVX2-only CPU: ours on float32 (what it picks there) against torch's bf16.
+Case 4 (`--world N`, default 2; 1 skips it) reruns a Muon step under torchrun with N CPU ranks
+(gloo, cpus/N threads each): Newton-Schulz split over the ranks against every rank doing all the
+work, on replicas (DDP) and on FSDP2-style Shard(0) DTensor parameters, where torch.optim.Muon
+(implicit DTensor redistribution) runs on the same parameters; it counts one sharded step's
+collectives. Every timed call starts on all ranks together; the slowest rank's median counts.
 Variants run interleaved in one process and the ratio of medians is reported (machines are noisy).
 
 Usage: python tools/bench/bench_optim.py [--full] [--layers N] [--d-model D] [--repeats N]
-                                         [--bf16-layers N] [--device cpu|cuda]
+                                         [--bf16-layers N] [--device cpu|cuda] [--world N]
 Default: d_model 128, 2 layers, 3 repeats, polar at 256/512 (minutes even where bf16 is emulated);
 --full: d_model 768, 12 layers, 5 repeats, polar at 1024/2048 (the issue's sizes). Where bf16 is
-emulated, `--full --repeats 1 --bf16-layers 1` finishes in about 20 minutes.
+emulated, `--full --repeats 1 --bf16-layers 1` finishes in about 20 minutes. Case 4 runs at
+d_model 128 x 2 layers (--full: WORLD_FULL_SIZE) whatever --d-model says: at 1 thread per rank
+the issue's sizes take minutes per step.
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ from speedtronic_optim import Muon, newton_schulz
 from speedtronic_optim.newton_schulz import fast_work_dtype
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "optim.json"
+# Case 4's (layers, d_model) with --full; the default is (2, 128).
+WORLD_FULL_SIZE = (4, 384)
 
 
 def layer_shapes(d_model: int) -> list[tuple[int, int]]:
@@ -90,10 +99,12 @@ def _muon_step(
     factory: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
     grads: list[torch.Tensor],
     device: torch.device,
+    wrap: Callable[[torch.Tensor], torch.Tensor] = lambda tensor: tensor,
 ) -> Callable[[], None]:
-    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    """Return one optimizer's step over matrices of the grads' shapes (`wrap`: e.g. shard them)."""
+    params = [torch.nn.Parameter(wrap(torch.zeros_like(g))) for g in grads]
     for param, grad in zip(params, grads, strict=True):
-        param.grad = grad
+        param.grad = wrap(grad)
     optimizer = factory(params)
     return optimizer.step
 
@@ -193,6 +204,110 @@ def svd_case(size: int, repeats: int, device: torch.device) -> dict[str, object]
     }
 
 
+def _ranks_interleaved(variants: dict[str, Callable[[], object]], repeats: int) -> dict:
+    """Each rank's median seconds per variant (rotating order, as `_interleaved`); every timed
+    call starts on all ranks together.
+    """
+    import torch.distributed as dist
+
+    for fn in variants.values():
+        fn()
+    names = list(variants)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for index in range(repeats):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            dist.barrier()
+            start = time.perf_counter()
+            variants[name]()
+            times[name].append(time.perf_counter() - start)
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    per_rank: list[dict[str, float]] = [{}] * dist.get_world_size()
+    dist.all_gather_object(per_rank, medians)
+    slowest = {name: max(rank[name] for rank in per_rank) for name in variants}
+    return {"seconds": slowest, "per_rank": per_rank}
+
+
+def _collectives(step: Callable[[], object]) -> dict[str, int]:
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    with CommDebugMode() as comms:
+        step()
+    return {str(op).removeprefix("c10d."): n for op, n in comms.get_comm_counts().items()}
+
+
+def distributed_case(layers: int, d_model: int, repeats: int) -> dict[str, object]:
+    """Per-rank Muon step times at this torchrun's world size (gloo, CPU), alike on every rank."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    world, cpu = dist.get_world_size(), torch.device("cpu")
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)  # every rank: the same matrices and gradients (replicas)
+    grads = [torch.randn(*shape) for _ in range(layers) for shape in layer_shapes(d_model)]
+    settings = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.1, ns_steps=5)
+
+    def shard(tensor: torch.Tensor) -> torch.Tensor:
+        return distribute_tensor(tensor, mesh, [Shard(0)])
+
+    replicated = {
+        "ours split": _muon_step(lambda p: Muon(p, distributed=True, **settings), grads, cpu),
+        "ours every rank all": _muon_step(
+            lambda p: Muon(p, distributed=False, **settings), grads, cpu
+        ),
+    }
+    sharded = {
+        "torch.optim.Muon": _muon_step(
+            lambda p: torch.optim.Muon(p, **settings), grads, cpu, shard
+        ),
+        "ours bf16 standard split": _muon_step(
+            lambda p: Muon(p, ns_method="standard", ns_dtype=torch.bfloat16, **settings),
+            grads,
+            cpu,
+            shard,
+        ),
+        "ours default split": _muon_step(lambda p: Muon(p, **settings), grads, cpu, shard),
+        "ours default every rank all": _muon_step(
+            lambda p: Muon(p, distributed=False, **settings), grads, cpu, shard
+        ),
+    }
+    shapes = f"{layers} layers x 7 matrices (d_model {d_model})"
+    return {
+        "case": f"Muon step at world size {world}, {shapes}",
+        "world": world,
+        "threads_per_rank": torch.get_num_threads(),
+        "ddp": _ranks_interleaved(replicated, repeats),
+        "fsdp": _ranks_interleaved(sharded, repeats),
+        "fsdp_collectives_per_step": {name: _collectives(fn) for name, fn in sharded.items()},
+    }
+
+
+def world_case(world: int, layers: int, d_model: int, repeats: int) -> dict[str, object]:
+    """Return case 4, run by `world` torchrun ranks of this script (cpus / world threads each)."""
+    threads = str(max(1, (os.cpu_count() or 1) // world))
+    with tempfile.TemporaryDirectory(prefix="bench-world-") as tmp:
+        out = Path(tmp) / "world.json"
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        command += [f"--nproc-per-node={world}", __file__, "--world-child"]
+        command += ["--layers", str(layers), "--d-model", str(d_model), "--repeats", str(repeats)]
+        env = {**os.environ, "OMP_NUM_THREADS": threads}
+        subprocess.run([*command, "--out", str(out)], env=env, check=True)
+        return json.loads(out.read_text())
+
+
+def _print_distributed(case: dict[str, object]) -> None:
+    print(f"{case['case']}, {case['threads_per_rank']} thread(s) per rank")
+    for mode, base in (("ddp", "ours every rank all"), ("fsdp", "torch.optim.Muon")):
+        seconds = case[mode]["seconds"]
+        print(f"\n{mode:<28}{'slowest rank s':>15}{'speedup':>9}")
+        for name, value in seconds.items():
+            print(f"{name:<28}{value:>15.4f}{seconds[base] / value:>8.2f}x")
+    print("\ncollectives of one FSDP step:")
+    for name, counts in case["fsdp_collectives_per_step"].items():
+        print(f"  {name:<28}{counts}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="d_model 768, 12 layers, 5 repeats")
@@ -208,12 +323,17 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--no-avx2", action="store_true", help="skip the AVX2-emulation case")
     parser.add_argument("--avx2-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--world", type=int, default=2, help="ranks for case 4 (1: skip it)")
+    parser.add_argument("--world-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
     repeats = args.repeats or (5 if args.full else 3)
     if args.avx2_child:
         case = muon_case(1, 256, repeats, torch.device("cpu"), ours_dtype=torch.float32)
         write_json(args.out, {**case, "cpu_capability": torch.backends.cpu.get_cpu_capability()})
+        return
+    if args.world_child:
+        _world_child(args.layers, args.d_model, repeats, args.out)
         return
     layers = args.layers or (12 if args.full else 2)
     d_model = args.d_model or (768 if args.full else 128)
@@ -239,6 +359,11 @@ def main() -> None:
     if avx2 is not None:
         print(f"\nAVX2 emulation (bf16 emulated as on AVX2-only CPUs): {avx2['case']}")
         _print_muon(avx2)
+    world = None
+    if args.world > 1:
+        world = world_case(args.world, *(WORLD_FULL_SIZE if args.full else (2, 128)), repeats)
+        print()
+        _print_distributed(world)
     write_json(
         args.out,
         {
@@ -250,11 +375,22 @@ def main() -> None:
             "muon": muon,
             "polar": polar,
             "avx2_emulation": avx2,
+            "world": world,
             "goal_speedup": 1.0,
             "goal_ns_over_svd": 0.5,
         },
     )
     print(f"\nwrote {args.out}")
+
+
+def _world_child(layers: int, d_model: int, repeats: int, out: Path) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    case = distributed_case(layers, d_model, repeats)
+    if dist.get_rank() == 0:
+        write_json(out, case)
+    dist.destroy_process_group()
 
 
 def _print_muon(muon: dict[str, object]) -> None:

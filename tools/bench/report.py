@@ -487,7 +487,20 @@ def _section_optim(o: dict[str, Any]) -> list[str]:
             f"| {case['case']} | {s['newton_schulz']:.3f} | {s['svd polar']:.3f} | "
             f"{case['ns_over_svd']:.2f} |"
         )
-    return [*lines, "", "![muon step](muon_step.png)", ""]
+    return [*lines, "", *_world_lines(o.get("world")), "![muon step](muon_step.png)", ""]
+
+
+def _world_lines(w: dict[str, Any] | None) -> list[str]:
+    """Return case 4's table: split vs every rank doing all the work, slowest rank's median."""
+    if not w:
+        return []
+    lines = [f"{w['case']}, {w['threads_per_rank']} thread(s) per rank:", ""]
+    lines += ["| parameters | variant | slowest rank s | speedup |", "|---|---|---|---|"]
+    for mode, base in (("ddp", "ours every rank all"), ("fsdp", "torch.optim.Muon")):
+        seconds = w[mode]["seconds"]
+        for name, value in seconds.items():
+            lines.append(f"| {mode} | {name} | {value:.4f} | {seconds[base] / value:.2f}x |")
+    return [*lines, ""]
 
 
 def _section_cpu(c: dict[str, Any]) -> list[str]:

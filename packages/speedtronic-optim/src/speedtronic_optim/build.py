@@ -34,7 +34,12 @@ def _given(section: Any, names: dict[str, str]) -> dict[str, Any]:
 
 
 def build_optimizer(
-    model: nn.Module, optimizer_section: Any, device: torch.device | str | None = None
+    model: nn.Module,
+    optimizer_section: Any,
+    device: torch.device | str | None = None,
+    *,
+    distributed: bool | None = None,
+    process_group: Any = None,
 ) -> Optimizer:
     """Return AdamW (fused probed) or hybrid Muon/AdamW (``name: muon``), cautious when asked.
 
@@ -42,6 +47,8 @@ def build_optimizer(
     OptimizerConfig fields (lr, betas, eps, weight_decay, fused, muon_plus, cautious,
     muon_momentum, muon_ns_steps, muon_norm_eps); speedtronic-config validates them. ``device``
     is accepted for the 2.0 signature; parameters already live where the model does.
+    ``distributed`` and ``process_group`` go to Muon: True when the model is a DDP or FSDP2
+    replica in `process_group` (default: the world), so Newton–Schulz is split over its ranks.
     """
     name = getattr(optimizer_section, "name", None)
     fused = {"fused": optimizer_section.fused} if hasattr(optimizer_section, "fused") else {}
@@ -62,6 +69,8 @@ def build_optimizer(
             **rates,
             **_given(optimizer_section, _HYBRID_FIELDS),
             **fused,
+            muon_distributed=distributed,
+            muon_process_group=process_group,
         )
     else:
         raise ValueError(f"optimizer name {name!r} is not supported; use 'adamw' or 'muon'")

@@ -24,7 +24,8 @@ class HybridOptimizer(Optimizer):
 
     ``param_groups`` lists the children's own group dicts (Muon's first), so an LR scheduler drives
     both. ``muon_adjust_lr`` defaults to ``"match_rms_adamw"`` so one learning rate suits both
-    branches.
+    branches. ``muon_distributed`` and ``muon_process_group`` are Muon's ``distributed`` and
+    ``process_group``: how Newton–Schulz is split over data-parallel ranks.
     """
 
     def __init__(
@@ -43,6 +44,8 @@ class HybridOptimizer(Optimizer):
         muon_norm_eps: float = 1e-8,
         muon_plus: bool = False,
         muon_adjust_lr: str = "match_rms_adamw",
+        muon_distributed: bool | None = None,
+        muon_process_group: Any = None,
     ) -> None:
         muon_params, adamw_params = list(muon_params), list(adamw_params)
         if not muon_params and not adamw_params:
@@ -62,6 +65,8 @@ class HybridOptimizer(Optimizer):
                 norm_eps=muon_norm_eps,
                 muon_plus=muon_plus,
                 adjust_lr=muon_adjust_lr,
+                distributed=muon_distributed,
+                process_group=muon_process_group,
             )
             if muon_params
             else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -10,6 +11,7 @@ import torch
 from torch.optim import Optimizer
 
 from speedtronic_optim.adamw import DEFAULT_LR
+from speedtronic_optim.distributed_muon import init_sharded_state, work_split
 from speedtronic_optim.facade import evaluate_closure
 from speedtronic_optim.newton_schulz import (
     Coefficients,
@@ -40,6 +42,10 @@ class Muon(Optimizer):
     ``ns_dtype=None`` runs Newton–Schulz in bf16 (as torch does) on GPUs and BF16-capable CPUs,
     and in float32 on CPUs without BF16 instructions, where torch's bf16 is emulated and slow;
     ``ns_method="auto"`` uses the Gram iteration for matrices with aspect ratio >= 1.5.
+    ``distributed`` splits Newton–Schulz over data-parallel ranks (``distributed_muon``): None
+    splits FSDP2 (DTensor) parameters over their mesh; True also splits plain parameters, which
+    must then be DDP replicas, over ``process_group`` (default: the world); False makes every
+    rank do all the work. Without a process group of more than one rank nothing is split.
     """
 
     def __init__(
@@ -59,7 +65,12 @@ class Muon(Optimizer):
         ns_coefficients: str | Sequence[Coefficients] = "reference",
         ns_method: str = "auto",
         ns_dtype: torch.dtype | None = None,
+        distributed: bool | None = None,
+        process_group: Any = None,
     ) -> None:
+        # Attributes, not group entries: state dicts saved before these existed still load.
+        self.distributed = distributed
+        self.process_group = process_group
         if not lr >= 0.0:
             raise ValueError(f"Muon lr must be >= 0; got {lr}")
         if not 0.0 <= momentum < 1.0:
@@ -87,6 +98,15 @@ class Muon(Optimizer):
         )
         super().__init__(params, defaults)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Return what pickling keeps: torch's defaults, state and groups, and the split mode."""
+        mode = {"distributed": self.distributed, "process_group": self.process_group}
+        return {**super().__getstate__(), **mode}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore a pickled Muon (one pickled before the split mode existed runs in auto mode)."""
+        super().__setstate__({"distributed": None, "process_group": None, **state})
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group after checking every parameter is a 2-D matrix."""
         params = param_group["params"]
@@ -100,6 +120,7 @@ class Muon(Optimizer):
                     "(route_parameters does this)."
                 )
         super().add_param_group({**param_group, "params": params})
+        init_sharded_state(self.state, params)
 
     def _direction(self, param: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
         grad = param.grad
@@ -122,7 +143,14 @@ class Muon(Optimizer):
         loss = evaluate_closure(closure)
         for group in self.param_groups:
             params = [param for param in group["params"] if param.grad is not None]
+            split = work_split(params, self.distributed, self.process_group)
             directions = [self._direction(param, group) for param in params]
+            if split is not None:
+                apply = functools.partial(self._apply, group)
+                split.step(
+                    params, directions, functools.partial(self._orthogonalized, group), apply
+                )
+                continue
             for batch in _same_shape_batches(params):
                 self._update(group, [params[i] for i in batch], [directions[i] for i in batch])
         return loss
@@ -131,6 +159,22 @@ class Muon(Optimizer):
         self, group: dict[str, Any], params: list[torch.Tensor], directions: list[torch.Tensor]
     ) -> None:
         """Orthogonalize same-shaped directions in one batched Newton–Schulz and apply them."""
+        update = self._polar(group, directions)
+        updates = list(update.to(params[0].dtype).unbind(0))
+        self._apply(group, params, updates, params[0].shape)
+
+    def _orthogonalized(
+        self, group: dict[str, Any], directions: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """Return the update of each whole matrix, batched by shape as in the local step."""
+        updates: dict[int, torch.Tensor] = {}
+        for batch in _same_shape_batches(directions):
+            stacked = self._polar(group, [directions[i] for i in batch])
+            updates.update(zip(batch, stacked.unbind(0), strict=True))
+        return [updates[index] for index in range(len(directions))]
+
+    def _polar(self, group: dict[str, Any], directions: list[torch.Tensor]) -> torch.Tensor:
+        """Return the stacked (Muon+ normalized) orthogonal updates of same-shaped directions."""
         polar = orthogonalize(
             torch.stack(directions),
             group["ns_steps"],
@@ -146,13 +190,20 @@ class Muon(Optimizer):
                 polar, mode=group["normalize_mode"], eps=group["norm_eps"]
             )
             update = match_polar_scale(update, polar, eps=group["norm_eps"])
+        return update
+
+    def _apply(
+        self,
+        group: dict[str, Any],
+        params: list[torch.Tensor],
+        updates: list[torch.Tensor],
+        shape: torch.Size,
+    ) -> None:
+        """Decay and update `params` (whole matrices or shards of matrices of `shape`)."""
         lr, weight_decay = group["lr"], group["weight_decay"]
         if weight_decay:
             torch._foreach_mul_(params, 1 - lr * weight_decay)
-        updates = list(update.to(params[0].dtype).unbind(0))
-        torch._foreach_add_(
-            params, updates, alpha=-adjusted_lr(lr, group["adjust_lr"], params[0].shape)
-        )
+        torch._foreach_add_(params, updates, alpha=-adjusted_lr(lr, group["adjust_lr"], shape))
 
 
 # One batched Newton–Schulz call per shape, in chunks capped so the stacked copy stays small next

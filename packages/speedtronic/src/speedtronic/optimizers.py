@@ -22,9 +22,16 @@ from speedtronic_optim import (
 )
 
 
-def build_v2_optimizer(model: nn.Module, config: Any, device: torch.device) -> Optimizer:
-    """Build AdamW, hybrid Muon/AdamW or a cautious variant from a config (or its optimizer)."""
-    return build_optimizer(model, getattr(config, "optimizer", config), device)
+def build_v2_optimizer(
+    model: nn.Module, config: Any, device: torch.device, *, distributed: bool | None = None
+) -> Optimizer:
+    """Build AdamW, hybrid Muon/AdamW or a cautious variant from a config (or its optimizer).
+
+    ``distributed=True``: the model is data-parallel (DDP or FSDP2) over the world group, and
+    Muon splits its Newton–Schulz over the ranks.
+    """
+    section = getattr(config, "optimizer", config)
+    return build_optimizer(model, section, device, distributed=distributed)
 
 
 __all__ = [

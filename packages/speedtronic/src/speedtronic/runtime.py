@@ -128,7 +128,8 @@ def build_runtime(
     shares = {"device": resolved, "rank": parallel.rank, "world_size": parallel.world_size}
     dataloader = build_dataloader(config.data, **shares)  # 5
     eval_dataloader = build_eval_dataloader(config.data, **shares)
-    optimizer = build_optimizer(model, config, resolved)  # 6
+    # 6: under DDP or FSDP2, Muon splits its Newton–Schulz over the ranks.
+    optimizer = build_optimizer(model, config, resolved, distributed=parallel.mode != "none")
     scheduler = build_scheduler(optimizer, config)  # 7
     manager = _checkpoint_manager(config)  # 8
     logger = build_logger(config) if parallel.is_main else MetricLogger(level="ERROR")  # 9

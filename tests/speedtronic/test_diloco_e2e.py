@@ -4,11 +4,14 @@ Every node is `python -m speedtronic train configs/diloco.yaml --set ...` on a t
 transformer; the Hub is the loopback server (`python -m speedtronic_diloco.testing.hub_server`),
 reached through the real huggingface_hub client. The checks read only what a user could read: the
 server's commit log, the published files (downloaded with HfApi), each node's metrics.jsonl and
-the master's ledger file.
+the master's ledger file. A node may be a data-parallel group: `--nproc-per-node 2` hands it to
+torchrun, and its ranks are found as the launcher's children (as tests/speedtronic/test_launch.py
+does).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -57,8 +60,39 @@ def _kill_leftover_nodes():
     while _LIVE:
         process = _LIVE.pop()
         if process.poll() is None:
+            for pid in ranks(process.pid).values():  # torchrun's workers run in their own sessions
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             process.kill()
             process.wait(30)
+
+
+def ranks(launcher: int) -> dict[int, int]:
+    """Return {rank: pid} of the worker processes a torchrun launcher started (none for a plain
+    node).
+    """
+    try:
+        children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    except FileNotFoundError:
+        return {}
+    found = {}
+    for pid in map(int, children):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except FileNotFoundError:  # exited meanwhile
+            continue
+        rank = next((e.split(b"=")[1] for e in environ if e.startswith(b"RANK=")), None)
+        if rank is not None:
+            found[int(rank)] = pid
+    return found
+
+
+def gone(pid: int) -> bool:
+    """Return whether process pid has exited (a zombie its parent has not reaped yet counts)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except FileNotFoundError:
+        return True
 
 
 # -- the corpus and the server -------------------------------------------------------------------
@@ -186,13 +220,15 @@ class Node:
     def output(self) -> str:
         return (self.out_dir.parent / f"{self.name}.{self.runs}.log").read_text(errors="replace")
 
-    def events(self, name: str | None = None) -> list[dict[str, Any]]:
-        """Return the node's metrics.jsonl records (all runs), optionally only one event type."""
+    def events(self, name: str | None = None, since: int = 0) -> list[dict[str, Any]]:
+        """Return the node's metrics.jsonl records (all runs; from the since-th record on),
+        optionally only one event type.
+        """
         path = self.out_dir / "metrics.jsonl"
         if not path.exists():
             return []
         records = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-        return [r for r in records if name is None or r["event"] == name]
+        return [r for r in records[since:] if name is None or r["event"] == name]
 
     def wait(self, timeout: float = DEADLINE) -> int:
         try:
@@ -206,10 +242,20 @@ class Cluster:
     """A master and workers sharing one repository on the loopback Hub."""
 
     def __init__(
-        self, root: Path, hub_url: str, repo_id: str, corpus: Path, config: Path = CONFIG
+        self,
+        root: Path,
+        hub_url: str,
+        repo_id: str,
+        corpus: Path,
+        config: Path = CONFIG,
+        *,
+        workers: tuple[str, ...] = ("worker-1", "worker-2"),
+        master_ranks: int = 1,
     ) -> None:
         self.root, self.hub_url, self.repo_id, self.config = root, hub_url, repo_id, config
         self.corpus = corpus
+        self.workers = list(workers)
+        self.master_ranks = master_ranks  # above 1: the master node is a DDP group
         self.nodes: dict[str, Node] = {}
         self._losses: dict[str, float] = {}  # publication oid -> held-out loss
 
@@ -251,15 +297,21 @@ class Cluster:
         }
         if role == "master":  # one round should gather about one delta from every node
             values["distributed.poll_interval"] = 0.5
+        if role == "master" and self.master_ranks > 1:  # the same global batch of 8, split
+            values["parallel.data_parallel"] = "ddp"
+            values["data.micro_batch_size"] = 8 // self.master_ranks
         return [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
 
     def launch(self, name: str, max_steps: int) -> Node:
         out = self.root / name
         out.mkdir(parents=True, exist_ok=True)
+        launcher = []
+        if name == "master" and self.master_ranks > 1:  # torchrun restarts a group that lost a rank
+            launcher = ["--nproc-per-node", str(self.master_ranks), "--max-restarts", "1"]
         node = Node(
             name,
             out,
-            [*self.overrides(name), "--max-steps", str(max_steps)],
+            [*self.overrides(name), "--max-steps", str(max_steps), *launcher],
             _env(self.root),
             self.config,
         )
@@ -380,17 +432,13 @@ class Cluster:
         stop(master)
 
 
-def worker_names() -> list[str]:
-    return ["worker-1", "worker-2"]
-
-
-def assert_exactly_once(cluster: Cluster) -> None:
+def assert_exactly_once(cluster: Cluster, *, master_restarted: bool = False) -> None:
     """Every worker delta the server received is in the ledger once; none was applied twice."""
     ledger = cluster.ledger()
     manifest = cluster.read_json("global/manifest.json")
     uploaded = cluster.uploaded_deltas()
     reported = {
-        e["path"] for name in worker_names() for e in cluster.nodes[name].events("diloco/upload")
+        e["path"] for name in cluster.workers for e in cluster.nodes[name].events("diloco/upload")
     }
     assert reported, "the workers reported no uploads"
     assert reported <= uploaded, (
@@ -402,9 +450,10 @@ def assert_exactly_once(cluster: Cluster) -> None:
     assert set(manifest["processed"]) <= set(ledger)
     rounds = cluster.nodes["master"].events("diloco/outer_round")
     applied = [p for p, status in ledger.items() if status == "applied"]
-    # The master counts every application; a delta applied twice would push the count past the
-    # ledger.
-    assert sum(r["applied"] for r in rounds) == rounds[-1]["total_applied"] == len(applied)
+    if not master_restarted:  # its running totals restart with it: assert_applied_once_since
+        # The master counts every application; a delta applied twice would push the count past
+        # the ledger.
+        assert sum(r["applied"] for r in rounds) == rounds[-1]["total_applied"] == len(applied)
     assert len(applied) >= len(worker_deltas) // 2, f"most worker deltas were skipped: {ledger}"
     # A consumed delta is deleted by a publishing commit, never more often than it was uploaded (a
     # retried upload whose first answer was lost can land again after the master consumed it).
@@ -413,6 +462,24 @@ def assert_exactly_once(cluster: Cluster) -> None:
     )
     deleted = Counter(p for commit in cluster.log() for p in commit["deleted"])
     assert all(deleted[p] <= added[p] for p in deleted), deleted - added
+
+
+def assert_applied_once_since(cluster: Cluster, ledger: dict[str, str], since: int) -> None:
+    """The master restarted with `ledger` (read from its disk once the killed rank was gone): the
+    deltas its new process applied (its outer_round events since events()[since], whose running
+    totals restart with the process) are exactly the ledger's new entries, so none was applied
+    again.
+    """
+    final = cluster.ledger()
+    assert {p: s for p, s in final.items() if p in ledger} == ledger  # nothing forgotten or redone
+    new = [p for p, s in final.items() if s == "applied" and p not in ledger]
+    every = cluster.nodes["master"].events("diloco/outer_round")
+    rounds = cluster.nodes["master"].events("diloco/outer_round", since)
+    assert sum(r["applied"] for r in rounds) == rounds[-1]["total_applied"] == len(new)
+    # Before the kill: at most what reached the ledger (a round killed before its event is
+    # counted there only).
+    before = every[: len(every) - len(rounds)]
+    assert sum(r["applied"] for r in before) <= sum(s == "applied" for s in ledger.values())
 
 
 def assert_outer_steps_advance(cluster: Cluster, *, consecutive: bool) -> list[int]:
@@ -429,7 +496,7 @@ def assert_outer_steps_advance(cluster: Cluster, *, consecutive: bool) -> list[i
 
 
 def assert_workers_install_newer_globals(cluster: Cluster) -> None:
-    for name in worker_names():
+    for name in cluster.workers:
         installed = [e["outer_step"] for e in cluster.nodes[name].events("diloco/global_installed")]
         assert len(installed) >= 2 and installed[-1] > installed[0], (name, installed)
         assert all(b > a for a, b in zip(installed, installed[1:], strict=False)), (name, installed)
@@ -449,13 +516,13 @@ def assert_global_loss_falls(cluster: Cluster) -> tuple[float, float]:
     return first, last
 
 
-def run_cluster(tmp_path: Path, hub_url: str, corpus: Path, repo: str) -> Cluster:
-    cluster = Cluster(tmp_path, hub_url, repo, corpus)
+def run_cluster(tmp_path: Path, hub_url: str, corpus: Path, repo: str, **shape: Any) -> Cluster:
+    cluster = Cluster(tmp_path, hub_url, repo, corpus, **shape)
     cluster.launch("master", UNTIL_STOPPED)
     # Workers join a running master (as in practice): its outer loop is warm when their rounds
     # start.
     _wait_for(cluster.publications, "the master's first global model", nodes=cluster.all)
-    for name in worker_names():
+    for name in cluster.workers:
         cluster.launch(name, UNTIL_STOPPED)
     return cluster
 
@@ -472,7 +539,8 @@ def progressed(node: Node, since: int = 0) -> bool:
 
 def stop(node: Node) -> None:
     """SIGTERM a node: the trainer checkpoints, the coordinator flushes its upload, the CLI
-    exits 143 (stopped by SIGTERM).
+    exits 143 (stopped by SIGTERM). A DDP node's launcher passes it to every rank, which stop at
+    the same step, and exits 143 too.
     """
     node.process.send_signal(signal.SIGTERM)
     assert node.wait() == STOPPED_BY_SIGTERM, node.output()[-3000:]
@@ -485,7 +553,7 @@ def finish(cluster: Cluster, since: dict[str, int] | None = None) -> None:
     since = since or {}
     _wait_for(
         lambda: (
-            all(progressed(cluster.nodes[n], since.get(n, 0)) for n in worker_names())
+            all(progressed(cluster.nodes[n], since.get(n, 0)) for n in cluster.workers)
             and cluster.published_step() >= MIN_OUTER_STEP
             and cluster.learned()
         ),
@@ -493,7 +561,7 @@ def finish(cluster: Cluster, since: dict[str, int] | None = None) -> None:
         f"{MIN_OUTER_STEP}, and the global model's held-out loss to fall by {LOSS_DROP}",
         nodes=cluster.all,
     )
-    for name in worker_names():
+    for name in cluster.workers:
         stop(cluster.nodes[name])
     cluster.stop_master_once_caught_up()
 
@@ -558,6 +626,67 @@ def test_thirty_percent_server_faults_and_a_killed_worker_that_resumes_at_the_la
     assert_outer_steps_advance(cluster, consecutive=False)
     assert_workers_install_newer_globals(cluster)
     assert_exactly_once(cluster)
+    assert_global_loss_falls(cluster)
+
+
+def test_a_two_rank_master_node_with_faults_and_a_killed_rank_resumes_exactly_once(
+    tmp_path, hub_url, corpus
+):
+    """The master node is a DDP group of 2 ranks, the worker a plain process: one Hub format.
+    SIGKILL of rank 0, the one with the Hub lanes, the outer loop and the ledger; torchrun's
+    elastic restart resumes the group from its checkpoint.
+    """
+    set_faults(hub_url, 0.0)
+    cluster = run_cluster(
+        tmp_path, hub_url, corpus, "user/e2e-group", workers=("worker-1",), master_ranks=2
+    )
+    master = cluster.nodes["master"]
+    try:
+        set_faults(hub_url, 0.3, seed=11)
+        # Past its checkpoint at step 20 and an outer round that applied deltas, so the kill can
+        # lose or double-count work.
+        _wait_for(
+            lambda: (
+                any(e["step"] > 2 * INNER_STEPS for e in master.events("train_step"))
+                and any(e["step"] >= 2 * INNER_STEPS for e in master.events("checkpoint"))
+                and any(e["total_applied"] > 0 for e in master.events("diloco/outer_round"))
+            ),
+            "the master node to pass its second checkpoint and apply a delta",
+            nodes=cluster.all,
+        )
+        group = ranks(master.process.pid)
+        assert sorted(group) == [0, 1], group
+        os.kill(group[0], signal.SIGKILL)
+        _wait_for(lambda: gone(group[0]), "the killed rank 0 to die", nodes=cluster.all)
+        # The restarted ranks need seconds to import torch and rendezvous: nothing they write is
+        # in this snapshot.
+        ledger, since, published = cluster.ledger(), len(master.events()), cluster.published_step()
+        _wait_for(
+            lambda: "resumed at step" in master.output() and master.events("train_step", since),
+            "torchrun to restart the master node and the node to train again",
+            nodes=cluster.all,
+        )
+        restarted = ranks(master.process.pid)
+        assert sorted(restarted) == [0, 1] and not set(restarted.values()) & set(group.values())
+        # After the restart the worker must still send deltas and install newer globals.
+        finish(cluster, since={"worker-1": len(cluster.nodes["worker-1"].events())})
+    finally:
+        set_faults(hub_url, 0.0)
+    assert sum(_get(f"{hub_url}/_test/stats")["injected"].values()) > 0
+    resumed = int(master.output().split("resumed at step ")[1].split()[0])
+    assert resumed >= 2 * INNER_STEPS  # from the checkpoint, not from scratch
+    # The restarted node never goes back to a global model older than the one published at the
+    # kill.
+    rejoined = master.events("diloco/global_installed", since)
+    assert rejoined and rejoined[0]["outer_step"] >= published, (published, rejoined)
+    assert_outer_steps_advance(cluster, consecutive=False)
+    assert_workers_install_newer_globals(cluster)
+    assert_exactly_once(cluster, master_restarted=True)
+    assert_applied_once_since(cluster, ledger, since)
+    # The group's own deltas are applied like the worker's: same names, shapes and dtypes.
+    ledger = cluster.ledger()
+    assert any(p.startswith("deltas/master/") and s == "applied" for p, s in ledger.items())
+    assert all(s == "applied" or s.startswith("stale") for s in ledger.values()), ledger
     assert_global_loss_falls(cluster)
 
 

@@ -166,3 +166,20 @@ def test_temp_files_a_killed_save_left_are_removed_at_start_up(tmp_path):
     trainer, _ = runtime.build_runtime(small_config(tmp_path))
     trainer.close()
     assert not stale.exists()
+
+
+def test_a_data_parallel_group_is_one_diloco_node_led_by_rank_0(tmp_path):
+    import torch
+
+    from speedtronic_systems.parallel import ParallelContext
+
+    group = ParallelContext("ddp", rank=0, world_size=2)
+    distributed = {"enabled": True, "repo_id": "me/run", "global_wait_timeout": 60}
+    config = SpeedtronicConfig.from_dict(small_config(tmp_path, distributed=distributed))
+    model = torch.nn.Linear(2, 2)
+    coordinator = runtime.build_coordinator(config, model, runtime.build_logger(config), group)
+    assert coordinator.group.parallel is group and coordinator.group.is_lead
+    # The other ranks wait in a collective while rank 0 waits for a global model.
+    config.parallel.timeout_s = 60
+    with pytest.raises(ConfigError, match="parallel.timeout_s"):
+        runtime.build_coordinator(config, model, runtime.build_logger(config), group)

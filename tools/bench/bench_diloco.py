@@ -10,12 +10,15 @@ coordinator
     total tokens (twice the batch, the DDP-equivalent), on the repo's stdlib corpus
     (python -m speedtronic prepare data/stdlib);
 (c) tokens/s of the inner loop with a worker's asynchronous lanes running against a Hub server in
-    another process, against the same loop with no coordinator, interleaved round by round.
+    another process, against the same loop with no coordinator, interleaved round by round;
+(d) the same communication ratio when a node is a data-parallel group: a master node of 2 DDP
+    ranks (torchrun, gloo) and a 1-process worker, each node's bytes per inner step on the Hub.
 
-Prints a table and writes tools/bench/results/diloco.json.
+Prints a table and writes tools/bench/results/diloco.json (with --parts, only those parts are
+re-measured; the file keeps the others').
 
-Usage: python tools/bench/bench_diloco.py [--steps 960] [--inner-steps 30] [--rounds 20] [--output
-PATH]
+Usage: python tools/bench/bench_diloco.py [--steps 960] [--inner-steps 30] [--rounds 20]
+[--group-steps 240] [--parts pair lanes multi_rank] [--output PATH]
 """
 
 from __future__ import annotations
@@ -36,12 +39,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from speedtronic_config import ParallelConfig
 from speedtronic_data.shards import read_shard_tokens, resolve_shards
 from speedtronic_diloco import DumbDiLoCoCoordinator
 from speedtronic_diloco.hub import HubClient
+from speedtronic_diloco.tensors import parse_delta_ref
 from speedtronic_diloco.testing.hub_server import HubServer
 from speedtronic_diloco.transport import HfApiTransport
 from speedtronic_model.model import ReferenceTransformer
+from speedtronic_systems.parallel import ParallelContext, wrap_model
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results" / "diloco.json"
@@ -51,6 +57,7 @@ BATCH, LR, SEED = 16, 2e-3, 0
 # hundreds of steps; for 30-step rounds this run also measures a lighter outer step with the inner
 # AdamW state kept across rounds (the paper keeps it too; distributed.reset_inner_optimizer: false).
 TUNED = {"outer_lr": 0.5, "outer_momentum": 0.5, "reset_inner_optimizer": False}
+PARTS = ("pair", "lanes", "multi_rank")
 
 
 class Text:
@@ -220,6 +227,98 @@ def single_process(train: Text, val: Text, steps: int) -> float:
     return held_out_loss(model, val)
 
 
+# -- (d): a node that is a 2-rank DDP group next to a 1-process node -----------------------------
+GROUP_RANKS = 2
+
+
+def train_node(
+    coordinator: DumbDiLoCoCoordinator,
+    model: torch.nn.Module,
+    train: Text,
+    steps: int,
+    generator: np.random.Generator,
+    batch: int,
+) -> None:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    coordinator.start()
+    for step in range(1, steps + 1):
+        train_step(model, optimizer, train.batch(generator, batch))
+        if coordinator.after_optimizer_step(model, step):
+            optimizer.state.clear()
+    coordinator.stop()
+
+
+def group_rank(url: str, data: str, steps: int, inner_steps: int, work: Path) -> None:
+    """One rank of the master node (run by torchrun): DDP, the global batch split over ranks."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    context = ParallelContext("ddp", rank, world, 0, torch.device("cpu"))
+    model = wrap_model(new_model(), context, ParallelConfig(data_parallel="ddp"))
+    coordinator = DumbDiLoCoCoordinator(
+        section("master", "master", url, inner_steps, **SYNC_UPLOADS),
+        model,
+        hub=client(url, work / "cache-group") if rank == 0 else None,
+        state_dir=work / "state-group",
+        parallel=context,
+    )
+    generator = np.random.default_rng(200 + rank)
+    train_node(coordinator, model, Text(data), steps, generator, BATCH // world)
+    dist.destroy_process_group()
+
+
+# Every boundary uploads exactly one delta and no node waits for rounds (only for the first
+# global model, while torchrun starts the other node): this part counts bytes.
+SYNC_UPLOADS = {
+    "async_delta_upload": False,
+    "max_local_rounds": None,
+    "poll_interval": 1.0,
+    "global_wait_timeout": 300.0,
+}
+
+
+def multi_rank_nodes(train: Text, data: str, steps: int, inner_steps: int, work: Path) -> dict:
+    """Run the 2-rank master node (torchrun, shards from the folder `data`) and a 1-process worker
+    against one Hub server; return each node's delta bytes per inner step against DDP over the two
+    nodes.
+    """
+    with HubServer() as server:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        command += [f"--nproc-per-node={GROUP_RANKS}", __file__, "--group-rank", server.url]
+        command += ["--data", data, "--group-steps", str(steps), "--inner-steps", str(inner_steps)]
+        command += ["--work", str(work)]
+        group = subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        worker = DumbDiLoCoCoordinator(
+            section("worker", "worker-1", server.url, inner_steps, **SYNC_UPLOADS),
+            new_model(),
+            hub=client(server.url, work / "cache-worker"),
+            state_dir=work / "state-worker",
+        )
+        train_node(worker, worker.model, train, steps, np.random.default_rng(300), BATCH)
+        if group.wait() != 0:
+            raise RuntimeError(f"the 2-rank node failed with exit code {group.returncode}")
+        sizes: dict[str, list[int]] = {}
+        for commit in server.store.log:
+            files = server.files("bench/diloco", commit["oid"])
+            for path in commit["added"]:
+                if (ref := parse_delta_ref(path)) is not None:
+                    sizes.setdefault(ref.node_id, []).append(len(files[path]))
+    params = sum(p.numel() * p.element_size() for p in new_model().parameters())
+    ddp_per_step = 2 * (2 - 1) / 2 * params  # ring all-reduce between the two nodes
+    nodes = {}
+    for node, ranks in (("master", GROUP_RANKS), ("worker-1", 1)):
+        per_step = sum(sizes[node]) / steps
+        nodes[node] = {
+            "ranks": ranks,
+            "deltas": len(sizes[node]),
+            "delta_bytes": sorted(set(sizes[node])),
+            "payload_bytes_per_step": per_step,
+            "payload_ratio_to_ddp": per_step / ddp_per_step,
+        }
+    return {"steps": steps, "ddp_bytes_per_step": ddp_per_step, "nodes": nodes}
+
+
 # -- (c): the inner loop with and without a worker's asynchronous lanes ---------------------------
 def timed_loop(
     train: Text, steps: int, coordinator: DumbDiLoCoCoordinator | None
@@ -296,68 +395,34 @@ def lane_overhead(train: Text, inner_steps: int, rounds: int, work: Path) -> dic
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=960, help="local steps per DiLoCo node")
-    parser.add_argument("--inner-steps", type=int, default=30)
-    parser.add_argument(
-        "--rounds", type=int, default=20, help="interleaved block pairs for the overhead ratio"
+def measure_pair(args: argparse.Namespace, train: Text, val: Text, work: Path) -> dict[str, Any]:
+    """(a) and (b): communication and held-out loss of two 1-process nodes."""
+    pair = diloco_pair(
+        train, val, args.steps, args.inner_steps, work, reset=True, outer_lr=0.7, outer_momentum=0.9
     )
-    parser.add_argument("--data", default=str(ROOT / "data" / "stdlib"))
-    parser.add_argument("--output", default=str(RESULTS))
-    args = parser.parse_args()
-    torch.set_num_threads(1)  # the lanes' threads compete for the cores a real run would have
-    if not list(Path(args.data).glob("train_*.bin")):
-        sys.exit(f"no shards in {args.data}: run `python -m speedtronic prepare {args.data}` first")
-    train, val = (
-        Text(str(Path(args.data) / "train_*.bin")),
-        Text(str(Path(args.data) / "val_*.bin")),
+    tuned = diloco_pair(
+        train,
+        val,
+        args.steps,
+        args.inner_steps,
+        work,
+        reset=TUNED["reset_inner_optimizer"],
+        outer_lr=TUNED["outer_lr"],
+        outer_momentum=TUNED["outer_momentum"],
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        pair = diloco_pair(
-            train,
-            val,
-            args.steps,
-            args.inner_steps,
-            work,
-            reset=True,
-            outer_lr=0.7,
-            outer_momentum=0.9,
-        )
-        tuned = diloco_pair(
-            train,
-            val,
-            args.steps,
-            args.inner_steps,
-            work,
-            reset=TUNED["reset_inner_optimizer"],
-            outer_lr=TUNED["outer_lr"],
-            outer_momentum=TUNED["outer_momentum"],
-        )
-        single = single_process(train, val, args.steps)
-        lanes = lane_overhead(train, args.inner_steps, args.rounds, work)
-    result = {
-        "benchmark": "diloco",
-        "machine": platform.platform(),
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "model": MODEL,
-        "batch": BATCH,
+    single = single_process(train, val, args.steps)
+    keys = (
+        "param_bytes",
+        "ddp_bytes_per_step",
+        "diloco_payload_bytes_per_step",
+        "diloco_wire_bytes_per_step",
+        "payload_ratio_to_ddp",
+        "wire_ratio_to_ddp",
+        "worker_deltas",
+    )
+    return {
         "steps": args.steps,
-        "inner_steps": args.inner_steps,
-        "communication": {
-            k: pair[k]
-            for k in (
-                "param_bytes",
-                "ddp_bytes_per_step",
-                "diloco_payload_bytes_per_step",
-                "diloco_wire_bytes_per_step",
-                "payload_ratio_to_ddp",
-                "wire_ratio_to_ddp",
-                "worker_deltas",
-            )
-        },
+        "communication": {k: pair[k] for k in keys},
         "loss": {
             "diloco_2_nodes": pair["global_loss"],
             "single_process_same_tokens": single,
@@ -367,13 +432,11 @@ def main() -> None:
             "tuned": TUNED,
             "relative_gap_tuned": tuned["global_loss"] / single - 1,
         },
-        "lanes": lanes,
     }
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def print_pair(result: dict[str, Any]) -> None:
     c, loss = result["communication"], result["loss"]
-    print(f"{'metric':<46}{'value':>14}")
     print(f"{'DDP all-reduce bytes / step / worker':<46}{c['ddp_bytes_per_step']:>14,.0f}")
     print(
         f"{'DiLoCo payload bytes / inner step / worker':<46}"
@@ -390,10 +453,80 @@ def main() -> None:
     print(f"{'  relative gap, 2.0 defaults':<46}{loss['relative_gap']:>14.2%}")
     print(f"{'held-out loss, 2 DiLoCo nodes, tuned':<46}{loss['diloco_2_nodes_tuned']:>14.4f}")
     print(f"{'  relative gap, tuned (goal <= 3%)':<46}{loss['relative_gap_tuned']:>14.2%}")
+
+
+def print_lanes(lanes: dict[str, Any]) -> None:
     print(f"{'inner-loop slowdown from async lanes (<= 2%)':<46}{lanes['slowdown']:>14.2%}")
     low, high = lanes["ratio_quartiles"]
     print(f"{'  lanes/plain ratio, interquartile range':<46}{f'{low:.3f}-{high:.3f}':>14}")
     print(f"{'  lane threads CPU s per training s':<46}{lanes['lane_cpu_per_training_s']:>14.3f}")
+
+
+def print_multi_rank(multi: dict[str, Any]) -> None:
+    print(f"{'2 nodes: master = 2 DDP ranks, worker = 1':<46}{multi['steps']:>8} steps")
+    for name, node in multi["nodes"].items():
+        label = f"  {name} ({node['ranks']} rank(s)): bytes / step, ratio"
+        print(
+            f"{label:<46}{node['payload_bytes_per_step']:>14,.0f}"
+            f"{node['payload_ratio_to_ddp']:>10.4f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=960, help="local steps per DiLoCo node")
+    parser.add_argument("--inner-steps", type=int, default=30)
+    parser.add_argument(
+        "--rounds", type=int, default=20, help="interleaved block pairs for the overhead ratio"
+    )
+    parser.add_argument(
+        "--group-steps", type=int, default=240, help="local steps per node in (d), multi_rank"
+    )
+    parser.add_argument(
+        "--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure"
+    )
+    parser.add_argument("--data", default=str(ROOT / "data" / "stdlib"))
+    parser.add_argument("--output", default=str(RESULTS))
+    # Internal: torchrun starts each rank of (d)'s 2-rank node with these.
+    parser.add_argument("--group-rank", metavar="HUB_URL", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # the lanes' threads compete for the cores a real run would have
+    pattern = str(Path(args.data) / "train_*.bin")
+    if args.group_rank:
+        group_rank(args.group_rank, pattern, args.group_steps, args.inner_steps, Path(args.work))
+        return
+    if not list(Path(args.data).glob("train_*.bin")):
+        sys.exit(f"no shards in {args.data}: run `python -m speedtronic prepare {args.data}` first")
+    train, val = Text(pattern), Text(str(Path(args.data) / "val_*.bin"))
+    output = Path(args.output)
+    # Parts not measured this time keep their earlier results.
+    result = json.loads(output.read_text()) if output.exists() else {}
+    result.update(
+        benchmark="diloco",
+        machine=platform.platform(),
+        cpus=os.cpu_count(),
+        torch_threads=torch.get_num_threads(),
+        model=MODEL,
+        batch=BATCH,
+        inner_steps=args.inner_steps,
+    )
+    print(f"{'metric':<46}{'value':>14}")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if "pair" in args.parts:
+            result.update(measure_pair(args, train, val, work))
+            print_pair(result)
+        if "lanes" in args.parts:
+            result["lanes"] = lane_overhead(train, args.inner_steps, args.rounds, work)
+            print_lanes(result["lanes"])
+        if "multi_rank" in args.parts:
+            result["multi_rank"] = multi_rank_nodes(
+                train, args.data, args.group_steps, args.inner_steps, work
+            )
+            print_multi_rank(result["multi_rank"])
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {output}")
 
 

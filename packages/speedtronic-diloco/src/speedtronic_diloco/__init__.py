@@ -23,6 +23,8 @@ _EXPORTS = {
     "build_hub_client": "hub",
     "MasterOuterLoop": "outer",
     "NesterovOuterOptimizer": "outer",
+    "NodeGroup": "group",
+    "NodeRankError": "group",
     "NodeIdentity": "identity",
     "resolve_identity": "identity",
     "average_deltas": "tensors",

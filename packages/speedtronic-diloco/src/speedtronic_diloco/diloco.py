@@ -4,7 +4,9 @@ Each local optimizer step calls after_optimizer_step. At an inner boundary (loca
 inner_steps == 0) the pseudo-gradient baseline - current goes to a bounded background upload lane,
 and a newer global model, fetched in the background, is installed - always on the training thread
 and only at a boundary, so no local step is ever thrown away. The master additionally runs a
-MasterOuterLoop thread that aggregates every node's deltas (its own included).
+MasterOuterLoop thread that aggregates every node's deltas (its own included). A node may be a
+data-parallel group (DDP or FSDP2): rank 0 alone talks to the Hub and decides each boundary, and
+every rank follows that decision (speedtronic_diloco.group).
 """
 
 from __future__ import annotations
@@ -16,18 +18,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from speedtronic_config import resolve_section
+from speedtronic_diloco.group import NodeGroup
 from speedtronic_diloco.hub import GlobalMetadata, HubClient, HubError, build_hub_client
 from speedtronic_diloco.identity import resolve_identity
 from speedtronic_diloco.outer import MasterOuterLoop
 from speedtronic_diloco.tensors import compute_pseudo_gradient, cpu_state_dict
+from speedtronic_systems.parallel import SINGLE, ParallelContext
 
 LOGGER = logging.getLogger("speedtronic_diloco.diloco")
 _STOP = object()
+T = TypeVar("T")
+StateReader = Callable[[], dict[str, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,11 @@ class GlobalCandidate:
 
 
 class DumbDiLoCoCoordinator:
-    """Coordinate local inner loops and a Hub-backed outer loop (implements SyncCoordinator)."""
+    """Coordinate local inner loops and a Hub-backed outer loop (implements SyncCoordinator).
+
+    With `parallel` (the node's data-parallel group) every rank calls every method; only rank 0
+    builds the Hub client, runs the lanes and the outer loop, and keeps the baseline.
+    """
 
     def __init__(
         self,
@@ -74,8 +84,10 @@ class DumbDiLoCoCoordinator:
         state_dir: str | Path | None = None,
         logger: logging.Logger | Any | None = None,
         events: Callable[[str, dict[str, Any]], None] | Any | None = None,
+        parallel: ParallelContext = SINGLE,
     ) -> None:
         self.settings = resolve_section(config, "distributed")
+        self.group = NodeGroup(parallel)
         self.identity = resolve_identity(config, state_dir)
         self.model = model
         self.hub = hub
@@ -149,28 +161,38 @@ class DumbDiLoCoCoordinator:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Connect, recover or publish the global model, install it and start the I/O lanes."""
+        """Connect, recover or publish the global model, install it on every rank and start the
+        I/O lanes (rank 0).
+        """
         if self._started:
             return
+        self._apply_prepared_state()
+        read_state = self.group.state_reader(self.model)
+        self._agree(lambda: (None, self._connect(read_state)))
+        if self.group.is_lead:
+            self._start_lanes(read_state)
+        self._started = True
+
+    def _connect(self, read_state: StateReader) -> GlobalCandidate | None:
+        """Reach the Hub, start the outer loop on a master; return the global model to install."""
         if self.hub is None:
             self.hub = build_hub_client(self.settings, logger=self.logger)
-        self._apply_prepared_state()
         if self.identity.role == "master":
-            self._start_master()
+            self._start_master(read_state)
         if self._last_global_step < 0:
-            self._wait_for_first_global()
+            return self._first_global()
         # resumed: a restart begins from the latest global version it can read (docs/diloco.md)
-        else:
-            self.install_latest_global()
+        return self._take_candidate() or self._fetch_global_candidate()
+
+    def _start_lanes(self, read_state: StateReader) -> None:
         if self._baseline is None:
-            self._baseline = cpu_state_dict(self.model.state_dict())
+            self._baseline = read_state()
         self._stop_event.clear()
         if self.settings.async_delta_upload:
             self._uploads = queue.Queue(maxsize=self.settings.delta_upload_queue_size)
             self._spawn("diloco-upload", self._upload_worker)
         if self.settings.async_global_poll:
             self._spawn("diloco-poll", self._poll_worker)
-        self._started = True
         self._last_poll = time.monotonic()
         self._send_prepared_pending()
 
@@ -186,7 +208,7 @@ class DumbDiLoCoCoordinator:
         thread.start()
         self._threads.append(thread)
 
-    def _start_master(self) -> None:
+    def _start_master(self, read_state: StateReader) -> None:
         assert self.hub is not None
         self.hub.create_repo(private=True)
         for user in self.settings.collaborators:
@@ -194,7 +216,7 @@ class DumbDiLoCoCoordinator:
         if self.master is None:
             self.master = MasterOuterLoop(
                 self.hub,
-                self.model.state_dict(),
+                read_state(),
                 node_state_dir=self.identity.state_dir / "outer",
                 outer_lr=self.settings.outer_lr,
                 outer_momentum=self.settings.outer_momentum,
@@ -207,18 +229,18 @@ class DumbDiLoCoCoordinator:
         self.master.recover()
         self.master.start()
 
-    def _wait_for_first_global(self) -> None:
-        """Install the published global model; a worker waits for the master to publish one."""
+    def _first_global(self) -> GlobalCandidate | None:
+        """Return the published global model; a worker waits for the master to publish one."""
         candidate = self._wait_for_global()
         if candidate is not None:
-            self._install_state(candidate)
-            return
+            return candidate
         self.logger.warning(
             "no global model in %s after %.0fs; training locally and uploading no deltas until "
             "one is installed",
             self.hub.repo_id if self.hub else "?",
             self.settings.global_wait_timeout,
         )
+        return None
 
     def _wait_for_global(self) -> GlobalCandidate | None:
         """Block the training thread until a newer global model is staged, or global_wait_timeout
@@ -293,9 +315,10 @@ class DumbDiLoCoCoordinator:
         """Handle a local step; return whether the inner optimizer should be reset."""
         self.model = model
         self._local_step = step
-        self._collect_upload_results()
         if step % self.settings.inner_steps != 0:
-            self._maybe_poll_global()
+            if self.group.is_lead:  # no collectives between boundaries
+                self._collect_upload_results()
+                self._maybe_poll_global()
             return False
         result = self.sync_boundary(step)
         return (result.pushed or result.loaded_global) and self.settings.reset_inner_optimizer
@@ -304,9 +327,18 @@ class DumbDiLoCoCoordinator:
         """Dispatch this boundary's delta, then install a newer global model if one is ready.
 
         After max_local_rounds boundaries on the same global version the node waits here for a newer
-        one: asynchronous nodes that trained far apart average into a worse model than either.
+        one: asynchronous nodes that trained far apart average into a worse model than either. In a
+        data-parallel node every rank calls this; each gets rank 0's result.
         """
-        pushed = self._dispatch_delta(step)
+        read_state = self.group.state_reader(self.model)
+        return self._agree(lambda: self._boundary(step, read_state))
+
+    def _boundary(
+        self, step: int, read_state: StateReader
+    ) -> tuple[SyncResult, GlobalCandidate | None]:
+        """Rank 0's part of a boundary: send the delta, pick the global model to install."""
+        self._collect_upload_results()
+        pushed = self._dispatch_delta(step, read_state)
         if not self.settings.async_global_poll:
             self._stage(self._fetch_global_candidate())
         candidate = self._take_candidate()
@@ -315,9 +347,26 @@ class DumbDiLoCoCoordinator:
             limit = self.settings.max_local_rounds
             if limit is not None and self._rounds_on_global >= limit:
                 candidate = self._wait_for_newer_global(step)
-        if candidate is not None:
-            self._install_state(candidate)
-        return SyncResult(pushed, candidate is not None, self.outer_step)
+        installed = -1 if candidate is None else candidate.outer_step
+        return SyncResult(pushed, candidate is not None, max(self.outer_step, installed)), candidate
+
+    def _agree(self, decide: Callable[[], tuple[T, GlobalCandidate | None]]) -> T:
+        """Run decide on rank 0 (it may wait on the Hub), install the global model it chose on
+        every rank, and return its answer on every rank.
+        """
+        chosen: list[GlobalCandidate | None] = [None]
+
+        def lead() -> tuple[T, int | None]:
+            answer, candidate = decide()
+            if candidate is not None:
+                self._check_fits(candidate)  # before the broadcast: a failed load would hang
+            chosen[0] = candidate
+            return answer, None if candidate is None else candidate.outer_step
+
+        answer, outer_step = self.group.decide(lead)
+        if outer_step is not None:
+            self._install_state(chosen[0], outer_step)
+        return answer
 
     def _wait_for_newer_global(self, step: int) -> GlobalCandidate | None:
         started = time.monotonic()
@@ -346,7 +395,7 @@ class DumbDiLoCoCoordinator:
             )
         return candidate
 
-    def _dispatch_delta(self, step: int) -> bool:
+    def _dispatch_delta(self, step: int, read_state: StateReader) -> bool:
         if self._last_global_step < 0 or self._baseline is None:
             self.logger.warning(
                 "local step %d: no global model installed yet, so no delta is sent", step
@@ -364,7 +413,7 @@ class DumbDiLoCoCoordinator:
             self._count_skip(step)
             return False
         self._resend_retries()
-        current = cpu_state_dict(self.model.state_dict())
+        current = read_state()
         delta = compute_pseudo_gradient(self._baseline, current)
         return self._send(
             DeltaUploadJob(step, self._last_global_step, self._generation, delta, current)
@@ -500,41 +549,52 @@ class DumbDiLoCoCoordinator:
         """Master thread callback: stage the freshly published global for the training thread."""
         self._stage(GlobalCandidate(outer_step, state))
 
-    def _install_state(self, candidate: GlobalCandidate) -> None:
-        """Load a global model into the module and make it the new baseline (training thread)."""
-        with torch.no_grad():
-            own = self.model.state_dict()
-            missing = sorted(set(own) - set(candidate.state))
-            if missing:
-                raise HubError(
-                    f"global model at outer step {candidate.outer_step} lacks {missing[:5]}: "
-                    "the repository belongs to a different model"
-                )
-            for name, tensor in own.items():
-                tensor.copy_(candidate.state[name])
-        self._baseline = cpu_state_dict(candidate.state)
-        self._last_global_step = candidate.outer_step
+    def _check_fits(self, candidate: GlobalCandidate) -> None:
+        """Raise HubError unless the global model has every entry of the module, shaped alike."""
+        shapes = self.group.state_shapes(self.model)
+        missing = sorted(set(shapes) - set(candidate.state))
+        if missing:
+            raise HubError(
+                f"global model at outer step {candidate.outer_step} lacks {missing[:5]}: "
+                "the repository belongs to a different model"
+            )
+        wrong = sorted(n for n, s in shapes.items() if tuple(candidate.state[n].shape) != s)
+        if wrong:
+            raise HubError(
+                f"global model at outer step {candidate.outer_step} has other shapes for "
+                f"{wrong[:5]}: the repository belongs to a different model"
+            )
+
+    def _install_state(self, candidate: GlobalCandidate | None, outer_step: int) -> None:
+        """Load the chosen global model on every rank (candidate None on all but rank 0); rank 0
+        also makes it the new baseline (training thread).
+        """
+        self.group.load(self.model, None if candidate is None else candidate.state)
+        self._last_global_step = outer_step
         self._rounds_on_global = 0
         self._generation += 1
+        if candidate is None:
+            return
+        self._baseline = cpu_state_dict(candidate.state)
         self.counters["globals_installed"] += 1
-        self.logger.info("installed global model at outer step %d", candidate.outer_step)
+        self.logger.info("installed global model at outer step %d", outer_step)
         self._emit_event(
             "diloco/global_installed",
-            {"outer_step": candidate.outer_step, "local_step": self._local_step},
+            {"outer_step": outer_step, "local_step": self._local_step},
         )
 
     def install_latest_global(self) -> bool:
-        """Install a newer published global model now (training thread); return whether one was
-        installed.
+        """Install a newer published global model now (training thread, every rank of the node);
+        return whether one was installed.
 
         For callers that run synchronous rounds themselves (the master's sync_once between the
         nodes' boundaries); they reset the inner optimizer when this returns True.
         """
+        return self._agree(self._newest_candidate)
+
+    def _newest_candidate(self) -> tuple[bool, GlobalCandidate | None]:
         candidate = self._take_candidate() or self._fetch_global_candidate()
-        if candidate is None:
-            return False
-        self._install_state(candidate)
-        return True
+        return candidate is not None, candidate
 
     def _maybe_poll_global(self) -> None:
         """Synchronous mode only: a time-based poll between boundaries (async mode has its own
@@ -555,8 +615,14 @@ class DumbDiLoCoCoordinator:
     # -- checkpoint state ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Return checkpointable state: counters, baseline and every upload not yet acknowledged (no
-        token).
+        token). In a data-parallel node the checkpoint holds rank 0's; the others return steps only.
         """
+        if not self.group.is_lead:
+            return {
+                "node_id": self.identity.node_id,
+                "local_step": self._local_step,
+                "last_global_step": self._last_global_step,
+            }
         with self._lock:
             pending = [*self._retries, *([self._inflight] if self._inflight else [])]
         if self._uploads is not None:
@@ -586,14 +652,16 @@ class DumbDiLoCoCoordinator:
         state, self._prepared = self._prepared, None
         if not state:
             return
+        self._local_step = int(state.get("local_step", 0))
+        self._last_global_step = int(state.get("last_global_step", -1))
+        if not self.group.is_lead:  # every rank reads rank 0's checkpoint; the rest is rank 0's
+            return
         if state.get("node_id") not in (None, self.identity.node_id):
             self.logger.warning(
                 "checkpoint was written by node %r, resuming as %r",
                 state["node_id"],
                 self.identity.node_id,
             )
-        self._local_step = int(state.get("local_step", 0))
-        self._last_global_step = int(state.get("last_global_step", -1))
         if state.get("baseline") is not None:
             self._baseline = cpu_state_dict(state["baseline"])
         self.counters.update(state.get("counters") or {})

@@ -56,15 +56,18 @@ def build_coordinator(
     parallel: ParallelContext = SINGLE,
 ) -> Any:
     """Return the DumbDiLoCo coordinator when distributed.enabled and mode is dumb_diloco, else
-    None.
+    None. Under data parallelism the whole group is one DiLoCo node, led by rank 0.
     """
     if not config.distributed.active:  # disabled, or mode: disabled / single
         return None
-    if parallel.mode != "none":
+    wait = config.distributed.global_wait_timeout
+    if parallel.active and wait >= config.parallel.timeout_s:
+        # The other ranks wait in a collective while rank 0 waits for a global model.
         raise ConfigError(
-            "distributed.enabled",
-            "a DiLoCo node that is itself a data-parallel group is not supported yet",
-            allowed="set parallel.data_parallel: none for DiLoCo nodes",
+            "distributed.global_wait_timeout",
+            f"{wait:g}s is not below parallel.timeout_s ({config.parallel.timeout_s:g}s): the "
+            "other ranks of the node would time out while rank 0 waits for a global model",
+            allowed="raise parallel.timeout_s well above global_wait_timeout",
         )
     try:
         from speedtronic_diloco import DumbDiLoCoCoordinator
@@ -74,7 +77,7 @@ def build_coordinator(
             f"true needs the speedtronic-diloco package ({error})",
             allowed="install it with `pip install speedtronic-diloco`",
         ) from error
-    return DumbDiLoCoCoordinator(config, model, events=logger)
+    return DumbDiLoCoCoordinator(config, model, events=logger, parallel=parallel)
 
 
 def _checkpoint_manager(config: SpeedtronicConfig) -> CheckpointManager:

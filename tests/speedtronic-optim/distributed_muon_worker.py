@@ -293,6 +293,7 @@ def main() -> None:
     checkpoint_checks(seen, out)
     fully_sharded_checks(seen)
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(seen, indent=1))
+    dist.barrier()  # leave together: a rank exiting first can abort a peer's last gloo operation
     dist.destroy_process_group()
 
 

@@ -53,6 +53,12 @@ def main() -> None:
         }
         if trainer.parallel.is_main:
             torch.save(seen, out / f"{mode}.pt")
+        trainer.close()
+        # Drop this mode's wrapped model and optimizer (DDP's reducer holds the process group)
+        # on every rank before the next mode, and leave only when every rank is done: a rank
+        # that exits first can abort a peer still finishing its last gloo operation.
+        del trainer
+        torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 

@@ -11,7 +11,17 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import TOKENS, Result, Timer, changed, one_line_error, run_cli, snapshot, write_config
+from harness import (
+    INPUTS,
+    TOKENS,
+    Result,
+    Timer,
+    changed,
+    one_line_error,
+    run_cli,
+    snapshot,
+    write_config,
+)
 
 
 @dataclass
@@ -127,6 +137,7 @@ def _trained_run(f: Fixtures) -> None:
     for name, damage in {"all_corrupt": b"garbage", "all_evil": None}.items():
         copy = f.root / name
         shutil.copytree(run, copy)
+        INPUTS.add(copy / config.name)  # the copied input config holds the token on purpose
         for checkpoint in (copy / "run" / "checkpoints").glob("step_*.pt"):
             if damage is None:
                 import torch
@@ -443,7 +454,7 @@ def cases() -> list[Case]:
             2,
             ("not a Speedtronic trainer checkpoint",),
         ),
-        Case("sample: a folder", ["sample", "{empty_dir}"], 2, ("no such checkpoint",)),
+        Case("sample: a folder", ["sample", "{empty_dir}"], 2, ("is a folder, not a checkpoint",)),
         Case(
             "sample: --max-new-tokens -5",
             ["sample", "{evil}", "--max-new-tokens", "-5"],  # refused before the file is read

@@ -181,16 +181,7 @@ class Trainer:
             precision = resolve_precision(self.config.precision, self.device)
         self.precision = precision
         self.scaler = make_grad_scaler(precision)
-        if shape_report is None:
-            # Without a config the check reads the module's own widths, not default sections.
-            shape_report = validate_startup_shapes(
-                self.config if self._config_given else None,
-                self.model,
-                self.device,
-                precision,
-                logger=self.logger,
-            )
-        self.shape_report = shape_report
+        self.shape_report = shape_report if shape_report is not None else self._check_shapes()
         self._stream = BatchStream(dataloader)
         self._guard = StepGuard()
         self.emergency_checkpoint: Path | None = None  # written when fit() failed mid-run
@@ -202,6 +193,17 @@ class Trainer:
         )
         self._non_blocking = self.device.type == "cuda"
         self._configure_features()
+
+    def _check_shapes(self) -> Any:
+        """Run the startup shape check the runtime did not already run."""
+        # Without a config the check reads the module's own widths, not default sections.
+        return validate_startup_shapes(
+            self.config if self._config_given else None,
+            self.model,
+            self.device,
+            self.precision,
+            logger=self.logger,
+        )
 
     def accumulation_steps(self) -> int:
         """Return how many microbatches this process runs per optimizer update."""

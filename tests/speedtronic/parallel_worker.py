@@ -153,6 +153,8 @@ def main() -> None:
     seen = SCENARIOS[scenario](out, mode)
     rank = int(os.environ["RANK"])
     (out / f"rank{rank}.json").write_text(json.dumps(seen))
+    # Leave together: a rank that exits first can abort a peer still in its last gloo operation.
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 

@@ -261,6 +261,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     trainer, manager = build_runtime(config, resume=args.resume, max_steps=args.max_steps)
     try:
         result = trainer.fit()
+        # Every rank returns at the same step; leaving together keeps a rank that exits first
+        # from cutting a peer's last gloo exchange (a finished run reported as failed).
+        trainer.parallel.barrier()
     except Exception as error:
         raise run_failed(error, trainer, args) from error
     finally:

@@ -307,6 +307,18 @@ def _gpu_row(results: Results) -> tuple[str, str, str]:
     )
 
 
+# Benchmark result -> its README row (or rows), in table order after convergence.
+ROW_BUILDERS = (
+    ("peers", _peers_row),
+    ("trainer", _trainer_row),
+    ("optim", _optim_rows),
+    ("cpu_settings", _cpu_rows),
+    ("precision", _precision_row),
+    ("data", _data_row),
+    ("diloco", _diloco_row),
+)
+
+
 def table_rows(results: Results) -> list[tuple[str, str, str]]:
     """Return the README table's rows (benchmark, command, result) from the results."""
     rows: list[tuple[str, str, str]] = []
@@ -314,20 +326,10 @@ def table_rows(results: Results) -> list[tuple[str, str, str]]:
         rows.append(_convergence_row(results["convergence"]))
     elif "convergence_session" in results:
         rows.append(_session_row(results["convergence_session"]))
-    if "peers" in results:
-        rows.append(_peers_row(results["peers"]))
-    if "trainer" in results:
-        rows.append(_trainer_row(results["trainer"]))
-    if "optim" in results:
-        rows.extend(_optim_rows(results["optim"]))
-    if "cpu_settings" in results:
-        rows.extend(_cpu_rows(results["cpu_settings"]))
-    if "precision" in results:
-        rows.append(_precision_row(results["precision"]))
-    if "data" in results:
-        rows.append(_data_row(results["data"]))
-    if "diloco" in results:
-        rows.append(_diloco_row(results["diloco"]))
+    for name, build in ROW_BUILDERS:
+        if name in results:
+            built = build(results[name])
+            rows.extend(built if isinstance(built, list) else [built])
     rows.append(_gpu_row(results))
     return rows
 

@@ -101,8 +101,7 @@ class CheckpointManager:
             else:
                 atomic_torch_save(state, path)
         except OSError as error:
-            step = int(_STEP_FILE.match(path.name).group(1))
-            raise CheckpointError(self._write_failure(error, step, self.latest_path())) from error
+            raise self._write_failure(error, path) from error
         return path
 
     def commit(self, path: Path, *, prune: bool = True) -> None:
@@ -113,12 +112,16 @@ class CheckpointManager:
         try:
             atomic_json_dump({"step": step, "file": path.name}, self.directory / LATEST_POINTER)
         except OSError as error:
-            raise CheckpointError(self._write_failure(error, step, self.latest_path())) from error
+            raise self._write_failure(error, path) from error
         if prune:
             self.prune()
 
-    def _write_failure(self, error: OSError, step: int, previous: Path | None) -> str:
-        """Return one line: why writing `step` failed, and that the previous checkpoint stands."""
+    def _write_failure(self, error: OSError, path: Path) -> CheckpointError:
+        """Return one line: why writing the checkpoint at `path` failed, and that the previous
+        checkpoint stands.
+        """
+        step = int(_STEP_FILE.match(path.name).group(1))
+        previous = self.latest_path()
         what = (
             f"no space left on {self.directory}"
             if error.errno == errno.ENOSPC
@@ -129,7 +132,7 @@ class CheckpointManager:
             if previous is not None
             else "no earlier checkpoint exists"
         )
-        return f"{what} while writing step {step}; {kept}"
+        return CheckpointError(f"{what} while writing step {step}; {kept}")
 
     def latest_path(self) -> Path | None:
         """Return the checkpoint the latest pointer names, else the highest-numbered file, else

@@ -28,3 +28,10 @@ def test_unknown_key_lists_valid_keys_when_nothing_is_close():
     assert "valid keys: model, run" in str(error)
     with pytest.raises(ConfigError):
         raise error
+
+
+def test_control_characters_in_a_key_stay_on_one_line():
+    # Found by the reliability fuzzer: an override key holding a newline split the message.
+    error = unknown_key("compile", "a\nb\x89", ["enabled"])
+    assert str(error) == "compile.a\\nb\\x89: unknown key; valid keys: enabled"
+    assert error.path == "compile.a\nb\x89"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import Result, Timer
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from speedtronic_config import ConfigError, SpeedtronicConfig, apply_overrides
@@ -169,7 +169,7 @@ class Tally:
             self.failures.append(f"memory check: {type(error).__name__}: {str(error)[:200]}")
 
 
-def fuzz(examples: int, seed: int) -> Tally:
+def fuzz(examples: int, seed_value: int) -> Tally:
     """Run `examples` config trees and `examples` override lists; return the tally."""
     tally = Tally()
     options = settings(
@@ -180,17 +180,18 @@ def fuzz(examples: int, seed: int) -> Tally:
         suppress_health_check=list(HealthCheck),
     )
 
+    @seed(seed_value)
     @options
     @given(configs())
     def trees(tree: dict[str, Any]) -> None:
         tally.check(lambda: SpeedtronicConfig.from_dict(tree))
 
+    @seed(seed_value)
     @options
     @given(overrides())
     def sets(texts: list[str]) -> None:
         tally.check(lambda: SpeedtronicConfig.from_dict(apply_overrides({}, texts)))
 
-    random.seed(seed)  # hypothesis draws its seed from the global RNG when not derandomized
     trees()
     sets()
     return tally

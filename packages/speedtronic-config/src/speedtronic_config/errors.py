@@ -31,7 +31,14 @@ class ConfigError(ValueError):
             message += f" (got {value!r})"
         if allowed:
             message += f"; {allowed}"
-        super().__init__(message)
+        super().__init__(_printable(message))
+
+
+def _printable(text: str) -> str:
+    """Escape control characters (a key may hold a newline) so the message stays one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def unknown_key(path: str, key: Any, valid: Iterable[str]) -> ConfigError:

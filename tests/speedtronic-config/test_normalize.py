@@ -78,6 +78,8 @@ def test_equal_duplicates_are_fine_and_conflicting_ones_rejected():
         ({"enabled": True}, True),
         ({"enabled": "False"}, False),
         ({}, False),
+        (" Auto", "auto"),
+        ({"enabled": "auto"}, "auto"),
     ],
 )
 def test_compile_bool_or_mapping(value, expected):
@@ -87,8 +89,10 @@ def test_compile_bool_or_mapping(value, expected):
 def test_compile_mapping_rejects_unknown_keys_and_bad_values():
     with pytest.raises(ConfigError, match=r"^compile.enable: unknown key; did you mean enabled\?"):
         canonical({"compile": {"enable": True}})
-    with pytest.raises(ConfigError, match="^compile: expected a boolean"):
+    with pytest.raises(ConfigError, match="^compile: expected a boolean or auto"):
         canonical({"compile": "fast"})
+    with pytest.raises(ConfigError, match="^compile.enabled: expected a boolean or auto"):
+        canonical({"compile": {"enabled": 2}})
 
 
 @pytest.mark.parametrize("flag", ["gradient_checkpointing", "ooo_backprop"])

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from trainer_testkit import RecordingHook, TinyLM, TokenDataset, make_config, make_loader
 
 import speedtronic_trainer.trainer as trainer_module
+from speedtronic_systems.compile_choice import CPU_COMPILE_BREAK_EVEN_STEPS
 from speedtronic_trainer import (
     CheckpointManager,
     MetricLogger,
@@ -301,6 +302,27 @@ def test_compiled_model_is_used_when_it_works(monkeypatch):
     monkeypatch.setattr(torch, "compile", fake_compile)
     make_trainer(sections={"compile": True}).fit(2)
     assert len(used) == 2
+
+
+@pytest.mark.parametrize("short_by, compiled", [(1, False), (0, True)])
+def test_compile_auto_compiles_a_cpu_run_long_enough_to_pay_back(monkeypatch, short_by, compiled):
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda model: calls.append(1) or model)
+    stream = io.StringIO()
+    make_trainer(
+        logger=MetricLogger(stream=stream),
+        sections={"compile": "auto", "run": {"max_steps": CPU_COMPILE_BREAK_EVEN_STEPS - short_by}},
+    )
+    assert len(calls) == int(compiled)
+    assert f"compile: auto -> {'on' if compiled else 'off'}" in stream.getvalue()
+
+
+def test_compile_auto_counts_only_the_steps_left_after_a_resume(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda model: calls.append(1) or model)
+    sections = {"compile": "auto", "run": {"max_steps": CPU_COMPILE_BREAK_EVEN_STEPS + 10}}
+    make_trainer(sections=sections, start_step=20)
+    assert calls == []
 
 
 def test_gradient_checkpointing_uses_the_model_hook_or_warns():

@@ -18,6 +18,7 @@ Usage: python tools/bench/bench_cpu_settings.py [--quick] [--rounds N] [--out PA
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -128,6 +129,12 @@ def compile_case(steps: int, rounds: int) -> dict[str, Any]:
     result["main_job_speedup_end_to_end"] = (
         eager["main_job_estimate_s"] / compiled["main_job_estimate_s"]
     )
+    # `compile: auto` compiles a CPU run at least this long (speedtronic_systems.compile_choice).
+    saved_per_step = tokens_per_step * (1 / eager["tokens_per_s"] - 1 / compiled["tokens_per_s"])
+    extra_setup = compiled["setup_s"] - eager["setup_s"]
+    result["break_even_steps"] = (
+        math.ceil(extra_setup / saved_per_step) if saved_per_step > 0 else None
+    )
     return result
 
 
@@ -192,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             f"x{row['speedup_vs_eager']:.3f} (fastest x{row['fastest_speedup']:.3f})  "
             f"400-step job ~{row['main_job_estimate_s']:.0f} s"
         )
+    if payload["compile"]:
+        print(f"  compile pays for itself after {payload['compile']['break_even_steps']} steps")
     payload["threads"] = threads_case(steps, rounds)
     print("threads (main job):")
     for name, row in payload["threads"].items():

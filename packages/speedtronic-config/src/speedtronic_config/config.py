@@ -11,7 +11,14 @@ from typing import Any
 from speedtronic_config.coerce import coerce
 from speedtronic_config.errors import ConfigError
 from speedtronic_config.loading import read_file, read_source
-from speedtronic_config.normalize import ROOT_FLAGS, SECTIONS, canonical, check_keys, field_names
+from speedtronic_config.normalize import (
+    ROOT_FLAGS,
+    SECTIONS,
+    canonical,
+    check_keys,
+    compile_flag,
+    field_names,
+)
 from speedtronic_config.sections import (
     CheckpointConfig,
     DataConfig,
@@ -46,7 +53,7 @@ class SpeedtronicConfig:
     shape_validation: ShapeValidationConfig = field(default_factory=ShapeValidationConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     gradient_checkpointing: bool = False
-    compile: bool = False
+    compile: bool | str = False  # or "auto"
     ooo_backprop: bool = False
     ooo_streams: int = 4
 
@@ -64,8 +71,9 @@ class SpeedtronicConfig:
         """Apply the cross-section rules (docs/configuration.md, in its order), fixing 2.0's
         unreachable horizon branch.
         """
-        for name in ("gradient_checkpointing", "compile", "ooo_backprop"):
+        for name in ("gradient_checkpointing", "ooo_backprop"):
             setattr(self, name, coerce(getattr(self, name), "bool", name))
+        self.compile = compile_flag(self.compile)
         self.ooo_streams = coerce(self.ooo_streams, "int", "ooo_streams")
         low, high = OOO_STREAMS_RANGE
         if not low <= self.ooo_streams <= high:

@@ -98,13 +98,23 @@ def _precision(values: Mapping[str, Any]) -> dict[str, Any]:
     return {"mode": raw} if isinstance(raw, str) else _section(values, "precision")
 
 
-def _compile(value: Any) -> bool:
+def _compile(value: Any) -> bool | str:
     if isinstance(value, Mapping):
         for key in value:
             if key != "enabled":
                 raise unknown_key("compile", key, ["enabled"])
-        return coerce(value.get("enabled", False), "bool", "compile.enabled")
-    return coerce(value, "bool", "compile")
+        return compile_flag(value.get("enabled", False), "compile.enabled")
+    return compile_flag(value, "compile")
+
+
+def compile_flag(value: Any, path: str = "compile") -> bool | str:
+    """Return True, False or "auto" (the trainer decides from the device and the run's length)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return coerce(value, "bool", path)
+    except ConfigError:
+        raise ConfigError(path, "expected a boolean or auto", value=value) from None
 
 
 def canonical(values: Mapping[str, Any] | None) -> dict[str, Any]:

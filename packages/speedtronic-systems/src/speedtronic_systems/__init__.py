@@ -11,6 +11,7 @@ from speedtronic_systems.atomic import (
     atomic_write,
     atomic_write_bytes,
 )
+from speedtronic_systems.compile_choice import resolve_compile
 from speedtronic_systems.loss import IGNORE_INDEX, causal_lm_loss
 from speedtronic_systems.memory import (
     MemoryEstimate,
@@ -67,6 +68,7 @@ __all__ = [
     "estimate_training_memory",
     "make_grad_scaler",
     "parameter_count",
+    "resolve_compile",
     "resolve_device",
     "resolve_precision",
     "resolve_shape_profile",

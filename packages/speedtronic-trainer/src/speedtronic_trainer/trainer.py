@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import torch
 
 from speedtronic_config import SpeedtronicConfig
+from speedtronic_systems.compile_choice import resolve_compile
 from speedtronic_systems.parallel import (
     SINGLE,
     ParallelContext,
@@ -220,7 +221,11 @@ class Trainer:
             self._stage_scheduler = StageStreamScheduler(
                 self.model, self.device, num_streams=self.config.ooo_streams, logger=self.logger
             )
-        if self.config.compile:
+        remaining = None if self.max_steps is None else self.max_steps - self.step
+        compile_model, why = resolve_compile(self.config.compile, self.device, remaining)
+        if self.config.compile == "auto":
+            self.logger.info("compile: auto -> %s (%s)", "on" if compile_model else "off", why)
+        if compile_model:
             self._enable_compile()
 
     def _enable_gradient_checkpointing(self) -> None:

@@ -4,8 +4,10 @@ Every variant is the main job (configs/quickstart.yaml, shuffled) or a larger mo
 speedtronic.runtime.build_runtime, as a user's config would build it; variants of one question
 run interleaved, a fresh runtime each round, and the paired per-round ratio's median is reported.
 
-- compile: `compile: true` against eager for the main job; steady-state tokens/s after the
-  warm-up, the one-off compile time, and the end-to-end time of the whole 400-step job;
+- compile: `compile: true` against eager for the main job, each in a fresh process: compiled
+  with an empty inductor cache (a first run) and again with the cache it left (a rerun);
+  steady-state tokens/s after the warm-up, the one-off setup time, the end-to-end time of the
+  whole 400-step job, and the steps after which compiling pays (`compile: auto` uses the cold one);
 - bf16: `precision.mode: bf16` against fp32 at growing d_model, so `auto` can switch where bf16
   starts to pay (on CPUs with native BF16 only: elsewhere it is emulated and skipped);
 - threads: torch intra-op threads 1 against all cores for the main job.
@@ -18,10 +20,13 @@ Usage: python tools/bench/bench_cpu_settings.py [--quick] [--rounds N] [--out PA
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,8 +43,11 @@ MAIN_JOB_STEPS = 400
 
 
 def job(**sections: Any) -> dict[str, Any]:
-    """Return the main job's config (shuffled, no checkpoints or evaluation) with overrides."""
-    extra = {key: value for key, value in sections.items() if not isinstance(value, dict)}
+    """Return the main job's config (shuffled, eager unless told, no checkpoints or evaluation)
+    with overrides.
+    """
+    extra = {"compile": False}  # never the main job's `auto`: each question sets what it compares
+    extra.update((key, value) for key, value in sections.items() if not isinstance(value, dict))
     nested = {key: value for key, value in sections.items() if isinstance(value, dict)}
     data = {"shuffle": True, "eval_every": None, **nested.pop("data", {})}
     values = quickstart_values(
@@ -110,31 +118,48 @@ def summarize(runs: dict[str, list[dict[str, float]]], baseline: str) -> dict[st
     return out
 
 
+def child_run(kind: str, steps: int, cache_dir: str) -> dict[str, float]:
+    """Time the main job in a fresh process (eager, or compiled with this inductor cache folder):
+    only a new process sees a cold compile, as a user's first run does.
+    """
+    command = [sys.executable, __file__, "--child", kind, "--steps", str(steps)]
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def compile_case(steps: int, rounds: int) -> dict[str, Any]:
-    """Eager against torch.compile for the main job."""
-    runs = compare(
-        {
-            "eager": lambda: timed_run(job(), steps),
-            "compile": lambda: timed_run(job(compile=True), steps),
-        },
-        rounds,
-    )
+    """Eager against torch.compile for the main job, each in its own process: compiled with an
+    empty inductor cache (a first run on this machine) and again with the cache it left (a rerun).
+    """
+    runs: dict[str, list[dict[str, float]]] = {"eager": [], "compile": [], "compile_warm": []}
+    for index in range(rounds):
+        with tempfile.TemporaryDirectory() as cache:
+            order = ["eager", "compile"] if index % 2 == 0 else ["compile", "eager"]
+            for kind in order:
+                runs[kind].append(child_run(kind, steps, cache))
+                if kind == "compile":
+                    runs["compile_warm"].append(child_run("compile", steps, cache))
     result = summarize(runs, "eager")
-    eager, compiled = result["eager"], result["compile"]
+    eager = result["eager"]
     tokens_per_step = 16 * 128
     # What a user waits for: setup + WARMUP steps, then the rest of the 400 steps at steady state.
     rest = (MAIN_JOB_STEPS - WARMUP) * tokens_per_step
-    for row in (eager, compiled):
+    for row in result.values():
         row["main_job_estimate_s"] = row["setup_s"] + rest / row["tokens_per_s"]
-    result["main_job_speedup_end_to_end"] = (
-        eager["main_job_estimate_s"] / compiled["main_job_estimate_s"]
-    )
-    # `compile: auto` compiles a CPU run at least this long (speedtronic_systems.compile_choice).
-    saved_per_step = tokens_per_step * (1 / eager["tokens_per_s"] - 1 / compiled["tokens_per_s"])
-    extra_setup = compiled["setup_s"] - eager["setup_s"]
-    result["break_even_steps"] = (
-        math.ceil(extra_setup / saved_per_step) if saved_per_step > 0 else None
-    )
+    for name in ("compile", "compile_warm"):
+        compiled = result[name]
+        suffix = name.removeprefix("compile")
+        result["main_job_speedup_end_to_end" + suffix] = (
+            eager["main_job_estimate_s"] / compiled["main_job_estimate_s"]
+        )
+        # `compile: auto` compiles a CPU run at least this long (cold: the conservative one;
+        # speedtronic_systems.compile_choice).
+        saved = tokens_per_step * (1 / eager["tokens_per_s"] - 1 / compiled["tokens_per_s"])
+        extra = compiled["setup_s"] - eager["setup_s"]
+        result["break_even_steps" + suffix] = (
+            max(0, math.ceil(extra / saved)) if saved > 0 else None
+        )
     return result
 
 
@@ -177,7 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer steps, rounds and widths")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS / "cpu_settings.json")
+    parser.add_argument("--child", choices=("eager", "compile"), help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(timed_run(job(compile=args.child == "compile"), args.steps)))
+        return 0
     ensure_corpus()
     rounds = args.rounds or (2 if args.quick else 4)
     steps = 20 if args.quick else 30
@@ -192,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     # One compile takes tens of seconds on 2 cores: the quick (CI) run leaves it out.
     payload["compile"] = None if args.quick else compile_case(steps, rounds)
     print("compile (main job):" if payload["compile"] else "compile: skipped in --quick")
-    for name in ("eager", "compile") if payload["compile"] else ():
+    for name in ("eager", "compile", "compile_warm") if payload["compile"] else ():
         row = payload["compile"][name]
         print(
             f"  {name:<8}{row['tokens_per_s']:>10,.0f} tokens/s  setup {row['setup_s']:6.1f} s  "
@@ -200,7 +230,11 @@ def main(argv: list[str] | None = None) -> int:
             f"400-step job ~{row['main_job_estimate_s']:.0f} s"
         )
     if payload["compile"]:
-        print(f"  compile pays for itself after {payload['compile']['break_even_steps']} steps")
+        comp = payload["compile"]
+        print(
+            f"  compiling pays for itself after {comp['break_even_steps']} steps "
+            f"({comp['break_even_steps_warm']} with a warm cache)"
+        )
     payload["threads"] = threads_case(steps, rounds)
     print("threads (main job):")
     for name, row in payload["threads"].items():

@@ -220,18 +220,22 @@ def _cpu_rows(c: dict[str, Any]) -> list[tuple[str, str, str]]:
     command = "`python tools/bench/bench_cpu_settings.py`"
     if c.get("compile"):
         comp = c["compile"]
-        rows.append(
-            (
-                "`torch.compile` on CPU, main job (fp32)",
-                command,
-                f"steady state {_headline(comp['compile'], comp['compile']['speedup_vs_eager'])} "
-                f"eager ({_k(comp['eager']['tokens_per_s'])} -> "
-                f"{_k(comp['compile']['tokens_per_s'])} "
-                f"tokens/s), one-off setup {comp['compile']['setup_s']:.0f} s vs "
-                f"{comp['eager']['setup_s']:.0f} s; whole 400-step job "
-                f"**{_x(comp['main_job_speedup_end_to_end'])}**",
-            )
+        cold, warm = comp["compile"], comp.get("compile_warm")
+        text = (
+            f"steady state {_headline(cold, cold['speedup_vs_eager'])} eager "
+            f"({_k(comp['eager']['tokens_per_s'])} -> {_k(cold['tokens_per_s'])} tokens/s); "
+            f"first run (empty compile cache): setup {cold['setup_s']:.0f} s vs "
+            f"{comp['eager']['setup_s']:.0f} s, whole 400-step job "
+            f"**{_x(comp['main_job_speedup_end_to_end'])}**"
         )
+        if warm is not None:
+            text += (
+                f", pays after {comp['break_even_steps']} steps (`compile: auto` compiles CPU "
+                f"runs at least that long); rerun (warm cache): setup {warm['setup_s']:.0f} s, "
+                f"**{_x(comp['main_job_speedup_end_to_end_warm'])}**, pays after "
+                f"{comp['break_even_steps_warm']}"
+            )
+        rows.append(("`torch.compile` on CPU, main job (fp32)", command, text))
     threads = c["threads"]
     one = threads["1 thread"]
     ratio = next(v for k, v in one.items() if k.startswith("speedup_vs_"))
@@ -240,7 +244,8 @@ def _cpu_rows(c: dict[str, Any]) -> list[tuple[str, str, str]]:
             "torch threads, main job",
             command,
             f"1 thread runs at {_headline(one, ratio)} the tokens/s of all "
-            f"{c['machine']['cpus']} (in other sessions' bursts 2 threads collapse)",
+            f"{c['machine']['cpus']}"
+            + (" (torch's default, all cores, is kept)" if ratio < 1 else ""),
         )
     )
     if c.get("bf16"):
@@ -252,7 +257,8 @@ def _cpu_rows(c: dict[str, Any]) -> list[tuple[str, str, str]]:
             (
                 "bf16 autocast vs fp32 by d_model (4 layers, context 256)",
                 command,
-                f"{parts} (native BF16 CPU; above 1 = bf16 faster)",
+                f"{parts} (native BF16 CPU; above 1 = bf16 faster; `precision.mode: auto` "
+                "keeps 2.0's fp32 on CPU: set bf16 yourself)",
             )
         )
     else:
@@ -343,9 +349,10 @@ def readme_table(results: Results) -> str:
     load_text = f", load average {load[0]:.1f}-{load[1]:.1f}" if load else ""
     lines = [
         TABLE_BEGIN,
-        f"Measured by `hatch run bench` ({mode} mode, {run.get('duration_s', 0) / 60:.0f} min) on "
+        f"Measured by `hatch run bench` ({mode} mode, {run.get('duration_s', 0) / 60:.0f} min; "
+        "benchmarks rerun alone with `--only` keep their own start time) on "
         f"{_machine_line(results)}{load_text}; every ratio compares variants run side by side in "
-        "that one run. Details, sweeps and plots: "
+        "one benchmark's run. Details, start times, sweeps and plots: "
         "[tools/bench/results/report.md](tools/bench/results/report.md).",
         "",
         "| benchmark | command | result |",
@@ -418,8 +425,9 @@ def _section_convergence(c: dict[str, Any]) -> list[str]:
     if c.get("ablations"):
         lines += [
             "",
-            "Without shuffling (the main job's data order today: 400 steps read the first 11% of "
-            "the path-sorted corpus in order):",
+            "Without shuffling (2.0's default data order, which the main job used until it set "
+            "`data.shuffle: true`: 400 steps read the first 11% of the path-sorted corpus in "
+            "order):",
             "",
             "| optimizer | lr | held-out loss unshuffled | shuffled |",
             "|---|---|---|---|",
@@ -551,8 +559,9 @@ def _section_adamw(c: dict[str, Any]) -> list[str]:
     if pairs:
         a, m, sa, sm, how = pairs
         lines.append(
-            "1. **Data order (a defect in the main job's config).** `data.shuffle` defaults to "
-            "false and configs/quickstart.yaml does not set it, so the 400 steps read the first "
+            "1. **Data order (a defect in the main job's config, fixed).** `data.shuffle` "
+            "defaults to false (2.0) and configs/quickstart.yaml did not set it (it now sets "
+            "true), so the 400 steps read the first "
             "11% of the path-sorted stdlib corpus in order (`__future__`, `_*`, `a*`...), while "
             "validation is the last 5% by path: the final train loss (1.26) sits far below the "
             f"validation loss (2.26). {how.capitalize()}: unshuffled, AdamW ends at {a:.3f} and "
@@ -594,7 +603,10 @@ def _section_run(run: dict[str, Any]) -> list[str]:
             f"| {name} | {b.get('started', '')} | {b['seconds']:.0f} | {before:.2f} -> "
             f"{after:.2f} | {b['returncode']} |"
         )
-    return [*lines, ""]
+    notes = [
+        f"- {name}: {b['note']}" for name, b in run.get("benchmarks", {}).items() if "note" in b
+    ]
+    return [*lines, "", *notes, ""] if notes else [*lines, ""]
 
 
 def render_report(results: Results) -> str:

@@ -396,6 +396,9 @@ def _sample(
     return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
 
 
+# Whether the mask drops anything is a data-dependent branch torch.compile cannot trace: it runs
+# eagerly (a deliberate graph break, without dynamo's multi-line warning on every compiled run).
+@torch.compiler.disable
 def _attention_mask(attention_mask: torch.Tensor | None, T: int) -> torch.Tensor | None:
     """Return None (plain causal) or a (B, 1, T, T) bool mask: causal and the key is not padding."""
     if attention_mask is None:

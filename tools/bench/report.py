@@ -126,7 +126,15 @@ def _convergence_row(c: dict[str, Any]) -> tuple[str, str, str]:
         if fraction is not None
         else "Muon's curve never reaches AdamW's final held-out loss"
     )
-    if c["horizons"]:
+    shortest = s.get("shortest_horizon_reaching_adamw")
+    if shortest:
+        reach += "; as a shorter run with its schedule decayed and its lr tuned: " + ", ".join(
+            f"{name} **{_x(found['fraction'])}** (lr {found['lr']:g})"
+            if found
+            else f"{name} no horizon tried"
+            for name, found in shortest.items()
+        )
+    elif c["horizons"]:
         reach += (
             f", **{_x(by_horizon)}** as a shorter run with its schedule decayed"
             if by_horizon is not None
@@ -413,15 +421,27 @@ def _section_convergence(c: dict[str, Any]) -> list[str]:
     if c["horizons"]:
         lines += [
             "",
-            "| Muon run with a shorter horizon | steps | held-out loss |",
-            "|---|---|---|",
+            "Shorter runs, each with the whole schedule (warmup, stable, decay) over fewer steps, "
+            "shortest first, at the 400-step best lr and multiples of it:",
+            "",
+            "| optimizer | horizon | steps | lr | held-out loss |",
+            "|---|---|---|---|---|",
         ]
         for h in c["horizons"]:
-            lines.append(f"| {h['fraction']:.2f}x | {h['steps']} | {h['final_val_loss']:.4f} |")
-        lines.append(
-            f"\nShortest horizon reaching AdamW's loss: {_x(s['muon_step_fraction_by_horizon'])} "
-            "(goal <= 0.6x)."
+            lines.append(
+                f"| {h.get('optimizer', 'muon')} | {h['fraction']:.2f}x | {h['steps']} | "
+                f"{h.get('lr', s['best_lr']['muon']):g} | {h['final_val_loss']:.4f} |"
+            )
+        shortest = s.get("shortest_horizon_reaching_adamw") or {
+            "muon": {"fraction": s["muon_step_fraction_by_horizon"]}
+            if s["muon_step_fraction_by_horizon"]
+            else None
+        }
+        found = ", ".join(
+            f"{name} {_x(hit['fraction']) if hit else 'none of those tried'}"
+            for name, hit in shortest.items()
         )
+        lines.append(f"\nShortest horizon reaching AdamW's loss: {found} (goal <= 0.6x).")
     if c.get("ablations"):
         lines += [
             "",
@@ -668,7 +688,7 @@ def plots(results: Results, out_dir: Path) -> list[Path]:
             ax.scatter(h["tokens"] / 1e6, h["final_val_loss"], marker="x", color="black")
         ax.axhline(s["adamw_final_val_loss"], color="gray", linestyle=":", label="AdamW final")
         ax.set(xlabel="training tokens (M)", ylabel="held-out loss (nats/token)")
-        ax.set_title("Held-out loss vs tokens (x: Muon runs with shorter horizons)")
+        ax.set_title("Held-out loss vs tokens (x: shorter Muon and Muon+ runs)")
         ax.legend()
         save(fig, "convergence.png")
 

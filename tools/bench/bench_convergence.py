@@ -37,10 +37,10 @@ OPTIMIZERS: dict[str, dict[str, Any]] = {
     "muon_plus": {"name": "muon", "muon_plus": True},
     "cautious_muon": {"name": "muon", "cautious": True},
 }
-# Centred on each optimizer's best lr in earlier sweeps (AdamW 2e-3; Muon 4e-3-8e-3; AdamW at
+# Centred on each optimizer's best lr in earlier sweeps (AdamW 1e-3; Muon 4e-3-8e-3; AdamW at
 # 8e-3 and Muon at 1e-3 were far worse), so the best of each grid is an interior point.
 FULL_LRS = {
-    "adamw": (1e-3, 2e-3, 4e-3),
+    "adamw": (5e-4, 1e-3, 2e-3, 4e-3),
     "muon": (2e-3, 4e-3, 8e-3),
     "muon_plus": (4e-3, 8e-3),
     "cautious_muon": (4e-3, 8e-3),

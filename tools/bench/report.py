@@ -404,7 +404,7 @@ def _section_convergence(c: dict[str, Any]) -> list[str]:
             )
     earlier = c.get("earlier_sweep")
     if earlier:
-        lines += ["", f"Earlier sweep runs with this harness: {earlier['note']}", ""]
+        lines += ["", f"Sweep runs with this harness outside this run: {earlier['note']}", ""]
         lines += ["| data order | optimizer | lr -> held-out loss |", "|---|---|---|"]
         for order in ("shuffled", "unshuffled"):
             for name, by_lr in earlier.get(order, {}).items():

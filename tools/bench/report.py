@@ -120,25 +120,18 @@ def _convergence_row(c: dict[str, Any]) -> tuple[str, str, str]:
         for name, loss in s["best_final_val_loss"].items()
     )
     fraction = s["muon_step_fraction_on_curve"]
-    by_horizon = s["muon_step_fraction_by_horizon"]
     reach = (
         f"Muon reaches AdamW's final held-out loss at **{_x(fraction)}** the steps on its own curve"
         if fraction is not None
         else "Muon's curve never reaches AdamW's final held-out loss"
     )
-    shortest = s.get("shortest_horizon_reaching_adamw")
+    shortest = s["shortest_horizon_reaching_adamw"]
     if shortest:
         reach += "; as a shorter run with its schedule decayed and its lr tuned: " + ", ".join(
             f"{name} **{_x(found['fraction'])}** (lr {found['lr']:g})"
             if found
             else f"{name} no horizon tried"
             for name, found in shortest.items()
-        )
-    elif c["horizons"]:
-        reach += (
-            f", **{_x(by_horizon)}** as a shorter run with its schedule decayed"
-            if by_horizon is not None
-            else ", and no shorter Muon run tried reaches it"
         )
     return (
         f"convergence on the stdlib corpus, {c['steps']} steps x "
@@ -429,17 +422,12 @@ def _section_convergence(c: dict[str, Any]) -> list[str]:
         ]
         for h in c["horizons"]:
             lines.append(
-                f"| {h.get('optimizer', 'muon')} | {h['fraction']:.2f}x | {h['steps']} | "
-                f"{h.get('lr', s['best_lr']['muon']):g} | {h['final_val_loss']:.4f} |"
+                f"| {h['optimizer']} | {h['fraction']:.2f}x | {h['steps']} | {h['lr']:g} | "
+                f"{h['final_val_loss']:.4f} |"
             )
-        shortest = s.get("shortest_horizon_reaching_adamw") or {
-            "muon": {"fraction": s["muon_step_fraction_by_horizon"]}
-            if s["muon_step_fraction_by_horizon"]
-            else None
-        }
         found = ", ".join(
             f"{name} {_x(hit['fraction']) if hit else 'none of those tried'}"
-            for name, hit in shortest.items()
+            for name, hit in s["shortest_horizon_reaching_adamw"].items()
         )
         lines.append(f"\nShortest horizon reaching AdamW's loss: {found} (goal <= 0.6x).")
     if c.get("ablations"):

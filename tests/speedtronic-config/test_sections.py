@@ -29,6 +29,7 @@ DEFAULTS = {
         log_every=None,
         nonfinite_loss="stop",
         memory_check=True,
+        cpu_allocator="auto",
     ),
     ModelConfig: dict(
         name="reference_transformer",
@@ -158,6 +159,7 @@ REJECTED = [
     (RunConfig, {"seed": 2**32}, "run.seed"),
     (RunConfig, {"device": " "}, "run.device"),
     (RunConfig, {"nonfinite_loss": "ignore"}, "run.nonfinite_loss"),
+    (RunConfig, {"cpu_allocator": "jemalloc"}, "run.cpu_allocator"),
     (RunConfig, {"name": 5}, "run.name"),
     (ModelConfig, {"vocab_size": 0}, "model.vocab_size"),
     (ModelConfig, {"max_seq_len": -1}, "model.max_seq_len"),
@@ -303,6 +305,8 @@ def test_every_rule_rejects_with_the_dotted_path(cls, values, path):
 
 ACCEPTED = [
     (RunConfig, {"max_steps": 1, "log_every": 1, "seed": 0, "nonfinite_loss": "skip"}),
+    (RunConfig, {"cpu_allocator": "default"}),
+    (RunConfig, {"cpu_allocator": "caching"}),
     (ModelConfig, {"n_head": 4, "n_kv_head": 1, "d_model": 64, "d_ff": 1, "dropout": 0.99}),
     (ModelConfig, {"init_from": "hf:exports/my-model"}),
     (

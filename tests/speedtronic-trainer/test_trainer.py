@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from trainer_testkit import RecordingHook, TinyLM, TokenDataset, make_config, make_loader
 
 import speedtronic_trainer.trainer as trainer_module
+from speedtronic_systems import cpu_allocator
 from speedtronic_systems.compile_choice import CPU_COMPILE_BREAK_EVEN_STEPS
 from speedtronic_trainer import (
     CheckpointManager,
@@ -315,6 +316,20 @@ def test_compile_auto_compiles_a_cpu_run_long_enough_to_pay_back(monkeypatch, sh
     )
     assert len(calls) == int(compiled)
     assert f"compile: auto -> {'on' if compiled else 'off'}" in stream.getvalue()
+
+
+@pytest.mark.parametrize(
+    "requested, applied", [("auto", "caching"), ("caching", "caching"), ("default", "default")]
+)
+def test_the_cpu_allocator_setting_reaches_malloc(monkeypatch, requested, applied):
+    calls = []
+    monkeypatch.setattr(cpu_allocator, "_enabled", False)
+    monkeypatch.setattr(cpu_allocator, "caching_available", lambda: True)
+    monkeypatch.setattr(cpu_allocator, "enable_caching", lambda: calls.append(1))
+    stream = io.StringIO()
+    make_trainer(logger=MetricLogger(stream=stream), sections={"run": {"cpu_allocator": requested}})
+    assert len(calls) == int(applied == "caching")
+    assert ("cpu_allocator: auto -> caching" in stream.getvalue()) is (requested == "auto")
 
 
 def test_compile_auto_counts_only_the_steps_left_after_a_resume(monkeypatch):

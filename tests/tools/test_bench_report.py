@@ -46,6 +46,18 @@ def test_check_fails_when_results_change_after_the_report(report, tmp_path: Path
     assert any("stale" in problem for problem in report.check(results))
 
 
+def test_check_fails_when_a_measurement_contradicts_what_auto_picks(report, tmp_path) -> None:
+    results = tmp_path / "results"
+    shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("quick", "*.png"))
+    cpu = json.loads((results / "cpu_settings.json").read_text())
+    cpu["allocator"]["caching"]["speedup_vs_default"] = 0.9
+    cpu["compile"]["break_even_steps"] += 1
+    (results / "cpu_settings.json").write_text(json.dumps(cpu))
+    problems = report.check(results)
+    assert any("auto picks caching on CPU, but" in problem for problem in problems)
+    assert any("update the constant" in problem for problem in problems)
+
+
 def test_steps_to_reach_interpolates_between_evaluations(monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(BENCH))
     from bench_convergence import steps_to_reach

@@ -1,9 +1,13 @@
-"""The settings `auto` should pick on CPU, measured: torch.compile, bf16 autocast, thread count.
+"""The settings `auto` should pick on CPU, measured: the allocator, torch.compile, bf16 autocast,
+thread count.
 
 Every variant is the main job (configs/quickstart.yaml, shuffled) or a larger model built through
 speedtronic.runtime.build_runtime, as a user's config would build it; variants of one question
 run interleaved, a fresh runtime each round, and the paired per-round ratio's median is reported.
 
+- allocator: `run.cpu_allocator: caching` (what `auto` picks on CPU) against `default` (glibc's
+  malloc as 2.0 left it) for the eager main job, each in a fresh process since the setting is
+  process-wide; tokens/s, page faults per step and peak RSS;
 - compile: `compile: true` against eager for the main job, each in a fresh process: compiled
   with an empty inductor cache (a first run) and again with the cache it left (a rerun);
   steady-state tokens/s after the warm-up, the one-off setup time, the end-to-end time of the
@@ -23,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -70,7 +75,9 @@ def timed_run(values: dict[str, Any], steps: int, threads: int | None = None) ->
         trainer, _ = build_runtime(values)
         warm = trainer.fit(WARMUP)
         setup_s = time.perf_counter() - started
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         result = trainer.fit(WARMUP + steps)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
         trainer.close()
     finally:
         torch.set_num_threads(previous)
@@ -80,6 +87,8 @@ def timed_run(values: dict[str, Any], steps: int, threads: int | None = None) ->
         "step_s": result.elapsed_s / steps,
         "setup_s": setup_s,
         "loss": float(result.final_loss),
+        "page_faults_per_step": faults / steps,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
     }
 
 
@@ -118,14 +127,31 @@ def summarize(runs: dict[str, list[dict[str, float]]], baseline: str) -> dict[st
     return out
 
 
-def child_run(kind: str, steps: int, cache_dir: str) -> dict[str, float]:
-    """Time the main job in a fresh process (eager, or compiled with this inductor cache folder):
-    only a new process sees a cold compile, as a user's first run does.
+def child_run(kind: str, steps: int, cache_dir: str, allocator: str = "auto") -> dict[str, float]:
+    """Time the main job in a fresh process (eager, or compiled with this inductor cache folder;
+    with this `run.cpu_allocator`): only a new process sees a cold compile, as a user's first run
+    does, and glibc's malloc as it starts.
     """
     command = [sys.executable, __file__, "--child", kind, "--steps", str(steps)]
+    command += ["--allocator", allocator]
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir}
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def allocator_case(steps: int, rounds: int) -> dict[str, Any]:
+    """glibc's default malloc against the caching one for the eager main job, fresh processes."""
+    runs: dict[str, list[dict[str, float]]] = {"default": [], "caching": []}
+    with tempfile.TemporaryDirectory() as cache:  # unused by eager runs
+        for index in range(rounds):
+            order = ["default", "caching"] if index % 2 == 0 else ["caching", "default"]
+            for allocator in order:
+                runs[allocator].append(child_run("eager", steps, cache, allocator))
+    result = summarize(runs, "default")
+    for name, values in runs.items():
+        for key in ("page_faults_per_step", "peak_rss_mib"):
+            result[name][key] = statistics.median(v[key] for v in values)
+    return result
 
 
 def compile_case(steps: int, rounds: int) -> dict[str, Any]:
@@ -204,9 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "cpu_settings.json")
     parser.add_argument("--child", choices=("eager", "compile"), help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--allocator", default="auto", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(timed_run(job(compile=args.child == "compile"), args.steps)))
+        values = job(compile=args.child == "compile", run={"cpu_allocator": args.allocator})
+        print(json.dumps(timed_run(values, args.steps)))
         return 0
     ensure_corpus()
     rounds = args.rounds or (2 if args.quick else 4)
@@ -219,6 +247,15 @@ def main(argv: list[str] | None = None) -> int:
         "steps_timed": steps,
         "warmup_steps": WARMUP,
     }
+    payload["allocator"] = allocator_case(steps, rounds)
+    print("allocator (main job, eager):")
+    for name, row in payload["allocator"].items():
+        print(
+            f"  {name:<8}{row['tokens_per_s']:>10,.0f} tokens/s  "
+            f"x{row['speedup_vs_default']:.3f} (fastest x{row['fastest_speedup']:.3f})  "
+            f"{row['page_faults_per_step']:,.0f} page faults/step  peak RSS "
+            f"{row['peak_rss_mib']:,.0f} MiB"
+        )
     # One compile takes tens of seconds on 2 cores: the quick (CI) run leaves it out.
     payload["compile"] = None if args.quick else compile_case(steps, rounds)
     print("compile (main job):" if payload["compile"] else "compile: skipped in --quick")

@@ -10,6 +10,9 @@ first steps of the shuffled stdlib shard loader, in the same order):
 - PyTorch Lightning's Trainer with a LightningModule around the model;
 - the Hugging Face Trainer with the optimizer and scheduler passed in.
 
+The first, untimed Speedtronic run switches the process's malloc to caching (`run.cpu_allocator:
+auto` on CPU, process-wide), so every timed round of every framework runs with that allocator: the
+ratios compare the training loops, not malloc settings (bench_cpu_settings.py measures those).
 Each round runs every framework once, from construction to the last step, in a rotating order;
 tokens/s is over the steps after the warm-up (steady state) and end to end (construction
 included). The per-step losses must agree across frameworks (identical work, not just similar).
@@ -49,6 +52,7 @@ from speedtronic_config import SpeedtronicConfig
 from speedtronic_data import build_dataloader
 from speedtronic_model import build_model
 from speedtronic_optim import build_lr_scheduler, build_optimizer
+from speedtronic_systems.cpu_allocator import caching_enabled
 
 WARMUP = 10  # steps left out of the steady-state rate: first-call kernel selection, allocator
 
@@ -343,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             "warmup_steps": WARMUP,
             "rounds": rounds,
             "tokens_per_step": tokens_per_step,
+            "cpu_allocator": "caching" if caching_enabled() else "default",
             "frameworks": rows,
             "missing": missing,
             "goal": 1.0,

@@ -219,6 +219,20 @@ def _headline(row: dict[str, Any], paired: float) -> str:
 def _cpu_rows(c: dict[str, Any]) -> list[tuple[str, str, str]]:
     rows = []
     command = "`python tools/bench/bench_cpu_settings.py`"
+    if c.get("allocator"):
+        default, caching = c["allocator"]["default"], c["allocator"]["caching"]
+        rows.append(
+            (
+                "caching CPU allocator, main job (eager)",
+                command,
+                f"{_headline(caching, caching['speedup_vs_default'])} glibc's default malloc "
+                f"({_k(default['tokens_per_s'])} -> {_k(caching['tokens_per_s'])} tokens/s; "
+                f"page faults per step {default['page_faults_per_step']:,.0f} -> "
+                f"{caching['page_faults_per_step']:,.0f}; peak RSS "
+                f"{default['peak_rss_mib']:,.0f} -> {caching['peak_rss_mib']:,.0f} MiB; "
+                "`run.cpu_allocator: auto` caches on CPU)",
+            )
+        )
     if c.get("compile"):
         comp = c["compile"]
         cold, warm = comp["compile"], comp.get("compile_warm")
@@ -529,7 +543,12 @@ def _section_cpu(c: dict[str, Any]) -> list[str]:
         "| loss after |"
     ]
     lines.append("|---|---|---|---|---|---|---|")
-    groups = {"compile": c.get("compile") or {}, "threads": c["threads"], **(c.get("bf16") or {})}
+    groups = {
+        "allocator": c.get("allocator") or {},
+        "compile": c.get("compile") or {},
+        "threads": c["threads"],
+        **(c.get("bf16") or {}),
+    }
     for question, rows in groups.items():
         for name, row in rows.items():
             if not isinstance(row, dict):
@@ -757,12 +776,14 @@ def check(results_dir: Path, readme: Path = README) -> list[str]:
     if not report_path.is_file():
         return [f"{report_path} is missing: run `hatch run bench`"]
     report = report_path.read_text()
-    expected = readme_table(load(results_dir))
+    results = load(results_dir)
+    expected = readme_table(results)
     if extract_table(report) != expected:
         problems.append(f"{report_path}'s table is stale against the JSON beside it")
     if extract_table(readme.read_text()) != extract_table(report):
         problems.append(f"{readme}'s performance table differs from {report_path}'s")
-    measured = (load(results_dir).get("cpu_settings") or {}).get("compile") or {}
+    cpu = results.get("cpu_settings") or {}
+    measured = cpu.get("compile") or {}
     if (
         measured.get("break_even_steps", CPU_COMPILE_BREAK_EVEN_STEPS)
         != CPU_COMPILE_BREAK_EVEN_STEPS
@@ -771,6 +792,12 @@ def check(results_dir: Path, readme: Path = README) -> list[str]:
             f"compile: auto's break-even ({CPU_COMPILE_BREAK_EVEN_STEPS} steps, "
             "speedtronic_systems/compile_choice.py) differs from the measured "
             f"{measured['break_even_steps']}: update the constant"
+        )
+    allocator = cpu.get("allocator")
+    if allocator and allocator["caching"]["speedup_vs_default"] < 1:
+        problems.append(
+            "run.cpu_allocator: auto picks caching on CPU, but the measured run has it slower "
+            f"({allocator['caching']['speedup_vs_default']:.3f}x the default malloc)"
         )
     return problems
 

@@ -98,6 +98,9 @@ class RunConfig:
     # Refuse, before allocating, a run whose estimated memory exceeds the device's; the estimate
     # is rough, so this can be turned off.
     memory_check: bool = True
+    # Host memory for CPU tensors: `caching` keeps freed memory in the process for the next step
+    # instead of returning it to the OS (glibc malloc); `auto` does so when training on CPU.
+    cpu_allocator: str = "auto"
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
@@ -113,6 +116,7 @@ class RunConfig:
             "use auto, cpu, cuda, cuda:N or mps",
         )
         _choice(self, "nonfinite_loss", ("stop", "skip"))
+        _choice(self, "cpu_allocator", ("auto", "caching", "default"))
 
 
 @dataclass

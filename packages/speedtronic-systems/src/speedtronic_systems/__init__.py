@@ -1,5 +1,5 @@
 """speedtronic-systems: device and precision resolution, startup shape checks, CUDA stage streams,
-atomic files and the causal LM loss.
+the CPU allocator setting, atomic files and the causal LM loss.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from speedtronic_systems.atomic import (
     atomic_write_bytes,
 )
 from speedtronic_systems.compile_choice import resolve_compile
+from speedtronic_systems.cpu_allocator import apply_cpu_allocator, resolve_cpu_allocator
 from speedtronic_systems.loss import IGNORE_INDEX, causal_lm_loss
 from speedtronic_systems.memory import (
     MemoryEstimate,
@@ -54,6 +55,7 @@ __all__ = [
     "StageInfo",
     "StageStreamScheduler",
     "__version__",
+    "apply_cpu_allocator",
     "atomic_json_dump",
     "atomic_torch_save",
     "atomic_write",
@@ -69,6 +71,7 @@ __all__ = [
     "make_grad_scaler",
     "parameter_count",
     "resolve_compile",
+    "resolve_cpu_allocator",
     "resolve_device",
     "resolve_precision",
     "resolve_shape_profile",

@@ -9,7 +9,7 @@ import torch
 # CPU, torch.compile's one-off cost with an empty compile cache (a first run) over eager, divided
 # by the time it saves per step of the main job. A rerun with a warm cache pays back far sooner,
 # and larger models save more per step for a similar compile time, so this is the cautious bound.
-CPU_COMPILE_BREAK_EVEN_STEPS = 668
+CPU_COMPILE_BREAK_EVEN_STEPS = 1074
 
 
 def resolve_compile(

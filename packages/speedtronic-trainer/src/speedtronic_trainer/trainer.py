@@ -13,6 +13,7 @@ import torch
 
 from speedtronic_config import SpeedtronicConfig
 from speedtronic_systems.compile_choice import resolve_compile
+from speedtronic_systems.cpu_allocator import apply_cpu_allocator
 from speedtronic_systems.parallel import (
     SINGLE,
     ParallelContext,
@@ -213,6 +214,7 @@ class Trainer:
     # ----------------------------------------------------------------------------------- features
 
     def _configure_features(self) -> None:
+        apply_cpu_allocator(self.config.run.cpu_allocator, self.device, self.logger)
         if self.config.gradient_checkpointing:
             self._enable_gradient_checkpointing()
         if self.config.ooo_backprop:

@@ -112,6 +112,44 @@ def test_auto_on_cpu_and_mps_is_fp32(device, caplog):
     assert fallbacks(caplog) == []
 
 
+def _mlp(width: int) -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Linear(width, 4 * width),
+        torch.nn.Linear(4 * width, width),
+        torch.nn.Linear(width, 7),
+    )
+
+
+def test_matmul_width_is_the_median_narrow_side_of_the_linear_layers():
+    assert precision.matmul_width(_mlp(256)) == 256  # sides 256, 256, 7
+    assert precision.matmul_width(torch.nn.Linear(5, 9)) == 5
+    assert precision.matmul_width(torch.nn.Conv1d(4, 4, 3)) == 0
+
+
+@pytest.mark.parametrize(
+    "width, native, mode",
+    [
+        (precision.CPU_BF16_MIN_WIDTH, True, "bf16"),
+        (precision.CPU_BF16_MIN_WIDTH - 1, True, "fp32"),
+        (precision.CPU_BF16_MIN_WIDTH, False, "fp32"),
+    ],
+)
+def test_auto_on_cpu_picks_bf16_for_wide_models_on_native_bf16(monkeypatch, width, native, mode):
+    monkeypatch.setattr(precision, "cpu_bf16_supported", lambda: native)
+    plan = resolve_precision(Section(), "cpu", model=_mlp(width))
+    assert (plan.mode, plan.autocast_enabled, plan.use_scaler) == (mode, mode == "bf16", False)
+    assert plan.reason and (("native BF16 and matmuls" in plan.reason) is (mode == "bf16"))
+
+
+def test_auto_on_cpu_keeps_fp32_without_a_model_or_with_a_dtype_hint(monkeypatch):
+    monkeypatch.setattr(precision, "cpu_bf16_supported", lambda: True)
+    wide = _mlp(precision.CPU_BF16_MIN_WIDTH)
+    assert resolve_precision(Section(), "cpu").mode == "fp32"
+    assert resolve_precision(Section(dtype="fp32"), "cpu", model=wide).mode == "fp32"
+    assert resolve_precision(Section(), "mps", model=wide).mode == "fp32"
+    assert resolve_precision(Section(mode="fp32"), "cpu", model=wide).reason == ""
+
+
 def test_auto_dtype_steers_cuda_only(fake_cuda, caplog):
     assert resolve_precision(Section(dtype="fp16"), "cuda").mode == "fp16"
     assert resolve_precision(Section(dtype="fp32"), "cuda").mode == "fp32"

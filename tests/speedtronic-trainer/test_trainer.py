@@ -12,6 +12,7 @@ from trainer_testkit import RecordingHook, TinyLM, TokenDataset, make_config, ma
 
 import speedtronic_trainer.trainer as trainer_module
 from speedtronic_systems import cpu_allocator
+from speedtronic_systems import precision as precision_module
 from speedtronic_systems.compile_choice import CPU_COMPILE_BREAK_EVEN_STEPS
 from speedtronic_trainer import (
     CheckpointManager,
@@ -330,6 +331,17 @@ def test_the_cpu_allocator_setting_reaches_malloc(monkeypatch, requested, applie
     make_trainer(logger=MetricLogger(stream=stream), sections={"run": {"cpu_allocator": requested}})
     assert len(calls) == int(applied == "caching")
     assert ("cpu_allocator: auto -> caching" in stream.getvalue()) is (requested == "auto")
+
+
+@pytest.mark.parametrize("min_width, mode", [(1, "bf16"), (10**6, "fp32")])
+def test_precision_auto_on_cpu_follows_the_model_width(monkeypatch, min_width, mode):
+    monkeypatch.setattr(precision_module, "cpu_bf16_supported", lambda: True)
+    monkeypatch.setattr(precision_module, "CPU_BF16_MIN_WIDTH", min_width)
+    stream = io.StringIO()
+    trainer = make_trainer(logger=MetricLogger(stream=stream))
+    assert trainer.precision.mode == mode
+    assert f"precision: auto -> {mode} (" in stream.getvalue()
+    assert math.isfinite(trainer.fit(2).final_loss)
 
 
 def test_compile_auto_counts_only_the_steps_left_after_a_resume(monkeypatch):

@@ -6,7 +6,7 @@ import functools
 import logging
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -21,6 +21,12 @@ DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
     "fp32": torch.float32,
 }
+
+# Measured by tools/bench/bench_cpu_settings.py (`bf16` in tools/bench/results/cpu_settings.json;
+# tools/bench/report.py --check keeps them equal): on a CPU with native BF16, the narrowest model
+# width from which bf16 autocast trained faster than FP32 at every measured width (0.93x at 128,
+# 1.33x at 256, 1.35x at 512 on an AMX Xeon). `precision.mode: auto` picks bf16 from here on.
+CPU_BF16_MIN_WIDTH = 256
 
 # Fallback reasons already logged in this process: a run that resolves precision many times
 # (trainer, runtime, benchmarks) says each one once.
@@ -46,6 +52,8 @@ class PrecisionPlan:
     use_scaler: bool
     autocast_enabled: bool
     device_type: str
+    # Why `auto` chose this mode, where the choice depended on the machine and model (CPU).
+    reason: str = field(default="", compare=False)
 
     def is_mixed_precision(self) -> bool:
         """Return True when forward passes run under a lower-precision autocast."""
@@ -169,6 +177,33 @@ def _plan(mode: str, device_type: str) -> PrecisionPlan:
     )
 
 
+def matmul_width(model: torch.nn.Module) -> int:
+    """Return the median over the model's `nn.Linear` layers of their narrower side (0 without
+    any): the width that decides whether BF16 matmuls pay on a CPU.
+    """
+    sides = sorted(
+        min(module.in_features, module.out_features)
+        for module in model.modules()
+        if isinstance(module, torch.nn.Linear)
+    )
+    return sides[len(sides) // 2] if sides else 0
+
+
+def _cpu_auto(model: torch.nn.Module) -> PrecisionPlan:
+    width = matmul_width(model)
+    if width < CPU_BF16_MIN_WIDTH:
+        why = f"matmuls {width} wide; bf16 autocast pays on CPU from {CPU_BF16_MIN_WIDTH}"
+        return replace(_plan("fp32", "cpu"), reason=why)
+    if not cpu_bf16_supported():
+        why = "this CPU has no native BF16 (AVX512-BF16/AMX)"
+        return replace(_plan("fp32", "cpu"), reason=why)
+    why = (
+        f"native BF16 and matmuls {width} wide (bf16 autocast pays from {CPU_BF16_MIN_WIDTH}); "
+        "precision.mode: fp32 keeps FP32"
+    )
+    return replace(_plan("bf16", "cpu"), reason=why)
+
+
 def _fallback(requested: str, device_type: str, reason: str, resolved: str) -> PrecisionPlan:
     """Log (once per process) why `requested` became `resolved`, and return the resolved plan."""
     key = (requested, device_type, reason)
@@ -180,8 +215,11 @@ def _fallback(requested: str, device_type: str, reason: str, resolved: str) -> P
     return _plan(resolved, device_type)
 
 
-def resolve_precision(config: Any, device: torch.device | str) -> PrecisionPlan:
-    """Resolve a precision section against the actual device.
+def resolve_precision(
+    config: Any, device: torch.device | str, model: torch.nn.Module | None = None
+) -> PrecisionPlan:
+    """Resolve a precision section against the actual device (and, for `auto` on CPU, the model
+    it will train).
 
     The explicit mode wins, except that an explicit unsupported mixed mode falls back to a safe mode
     rather than making a run unusable.
@@ -189,7 +227,7 @@ def resolve_precision(config: Any, device: torch.device | str) -> PrecisionPlan:
     mode, dtype = _read_section(config)
     device_type = torch.device(device).type
     if mode == "auto":
-        return _resolve_auto(dtype, device_type)
+        return _resolve_auto(dtype, device_type, model)
     if mode == "fp32":
         return _plan("fp32", device_type)
     if device_type == "cuda":
@@ -220,9 +258,11 @@ def resolve_precision(config: Any, device: torch.device | str) -> PrecisionPlan:
     )
 
 
-def _resolve_auto(dtype: str | None, device_type: str) -> PrecisionPlan:
-    """Apply auto's rules: CUDA BF16, else CUDA FP16 + GradScaler, else FP32; `dtype` steers CUDA
-    only.
+def _resolve_auto(
+    dtype: str | None, device_type: str, model: torch.nn.Module | None
+) -> PrecisionPlan:
+    """Apply auto's rules: CUDA BF16, else CUDA FP16 + GradScaler; on CPU BF16 where it is native
+    and the model is wide enough to gain, else FP32; `dtype` steers CUDA only.
     """
     if device_type != "cuda":
         if dtype in ("bf16", "fp16"):
@@ -232,6 +272,8 @@ def _resolve_auto(dtype: str | None, device_type: str) -> PrecisionPlan:
                 "auto precision is FP32 on CPU and MPS; set precision.mode to request BF16",
                 "fp32",
             )
+        if device_type == "cpu" and dtype is None and model is not None:
+            return _cpu_auto(model)
         return _plan("fp32", device_type)
     preferred = dtype or "bf16"
     if preferred == "bf16" and not _cuda_bf16_supported():

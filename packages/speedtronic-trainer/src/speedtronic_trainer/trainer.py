@@ -180,7 +180,11 @@ class Trainer:
         self.tokens = 0
         self.skipped_steps = 0
         if precision is None:
-            precision = resolve_precision(self.config.precision, self.device)
+            precision = resolve_precision(
+                self.config.precision, self.device, model=unwrap_model(self.model)
+            )
+            if precision.reason:
+                self.logger.info("precision: auto -> %s (%s)", precision.mode, precision.reason)
         self.precision = precision
         self.scaler = make_grad_scaler(precision)
         self.shape_report = shape_report if shape_report is not None else self._check_shapes()

@@ -17,6 +17,12 @@ glibc_only = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True)
+def _caching_off(monkeypatch):
+    """Each test starts as a process that has not switched malloc (restored afterwards)."""
+    monkeypatch.setattr(cpu_allocator, "_enabled", False)
+
+
 @pytest.fixture
 def log():
     stream = io.StringIO()
@@ -53,19 +59,15 @@ def test_without_glibc_nothing_caches(no_glibc):
         assert not wanted and "needs glibc malloc on Linux" in why
 
 
-def test_caching_asked_for_where_it_is_unavailable_warns_and_runs_default(
-    monkeypatch, no_glibc, log
-):
+def test_caching_asked_for_where_it_is_unavailable_warns_and_runs_default(no_glibc, log):
     logger, stream = log
-    monkeypatch.setattr(cpu_allocator, "_enabled", False)
     assert apply_cpu_allocator("caching", "cpu", logger) is False
     assert "run.cpu_allocator: caching is not available (needs glibc" in stream.getvalue()
 
 
 @glibc_only
-def test_auto_logs_its_choice_and_switches_malloc(monkeypatch, log):
+def test_auto_logs_its_choice_and_switches_malloc(log):
     logger, stream = log
-    monkeypatch.setattr(cpu_allocator, "_enabled", False)
     assert apply_cpu_allocator("auto", "cpu", logger) is True
     assert cpu_allocator.caching_enabled()
     assert "cpu_allocator: auto -> caching (auto: training on CPU with glibc)" in stream.getvalue()
@@ -83,7 +85,6 @@ def test_default_after_caching_says_it_cannot_switch_back(monkeypatch, log):
 @glibc_only
 def test_a_refused_mallopt_is_a_warning_not_a_failure(monkeypatch, log):
     logger, stream = log
-    monkeypatch.setattr(cpu_allocator, "_enabled", False)
 
     def refuse():
         raise OSError("glibc mallopt(-3, 33554432) refused the setting")

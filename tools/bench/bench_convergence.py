@@ -268,7 +268,6 @@ def main(argv: list[str] | None = None) -> int:
         "muon_final_val_loss": muon["final_val_loss"],
         "muon_steps_to_adamw_loss_on_curve": reach,
         "muon_step_fraction_on_curve": None if reach is None else reach / steps,
-        "muon_step_fraction_by_horizon": (by_horizon.get("muon") or {}).get("fraction"),
         # Per optimizer: the shortest horizon (and its lr) whose decayed run reaches AdamW's loss.
         "shortest_horizon_reaching_adamw": by_horizon,
         "goal_step_fraction": 0.6,

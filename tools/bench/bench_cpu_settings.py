@@ -127,14 +127,18 @@ def summarize(runs: dict[str, list[dict[str, float]]], baseline: str) -> dict[st
     return out
 
 
-def child_run(kind: str, steps: int, cache_dir: str, allocator: str = "auto") -> dict[str, float]:
+def child_run(
+    kind: str, steps: int, cache_dir: str | None = None, allocator: str = "auto"
+) -> dict[str, float]:
     """Time the main job in a fresh process (eager, or compiled with this inductor cache folder;
     with this `run.cpu_allocator`): only a new process sees a cold compile, as a user's first run
     does, and glibc's malloc as it starts.
     """
     command = [sys.executable, __file__, "--child", kind, "--steps", str(steps)]
     command += ["--allocator", allocator]
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir}
+    env = dict(os.environ)
+    if cache_dir is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -142,11 +146,10 @@ def child_run(kind: str, steps: int, cache_dir: str, allocator: str = "auto") ->
 def allocator_case(steps: int, rounds: int) -> dict[str, Any]:
     """glibc's default malloc against the caching one for the eager main job, fresh processes."""
     runs: dict[str, list[dict[str, float]]] = {"default": [], "caching": []}
-    with tempfile.TemporaryDirectory() as cache:  # unused by eager runs
-        for index in range(rounds):
-            order = ["default", "caching"] if index % 2 == 0 else ["caching", "default"]
-            for allocator in order:
-                runs[allocator].append(child_run("eager", steps, cache, allocator))
+    for index in range(rounds):
+        order = ["default", "caching"] if index % 2 == 0 else ["caching", "default"]
+        for allocator in order:
+            runs[allocator].append(child_run("eager", steps, allocator=allocator))
     result = summarize(runs, "default")
     for name, values in runs.items():
         for key in ("page_faults_per_step", "peak_rss_mib"):

@@ -812,11 +812,12 @@ def check(results_dir: Path, readme: Path = README) -> list[str]:
             "speedtronic_systems/compile_choice.py) differs from the measured "
             f"{measured['break_even_steps']}: update the constant"
         )
-    if cpu.get("bf16") and bf16_min_width(cpu["bf16"]) != CPU_BF16_MIN_WIDTH:
+    bf16_width = bf16_min_width(cpu["bf16"]) if cpu.get("bf16") else CPU_BF16_MIN_WIDTH
+    if bf16_width != CPU_BF16_MIN_WIDTH:
         problems.append(
             f"precision auto's CPU bf16 width ({CPU_BF16_MIN_WIDTH}, "
             "speedtronic_systems/precision.py) differs from the measured "
-            f"{bf16_min_width(cpu['bf16'])}: update the constant"
+            f"{bf16_width}: update the constant"
         )
     allocator = cpu.get("allocator")
     if allocator and allocator["caching"]["speedup_vs_default"] < 1:

@@ -8,9 +8,11 @@ import torch
 
 from speedtronic_config import ConfigError
 from speedtronic_systems import precision
+from speedtronic_systems.parallel import SINGLE
 from speedtronic_systems.precision import (
     DeviceError,
     PrecisionError,
+    agree_precision,
     autocast_context,
     device_peak_flops,
     make_grad_scaler,
@@ -270,6 +272,53 @@ def test_bad_sections_name_the_field_and_value(section, message):
     # PrecisionConfig owns these rules: the same ConfigError as in a config file.
     with pytest.raises(ConfigError, match=message):
         resolve_precision(section, "cpu")
+
+
+# ----------------------------------------------------------------------------- agreement over ranks
+
+
+@dataclass
+class Ranks:
+    """The modes a data-parallel group's ranks resolved, as all_gather_object returns them.
+    (A real gloo group disagreeing is in tests/speedtronic/parallel_worker.py.)
+    """
+
+    modes: list[str]
+
+    def all_gather_object(self, value: str) -> list[str]:
+        assert value == self.modes[0], "this process is rank 0"
+        return self.modes
+
+
+def test_a_group_that_agrees_keeps_its_plan(monkeypatch):
+    monkeypatch.setattr(precision, "cpu_bf16_supported", lambda: True)
+    plan = resolve_precision("bf16", "cpu")
+    assert agree_precision(plan, Ranks(["bf16", "bf16", "bf16"])) is plan
+    assert agree_precision(plan, SINGLE) is plan
+
+
+@pytest.mark.parametrize(
+    ("modes", "device", "split"),
+    [
+        (["bf16", "fp32", "bf16", "fp32"], "cpu", "bf16 on rank 0, 2; fp32 on rank 1, 3"),
+        (["fp16", "bf16"], "cuda", "fp16 on rank 0; bf16 on rank 1"),
+    ],
+)
+def test_a_group_that_disagrees_trains_in_fp32_and_says_which_rank_chose_what(
+    fake_cuda, monkeypatch, modes, device, split
+):
+    monkeypatch.setattr(precision, "cpu_bf16_supported", lambda: True)
+    plan = resolve_precision(modes[0], device)
+    agreed = agree_precision(plan, Ranks(modes))
+    assert (agreed.mode, agreed.autocast_enabled, agreed.use_scaler, agreed.device_type) == (
+        "fp32",
+        False,
+        False,
+        device,
+    )
+    assert agreed.reason == (
+        f"the ranks resolved different precisions ({split}); every rank trains in fp32"
+    )
 
 
 # -------------------------------------------------------------------------------- autocast & scaler

@@ -94,6 +94,7 @@ def scenario_train(out: Path, mode: str) -> dict:
     skipped = skipping.fit()
     seen.update(skipped=skipped.skipped_steps, skip_steps=skipped.steps)
     seen["eval_loss"] = evaluate_shares(out, mode)
+    seen["split_precision"] = split_precision(out, mode)
     if mode == "fsdp":
         seen["wrong_order_refused"] = wrong_order_is_refused(trainer)
     return seen
@@ -111,6 +112,25 @@ def evaluate_shares(out: Path, mode: str) -> float | None:
         config(out / "eval", mode, data={"val_shard_path": str(shard), "eval_steps": 3})
     )
     return trainer.evaluate()
+
+
+def split_precision(out: Path, mode: str) -> list[str]:
+    """Return the (mode, reason) this rank trains in when only rank 0 has native BF16 and
+    `precision: auto` meets a model wide enough for it.
+    """
+    from speedtronic_systems import precision
+
+    native = int(os.environ["RANK"]) == 0
+    saved = precision.cpu_bf16_supported, precision._cuda_bf16_supported
+    precision.cpu_bf16_supported = precision._cuda_bf16_supported = lambda: native
+    try:
+        values = config(out / "split", mode, model={"d_model": 256})
+        values["logging"]["file"] = str(out / "split" / "train.log")
+        values["precision"] = "auto"
+        trainer, _ = runtime.build_runtime(values)
+    finally:
+        precision.cpu_bf16_supported, precision._cuda_bf16_supported = saved
+    return [trainer.precision.mode, trainer.precision.reason]
 
 
 def wrong_order_is_refused(trainer) -> bool:

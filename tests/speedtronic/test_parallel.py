@@ -101,6 +101,15 @@ def test_evaluation_sums_every_ranks_share_and_only_rank_zero_logs(trained):
     assert steps == [1, 2, 3]  # rank 0's records only
 
 
+def test_ranks_that_resolve_different_precisions_all_train_in_fp32(trained):
+    _, out, (zero, one) = trained
+    assert zero["split_precision"] == one["split_precision"]
+    mode, reason = zero["split_precision"]
+    assert mode == "fp32" and "bf16 on rank 0;" in reason and "on rank 1)" in reason
+    log = (out / "split" / "train.log").read_text()
+    assert f"precision: {reason}" in log
+
+
 def test_fsdp_refuses_an_optimizer_built_before_wrapping(trained):
     mode, _, (zero, _) = trained
     if mode != "fsdp":

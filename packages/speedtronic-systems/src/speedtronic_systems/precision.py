@@ -7,11 +7,14 @@ import logging
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from speedtronic_config import PrecisionConfig, resolve_section
+
+if TYPE_CHECKING:
+    from speedtronic_systems.parallel import ParallelContext
 
 logger = logging.getLogger(__name__)
 
@@ -283,6 +286,21 @@ def _resolve_auto(
     return _plan(preferred, device_type)
 
 
+def agree_precision(plan: PrecisionPlan, group: ParallelContext) -> PrecisionPlan:
+    """Return the precision every rank of `group` trains in: `plan` when all ranks resolved the
+    same mode, else FP32 with the reason (ranks on different hardware can resolve `auto`, or an
+    explicit mode's fallback, differently; their gradients would then be averaged across
+    precisions, and only FP16 ranks would scale theirs). Every rank must call it.
+    """
+    modes = group.all_gather_object(plan.mode)
+    if len(set(modes)) == 1:
+        return plan
+    by_mode = {mode: [str(r) for r, m in enumerate(modes) if m == mode] for mode in modes}
+    split = "; ".join(f"{mode} on rank {', '.join(ranks)}" for mode, ranks in by_mode.items())
+    why = f"the ranks resolved different precisions ({split}); every rank trains in fp32"
+    return replace(_plan("fp32", plan.device_type), reason=why)
+
+
 def autocast_context(
     plan: PrecisionPlan, device: torch.device | str | None = None
 ) -> AbstractContextManager:
@@ -439,6 +457,7 @@ __all__ = [
     "PEAK_FLOPS",
     "PrecisionError",
     "PrecisionPlan",
+    "agree_precision",
     "autocast_context",
     "available_devices",
     "cpu_bf16_supported",

@@ -25,6 +25,7 @@ from speedtronic_systems.parallel import (
 )
 from speedtronic_systems.precision import (
     PrecisionPlan,
+    agree_precision,
     autocast_context,
     make_grad_scaler,
     resolve_precision,
@@ -185,8 +186,11 @@ class Trainer:
             )
             if precision.reason:
                 self.logger.info("precision: auto -> %s (%s)", precision.mode, precision.reason)
-        self.precision = precision
-        self.scaler = make_grad_scaler(precision)
+        agreed = agree_precision(precision, self.parallel)
+        if agreed is not precision:
+            self.logger.warning("precision: %s", agreed.reason)
+        self.precision = agreed
+        self.scaler = make_grad_scaler(self.precision)
         self.shape_report = shape_report if shape_report is not None else self._check_shapes()
         self._stream = BatchStream(dataloader)
         self._guard = StepGuard()

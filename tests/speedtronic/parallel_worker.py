@@ -18,6 +18,7 @@ import torch
 
 from speedtronic import runtime
 from speedtronic_systems.parallel import ParallelError, check_optimizer_after_wrapping
+from speedtronic_trainer.checkpoint_checks import CheckpointError
 
 # The CUDA-marked tests run the same scenarios on GPUs (NCCL through backend auto).
 DEVICE = os.environ.get("SPEEDTRONIC_TEST_DEVICE", "cpu")
@@ -165,7 +166,48 @@ def scenario_resume(out: Path, mode: str) -> dict:
     return seen
 
 
-SCENARIOS = {"train": scenario_train, "resume": scenario_resume}
+def scenario_resume_into_fsdp(out: Path, mode: str) -> dict:
+    """Resume single-file DDP checkpoints (step_2.pt) under FSDP2 at world 2 and train to step 3:
+    the AdamW run of `train`, and a hybrid Muon run trained here under DDP first.
+    """
+    source = Path(os.environ["SOURCE_RUN"])
+    adamw = source / "run" / "checkpoints" / "step_2.pt"
+    seen = resume_under(mode, adamw, out / "adamw")
+    try:  # another model size: refused in one line on every rank, as without FSDP
+        resume_under(mode, adamw, out / "wider", model={"d_model": 32})
+    except CheckpointError as error:
+        seen["wider"] = str(error)
+    muon = {"name": "muon", "lr": 0.02, "grad_clip": 1e9}
+    trainer, _ = runtime.build_runtime(config(out / "muon_ddp", "ddp", optimizer=muon))
+    trainer.fit()
+    if trainer.parallel.is_main:
+        torch.save(full_parameters(trainer), out / "muon_ddp" / "params_train.pt")
+    checkpoint = out / "muon_ddp" / "run" / "checkpoints" / "step_2.pt"
+    seen["muon"] = resume_under(mode, checkpoint, out / "muon", optimizer=muon)
+    return seen
+
+
+def resume_under(mode: str, checkpoint: Path, out: Path, **sections) -> dict:
+    """Resume `checkpoint` in a fresh run folder under `mode`, train to step 3 and let rank 0
+    write the parameters it ended with (out/params_resumed.pt).
+    """
+    target = out / "run" / "checkpoints"
+    target.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):  # every rank tries; one link wins
+        os.symlink(checkpoint, target / checkpoint.name)
+    trainer, _ = runtime.build_runtime(config(out, mode, **sections), resume=True)
+    seen = {"resumed_at": trainer.step, "steps": trainer.fit().steps}
+    params = full_parameters(trainer)
+    if trainer.parallel.is_main:
+        torch.save(params, out / "params_resumed.pt")
+    return seen
+
+
+SCENARIOS = {
+    "train": scenario_train,
+    "resume": scenario_resume,
+    "resume_into_fsdp": scenario_resume_into_fsdp,
+}
 
 
 def main() -> None:

@@ -127,6 +127,29 @@ def test_a_checkpoint_resumes_at_another_world_size(trained, tmp_path, world):
         assert seen == {"resumed_at": 3, "world_size": world, "steps": 4}
 
 
+def test_ddp_checkpoints_resume_under_fsdp_and_make_the_same_update(trained, tmp_path):
+    mode, source, _ = trained
+    if mode != "ddp":
+        pytest.skip("resumes the DDP run's single-file checkpoint")
+    env = {"SOURCE_RUN": str(source)}
+    torchrun(str(WORKER), "resume_into_fsdp", str(tmp_path), "fsdp", env=env)
+    for seen in ranks(tmp_path, 2):
+        wider = seen.pop("wider")
+        assert seen == {"resumed_at": 2, "steps": 3, "muon": {"resumed_at": 2, "steps": 3}}
+        assert "does not fit this model: size mismatch for tok_emb.weight" in wider
+        assert "model.d_model: checkpoint 16, this run 32" in wider
+    # Step 3 from DDP's step-2 weights, optimizer state (AdamW moments; Muon momentum) and data
+    # position, now sharded: the same parameters as the DDP run's own step 3.
+    for reference, resumed in [
+        (source / "params_train.pt", tmp_path / "adamw" / "params_resumed.pt"),
+        (tmp_path / "muon_ddp" / "params_train.pt", tmp_path / "muon" / "params_resumed.pt"),
+    ]:
+        expected, got = torch.load(reference), torch.load(resumed)
+        assert got.keys() == expected.keys()
+        for name, value in expected.items():
+            assert (got[name] - value).abs().max() <= 1e-6, (resumed, name)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +106,15 @@ def _config_differences(saved: Any, current: Any, section: str) -> list[str]:
     ]
 
 
-def restore_model(model: torch.nn.Module, state: Mapping[str, Any], config: Any = None) -> None:
-    """Load a checkpoint's model weights strictly; CheckpointError naming the first mismatch, how
-    many there are, and the model settings that differ from the checkpoint's.
+def restore_model(
+    model: torch.nn.Module,
+    state: Mapping[str, Any],
+    config: Any = None,
+    load: Callable[[torch.nn.Module, Any], Any] | None = None,
+) -> None:
+    """Load a checkpoint's model weights strictly (through `load(model, weights)` when given, as
+    an FSDP2 model needs); CheckpointError naming the first mismatch, how many there are, and the
+    model settings that differ from the checkpoint's.
     """
     saved = state["model"]
     current = model.state_dict()
@@ -120,7 +126,7 @@ def restore_model(model: torch.nn.Module, state: Mapping[str, Any], config: Any 
     problems += [f"missing {name}" for name in current if name not in saved]
     problems += [f"unexpected {name}" for name in saved if name not in current]
     if not problems:
-        model.load_state_dict(saved)
+        (load or torch.nn.Module.load_state_dict)(model, saved)
         return
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
     settings = _config_differences(state.get("config"), config, "model")

@@ -2,7 +2,8 @@
 
 Every rank writes its own shards of the model and optimizer state; DCP's metadata file, written
 once all ranks finished, makes the folder complete. A sharded checkpoint loads at any world size
-(DCP reshards), into an FSDP2 model or a plain one.
+(DCP reshards), into an FSDP2 model or a plain one; a single-file checkpoint (one process or DDP)
+loads into an FSDP2 model too, each rank keeping its shards of the whole state it read.
 """
 
 from __future__ import annotations
@@ -66,4 +67,37 @@ def load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer 
     )
 
 
-__all__ = ["TRAINER_STATE", "leaf_optimizers", "load_sharded", "save_sharded"]
+def load_full_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a whole (unsharded) model state dict, read by every rank, into an FSDP2 model."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+
+def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Turn whole optimizer state tensors, loaded by every rank from a single-file checkpoint,
+    into this rank's shards: laid out like the FSDP2 (DTensor) parameter each belongs to.
+    """
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    for leaf in leaf_optimizers(optimizer):
+        for param, entries in leaf.state.items():
+            if not isinstance(param, DTensor):
+                continue
+            for key, value in entries.items():
+                if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
+                    if value.shape == param.shape:  # per-element state; scalars such as step stay
+                        # Every rank holds the same whole tensor: slice locally, no collective.
+                        entries[key] = distribute_tensor(
+                            value, param.device_mesh, param.placements, src_data_rank=None
+                        )
+
+
+__all__ = [
+    "TRAINER_STATE",
+    "leaf_optimizers",
+    "load_full_model_state",
+    "load_sharded",
+    "save_sharded",
+    "shard_optimizer_state",
+]

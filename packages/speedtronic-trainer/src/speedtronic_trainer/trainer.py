@@ -46,7 +46,12 @@ from speedtronic_trainer.metric_logger import MetricLogger
 from speedtronic_trainer.metrics import StepMetrics
 from speedtronic_trainer.preemption import StopSignal
 from speedtronic_trainer.progress import ProgressBar, progress_enabled
-from speedtronic_trainer.sharded import load_sharded, save_sharded
+from speedtronic_trainer.sharded import (
+    load_full_model_state,
+    load_sharded,
+    save_sharded,
+    shard_optimizer_state,
+)
 
 CHECKPOINT_FORMAT = 1
 # A "skip" policy that keeps meeting non-finite losses is a diverged run, not a bad batch.
@@ -551,7 +556,7 @@ class Trainer:
 
     def _restore_weights(self, state: dict[str, Any]) -> None:
         """Load the model and optimizer: FSDP shards through DCP (any world size), else the
-        state dict every rank reads from the same file.
+        state dict every rank reads from the same file (an FSDP2 model keeps its shards of it).
         """
         if "sharded" in state:
             load_sharded(Path(state["sharded"]), self.model, self.optimizer)
@@ -561,15 +566,14 @@ class Trainer:
             raise ValueError(
                 f"checkpoint state lacks {missing}; it was not written by this trainer"
             )
-        if self.parallel.mode == "fsdp":
-            raise CheckpointError(
-                f"{state.get('checkpoint_path', 'the checkpoint')} is a single-file checkpoint; "
-                "resume it with parallel.data_parallel: none or ddp (fsdp resumes step_<n>.dcp)"
-            )
         # One line naming the mismatch and the fix (another model size or optimizer).
         config = self.config if self._config_given else None
-        restore_model(unwrap_model(self.model), state, config)
+        sharded = self.parallel.mode == "fsdp"
+        load = load_full_model_state if sharded else None
+        restore_model(unwrap_model(self.model), state, config, load=load)
         restore_optimizer(self.optimizer, state, config)
+        if sharded:
+            shard_optimizer_state(self.optimizer)
 
     def _restore_rank_state(self, state: dict[str, Any]) -> None:
         """Restore this rank's RNG and data position; at another world size the data restarts

@@ -98,6 +98,42 @@ def test_launcher_arguments_go_to_torchrun_and_never_to_the_workers():
     assert preempted_exit_code({143, 1}) is None and preempted_exit_code(set()) is None
 
 
+EXITING_WORKER = """
+import atexit, queue, sys, threading
+from pathlib import Path
+from speedtronic.launch import exit_worker
+
+out = Path(sys.argv[1])
+atexit.register(lambda: out.joinpath("atexit").write_text("ran"))
+work = queue.Queue()
+
+
+def write_after_work():  # far slower than exiting: unjoined, the process ends without the file
+    item = work.get()
+    out.joinpath("thread").write_text(f"{item} {sum(range(20_000_000))}")
+
+
+threading.Thread(target=write_after_work).start()
+print("buffered, no newline", end="")
+work.put("finished")
+exit_worker(3)
+raise AssertionError("exit_worker returned")
+"""
+
+
+def test_a_worker_exits_with_its_code_after_threads_atexit_and_buffered_output(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", EXITING_WORKER, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=ENV | {"PYTHONUNBUFFERED": ""},
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (3, "buffered, no newline", "")
+    assert (tmp_path / "thread").read_text() == f"finished {sum(range(20_000_000))}"
+    assert (tmp_path / "atexit").read_text() == "ran"
+
+
 def test_two_nodes_meet_through_c10d_rendezvous_on_loopback(tmp_path):
     endpoint = f"127.0.0.1:{free_port()}"
     launch = ["--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", endpoint]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from speedtronic.errors import RUNTIME_ERROR, USAGE_ERROR, RunFailed, UsageError
-from speedtronic.launch import add_launch_arguments, launch
+from speedtronic.launch import add_launch_arguments, exit_worker, launch
 
 
 class _Parser(argparse.ArgumentParser):
@@ -439,7 +439,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def main_entry() -> None:
     """Console-script entry point: exit with main()'s code."""
-    sys.exit(main())
+    code = main()
+    if "LOCAL_RANK" in os.environ:  # a torchrun worker (see exit_worker)
+        exit_worker(code)
+    sys.exit(code)
 
 
 __all__ = ["main", "main_entry"]

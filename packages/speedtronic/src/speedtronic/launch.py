@@ -2,14 +2,19 @@
 
 torchrun (torch.distributed.run) starts the workers, runs the c10d rendezvous across nodes and
 restarts them on failure (--max-restarts); each worker runs `python -m speedtronic train` with the
-same arguments minus these launcher flags.
+same arguments minus these launcher flags, and leaves through exit_worker.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
 import signal
+import sys
+import threading
 from collections.abc import Sequence
+from typing import NoReturn
 
 from speedtronic.errors import UsageError, signal_exit_code
 
@@ -114,8 +119,26 @@ def preempted_exit_code(codes: set[int]) -> int | None:
     return interrupt if codes == {interrupt} else term
 
 
+def exit_worker(code: int) -> NoReturn:
+    """End a torchrun worker with `code` after the work Python's own exit does (non-daemon
+    threads joined, atexit handlers run, streams flushed), skipping only the interpreter's
+    teardown: there, gloo threads releasing tensors abort a finished run now and then (SIGABRT,
+    "terminate called without an active exception"; pytorch#179291) and torchrun reports the run
+    failed.
+    """
+    main = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # the handlers (logging's flush among them) teardown would run
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 __all__ = [
     "add_launch_arguments",
+    "exit_worker",
     "launch",
     "preempted_exit_code",
     "torchrun_arguments",

@@ -96,6 +96,7 @@ def scenario_train(out: Path, mode: str) -> dict:
     seen.update(skipped=skipped.skipped_steps, skip_steps=skipped.steps)
     seen["eval_loss"] = evaluate_shares(out, mode)
     seen["split_precision"] = split_precision(out, mode)
+    seen["resume_apart"] = resume_apart(out, mode)
     if mode == "fsdp":
         seen["wrong_order_refused"] = wrong_order_is_refused(trainer)
     return seen
@@ -132,6 +133,27 @@ def split_precision(out: Path, mode: str) -> list[str]:
     finally:
         precision.cpu_bf16_supported, precision._cuda_bf16_supported = saved
     return [trainer.precision.mode, trainer.precision.reason]
+
+
+def resume_apart(out: Path, mode: str) -> list[str]:
+    """Resume with rank 1 on a "node" that lacks the run's checkpoint folder (no shared
+    filesystem), then on one where it holds only a corrupt file; return the errors every rank
+    must raise instead of training apart (or waiting for a rank that failed alone).
+    """
+    seen = []
+    for folder in ("elsewhere", "corrupt"):
+        values = config(out, mode)
+        if int(os.environ["RANK"]) == 1:
+            values["run"]["output_dir"] = str(out / folder)
+            if folder == "corrupt":
+                (out / folder / "checkpoints").mkdir(parents=True, exist_ok=True)
+                (out / folder / "checkpoints" / "step_3.pt").write_bytes(b"torn")
+        try:
+            runtime.build_runtime(values, resume=True)
+            seen.append("resumed")
+        except CheckpointError as error:
+            seen.append(str(error))
+    return seen
 
 
 def wrong_order_is_refused(trainer) -> bool:

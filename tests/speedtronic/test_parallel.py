@@ -110,6 +110,22 @@ def test_ranks_that_resolve_different_precisions_all_train_in_fp32(trained):
     assert f"precision: {reason}" in log
 
 
+def test_ranks_that_find_different_checkpoints_refuse_to_resume_together(trained):
+    mode, out, (zero, one) = trained
+    name = "step_3.dcp" if mode == "fsdp" else "step_3.pt"
+    # Each rank names the folder its own config points at (here they differ on purpose).
+    for index, (rank_1, found) in enumerate(
+        [("elsewhere", "none"), ("corrupt", "no loadable checkpoint")]
+    ):
+        for seen, folder in [(zero, out / "run"), (one, out / rank_1)]:
+            assert seen["resume_apart"][index] == (
+                f"the ranks found different checkpoints to resume ({name} on rank 0; {found} on "
+                f"rank 1); every node must see the same checkpoint folder "
+                f"{folder / 'checkpoints'}: put it on a filesystem all nodes share, or copy it to "
+                "each node"
+            )
+
+
 def test_fsdp_refuses_an_optimizer_built_before_wrapping(trained):
     mode, _, (zero, _) = trained
     if mode != "fsdp":

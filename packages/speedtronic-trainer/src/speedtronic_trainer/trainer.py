@@ -595,13 +595,44 @@ class Trainer:
 
     def resume_latest(self) -> bool:
         """Resume from the checkpoint manager's newest valid checkpoint; return whether one was
-        loaded.
+        loaded. Under data parallelism every rank must find the same one.
         """
         if self.checkpoint_manager is None:
             raise ValueError("resume_latest() needs a checkpoint_manager")
-        state = self.checkpoint_manager.load_latest(warn=self.logger.warning)
+        error: CheckpointError | None = None
+        try:
+            state = self.checkpoint_manager.load_latest(warn=self.logger.warning)
+        except CheckpointError as exc:  # agreed on first: the other ranks must not wait for us
+            state, error = None, exc
+        self._check_same_checkpoint(state, error)
+        if error is not None:
+            raise error
         self.resume(state)
         return state is not None
+
+    def _check_same_checkpoint(
+        self, state: dict[str, Any] | None, error: CheckpointError | None
+    ) -> None:
+        """Raise CheckpointError on every rank when the ranks found different checkpoints (a
+        node without the shared checkpoint folder, or one that could not read it): resumed
+        apart, they would train different models or wait for each other forever.
+        """
+        found = "none"
+        if error is not None:
+            found = "no loadable checkpoint"
+        elif state is not None:
+            found = Path(state.get("checkpoint_path", "a state dict")).name
+        everyone = self.parallel.all_gather_object(found)
+        if len(set(everyone)) == 1:
+            return
+        ranks = {what: [str(r) for r, w in enumerate(everyone) if w == what] for what in everyone}
+        split = "; ".join(f"{what} on rank {', '.join(r)}" for what, r in ranks.items())
+        folder = self.checkpoint_manager.directory if self.checkpoint_manager else "?"
+        raise CheckpointError(
+            f"the ranks found different checkpoints to resume ({split}); every node must see "
+            f"the same checkpoint folder {folder}: put it on a filesystem all nodes share, or "
+            "copy it to each node"
+        )
 
     # -------------------------------------------------------------------------------------- fit
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from speedtronic.cli import main
 from speedtronic.launch import preempted_exit_code, torchrun_arguments, worker_arguments
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,6 +97,36 @@ def test_launcher_arguments_go_to_torchrun_and_never_to_the_workers():
     assert preempted_exit_code({143}) == 143 and preempted_exit_code({143, -15}) == 143
     assert preempted_exit_code({130}) == 130
     assert preempted_exit_code({143, 1}) is None and preempted_exit_code(set()) is None
+
+
+@pytest.mark.parametrize(
+    "extra, line",
+    [
+        (["--set", "model.n_layr=3"], "model.n_layr: unknown key; did you mean n_layer?"),
+        (
+            [],  # the smoke config sets no data-parallel mode
+            "parallel.data_parallel: is none, but 2 processes are launched: each would train "
+            "alone (--nnodes 1: 1 node(s) x 2 processes); set parallel.data_parallel: ddp (or "
+            "fsdp)",
+        ),
+        (
+            # Elastic 1 to 3 nodes: at 2 nodes (4 ranks) 8 rows split into rows of 2, not 4.
+            ["--set", "parallel.data_parallel=ddp", "--nnodes", "1:3"]
+            + ["--rdzv-endpoint", "127.0.0.1:9"],
+            "data.target_batch_size: 8 does not split over 4 ranks into whole microbatches of 4 "
+            "(--nnodes 1:3: 2 node(s) x 2 processes); use a multiple of 16 (world size x "
+            "micro_batch_size)",
+        ),
+        (
+            ["--nnodes", "3:2", "--rdzv-endpoint", "127.0.0.1:9"],
+            "--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got 3:2",
+        ),
+    ],
+)
+def test_the_launcher_refuses_a_bad_run_in_one_line_before_any_worker(capsys, extra, line):
+    smoke = str(ROOT / "configs" / "smoke.yaml")
+    assert main(["train", smoke, "--nproc-per-node", "2", *extra]) == 2
+    assert capsys.readouterr().err == f"speedtronic train: {line}\n"
 
 
 EXITING_WORKER = """

@@ -128,15 +128,8 @@ def init_parallel(section: Any, device: torch.device) -> ParallelContext:
     plain run). On CUDA each rank uses cuda:LOCAL_RANK.
     """
     section: ParallelConfig = resolve_section(section, "parallel")
-    world_size = launched_world_size()
+    check_world_size(section, launched_world_size())
     if section.data_parallel == "none":
-        if world_size > 1:
-            raise ConfigError(
-                "parallel.data_parallel",
-                f"is none, but {world_size} processes were launched (WORLD_SIZE={world_size}): "
-                "each would train alone",
-                allowed="set parallel.data_parallel: ddp (or fsdp)",
-            )
         return SINGLE
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":
@@ -157,6 +150,19 @@ def init_parallel(section: Any, device: torch.device) -> ParallelContext:
     return ParallelContext(
         section.data_parallel, dist.get_rank(), dist.get_world_size(), local_rank, device
     )
+
+
+def check_world_size(section: Any, world_size: int) -> None:
+    """Raise ConfigError when `world_size` processes would each train alone (no data-parallel
+    mode set).
+    """
+    section = resolve_section(section, "parallel")
+    if section.data_parallel == "none" and world_size > 1:
+        raise ConfigError(
+            "parallel.data_parallel",
+            f"is none, but {world_size} processes are launched: each would train alone",
+            allowed="set parallel.data_parallel: ddp (or fsdp)",
+        )
 
 
 def _restart_store(timeout: datetime.timedelta) -> dict[str, Any]:
@@ -312,6 +318,7 @@ __all__ = [
     "ParallelError",
     "check_batch_split",
     "check_optimizer_after_wrapping",
+    "check_world_size",
     "gradient_sync",
     "init_parallel",
     "launched_world_size",

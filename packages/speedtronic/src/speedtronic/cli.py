@@ -228,8 +228,10 @@ def _train_overrides(values: Any, args: argparse.Namespace) -> list[str]:
     return overrides
 
 
-def _train_config(args: argparse.Namespace) -> Any:
-    """Return the run's config: the file with overrides, and the CUDA overlay on a CUDA device."""
+def _train_config(args: argparse.Namespace, *, announce: bool = True) -> Any:
+    """Return the run's config: the file with overrides, and the CUDA overlay on a CUDA device
+    (said on stderr when `announce`).
+    """
     from speedtronic_config.loading import read_source
 
     values = read_source(args.config)  # read once: the CUDA overlay applies to the same values
@@ -243,7 +245,8 @@ def _train_config(args: argparse.Namespace) -> Any:
     overlaid = _load_config(values, _cuda_overrides(args.cuda_overlay) + overrides)
     if resolve_device(config.run.device).type != "cuda":
         return config
-    print(f"speedtronic train: on CUDA, applying {args.cuda_overlay}", file=sys.stderr)
+    if announce:
+        print(f"speedtronic train: on CUDA, applying {args.cuda_overlay}", file=sys.stderr)
     return overlaid
 
 
@@ -251,7 +254,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from speedtronic.report import print_run_summary
 
     if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
-        return launch(args, args.argv)  # this process becomes torchrun's launcher
+        # This process becomes torchrun's launcher; a bad config fails here, once.
+        return launch(args, args.argv, _train_config(args, announce=False))
     config = _train_config(args)
     from speedtronic.runtime import build_runtime
     from speedtronic.train_end import report_signal_stop, run_failed

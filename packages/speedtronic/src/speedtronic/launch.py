@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from speedtronic.errors import UsageError, signal_exit_code
 
@@ -61,6 +61,40 @@ def worker_arguments(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def launch_world_sizes(args: argparse.Namespace) -> list[int]:
+    """Return every world size this launch can have: --nproc-per-node times each node count
+    --nnodes allows (N, or MIN:MAX for an elastic job).
+    """
+    low, _, high = str(args.nnodes).partition(":")
+    try:
+        counts = range(int(low), int(high or low) + 1)
+    except ValueError:
+        counts = range(0)
+    if not counts or counts.start < 1:
+        raise UsageError(f"--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got {args.nnodes}")
+    return [args.nproc_per_node * count for count in counts]
+
+
+def check_launch(config: Any, args: argparse.Namespace) -> None:
+    """Raise ConfigError for a config every worker of this launch would refuse, at any world size
+    it can have, before a worker starts: one line instead of one per worker and a torchrun trace.
+    """
+    from speedtronic_config import ConfigError
+    from speedtronic_systems.parallel import check_batch_split, check_world_size
+
+    for world_size in launch_world_sizes(args):
+        try:
+            check_world_size(config.parallel, world_size)
+            check_batch_split(
+                config.data.target_batch_size, config.data.micro_batch_size, world_size
+            )
+        except ConfigError as error:  # both checks name no value: path, problem, fix
+            # Say where the world size comes from (with MIN:MAX, it may be a later resize).
+            nodes = f"{world_size // args.nproc_per_node} node(s) x {args.nproc_per_node}"
+            problem = f"{error.problem} (--nnodes {args.nnodes}: {nodes} processes)"
+            raise ConfigError(error.path, problem, allowed=error.allowed) from None
+
+
 def torchrun_arguments(args: argparse.Namespace, argv: Sequence[str]) -> list[str]:
     """Return torchrun's command line for this train invocation."""
     if args.nproc_per_node < 1:
@@ -83,16 +117,19 @@ def torchrun_arguments(args: argparse.Namespace, argv: Sequence[str]) -> list[st
     return [*launcher, "-m", "speedtronic", *worker_arguments(argv)]
 
 
-def launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Run torchrun with this invocation's workers; return 0, the signal exit code when a signal
-    stopped the group (143 for SIGTERM), or raise when a worker failed.
+def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
+    """Check `config` against the launch, then run torchrun with this invocation's workers;
+    return 0, the signal exit code when a signal stopped the group (143 for SIGTERM), or raise
+    when a worker failed.
     """
+    command = torchrun_arguments(args, argv)
+    check_launch(config, args)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     try:
-        run(parse_args(torchrun_arguments(args, argv)))
+        run(parse_args(command))
     except SignalException as stop:  # the launcher was signalled; torchrun passed it on
         return signal_exit_code(signal.Signals(stop.sigval).name)
     except ChildFailedError as failure:
@@ -138,8 +175,10 @@ def exit_worker(code: int) -> NoReturn:
 
 __all__ = [
     "add_launch_arguments",
+    "check_launch",
     "exit_worker",
     "launch",
+    "launch_world_sizes",
     "preempted_exit_code",
     "torchrun_arguments",
     "worker_arguments",

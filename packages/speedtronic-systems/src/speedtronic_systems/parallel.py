@@ -152,6 +152,16 @@ def init_parallel(section: Any, device: torch.device) -> ParallelContext:
     )
 
 
+def describe_ranks(values: list[Any]) -> str:
+    """Return which rank holds which value, for an error about ranks that disagree: values in
+    order of first appearance, e.g. "bf16 on rank 0, 2; fp32 on rank 1".
+    """
+    ranks: dict[str, list[str]] = {}
+    for rank, value in enumerate(values):
+        ranks.setdefault(str(value), []).append(str(rank))
+    return "; ".join(f"{value} on rank {', '.join(owners)}" for value, owners in ranks.items())
+
+
 def check_world_size(section: Any, world_size: int) -> None:
     """Raise ConfigError when `world_size` processes would each train alone (no data-parallel
     mode set).
@@ -319,6 +329,7 @@ __all__ = [
     "check_batch_split",
     "check_optimizer_after_wrapping",
     "check_world_size",
+    "describe_ranks",
     "gradient_sync",
     "init_parallel",
     "launched_world_size",

@@ -7,14 +7,12 @@ import logging
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from speedtronic_config import PrecisionConfig, resolve_section
-
-if TYPE_CHECKING:
-    from speedtronic_systems.parallel import ParallelContext
+from speedtronic_systems.parallel import ParallelContext, describe_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -295,8 +293,7 @@ def agree_precision(plan: PrecisionPlan, group: ParallelContext) -> PrecisionPla
     modes = group.all_gather_object(plan.mode)
     if len(set(modes)) == 1:
         return plan
-    by_mode = {mode: [str(r) for r, m in enumerate(modes) if m == mode] for mode in modes}
-    split = "; ".join(f"{mode} on rank {', '.join(ranks)}" for mode, ranks in by_mode.items())
+    split = describe_ranks(modes)
     why = f"the ranks resolved different precisions ({split}); every rank trains in fp32"
     return replace(_plan("fp32", plan.device_type), reason=why)
 

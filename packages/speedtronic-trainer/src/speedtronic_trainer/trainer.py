@@ -19,6 +19,7 @@ from speedtronic_systems.parallel import (
     ParallelContext,
     check_batch_split,
     check_optimizer_after_wrapping,
+    describe_ranks,
     gradient_sync,
     total_norm,
     unwrap_model,
@@ -604,32 +605,26 @@ class Trainer:
             state = self.checkpoint_manager.load_latest(warn=self.logger.warning)
         except CheckpointError as exc:  # agreed on first: the other ranks must not wait for us
             state, error = None, exc
-        self._check_same_checkpoint(state, error)
+        found = "none" if state is None else Path(state["checkpoint_path"]).name
+        self._agree_on_checkpoint(
+            "no loadable checkpoint" if error else found, self.checkpoint_manager.directory
+        )
         if error is not None:
             raise error
         self.resume(state)
         return state is not None
 
-    def _check_same_checkpoint(
-        self, state: dict[str, Any] | None, error: CheckpointError | None
-    ) -> None:
+    def _agree_on_checkpoint(self, found: str, folder: Path) -> None:
         """Raise CheckpointError on every rank when the ranks found different checkpoints (a
         node without the shared checkpoint folder, or one that could not read it): resumed
         apart, they would train different models or wait for each other forever.
         """
-        found = "none"
-        if error is not None:
-            found = "no loadable checkpoint"
-        elif state is not None:
-            found = Path(state.get("checkpoint_path", "a state dict")).name
         everyone = self.parallel.all_gather_object(found)
         if len(set(everyone)) == 1:
             return
-        ranks = {what: [str(r) for r, w in enumerate(everyone) if w == what] for what in everyone}
-        split = "; ".join(f"{what} on rank {', '.join(r)}" for what, r in ranks.items())
-        folder = self.checkpoint_manager.directory if self.checkpoint_manager else "?"
         raise CheckpointError(
-            f"the ranks found different checkpoints to resume ({split}); every node must see "
+            f"the ranks found different checkpoints to resume ({describe_ranks(everyone)}); "
+            "every node must see "
             f"the same checkpoint folder {folder}: put it on a filesystem all nodes share, or "
             "copy it to each node"
         )

@@ -256,7 +256,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
         # This process becomes torchrun's launcher; a bad config fails here, once.
         return launch(args, args.argv, _train_config(args, announce=False))
-    config = _train_config(args)
+    config = _train_config(args, announce=os.environ.get("RANK", "0") == "0")  # once per run
     from speedtronic.runtime import build_runtime
     from speedtronic.train_end import report_signal_stop, run_failed
     from speedtronic_systems.parallel import shutdown_parallel

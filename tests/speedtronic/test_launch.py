@@ -26,13 +26,18 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def train(out: Path, *extra: str, log: Path | None = None) -> subprocess.Popen:
+def train(
+    out: Path, *extra: str, log: Path | None = None, env: dict | None = None
+) -> subprocess.Popen:
     """Start `speedtronic train` on the smoke config, data-parallel, writing under out."""
     command = [sys.executable, "-m", "speedtronic", "train", str(ROOT / "configs" / "smoke.yaml")]
     command += ["--set", "parallel.data_parallel=ddp", "--set", f"run.output_dir={out}"]
     command += ["--set", f"logging.json_file={out / 'metrics.jsonl'}", *extra]
     stream = open(log or out.with_suffix(".log"), "w")  # noqa: SIM115 - closed by the caller
-    return subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=ENV, cwd=ROOT)
+    environment = ENV | (env or {})
+    return subprocess.Popen(
+        command, stdout=stream, stderr=subprocess.STDOUT, env=environment, cwd=ROOT
+    )
 
 
 def wait_for(condition, what: str, process: subprocess.Popen, timeout: float = 240) -> None:
@@ -131,11 +136,15 @@ def test_the_launcher_refuses_a_bad_run_in_one_line_before_any_worker(capsys, ex
 
 EXITING_WORKER = """
 import atexit, queue, sys, threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from speedtronic.launch import exit_worker
 
 out = Path(sys.argv[1])
 atexit.register(lambda: out.joinpath("atexit").write_text("ran"))
+# An idle pool worker (torch.compile keeps some): a plain join of it would wait forever.
+pool = ThreadPoolExecutor(1)  # kept, as a library keeps its pool
+pool.submit(int).result()
 work = queue.Queue()
 
 
@@ -158,7 +167,7 @@ def test_a_worker_exits_with_its_code_after_threads_atexit_and_buffered_output(t
         capture_output=True,
         text=True,
         env=ENV | {"PYTHONUNBUFFERED": ""},
-        timeout=120,
+        timeout=60,  # a worker that waits for its idle pool thread never ends
     )
     assert (done.returncode, done.stdout, done.stderr) == (3, "buffered, no newline", "")
     assert (tmp_path / "thread").read_text() == f"finished {sum(range(20_000_000))}"
@@ -168,7 +177,13 @@ def test_a_worker_exits_with_its_code_after_threads_atexit_and_buffered_output(t
 def test_two_nodes_meet_through_c10d_rendezvous_on_loopback(tmp_path):
     endpoint = f"127.0.0.1:{free_port()}"
     launch = ["--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", endpoint]
-    nodes = [train(tmp_path / "run", *launch, log=tmp_path / f"node{i}.log") for i in range(2)]
+    # Compiled from an empty cache, so torch.compile starts its worker pool: its idle threads
+    # must not keep a finished worker from exiting (exit_worker once waited on them forever).
+    launch += ["--set", "compile=true"]
+    cold = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    nodes = [
+        train(tmp_path / "run", *launch, log=tmp_path / f"node{i}.log", env=cold) for i in range(2)
+    ]
     for node in nodes:
         assert node.wait(timeout=300) == 0, (tmp_path / "node0.log").read_text()[-3000:]
     logs = [(tmp_path / f"node{i}.log").read_text() for i in range(2)]

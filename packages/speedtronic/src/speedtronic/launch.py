@@ -157,17 +157,17 @@ def preempted_exit_code(codes: set[int]) -> int | None:
 
 
 def exit_worker(code: int) -> NoReturn:
-    """End a torchrun worker with `code` after the work Python's own exit does (non-daemon
-    threads joined, atexit handlers run, streams flushed), skipping only the interpreter's
-    teardown: there, gloo threads releasing tensors abort a finished run now and then (SIGABRT,
-    "terminate called without an active exception"; pytorch#179291) and torchrun reports the run
-    failed.
+    """End a torchrun worker with `code` after the steps of Python's own exit, skipping only
+    the interpreter teardown that follows them: there, gloo threads releasing tensors abort a
+    finished run now and then (SIGABRT, "terminate called without an active exception";
+    pytorch#179291) and torchrun reports the run failed.
     """
-    main = threading.main_thread()
-    for thread in threading.enumerate():
-        if thread is not main and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()  # the handlers (logging's flush among them) teardown would run
+    # CPython's exit, in its order (Py_FinalizeEx): threading's shutdown (its own exit hooks,
+    # which stop the idle workers of thread pools such as torch.compile's, then a join of every
+    # non-daemon thread), the atexit handlers (logging's flush among them), the flush of stdout
+    # and stderr. Both calls are private, and the same ones the interpreter makes.
+    threading._shutdown()
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from speedtronic.cli import main
+from speedtronic.group_exit import exit_process
 from speedtronic.launch import preempted_exit_code, torchrun_arguments, worker_arguments
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +50,28 @@ def wait_for(condition, what: str, process: subprocess.Popen, timeout: float = 2
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+def tails(logs: list[Path]) -> str:
+    return "\n".join(f"--- {log.name}\n{log.read_text()[-2500:]}" for log in logs)
+
+
+def wait_all(runs: list[subprocess.Popen], logs: list[Path], timeout: float = 300) -> list[int]:
+    """Return every run's exit code; past the timeout stop them all (SIGTERM, which torchrun
+    passes to its workers, then SIGKILL) and fail with the end of every log.
+    """
+    deadline = time.monotonic() + timeout
+    try:
+        return [run.wait(timeout=max(0.0, deadline - time.monotonic())) for run in runs]
+    except subprocess.TimeoutExpired:
+        for run in runs:
+            run.terminate()
+        for run in runs:
+            try:
+                run.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                run.kill()
+        raise AssertionError(f"still running after {timeout} s\n{tails(logs)}") from None
 
 
 def last_step(out: Path) -> int:
@@ -138,7 +161,7 @@ EXITING_WORKER = """
 import atexit, queue, sys, threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from speedtronic.launch import exit_worker
+from speedtronic.group_exit import exit_process, hold_process_group
 
 out = Path(sys.argv[1])
 atexit.register(lambda: out.joinpath("atexit").write_text("ran"))
@@ -156,9 +179,16 @@ def write_after_work():  # far slower than exiting: unjoined, the process ends w
 threading.Thread(target=write_after_work).start()
 print("buffered, no newline", end="")
 work.put("finished")
-exit_worker(3)
-raise AssertionError("exit_worker returned")
+hold_process_group(object())  # as the CLI holds a data-parallel trainer
+exit_process(3)
+raise AssertionError("exit_process returned")
 """
+
+
+def test_a_process_that_holds_no_group_exits_the_ordinary_way():
+    with pytest.raises(SystemExit) as done:
+        exit_process(4)
+    assert done.value.code == 4
 
 
 def test_a_worker_exits_with_its_code_after_threads_atexit_and_buffered_output(tmp_path):
@@ -178,15 +208,15 @@ def test_two_nodes_meet_through_c10d_rendezvous_on_loopback(tmp_path):
     endpoint = f"127.0.0.1:{free_port()}"
     launch = ["--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", endpoint]
     # Compiled from an empty cache, so torch.compile starts its worker pool: its idle threads
-    # must not keep a finished worker from exiting (exit_worker once waited on them forever).
+    # must not keep a finished worker from exiting (exit_process once waited on them forever).
     launch += ["--set", "compile=true"]
     cold = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     nodes = [
         train(tmp_path / "run", *launch, log=tmp_path / f"node{i}.log", env=cold) for i in range(2)
     ]
-    for node in nodes:
-        assert node.wait(timeout=300) == 0, (tmp_path / "node0.log").read_text()[-3000:]
-    logs = [(tmp_path / f"node{i}.log").read_text() for i in range(2)]
+    logs = [(tmp_path / f"node{i}.log") for i in range(2)]
+    assert wait_all(nodes, logs) == [0, 0], tails(logs)
+    logs = [log.read_text() for log in logs]
     assert sum("trained 8 steps" in log for log in logs) == 1  # one summary, from rank 0
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
         "latest",

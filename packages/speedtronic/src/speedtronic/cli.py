@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from speedtronic.errors import RUNTIME_ERROR, USAGE_ERROR, RunFailed, UsageError
-from speedtronic.launch import add_launch_arguments, exit_worker, launch
+from speedtronic.group_exit import exit_process, hold_process_group
+from speedtronic.launch import add_launch_arguments, launch
 
 
 class _Parser(argparse.ArgumentParser):
@@ -259,10 +260,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config = _train_config(args, announce=os.environ.get("RANK", "0") == "0")  # once per run
     from speedtronic.runtime import build_runtime
     from speedtronic.train_end import report_signal_stop, run_failed
-    from speedtronic_systems.parallel import shutdown_parallel
 
     # An explicit --max-steps is the target even when data.max_steps is set.
     trainer, manager = build_runtime(config, resume=args.resume, max_steps=args.max_steps)
+    if trainer.parallel.mode != "none":
+        hold_process_group(trainer)  # never destroyed here: see speedtronic.group_exit
     try:
         result = trainer.fit()
         # Every rank returns at the same step; leaving together keeps a rank that exits first
@@ -272,7 +274,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise run_failed(error, trainer, args) from error
     finally:
         trainer.close()
-        shutdown_parallel(trainer.parallel)
     if result.stopped_by is not None:  # preempted: no slow report, a distinct exit code
         return report_signal_stop(result, args, announce=trainer.parallel.is_main)
     if trainer.parallel.is_main:  # one summary for the whole group
@@ -443,10 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def main_entry() -> None:
     """Console-script entry point: exit with main()'s code."""
-    code = main()
-    if "LOCAL_RANK" in os.environ:  # a torchrun worker (see exit_worker)
-        exit_worker(code)
-    sys.exit(code)
+    exit_process(main())
 
 
 __all__ = ["main", "main_entry"]

@@ -2,19 +2,15 @@
 
 torchrun (torch.distributed.run) starts the workers, runs the c10d rendezvous across nodes and
 restarts them on failure (--max-restarts); each worker runs `python -m speedtronic train` with the
-same arguments minus these launcher flags, and leaves through exit_worker.
+same arguments minus these launcher flags.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
-import os
 import signal
-import sys
-import threading
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from speedtronic.errors import UsageError, signal_exit_code
 
@@ -156,27 +152,9 @@ def preempted_exit_code(codes: set[int]) -> int | None:
     return interrupt if codes == {interrupt} else term
 
 
-def exit_worker(code: int) -> NoReturn:
-    """End a torchrun worker with `code` after the steps of Python's own exit, skipping only
-    the interpreter teardown that follows them: there, gloo threads releasing tensors abort a
-    finished run now and then (SIGABRT, "terminate called without an active exception";
-    pytorch#179291) and torchrun reports the run failed.
-    """
-    # CPython's exit, in its order (Py_FinalizeEx): threading's shutdown (its own exit hooks,
-    # which stop the idle workers of thread pools such as torch.compile's, then a join of every
-    # non-daemon thread), the atexit handlers (logging's flush among them), the flush of stdout
-    # and stderr. Both calls are private, and the same ones the interpreter makes.
-    threading._shutdown()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 __all__ = [
     "add_launch_arguments",
     "check_launch",
-    "exit_worker",
     "launch",
     "launch_world_sizes",
     "preempted_exit_code",

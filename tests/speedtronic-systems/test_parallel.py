@@ -29,7 +29,7 @@ def test_a_plain_run_needs_no_process_group_and_its_collectives_are_identities()
     assert init_parallel(None, torch.device("cpu")) is SINGLE
     assert SINGLE.all_reduce_sum([1.5, 2.0]) == [1.5, 2.0] and SINGLE.any(True)
     assert SINGLE.all_gather_object({"a": 1}) == [{"a": 1}] and SINGLE.broadcast_object(3) == 3
-    assert SINGLE.is_main and not SINGLE.active
+    assert SINGLE.is_main and not SINGLE.active and SINGLE.disagreement("fp32") is None
 
 
 def test_ranks_that_disagree_are_described_by_value_in_order_of_appearance():

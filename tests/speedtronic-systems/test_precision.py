@@ -8,7 +8,7 @@ import torch
 
 from speedtronic_config import ConfigError
 from speedtronic_systems import precision
-from speedtronic_systems.parallel import SINGLE
+from speedtronic_systems.parallel import SINGLE, ParallelContext
 from speedtronic_systems.precision import (
     DeviceError,
     PrecisionError,
@@ -277,23 +277,23 @@ def test_bad_sections_name_the_field_and_value(section, message):
 # ----------------------------------------------------------------------------- agreement over ranks
 
 
-@dataclass
-class Ranks:
-    """The modes a data-parallel group's ranks resolved, as all_gather_object returns them.
+@dataclass(frozen=True)
+class Ranks(ParallelContext):
+    """Rank 0 of a group whose ranks resolved `modes`, as all_gather_object returns them.
     (A real gloo group disagreeing is in tests/speedtronic/parallel_worker.py.)
     """
 
-    modes: list[str]
+    modes: tuple[str, ...] = ()
 
     def all_gather_object(self, value: str) -> list[str]:
         assert value == self.modes[0], "this process is rank 0"
-        return self.modes
+        return list(self.modes)
 
 
 def test_a_group_that_agrees_keeps_its_plan(monkeypatch):
     monkeypatch.setattr(precision, "cpu_bf16_supported", lambda: True)
     plan = resolve_precision("bf16", "cpu")
-    assert agree_precision(plan, Ranks(["bf16", "bf16", "bf16"])) is plan
+    assert agree_precision(plan, Ranks(modes=("bf16", "bf16", "bf16"))) is plan
     assert agree_precision(plan, SINGLE) is plan
 
 
@@ -309,7 +309,7 @@ def test_a_group_that_disagrees_trains_in_fp32_and_says_which_rank_chose_what(
 ):
     monkeypatch.setattr(precision, "cpu_bf16_supported", lambda: True)
     plan = resolve_precision(modes[0], device)
-    agreed = agree_precision(plan, Ranks(modes))
+    agreed = agree_precision(plan, Ranks(modes=tuple(modes)))
     assert (agreed.mode, agreed.autocast_enabled, agreed.use_scaler, agreed.device_type) == (
         "fp32",
         False,

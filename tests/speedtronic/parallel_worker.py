@@ -178,10 +178,7 @@ def scenario_resume(out: Path, mode: str) -> dict:
     values = config(source, mode, run={"max_steps": 4}, data={"target_batch_size": 16})
     values["run"]["output_dir"] = str(out / "run")
     checkpoint = sorted((source / "run" / "checkpoints").glob("step_3.*"))[0]
-    target = Path(values["run"]["output_dir"]) / "checkpoints"
-    target.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):  # every rank tries; one link wins
-        os.symlink(checkpoint, target / checkpoint.name)
+    link_checkpoint(checkpoint, Path(values["run"]["output_dir"]))
     trainer, _ = runtime.build_runtime(values, resume=True)
     seen = {"resumed_at": trainer.step, "world_size": trainer.parallel.world_size}
     seen["steps"] = trainer.fit().steps
@@ -213,16 +210,21 @@ def resume_under(mode: str, checkpoint: Path, out: Path, **sections) -> dict:
     """Resume `checkpoint` in a fresh run folder under `mode`, train to step 3 and let rank 0
     write the parameters it ended with (out/params_resumed.pt).
     """
-    target = out / "run" / "checkpoints"
-    target.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):  # every rank tries; one link wins
-        os.symlink(checkpoint, target / checkpoint.name)
+    link_checkpoint(checkpoint, out / "run")
     trainer, _ = runtime.build_runtime(config(out, mode, **sections), resume=True)
     seen = {"resumed_at": trainer.step, "steps": trainer.fit().steps}
     params = full_parameters(trainer)
     if trainer.parallel.is_main:
         torch.save(params, out / "params_resumed.pt")
     return seen
+
+
+def link_checkpoint(checkpoint: Path, run_dir: Path) -> None:
+    """Make `checkpoint` the one a run in `run_dir` resumes from (a link in its checkpoints)."""
+    target = run_dir / "checkpoints"
+    target.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):  # every rank tries; one link wins
+        os.symlink(checkpoint, target / checkpoint.name)
 
 
 SCENARIOS = {

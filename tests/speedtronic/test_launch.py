@@ -214,9 +214,9 @@ def test_two_nodes_meet_through_c10d_rendezvous_on_loopback(tmp_path):
     nodes = [
         train(tmp_path / "run", *launch, log=tmp_path / f"node{i}.log", env=cold) for i in range(2)
     ]
-    logs = [(tmp_path / f"node{i}.log") for i in range(2)]
-    assert wait_all(nodes, logs) == [0, 0], tails(logs)
-    logs = [log.read_text() for log in logs]
+    paths = [tmp_path / f"node{i}.log" for i in range(2)]
+    assert wait_all(nodes, paths) == [0, 0], tails(paths)
+    logs = [path.read_text() for path in paths]
     assert sum("trained 8 steps" in log for log in logs) == 1  # one summary, from rank 0
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
         "latest",

@@ -79,6 +79,13 @@ class ParallelContext:
         dist.all_gather_object(gathered, value)
         return gathered
 
+    def disagreement(self, value: Any) -> str | None:
+        """Return None when every rank holds the same `value` (one all_gather_object), else which
+        rank holds which (describe_ranks), for the error or warning every rank then raises alike.
+        """
+        values = self.all_gather_object(value)
+        return None if len(set(values)) == 1 else describe_ranks(values)
+
     def broadcast_object(self, value: Any, src: int = 0) -> Any:
         """Return rank `src`'s `value` on every rank."""
         if not self.active:

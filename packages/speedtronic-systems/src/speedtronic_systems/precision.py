@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from speedtronic_config import PrecisionConfig, resolve_section
-from speedtronic_systems.parallel import ParallelContext, describe_ranks
+from speedtronic_systems.parallel import ParallelContext
 
 logger = logging.getLogger(__name__)
 
@@ -290,10 +290,9 @@ def agree_precision(plan: PrecisionPlan, group: ParallelContext) -> PrecisionPla
     explicit mode's fallback, differently; their gradients would then be averaged across
     precisions, and only FP16 ranks would scale theirs). Every rank must call it.
     """
-    modes = group.all_gather_object(plan.mode)
-    if len(set(modes)) == 1:
+    split = group.disagreement(plan.mode)
+    if split is None:
         return plan
-    split = describe_ranks(modes)
     why = f"the ranks resolved different precisions ({split}); every rank trains in fp32"
     return replace(_plan("fp32", plan.device_type), reason=why)
 

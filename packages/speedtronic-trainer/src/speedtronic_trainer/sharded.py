@@ -82,15 +82,14 @@ def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 
     for leaf in leaf_optimizers(optimizer):
         for param, entries in leaf.state.items():
-            if not isinstance(param, DTensor):
-                continue
             for key, value in entries.items():
-                if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
-                    if value.shape == param.shape:  # per-element state; scalars such as step stay
-                        # Every rank holds the same whole tensor: slice locally, no collective.
-                        entries[key] = distribute_tensor(
-                            value, param.device_mesh, param.placements, src_data_rank=None
-                        )
+                # Per-element state of a sharded parameter; scalars such as step stay whole.
+                whole = isinstance(value, torch.Tensor) and not isinstance(value, DTensor)
+                if isinstance(param, DTensor) and whole and value.shape == param.shape:
+                    # Every rank holds the same whole tensor: slice locally, no collective.
+                    entries[key] = distribute_tensor(
+                        value, param.device_mesh, param.placements, src_data_rank=None
+                    )
 
 
 __all__ = [

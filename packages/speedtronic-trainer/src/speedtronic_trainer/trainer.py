@@ -19,7 +19,6 @@ from speedtronic_systems.parallel import (
     ParallelContext,
     check_batch_split,
     check_optimizer_after_wrapping,
-    describe_ranks,
     gradient_sync,
     total_norm,
     unwrap_model,
@@ -619,14 +618,13 @@ class Trainer:
         node without the shared checkpoint folder, or one that could not read it): resumed
         apart, they would train different models or wait for each other forever.
         """
-        everyone = self.parallel.all_gather_object(found)
-        if len(set(everyone)) == 1:
+        split = self.parallel.disagreement(found)
+        if split is None:
             return
         raise CheckpointError(
-            f"the ranks found different checkpoints to resume ({describe_ranks(everyone)}); "
-            "every node must see "
-            f"the same checkpoint folder {folder}: put it on a filesystem all nodes share, or "
-            "copy it to each node"
+            f"the ranks found different checkpoints to resume ({split}); every node must see the "
+            f"same checkpoint folder {folder}: put it on a filesystem all nodes share, or copy it "
+            "to each node"
         )
 
     # -------------------------------------------------------------------------------------- fit

@@ -99,7 +99,53 @@ def scenario_train(out: Path, mode: str) -> dict:
     seen["resume_apart"] = resume_apart(out, mode)
     if mode == "fsdp":
         seen["wrong_order_refused"] = wrong_order_is_refused(trainer)
+        seen["held_after_microbatch"] = gradients_between_microbatches(out)
     return seen
+
+
+def gradients_between_microbatches(out: Path) -> dict[str, list[str]]:
+    """Return what FSDP2 holds as parameter gradients after the first of a step's two
+    microbatches: by default, and with fsdp_sync_each_microbatch off (then trained 3 steps, and
+    rank 0 saves the parameters).
+    """
+    held = {}
+    for sync in (True, False):
+        steps = 1 if sync else 3
+        sections = {"parallel": {"fsdp_sync_each_microbatch": sync}, "run": {"max_steps": steps}}
+        trainer, _ = runtime.build_runtime(config(out / f"sync_{sync}", "fsdp", **sections))
+        held[str(sync)] = note_gradients_before_second_forward(trainer)
+        trainer.fit()
+        if not sync:
+            params = full_parameters(trainer)
+            if trainer.parallel.rank == 0:
+                torch.save(params, out / "params_deferred_sync.pt")
+    return held
+
+
+def note_gradients_before_second_forward(trainer) -> list[str]:
+    """Return a list the trainer fills, on its second forward (the first microbatch's backward
+    has run), with the kinds of gradient its parameters hold.
+    """
+    kinds: list[str] = []
+    original, calls = trainer._forward, 0
+
+    def forward(batch):
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            kinds.extend(sorted({gradient_kind(p) for p in trainer.model.parameters()}))
+        return original(batch)
+
+    trainer._forward = forward
+    return kinds
+
+
+def gradient_kind(parameter: torch.Tensor) -> str:
+    """Describe a sharded parameter's gradient: none, this rank's shard, or the whole tensor."""
+    if parameter.grad is None:
+        return "none"
+    local = parameter.grad.to_local() if hasattr(parameter.grad, "to_local") else parameter.grad
+    return "shard" if local.shape == parameter.to_local().shape else "whole"
 
 
 def evaluate_shares(out: Path, mode: str) -> float | None:
@@ -202,7 +248,10 @@ def scenario_resume_into_fsdp(out: Path, mode: str) -> dict:
     if trainer.parallel.is_main:
         torch.save(full_parameters(trainer), out / "muon_ddp" / "params_train.pt")
     checkpoint = out / "muon_ddp" / "run" / "checkpoints" / "step_2.pt"
-    seen["muon"] = resume_under(mode, checkpoint, out / "muon", optimizer=muon)
+    # Reduced once per step, as DDP does: a last-bit difference in the summed gradient (per
+    # microbatch reduce-scatters add in another order) grows to 1e-4 through bf16 Newton-Schulz.
+    deferred = {"fsdp_sync_each_microbatch": False}
+    seen["muon"] = resume_under(mode, checkpoint, out / "muon", optimizer=muon, parallel=deferred)
     return seen
 
 

@@ -69,6 +69,19 @@ def test_two_ranks_make_the_same_update_as_one_process(trained, single_process):
     assert grad_norms(out) == pytest.approx(reference_norms, rel=1e-5)
 
 
+def test_fsdp_accumulates_gradient_shards_unless_told_to_defer(trained, single_process):
+    mode, out, ranks_seen = trained
+    if mode != "fsdp":
+        pytest.skip("DDP's gradients are whole on every rank; it always reduces once per step")
+    for seen in ranks_seen:
+        # By default each microbatch is reduce-scattered: a rank holds only its shards between
+        # microbatches. Deferred, nothing reaches .grad until the step's last microbatch.
+        assert seen["held_after_microbatch"] == {"True": ["shard"], "False": ["none"]}
+    deferred = torch.load(out / "params_deferred_sync.pt")
+    for name, value in single_process[0].items():
+        assert (deferred[name] - value).abs().max() <= 1e-6, name
+
+
 def test_ranks_read_disjoint_shares_and_reseed(trained):
     _, _, (zero, one) = trained
     assert zero["indices"] == [0, 2, 4, 6] and one["indices"] == [1, 3, 5, 7]

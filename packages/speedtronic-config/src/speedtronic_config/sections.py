@@ -483,6 +483,7 @@ class ParallelConfig:
     backend: str = "auto"
     timeout_s: float = 1800.0
     fsdp_reshard_after_forward: bool = True
+    fsdp_sync_each_microbatch: bool = True
     fsdp_param_dtype: str | None = None
     fsdp_reduce_dtype: str | None = None
 

@@ -303,6 +303,18 @@ def check_optimizer_after_wrapping(model: nn.Module, optimizer: torch.optim.Opti
         )
 
 
+def syncs_every_microbatch(context: ParallelContext, section: Any) -> bool:
+    """Return whether gradients are reduced after every microbatch instead of once per step.
+
+    FSDP2 reduce-scatters every microbatch unless parallel.fsdp_sync_each_microbatch is false:
+    each rank then accumulates only its gradient shard, the memory FSDP2 is chosen for (deferring
+    keeps the whole unsharded gradient on every rank). DDP defers: its gradients are whole on
+    every rank either way, so reducing once only saves communication.
+    """
+    section = resolve_section(section, "parallel")
+    return context.mode == "fsdp" and section.fsdp_sync_each_microbatch
+
+
 @contextlib.contextmanager
 def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
     """Within the block, skip (enabled=False) or do the cross-rank gradient reduction of a DDP or
@@ -342,6 +354,7 @@ __all__ = [
     "launched_world_size",
     "resolve_backend",
     "shutdown_parallel",
+    "syncs_every_microbatch",
     "total_norm",
     "transformer_blocks",
     "unwrap_model",

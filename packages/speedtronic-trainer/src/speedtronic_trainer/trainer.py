@@ -20,6 +20,7 @@ from speedtronic_systems.parallel import (
     check_batch_split,
     check_optimizer_after_wrapping,
     gradient_sync,
+    syncs_every_microbatch,
     total_norm,
     unwrap_model,
 )
@@ -172,6 +173,7 @@ class Trainer:
         data = self.config.data
         check_batch_split(data.target_batch_size, data.micro_batch_size, self.parallel.world_size)
         self._accumulation = self.config.accumulation_steps // self.parallel.world_size
+        self._sync_every_microbatch = syncs_every_microbatch(self.parallel, self.config.parallel)
         self.dataloader = dataloader
         self.eval_dataloader = eval_dataloader
         self.scheduler = scheduler
@@ -311,7 +313,8 @@ class Trainer:
 
     def _accumulate(self, microbatches: list[Any]) -> tuple[float, int, int]:
         """Run forward/backward over this rank's microbatches; return (its share of the step
-        loss, samples, tokens). Gradients are reduced across ranks on the last microbatch only.
+        loss, samples, tokens). Gradients are reduced across ranks on the last microbatch, or on
+        every one where syncs_every_microbatch says so (FSDP2's sharded accumulation).
         """
         # DDP and FSDP average gradients over ranks; scaling by the world size turns that
         # average back into the token-weighted sum over the global batch.
@@ -326,7 +329,7 @@ class Trainer:
             if weight == 0.0:
                 continue  # every label ignored: no contribution, and its mean loss would be NaN
             batch = move_batch(batch, self.device, self._non_blocking)
-            with gradient_sync(self.model, enabled=index == last):
+            with gradient_sync(self.model, enabled=index == last or self._sync_every_microbatch):
                 loss = self._forward(batch) * weight
                 backward = loss * scale if scale != 1.0 else loss
                 (self.scaler.scale(backward) if self.scaler is not None else backward).backward()

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 from speedtronic_config.errors import ConfigError, unknown_key
@@ -15,6 +17,25 @@ def test_config_error_is_a_value_error_with_parts():
 def test_config_error_without_value_or_path():
     assert str(ConfigError("", "root must be a mapping")) == "root must be a mapping"
     assert ConfigError("x", "bad").value is None
+
+
+def test_config_error_takes_2_0s_single_message():
+    # 2.0's ConfigError was a plain ValueError: user factories raise it with one message.
+    error = ConfigError("model.n_head must be positive")
+    assert str(error) == "model.n_head must be positive" and error.path == ""
+    assert str(ConfigError()) == ""
+
+
+def test_config_error_survives_pickling_with_its_secret_still_hidden():
+    error = ConfigError("distributed.token", "bad", value="hf_abcdefgh", allowed="fix it")
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is ConfigError and str(copy) == str(error) and "hf_" not in str(copy)
+    assert (copy.path, copy.problem, copy.value, copy.allowed) == (
+        "distributed.token",
+        "bad",
+        None,
+        "fix it",
+    )
 
 
 def test_unknown_key_suggests_closest_name():

@@ -115,6 +115,19 @@ def test_shuffle_is_seeded_and_changes_per_epoch():
     assert a == b and a[0] != a[1] and a != epochs(2)
 
 
+def test_a_lone_section_without_a_seed_takes_the_run_seed_default():
+    from speedtronic_config import SpeedtronicConfig
+
+    alone = DataConfig(block_size=8, vocab_size=32, num_tokens=64, shuffle=True)  # seed None
+    whole = SpeedtronicConfig(data=DataConfig(block_size=8, vocab_size=32, num_tokens=64)).data
+    whole.shuffle = True
+
+    def batches(config):
+        return [b["input_ids"].tolist() for b in build_dataloader(config)]
+
+    assert batches(alone) == batches(whole) and alone.seed is None  # the caller's is untouched
+
+
 def test_bad_settings_name_the_field():
     # The section is validated by speedtronic-config's DataConfig, the one definition of its rules.
     with pytest.raises(ConfigError, match=r"data.micro_batch_size: must be positive \(got 0\)"):

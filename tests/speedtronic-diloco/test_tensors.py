@@ -15,7 +15,6 @@ from speedtronic_diloco.tensors import (
     load_delta,
     load_safetensors,
     metadata_json,
-    parse_delta_path,
     parse_delta_ref,
     read_metadata,
     save_safetensors,
@@ -87,7 +86,6 @@ def test_delta_path_parser():
     path = delta_path("node-1", 1500, 7)
     assert parse_delta_ref(path) == DeltaRef("node-1", 1500, 7)
     assert DeltaRef("node-1", 1500, 7).path == path
-    assert parse_delta_path(path) == ("node-1", 1500)
     for bad in [
         "global/model.safetensors",
         "deltas/a/b/step-1-base-1.safetensors",
@@ -95,7 +93,7 @@ def test_delta_path_parser():
         "deltas/n/step-x-base-1.safetensors",
         "deltas/n/step-1-base-1.bin",
     ]:
-        assert parse_delta_ref(bad) is None and parse_delta_path(bad) is None
+        assert parse_delta_ref(bad) is None
 
 
 @pytest.mark.parametrize("node", ["", "a/b", "..", "a b", None])

@@ -38,6 +38,7 @@ WRAPPERS = {
     "speedtronic.config.load_config",
     "speedtronic.config.load_yaml_config",
     "speedtronic.data.build_dataloader",
+    "speedtronic.distributed.tensors.parse_delta_path",
     "speedtronic.optimizers.build_v2_optimizer",
 }
 

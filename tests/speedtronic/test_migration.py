@@ -204,3 +204,11 @@ def test_diloco_drift_policies_are_off_by_default_and_on_in_the_shipped_config()
     shipped = SpeedtronicConfig.from_yaml(root / "configs" / "diloco.yaml").distributed
     assert (shipped.staleness_limit, shipped.max_local_rounds) == (2, 4)
     assert shipped.global_wait_timeout > 0
+
+
+def test_parse_delta_path_keeps_its_20_return_value():
+    from speedtronic.distributed.tensors import parse_delta_path
+    from speedtronic_diloco.tensors import delta_path
+
+    assert parse_delta_path(delta_path("node-1", 1500, 7)) == ("node-1", 1500)
+    assert parse_delta_path("deltas/../step-1-base-1.safetensors") is None

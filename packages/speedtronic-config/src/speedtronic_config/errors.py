@@ -17,8 +17,15 @@ class ConfigError(ValueError):
     """
 
     def __init__(
-        self, path: str, problem: str, *, value: Any = _NO_VALUE, allowed: str | None = None
+        self,
+        path: str = "",
+        problem: str | None = None,
+        *,
+        value: Any = _NO_VALUE,
+        allowed: str | None = None,
     ) -> None:
+        if problem is None:  # 2.0's form, a plain ValueError: ConfigError("whole message")
+            path, problem = "", path
         secret = value is not _NO_VALUE and value is not None and is_secret_path(path)
         self.path = path
         self.problem = problem
@@ -32,6 +39,19 @@ class ConfigError(ValueError):
         if allowed:
             message += f"; {allowed}"
         super().__init__(_printable(message))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (to cross a process boundary) as the finished message and fields: running
+        # __init__ again would need arguments a hidden secret no longer has.
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls: type[ConfigError], args: tuple[Any, ...], state: dict[str, Any]) -> ConfigError:
+    """Return an unpickled ConfigError (or subclass) with its message and fields."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 def _printable(text: str) -> str:

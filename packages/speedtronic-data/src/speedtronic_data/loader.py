@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
-from speedtronic_config import DataConfig, resolve_section
+from speedtronic_config import DataConfig, RunConfig, resolve_section
 from speedtronic_data.collate import collate_batch
 from speedtronic_data.errors import DataError
 from speedtronic_data.position import DataPosition, read_state
@@ -155,7 +156,8 @@ def restore_loader(loader: Any, state: dict[str, int]) -> None:
 
 def data_section(config: Any) -> DataConfig:
     """Return the typed data section of config (a whole config, a DataConfig, a mapping, an object
-    with some of its fields, or None for the defaults); block_size must be resolved.
+    with some of its fields, or None for the defaults); block_size must be resolved. A section
+    built alone with no seed takes run.seed's default, as a whole config would give it.
     """
     section = resolve_section(config, "data")
     if section.block_size is None:
@@ -163,6 +165,8 @@ def data_section(config: Any) -> DataConfig:
             "data.block_size is unset: set it, or build the section through SpeedtronicConfig "
             "(which takes it from model.max_seq_len)"
         )
+    if section.seed is None:
+        section = dataclasses.replace(section, seed=RunConfig.seed)
     return section
 
 

@@ -69,12 +69,6 @@ def parse_delta_ref(path: str) -> DeltaRef | None:
     return DeltaRef(match["node"], int(match["step"]), int(match["base"]))
 
 
-def parse_delta_path(path: str) -> tuple[str, int] | None:
-    """Return (node_id, local_step) for a delta path (2.0 signature), or None."""
-    ref = parse_delta_ref(path)
-    return None if ref is None else (ref.node_id, ref.local_step)
-
-
 def cpu_tensor(value: torch.Tensor) -> torch.Tensor:
     """Return a detached, contiguous CPU copy that shares no storage with value."""
     return value.detach().to("cpu", copy=True).contiguous()
@@ -229,7 +223,6 @@ __all__ = [
     "load_delta",
     "load_safetensors",
     "metadata_json",
-    "parse_delta_path",
     "parse_delta_ref",
     "read_metadata",
     "save_safetensors",

@@ -165,16 +165,7 @@ class MetricLogger:
 
 
 def _format_metrics(metrics: dict[str, Any]) -> str:
-    parts = []
-    for key, value in metrics.items():
-        if isinstance(value, float):
-            parts.append(f"{key}={value:.6g}")
-        else:
-            parts.append(f"{key}={value}")
-    return " ".join(parts)
-
-
-def _format_metrics(metrics: dict[str, Any]) -> str:
+    """Return metrics as one line of key=value pairs, floats to 6 significant digits."""
     parts = []
     for key, value in metrics.items():
         if isinstance(value, float):

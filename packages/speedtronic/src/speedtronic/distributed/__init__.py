@@ -4,8 +4,19 @@
 
 from __future__ import annotations
 
-from speedtronic_diloco.diloco import DeltaUploadJob, DumbDiLoCoCoordinator, SyncResult
-from speedtronic_diloco.hub import GlobalMetadata, HubClient, HubError, HubUnavailable
+from speedtronic.distributed.diloco import (
+    DeltaUploadJob,
+    DumbDiLoCo,
+    DumbDiLoCoCoordinator,
+    SyncResult,
+)
+from speedtronic.distributed.hub import (
+    GlobalMetadata,
+    HubClient,
+    HubError,
+    HubTransport,
+    HubUnavailable,
+)
 from speedtronic_diloco.outer import MasterOuterLoop, NesterovOuterOptimizer
 from speedtronic_diloco.tensors import (
     average_deltas,
@@ -14,9 +25,6 @@ from speedtronic_diloco.tensors import (
     load_safetensors,
     save_safetensors,
 )
-
-DumbDiLoCo = DumbDiLoCoCoordinator
-HubTransport = HubClient
 
 __all__ = [
     "DeltaUploadJob",

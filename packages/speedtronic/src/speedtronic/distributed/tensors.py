@@ -1,4 +1,6 @@
-"""2.0 import path `speedtronic.distributed.tensors`: speedtronic_diloco's tensor helpers."""
+"""2.0 import path `speedtronic.distributed.tensors`: speedtronic_diloco's tensor helpers and
+2.0's delta-path parser.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +13,17 @@ from speedtronic_diloco.tensors import (
     load_delta,
     load_safetensors,
     metadata_json,
-    parse_delta_path,
+    parse_delta_ref,
     read_metadata,
     save_safetensors,
 )
+
+
+def parse_delta_path(path: str) -> tuple[str, int] | None:
+    """Return (node_id, local_step) for a delta path (2.0's form of parse_delta_ref), or None."""
+    ref = parse_delta_ref(path)
+    return None if ref is None else (ref.node_id, ref.local_step)
+
 
 __all__ = [
     "average_deltas",

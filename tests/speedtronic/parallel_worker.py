@@ -9,6 +9,7 @@ tests/speedtronic/test_parallel.py runs the scenarios and checks the files.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -17,7 +18,14 @@ from pathlib import Path
 import torch
 
 from speedtronic import runtime
-from speedtronic_systems.parallel import ParallelError, check_optimizer_after_wrapping
+from speedtronic_systems.parallel import (
+    SINGLE,
+    ParallelContext,
+    ParallelError,
+    check_optimizer_after_wrapping,
+    wrap_model,
+)
+from speedtronic_trainer import Trainer
 from speedtronic_trainer.checkpoint_checks import CheckpointError
 
 # The CUDA-marked tests run the same scenarios on GPUs (NCCL through backend auto).
@@ -94,9 +102,12 @@ def scenario_train(out: Path, mode: str) -> dict:
     skipping._forward = poisoned
     skipped = skipping.fit()
     seen.update(skipped=skipped.skipped_steps, skip_steps=skipped.steps)
+    seen["ignored_loss"] = ignored_microbatch(out, mode)
     seen["eval_loss"] = evaluate_shares(out, mode)
     seen["split_precision"] = split_precision(out, mode)
     seen["resume_apart"] = resume_apart(out, mode)
+    if mode == "ddp":
+        seen["own_loss"] = own_loss_step(trainer.parallel)
     if mode == "fsdp":
         seen["wrong_order_refused"] = wrong_order_is_refused(trainer)
         seen["held_after_microbatch"] = gradients_between_microbatches(out)
@@ -146,6 +157,81 @@ def gradient_kind(parameter: torch.Tensor) -> str:
         return "none"
     local = parameter.grad.to_local() if hasattr(parameter.grad, "to_local") else parameter.grad
     return "shard" if local.shape == parameter.to_local().shape else "whole"
+
+
+def ignored_microbatch(out: Path, mode: str) -> float:
+    """Train one step in which rank 1's second microbatch (samples 5 and 7) has every label
+    ignored; rank 0 saves the parameters. Return the step's loss.
+    """
+    trainer, _ = runtime.build_runtime(config(out / "ignored", mode, run={"max_steps": 1}))
+    ignore_labels(trainer, {2: slice(None)} if trainer.parallel.rank == 1 else {})
+    loss = trainer.fit().final_loss
+    params = full_parameters(trainer)
+    if trainer.parallel.is_main:
+        torch.save(params, out / "params_ignored.pt")
+    return loss
+
+
+class IgnoringStream:
+    """The trainer's batch stream, with the labels of some rows of its n-th microbatch set to
+    the ignore index.
+    """
+
+    def __init__(self, stream, rows_by_microbatch: dict[int, slice]) -> None:
+        self.stream, self.rows, self.drawn = stream, rows_by_microbatch, 0
+
+    def __next__(self):
+        batch = next(self.stream)
+        self.drawn += 1
+        if self.drawn in self.rows:
+            batch = {**batch, "labels": batch["labels"].clone()}
+            batch["labels"][self.rows[self.drawn]] = -100
+        return batch
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def ignore_labels(trainer, rows_by_microbatch: dict[int, slice]) -> None:
+    """Ignore the labels of the given rows of the trainer's n-th microbatches (from 1)."""
+    trainer._stream = IgnoringStream(trainer._stream, rows_by_microbatch)
+
+
+class Regression(torch.nn.Module):
+    """A model that computes its own loss from float targets: batches without token labels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(self.linear(inputs), targets)
+
+
+def own_loss_step(context: ParallelContext = SINGLE) -> dict:
+    """Train one SGD step on 8 samples (this rank's share, microbatches of 2) of a model whose
+    batches have no token labels; return the step's loss and the weights it ended with.
+    """
+    torch.manual_seed(3)
+    inputs, targets = torch.randn(8, 4), torch.randn(8, 1)
+    model = wrap_model(Regression(), context, {"data_parallel": context.mode})
+    share = 8 // context.world_size
+    first = context.rank * share
+    batches = [(inputs[i : i + 2], targets[i : i + 2]) for i in range(first, first + share, 2)]
+    values = {
+        "data": {"micro_batch_size": 2, "target_batch_size": 8},
+        "optimizer": {"grad_clip": 1e9},
+        "precision": "fp32",
+        "checkpoint": {"enabled": False},
+        "logging": {"progress": False},
+    }
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(
+        model, optimizer, itertools.cycle(batches), device="cpu", config=values, parallel=context
+    )
+    result = trainer.fit(1)
+    weights = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+    return {"loss": result.final_loss, "weights": weights}
 
 
 def evaluate_shares(out: Path, mode: str) -> float | None:

@@ -17,7 +17,7 @@ from speedtronic import runtime
 
 WORKER = Path(__file__).with_name("parallel_worker.py")
 sys.path.insert(0, str(WORKER.parent))
-from parallel_worker import config  # noqa: E402
+from parallel_worker import config, ignore_labels, own_loss_step  # noqa: E402
 
 
 def torchrun(*args: str, nproc: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -80,6 +80,29 @@ def test_fsdp_accumulates_gradient_shards_unless_told_to_defer(trained, single_p
     deferred = torch.load(out / "params_deferred_sync.pt")
     for name, value in single_process[0].items():
         assert (deferred[name] - value).abs().max() <= 1e-6, name
+
+
+def test_batches_without_token_labels_make_the_same_step_as_one_process(trained):
+    mode, _, ranks_seen = trained
+    if mode != "ddp":
+        pytest.skip("a linear model has no blocks for FSDP2 to shard")
+    reference = own_loss_step()
+    for seen in ranks_seen:  # the loss and update of the whole batch, not world-size times them
+        assert seen["own_loss"]["loss"] == pytest.approx(reference["loss"], rel=1e-6)
+        assert seen["own_loss"]["weights"] == pytest.approx(reference["weights"], rel=1e-5)
+
+
+def test_a_microbatch_ignored_on_one_rank_still_joins_the_step(trained, tmp_path):
+    _, out, (zero, one) = trained
+    # One process, the same global batch: samples 5 and 7 are row 1 of its 3rd and 4th
+    # microbatches. Rank 1 alone skipping them used to leave rank 0 waiting in the all-reduce.
+    trainer, _ = runtime.build_runtime(config(tmp_path, "none", run={"max_steps": 1}))
+    ignore_labels(trainer, {3: slice(1, 2), 4: slice(1, 2)})
+    reference = trainer.fit().final_loss
+    assert zero["ignored_loss"] == one["ignored_loss"] == pytest.approx(reference, rel=1e-6)
+    params = torch.load(out / "params_ignored.pt")
+    for name, value in trainer.model.state_dict().items():
+        assert (params[name] - value).abs().max() <= 1e-6, name
 
 
 def test_ranks_read_disjoint_shares_and_reseed(trained):

@@ -300,11 +300,11 @@ class Trainer:
 
     def _microbatch_weights(self, microbatches: list[Any]) -> list[float]:
         """Return each microbatch's share of the update over every rank: its share of the step's
-        valid labels when labels exist, else 1/k per rank.
+        valid labels when labels exist, else one share of the k microbatches on each of the ranks.
         """
         counts = [valid_label_count(b) for b in microbatches]
         if any(c is None for c in counts):
-            return [1.0 / len(microbatches)] * len(microbatches)
+            return [1.0 / (len(microbatches) * self.parallel.world_size)] * len(microbatches)
         # Token-weighted over the whole global batch: the label count summed over all ranks.
         total = self.parallel.all_reduce_sum([float(sum(counts))])[0]  # type: ignore[arg-type]
         # With no valid label in the whole step the loss is undefined; NaN weights route it to
@@ -326,11 +326,15 @@ class Trainer:
         for index, (batch, weight) in enumerate(zip(microbatches, weights, strict=True)):
             n, t = batch_size_and_tokens(batch)
             samples, tokens = samples + n, tokens + t
-            if weight == 0.0:
+            if weight == 0.0 and self.parallel.world_size == 1:
                 continue  # every label ignored: no contribution, and its mean loss would be NaN
             batch = move_batch(batch, self.device, self._non_blocking)
             with gradient_sync(self.model, enabled=index == last or self._sync_every_microbatch):
-                loss = self._forward(batch) * weight
+                loss = self._forward(batch)
+                # Every label ignored on this rank only: it still runs forward and backward, as
+                # zero, so it joins the collectives its peers run (DDP's gradient all-reduce,
+                # FSDP2's gathers); skipping alone would hang them.
+                loss = loss.nan_to_num(0.0, 0.0, 0.0) * 0.0 if weight == 0.0 else loss * weight
                 backward = loss * scale if scale != 1.0 else loss
                 (self.scaler.scale(backward) if self.scaler is not None else backward).backward()
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()

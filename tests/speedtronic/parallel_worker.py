@@ -234,8 +234,10 @@ def own_loss_step(context: ParallelContext = SINGLE) -> dict:
     return {"loss": result.final_loss, "weights": weights}
 
 
-def evaluate_shares(out: Path, mode: str) -> float | None:
-    """Return the validation loss every rank agrees on (each evaluates its own share)."""
+def evaluate_shares(out: Path, mode: str) -> list[float | None]:
+    """Return the validation loss every rank agrees on (each evaluates its own share), then the
+    loss when rank 1's first batch has every label ignored (it still joins the forward).
+    """
     from speedtronic_data import write_shard
 
     shard = out / "val_000000.bin"
@@ -245,7 +247,12 @@ def evaluate_shares(out: Path, mode: str) -> float | None:
     trainer, _ = runtime.build_runtime(
         config(out / "eval", mode, data={"val_shard_path": str(shard), "eval_steps": 3})
     )
-    return trainer.evaluate()
+    whole = trainer.evaluate()
+    batches = list(itertools.islice(trainer.eval_dataloader, 3))
+    if trainer.parallel.rank == 1:
+        batches[0] = {**batches[0], "labels": torch.full_like(batches[0]["labels"], -100)}
+    trainer.eval_dataloader = batches
+    return [whole, trainer.evaluate()]
 
 
 def split_precision(out: Path, mode: str) -> list[str]:

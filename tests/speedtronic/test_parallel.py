@@ -5,6 +5,7 @@ things (tests/speedtronic/parallel_worker.py), compared here with one process.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -129,7 +130,9 @@ def test_a_nonfinite_loss_on_one_rank_is_skipped_on_every_rank(trained):
 
 def test_evaluation_sums_every_ranks_share_and_only_rank_zero_logs(trained):
     _, out, (zero, one) = trained
-    assert zero["eval_loss"] is not None and zero["eval_loss"] == one["eval_loss"]
+    assert zero["eval_loss"] == one["eval_loss"]
+    whole, without_one_batch = zero["eval_loss"]
+    assert whole is not None and math.isfinite(without_one_batch) and without_one_batch != whole
     records = [
         json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()
     ]

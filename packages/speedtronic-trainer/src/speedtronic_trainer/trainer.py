@@ -450,9 +450,11 @@ class Trainer:
                 if limit is not None and index >= limit:
                     break
                 count = valid_label_count(batch)
-                if count == 0:
+                if count == 0 and self.parallel.world_size == 1:
                     continue
                 output = call_model(self.model, move_batch(batch, self.device))
+                if count == 0:
+                    continue  # run only to join the peers' collectives (FSDP2 gathers in forward)
                 loss = float(loss_from_output(output, batch))
                 share = float(count) if count is not None else 1.0
                 total, weight = total + loss * share, weight + share

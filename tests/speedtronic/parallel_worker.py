@@ -110,8 +110,23 @@ def scenario_train(out: Path, mode: str) -> dict:
         seen["own_loss"] = own_loss_step(trainer.parallel)
     if mode == "fsdp":
         seen["wrong_order_refused"] = wrong_order_is_refused(trainer)
+        seen["read_alone"] = read_sharded_checkpoint_alone(trainer, params)
         seen["held_after_microbatch"] = gradients_between_microbatches(out)
     return seen
+
+
+def read_sharded_checkpoint_alone(trainer, params: dict[str, torch.Tensor]) -> bool | None:
+    """Let rank 0 alone rebuild the model from the last sharded checkpoint (as the CLI's end-of-run
+    sample does while its peers leave); return whether it holds the trained parameters.
+    """
+    from speedtronic.artifacts import load_checkpoint_model
+
+    same = None
+    if trainer.parallel.is_main:
+        model, _ = load_checkpoint_model(trainer.checkpoint_manager.latest_path())
+        same = all(torch.equal(value, params[name]) for name, value in model.state_dict().items())
+    torch.distributed.barrier()
+    return same
 
 
 def gradients_between_microbatches(out: Path) -> dict[str, list[str]]:

@@ -172,6 +172,13 @@ def test_fsdp_refuses_an_optimizer_built_before_wrapping(trained):
     assert zero["wrong_order_refused"]
 
 
+def test_one_rank_reads_a_sharded_checkpoint_while_its_peers_wait(trained):
+    mode, _, (zero, one) = trained
+    if mode != "fsdp":
+        pytest.skip("DDP writes single-file checkpoints")
+    assert zero["read_alone"] is True and one["read_alone"] is None
+
+
 @pytest.mark.parametrize("world", [1, 4])
 def test_a_checkpoint_resumes_at_another_world_size(trained, tmp_path, world):
     mode, source, _ = trained

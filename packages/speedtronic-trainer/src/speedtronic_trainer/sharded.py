@@ -8,7 +8,6 @@ loads into an FSDP2 model too, each rank keeping its shards of the whole state i
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +43,14 @@ def load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer 
         set_model_state_dict,
         set_state_dict,
     )
+    from torch.distributed.tensor import DTensor
 
     if optimizer is None:
         state = {"model": get_model_state_dict(model)}
-        with warnings.catch_warnings():
-            # Outside a process group DCP warns that it loads in one process: that is the intent.
-            warnings.filterwarnings("ignore", message=".*assuming the intent is to load")
-            dcp.load(state, checkpoint_id=str(path))
+        # A plain model reads every shard in this process, even inside a process group (rank 0's
+        # end-of-run sample, its peers gone); an FSDP2 model's ranks load their shards together.
+        alone = not any(isinstance(value, DTensor) for value in state["model"].values())
+        dcp.load(state, checkpoint_id=str(path), no_dist=alone)
         set_model_state_dict(model, state["model"])
         return
     optimizers = leaf_optimizers(optimizer)

@@ -59,6 +59,14 @@ def test_a_target_batch_that_does_not_split_over_the_ranks_is_refused(target, mi
         check_batch_split(target, micro, world)
 
 
+def test_the_refusal_names_a_microbatch_that_keeps_the_global_batch():
+    with pytest.raises(ConfigError, match=r"or keep it with data.micro_batch_size: 8 \(8 per rank"):
+        check_batch_split(16, 16, 2)  # the main job's batch on two ranks
+    with pytest.raises(ConfigError) as refused:
+        check_batch_split(8, 2, 3)  # 8 rows do not split over 3 ranks at all
+    assert "keep it" not in str(refused.value)
+
+
 def test_a_target_batch_that_splits_is_accepted():
     check_batch_split(16, 2, 4)
     check_batch_split(3, 3, 1)  # one process: anything the config accepts

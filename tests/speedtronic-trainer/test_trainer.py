@@ -704,6 +704,21 @@ def test_a_failure_mid_step_saves_the_previous_step_exactly(tmp_path):
         assert torch.equal(a, b)
 
 
+def test_a_failure_before_any_step_completes_writes_no_checkpoint(tmp_path):
+    # The state is the one the run started from: a fresh initialization has nothing to keep.
+    fresh = build_run(tmp_path, dataset=FailingDataset(1, n=10), every_steps=100)
+    with pytest.raises(ValueError):
+        fresh.fit(3)
+    assert fresh.emergency_checkpoint is None and not list(tmp_path.glob("step_*.pt"))
+    build_run(tmp_path, every_steps=2).fit(2)
+    resumed = build_run(tmp_path, dataset=FailingDataset(1, n=10), every_steps=100)
+    assert resumed.resume_latest()
+    with pytest.raises(ValueError):  # and a resumed one's start is already on disk
+        resumed.fit(4)
+    assert resumed.emergency_checkpoint is None
+    assert sorted(p.name for p in tmp_path.glob("step_*.pt")) == ["step_2.pt"]
+
+
 def test_the_emergency_checkpoint_never_replaces_or_prunes_good_ones(tmp_path):
     trainer = build_run(tmp_path, dataset=FailingDataset(4 * 5 + 1, n=10), every_steps=2)
     trainer.checkpoint_manager.keep_last = 1

@@ -152,10 +152,17 @@ def test_train_plot_sample_export_end_to_end(tmp_path):
 
     # resuming at the target does nothing and says so; a further target continues from step 6
     result = cli(
+        "train", str(config), "--max-steps", "6", "--device", "cpu", "--resume", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "\nnothing to train: already at step 6;" in result.stdout
+    result = cli(
         "train", str(config), "--max-steps", "8", "--device", "cpu", "--resume", cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (run / "checkpoints" / "step_8.pt").exists()
+    # This run's own steps and tokens (2 steps of 8 x 32), not every token since step 0.
+    assert "\ntrained 2 steps (resumed at step 6, now at 8), 512 tokens in " in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -272,7 +279,7 @@ def test_prepare_train_export_hf_and_sample_agree_with_transformers(tmp_path):
     # export's usage mistakes: one line, exit 2
     for args, fragment in [
         (["--private"], "--private applies to --push-to-hub"),
-        (["--tokenizer", "bytes"], "--tokenizer need --format hf"),
+        (["--tokenizer", "bytes"], "--tokenizer needs --format hf"),
         (["--format", "hf", "--tokenizer", "gone.json"], "gone.json: no such file"),
     ]:
         result = cli("export", str(checkpoint), str(tmp_path / "x"), *args, cwd=tmp_path)
@@ -357,3 +364,17 @@ def test_version_names_the_meta_package_and_every_part(capsys):
     assert out.startswith(f"speedtronic {importlib.metadata.version('speedtronic')} (parts: ")
     for part in PARTS:
         assert f"{part} {importlib.metadata.version(part)}" in out
+
+
+def test_metrics_follow_the_run_folder_when_no_file_is_set(tmp_path, capsys):
+    from speedtronic.cli import main
+
+    smoke = str(ROOT / "configs" / "smoke.yaml")  # sets no logging.json_file
+    for name in ("a", "b"):
+        run = tmp_path / name
+        argv = ["train", smoke, "--max-steps", "2", "--device", "cpu"]
+        assert main([*argv, "--set", f"run.output_dir={run}"]) == 0
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records if r["event"] == "train_step"] == [1, 2]  # its own
+        assert f"metrics:    {run / 'metrics.jsonl'}" in capsys.readouterr().out
+        assert (run / "loss_curve.png").exists()

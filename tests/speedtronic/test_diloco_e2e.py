@@ -276,6 +276,7 @@ class Cluster:
             "data.val_shard_path": self.corpus / "val_*.bin",
             "data.micro_batch_size": 8,
             "data.target_batch_size": 8,
+            "data.shuffle": False,  # the thresholds below were measured reading in file order
             "distributed.role": role,
             "distributed.node_id": name,
             "distributed.repo_id": self.repo_id,

@@ -143,7 +143,7 @@ def test_launcher_arguments_go_to_torchrun_and_never_to_the_workers():
             + ["--rdzv-endpoint", "127.0.0.1:9"],
             "data.target_batch_size: 8 does not split over 4 ranks into whole microbatches of 4 "
             "(--nnodes 1:3: 2 node(s) x 2 processes); use a multiple of 16 (world size x "
-            "micro_batch_size)",
+            "micro_batch_size), or keep it with data.micro_batch_size: 2 (2 per rank)",
         ),
         (
             ["--nnodes", "3:2", "--rdzv-endpoint", "127.0.0.1:9"],
@@ -155,6 +155,22 @@ def test_the_launcher_refuses_a_bad_run_in_one_line_before_any_worker(capsys, ex
     smoke = str(ROOT / "configs" / "smoke.yaml")
     assert main(["train", smoke, "--nproc-per-node", "2", *extra]) == 2
     assert capsys.readouterr().err == f"speedtronic train: {line}\n"
+
+
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        (["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:9"], "--nnodes, --rdzv-endpoint"),
+        (["--max-restarts", "3"], "--max-restarts"),
+    ],
+)
+def test_launcher_flags_without_nproc_per_node_are_refused(capsys, extra, named):
+    smoke = str(ROOT / "configs" / "smoke.yaml")
+    assert main(["train", smoke, "--set", "parallel.data_parallel=ddp", *extra]) == 2
+    assert capsys.readouterr().err == (
+        f"speedtronic train: {named} launch workers through torchrun and need --nproc-per-node N "
+        "(the processes on this node, e.g. 1 per GPU)\n"
+    )
 
 
 EXITING_WORKER = """

@@ -222,12 +222,16 @@ def check_batch_split(target_batch_size: int, micro_batch_size: int, world_size:
         return
     per_rank, rest = divmod(target_batch_size, world_size)
     if rest or per_rank % micro_batch_size:
+        allowed = f"use a multiple of {world_size * micro_batch_size} (world size x "
+        allowed += "micro_batch_size)"
+        if not rest and per_rank:  # the same global batch fits with smaller microbatches
+            fits = max(d for d in range(1, micro_batch_size) if per_rank % d == 0)
+            allowed += f", or keep it with data.micro_batch_size: {fits} ({per_rank} per rank)"
         raise ConfigError(
             "data.target_batch_size",
             f"{target_batch_size} does not split over {world_size} ranks into whole microbatches "
             f"of {micro_batch_size}",
-            allowed=f"use a multiple of {world_size * micro_batch_size} (world size x "
-            "micro_batch_size)",
+            allowed=allowed,
         )
 
 

@@ -676,7 +676,7 @@ class Trainer:
                     progress.stopped_by = self._stop_reason(stop.received, outcome)
             self._finish(progress, first_step=first[0])
         except Exception as error:
-            self._save_emergency(error)
+            self._save_emergency(error, started_at=first[0])
             raise
         finally:
             bar.close()
@@ -714,14 +714,15 @@ class Trainer:
             progress.checkpoint, progress.checkpoint_step = written, self.step
         return outcome
 
-    def _save_emergency(self, error: Exception) -> None:
+    def _save_emergency(self, error: Exception, *, started_at: int) -> None:
         """After a failure mid-run, checkpoint the last sound state (never over a good checkpoint)
-        and log where it is; a failed checkpoint write or a non-finite loss saves nothing. Never
-        raises: the original failure is what the caller must see.
+        and log where it is; a failed checkpoint write or a non-finite loss saves nothing, nor
+        does a fit that completed no step (it started from a checkpoint already written, or from
+        a fresh initialization). Never raises: the original failure is what the caller must see.
         """
         manager = self.checkpoint_manager
         skip = isinstance(error, (CheckpointError, NonFiniteLossError))  # disk failed; policy
-        if manager is None or not manager.enabled or skip:
+        if manager is None or not manager.enabled or skip or self.step == started_at:
             self._guard.applied()
             return
         failed_at = f"{type(error).__name__} at step {self._guard.failing_step(self.step)}"

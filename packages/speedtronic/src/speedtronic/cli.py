@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 from speedtronic.errors import RUNTIME_ERROR, USAGE_ERROR, RunFailed, UsageError
 from speedtronic.group_exit import exit_process, hold_process_group
-from speedtronic.launch import add_launch_arguments, launch
+from speedtronic.launch import add_launch_arguments, launch, refuse_launch_flags_alone
 
 
 class _Parser(argparse.ArgumentParser):
@@ -226,6 +226,10 @@ def _train_overrides(values: Any, args: argparse.Namespace) -> list[str]:
         # 2.0's --max-steps also moved the schedule horizon, unless scheduler.max_steps was set.
         if _load_config(values, overrides).scheduler.follows_target:
             overrides.append(f"scheduler.max_steps={args.max_steps}")
+    config = _load_config(values, overrides)
+    if config.logging.json_file is None:  # metrics live with the run: plot, export, card read them
+        metrics = Path(config.run.output_dir) / "metrics.jsonl"
+        overrides.append(f"logging.json_file={json.dumps(str(metrics))}")
     return overrides
 
 
@@ -254,6 +258,7 @@ def _train_config(args: argparse.Namespace, *, announce: bool = True) -> Any:
 def _cmd_train(args: argparse.Namespace) -> int:
     from speedtronic.report import print_run_summary
 
+    refuse_launch_flags_alone(args)
     if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
         # This process becomes torchrun's launcher; a bad config fails here, once.
         return launch(args, args.argv, _train_config(args, announce=False))
@@ -341,7 +346,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
             if value
         ]
         if extra:
-            raise UsageError(f"{', '.join(extra)} need --format hf")
+            raise UsageError(f"{', '.join(extra)} need{'s' if len(extra) == 1 else ''} --format hf")
         print(
             export_checkpoint(Path(args.checkpoint), _output_folder(Path(args.out_dir), "OUT_DIR"))
         )

@@ -41,6 +41,26 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def refuse_launch_flags_alone(args: argparse.Namespace) -> None:
+    """Raise UsageError when launcher flags come without --nproc-per-node: they would be ignored
+    and one lone process would train.
+    """
+    given = [
+        flag
+        for flag, value in [
+            ("--nnodes", args.nnodes != "1"),
+            ("--rdzv-endpoint", args.rdzv_endpoint),
+            ("--max-restarts", args.max_restarts),
+        ]
+        if value
+    ]
+    if given and args.nproc_per_node is None:
+        raise UsageError(
+            f"{', '.join(given)} launch workers through torchrun and need --nproc-per-node N "
+            "(the processes on this node, e.g. 1 per GPU)"
+        )
+
+
 def worker_arguments(argv: Sequence[str]) -> list[str]:
     """Return argv without the launcher flags (and their values)."""
     out: list[str] = []

@@ -30,7 +30,9 @@ def unigram_entropy(shard_glob: str) -> float | None:
 def _reported(what: str, build: Callable[[], str]) -> str:
     """Return `what: <build()>`, or `what: skipped (<why>)`: a report never fails a finished run."""
     try:
-        return f"{what}: {build()}"
+        text = build()
+        separator = "" if text.startswith("\n") else " "  # a block below: no trailing space
+        return f"{what}:{separator}{text}"
     except Exception as why:  # any reporting failure becomes a note, never an exit 1
         reason = why if isinstance(why, UsageError) else f"{type(why).__name__}: {why}"
         return f"{what}: skipped ({reason})"
@@ -41,10 +43,7 @@ def print_run_summary(config: Any, result: Any, checkpoint: Path | None) -> None
     from speedtronic.artifacts import sample_text
     from speedtronic.plotting import plot_metrics
 
-    lines = [
-        f"trained {result.steps} steps, {result.tokens:,} tokens in {result.elapsed_s:.1f}s"
-        f" ({result.tokens / max(result.elapsed_s, 1e-9):,.0f} tokens/s)"
-    ]
+    lines = [_trained_line(result)]
     if result.final_loss is not None:
         lines.append(f"final train loss {result.final_loss:.3f} nats/token")
     metrics = result.metrics or {}
@@ -66,6 +65,20 @@ def print_run_summary(config: Any, result: Any, checkpoint: Path | None) -> None
     print("\n".join(lines))
     if math.isnan(result.final_loss or 0.0):
         raise RuntimeError("training ended with a non-finite loss")
+
+
+def _trained_line(result: Any) -> str:
+    """Say what this run did: its own steps, tokens and speed (a resumed run counts from where it
+    resumed), or that the target was already reached.
+    """
+    if result.steps_run == 0:
+        return f"nothing to train: already at step {result.steps}; raise --max-steps to go on"
+    speed = (result.metrics or {}).get("tokens_per_s", 0.0)
+    tokens = round(speed * result.elapsed_s)  # this run's tokens: fit_end's rate x its time
+    steps = f"{result.steps_run} steps"
+    if result.steps_run != result.steps:
+        steps += f" (resumed at step {result.steps - result.steps_run}, now at {result.steps})"
+    return f"trained {steps}, {tokens:,} tokens in {result.elapsed_s:.1f}s ({speed:,.0f} tokens/s)"
 
 
 def _validation_line(config: Any, val_loss: float) -> str:

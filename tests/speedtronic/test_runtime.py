@@ -183,3 +183,24 @@ def test_a_data_parallel_group_is_one_diloco_node_led_by_rank_0(tmp_path):
     config.parallel.timeout_s = 60
     with pytest.raises(ConfigError, match="parallel.timeout_s"):
         runtime.build_coordinator(config, model, runtime.build_logger(config), group)
+
+
+def test_a_rerun_and_a_changed_lr_on_resume_are_each_named_in_one_warning(tmp_path):
+    log = tmp_path / "train.log"
+
+    def config(lr: float) -> dict:
+        return small_config(tmp_path, optimizer={"lr": lr}, logging={"file": str(log)})
+
+    runtime.train_from_config(config(1e-3))
+    assert "WARNING" not in log.read_text()
+    trainer, _ = runtime.build_runtime(config(2e-3), resume=True)
+    assert trainer.scheduler.base_lrs == [1e-3]  # the checkpoint's schedule continues
+    warnings = [line for line in log.read_text().splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and "optimizer.lr 0.002 is not applied on resume" in warnings[0]
+    assert "checkpoint's 0.001" in warnings[0]
+    runtime.build_runtime(config(1e-3))  # not resumed: it will replace step_2.pt
+    warnings = [line for line in log.read_text().splitlines() if "WARNING" in line]
+    assert (
+        len(warnings) == 2
+        and "holds an earlier run's checkpoints (latest step_2.pt)" in (warnings[1])
+    )

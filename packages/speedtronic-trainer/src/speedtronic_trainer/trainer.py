@@ -548,6 +548,7 @@ class Trainer:
         self._restore_weights(state)
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+            self._warn_if_lr_kept(state)
         if self.scaler is not None and state.get("scaler") is not None:
             self.scaler.load_state_dict(state["scaler"])
         if self.coordinator is not None and state.get("coordinator") is not None:
@@ -562,6 +563,23 @@ class Trainer:
             self.step,
             state.get("checkpoint_path", "a state dict"),
         )
+
+    def _warn_if_lr_kept(self, state: dict[str, Any]) -> None:
+        """Say so when this run's optimizer.lr differs from the checkpoint's: the restored
+        scheduler state holds the checkpoint's base learning rates, and they stay.
+        """
+        saved = ((state.get("config") or {}).get("optimizer") or {}).get("lr")
+        current = self.config.optimizer.lr
+        if self._config_given and saved is not None and saved != current:
+            self.logger.warning(
+                "optimizer.lr %g is not applied on resume: the schedule continues at the "
+                "checkpoint's %g (its state holds the base learning rates); to go on from these "
+                "weights at %g, export them (speedtronic export CHECKPOINT DIR --format hf) and "
+                "start a new run with model.init_from: hf:DIR",
+                current,
+                saved,
+                current,
+            )
 
     def _restore_weights(self, state: dict[str, Any]) -> None:
         """Load the model and optimizer: FSDP shards through DCP (any world size), else the

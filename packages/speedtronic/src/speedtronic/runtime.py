@@ -155,6 +155,14 @@ def build_runtime(
     )
     if resume or config.checkpoint.resume or elastic_restart():  # 13
         trainer.resume_latest()  # warns and starts fresh when there is none
+    elif manager.enabled and (earlier := manager.latest_path()) is not None:
+        logger.warning(
+            "%s holds an earlier run's checkpoints (latest %s); this run starts at step 0 and "
+            "replaces them as it saves: pass --resume to continue that run, or set another "
+            "run.output_dir",
+            manager.directory,
+            earlier.name,
+        )
     return trainer, manager
 
 

@@ -40,6 +40,15 @@ def test_normalization_fills_data_from_model_and_run():
     assert (explicit.data.block_size, explicit.data.seed) == (16, 3)
 
 
+def test_a_block_longer_than_the_reference_models_context_is_refused():
+    refused = r"data.block_size: is longer than model.max_seq_len \(64\)"
+    with pytest.raises(ConfigError, match=refused):
+        SpeedtronicConfig.from_dict({"model": {"max_seq_len": 64}, "data": {"block_size": 128}})
+    # Another registered model decides its own context.
+    custom = {"model": {"name": "mine", "max_seq_len": 64}, "data": {"block_size": 128}}
+    assert SpeedtronicConfig.from_dict(custom).data.block_size == 128
+
+
 def test_log_every_copies_only_onto_the_default_cadence():
     assert SpeedtronicConfig.from_dict({"log_every": 10}).logging.every_steps == 10
     assert (

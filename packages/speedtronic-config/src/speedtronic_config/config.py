@@ -86,6 +86,16 @@ class SpeedtronicConfig:
             self.distributed.role = "master"  # an enabled run needs a repository owner
         if self.data.block_size is None:
             self.data.block_size = self.model.max_seq_len
+        elif self.model.name == "reference_transformer" and (
+            self.data.block_size > self.model.max_seq_len
+        ):  # else the first step fails: the model has no positions past max_seq_len
+            raise ConfigError(
+                "data.block_size",
+                f"is longer than model.max_seq_len ({self.model.max_seq_len}), the reference "
+                "model's longest sequence",
+                value=self.data.block_size,
+                allowed=f"use at most {self.model.max_seq_len}, or raise model.max_seq_len",
+            )
         if self.data.vocab_size is None:
             self.data.vocab_size = self.model.vocab_size
         if self.data.seed is None:

@@ -58,6 +58,21 @@ def test_bad_repository_id_and_folder(tmp_path, server):
         push_to_hub(tmp_path / "missing", "me/x", endpoint=server.url)
 
 
+def test_an_unreachable_hub_names_the_endpoint_and_keeps_the_export(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    with HubServer() as stopped:
+        endpoint = stopped.url  # nothing listens there any more
+    with pytest.raises(RuntimeError) as failed:
+        push_to_hub(folder, "me/x", endpoint=endpoint)
+    message = str(failed.value)
+    assert message.startswith(f"pushing to me/x on {endpoint} failed (") and "\n" not in message
+    assert f"the export in {folder} is complete: push it again with" in message
+    assert SECRET not in message and (folder / "config.json").read_text() == "{}"
+
+
 def test_cli_push_to_hub_private(tmp_path, server, checkpoint):
     env = {
         **os.environ,

@@ -25,16 +25,23 @@ def push_to_hub(
     api = HfApi(endpoint=endpoint)
     try:
         url = api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        api.upload_folder(
+            folder_path=str(folder),
+            repo_id=url.repo_id,  # OWNER/NAME, also when only NAME was given
+            repo_type="model",
+            commit_message="Upload a Speedtronic export",
+        )
     except HFValidationError as error:
         raise UsageError(
             f"--push-to-hub {repo_id!r}: not a repository id ({error}); use NAME or OWNER/NAME"
         ) from None
-    api.upload_folder(
-        folder_path=str(folder),
-        repo_id=url.repo_id,  # OWNER/NAME, also when only NAME was given
-        repo_type="model",
-        commit_message="Upload a Speedtronic export",
-    )
+    except Exception as error:  # network, token, server: name where, and that nothing is lost
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise RuntimeError(
+            f"pushing to {repo_id} on {api.endpoint} failed ({type(error).__name__}: {first}); "
+            f"the export in {folder} is complete: push it again with `hf upload {repo_id} "
+            f"{folder}`, or rerun the export with --push-to-hub"
+        ) from error
     return str(url)
 
 

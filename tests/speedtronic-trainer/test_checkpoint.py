@@ -85,7 +85,8 @@ def test_truncated_latest_raises_naming_the_file_and_resume_falls_back(tmp_path)
     warnings: list[str] = []
     loaded = manager.load_latest(warn=warnings.append)
     assert loaded["step"] == 1
-    assert len(warnings) == 1 and "step_2.pt" in warnings[0] and "falling back" in warnings[0]
+    assert len(warnings) == 1 and warnings[0].endswith("; trying an older checkpoint")
+    assert "step_2.pt" in warnings[0] and "delete it" not in warnings[0]  # one advice, not two
 
 
 def test_fallback_is_reported_in_one_line_on_stderr_by_default(tmp_path, capsys):

@@ -18,7 +18,11 @@ import torch
 
 from speedtronic_config import CheckpointConfig, resolve_section
 from speedtronic_systems.atomic import atomic_json_dump, atomic_torch_save, remove_stale_temp_files
-from speedtronic_trainer.checkpoint_checks import CheckpointError, load_checkpoint_file
+from speedtronic_trainer.checkpoint_checks import (
+    RESUME_HINT,
+    CheckpointError,
+    load_checkpoint_file,
+)
 from speedtronic_trainer.sharded import TRAINER_STATE
 
 # step_<n>.pt: one file (one process, or DDP's rank 0); step_<n>.dcp: a folder of FSDP2 shards.
@@ -149,8 +153,11 @@ class CheckpointManager:
         paths = self._checkpoint_paths()
         return paths[-1] if paths else None
 
-    def load(self, path: str | os.PathLike[str]) -> dict[str, Any]:
-        """Load one checkpoint with weights_only=True, raising CheckpointError naming a bad file.
+    def load(
+        self, path: str | os.PathLike[str], *, hint: str | None = RESUME_HINT
+    ) -> dict[str, Any]:
+        """Load one checkpoint with weights_only=True, raising CheckpointError naming a bad file
+        (ending with `hint`, when given).
 
         For a sharded folder this is its trainer state, with "sharded" set to the folder: the
         model and optimizer shards load into a live model (speedtronic_trainer.sharded).
@@ -160,12 +167,12 @@ class CheckpointManager:
             if not (path / ".metadata").is_file():
                 raise CheckpointError(
                     f"sharded checkpoint {path} is incomplete (no .metadata: a rank did not "
-                    "finish writing); delete it to resume from an older checkpoint"
+                    f"finish writing){f'; {hint}' if hint else ''}"
                 )
-            state = load_checkpoint_file(path / TRAINER_STATE)
+            state = load_checkpoint_file(path / TRAINER_STATE, hint)
             state["sharded"] = str(path)
             return state
-        return load_checkpoint_file(path)
+        return load_checkpoint_file(path, hint)
 
     def load_latest(self, warn: Callable[[str], None] | None = None) -> dict[str, Any] | None:
         """Load the newest valid checkpoint, reporting each unreadable newer one in one line
@@ -179,10 +186,10 @@ class CheckpointManager:
         failures: list[str] = []
         for path in candidates:
             try:
-                state = self.load(path)
+                state = self.load(path, hint=None)
             except CheckpointError as exc:
                 failures.append(str(exc))
-                warn(f"{exc}; falling back to an older checkpoint")
+                warn(f"{exc}; trying an older checkpoint")
                 continue
             state.setdefault("checkpoint_path", str(path))
             return state

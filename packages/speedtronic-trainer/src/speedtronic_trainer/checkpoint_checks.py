@@ -63,9 +63,9 @@ def describe_load_error(error: BaseException) -> str:
 RESUME_HINT = "delete it to resume from an older checkpoint"
 
 
-def load_checkpoint_file(path: str | Path, hint: str = RESUME_HINT) -> dict[str, Any]:
+def load_checkpoint_file(path: str | Path, hint: str | None = RESUME_HINT) -> dict[str, Any]:
     """Load one checkpoint with weights_only=True; CheckpointError, in one line ending with
-    `hint`, for a bad file.
+    `hint` (when given), for a bad file.
     """
     path = Path(path)
     try:
@@ -79,7 +79,8 @@ def load_checkpoint_file(path: str | Path, hint: str = RESUME_HINT) -> dict[str,
     except IsADirectoryError as exc:
         raise CheckpointError(f"checkpoint {path} is a folder, not a checkpoint file") from exc
     except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, zip errors...
-        raise CheckpointError(f"checkpoint {path} {describe_load_error(exc)}; {hint}") from exc
+        advice = f"; {hint}" if hint else ""
+        raise CheckpointError(f"checkpoint {path} {describe_load_error(exc)}{advice}") from exc
     if not isinstance(state, dict):
         raise CheckpointError(
             f"checkpoint {path} holds a {type(state).__name__}, expected a state dict"

@@ -67,3 +67,19 @@ def test_non_numeric_values_are_not_plotted(tmp_path):
     path.write_text('{"step": "x", "loss": 1}\n{"step": 1, "loss": "nan?"}\n')
     with pytest.raises(UsageError, match="no training-step records"):
         plot_metrics(path)
+
+
+def test_a_resumed_run_replaces_its_steps_and_run_averages_stay_out():
+    from speedtronic.plotting import _series
+
+    records = [
+        {"event": "train_step", "step": 1, "loss": 4.0, "tokens_per_s": 10.0},
+        {"event": "train_step", "step": 2, "loss": 3.0, "tokens_per_s": 10.0},
+        {"event": "train_step", "step": 3, "loss": 2.5, "tokens_per_s": 10.0},  # then killed
+        {"event": "train_step", "step": 3, "loss": 2.4, "tokens_per_s": 11.0},  # resumed at 2
+        {"event": "eval", "step": 3, "val_loss": 2.6},
+        {"event": "fit_end", "step": 3, "tokens_per_s": 99.0, "val_loss": 2.6},
+    ]
+    assert _series(records, "loss") == ([1, 2, 3], [4.0, 3.0, 2.4])
+    assert _series(records, "tokens_per_s") == ([1, 2, 3], [10.0, 10.0, 11.0])
+    assert _series(records, "val_loss", "eval") == ([3], [2.6])

@@ -54,13 +54,21 @@ def output_path(metrics: Path, output: str | Path | None) -> Path:
     return output
 
 
-def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
-    points = [
-        (r["step"], r[key])
-        for r in records
-        if isinstance(r.get(key), (int, float)) and isinstance(r.get("step"), (int, float))
-    ]
-    return [p[0] for p in points], [p[1] for p in points]
+def _series(
+    records: list[dict], key: str, event: str = "train_step"
+) -> tuple[list[float], list[float]]:
+    """Return (steps, values) of `key` in `event` records: one point per step, the last logged,
+    in step order. A run resumed from an earlier step, or a rerun appending to the same file,
+    replaces those points instead of drawing back over them; fit_end's run averages stay out.
+    """
+    latest: dict[float, float] = {}
+    for r in records:
+        value, step = r.get(key), r.get("step")
+        if r.get("event", event) == event and isinstance(value, (int, float)):
+            if isinstance(step, (int, float)):
+                latest[step] = value
+    steps = sorted(latest)
+    return steps, [latest[s] for s in steps]
 
 
 def find_metrics_file(source: Path) -> Path:
@@ -91,7 +99,7 @@ def plot_metrics(source: Path, output: str | Path | None = None) -> Path:
 
     fig, (ax_loss, ax_lr, ax_tps) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
     ax_loss.plot(steps, loss, label="train loss", color="tab:blue")
-    val_steps, val_loss = _series(records, "val_loss")
+    val_steps, val_loss = _series(records, "val_loss", "eval")
     if val_steps:
         ax_loss.plot(val_steps, val_loss, "o-", label="val loss", color="tab:orange")
     ax_loss.set_ylabel("loss (nats/token)")

@@ -53,6 +53,8 @@ def test_validate_prints_the_normalized_redacted_config(tmp_path):
     assert SECRET not in result.stdout + result.stderr
     assert "max_steps: 7" in result.stdout
     assert "block_size: 128" in result.stdout  # normalized from model.max_seq_len
+    # the horizon is null in the file form (it follows the target): the output says what it is
+    assert result.stdout.endswith("# scheduler.max_steps: null follows the step target, 7\n")
 
 
 def test_validate_applies_set_overrides(tmp_path):

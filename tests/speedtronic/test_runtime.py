@@ -121,14 +121,20 @@ def test_init_from_loads_a_llama_folder_into_the_built_model(tmp_path):
         for param in source.parameters():  # nothing like the seeded init of the run
             param.add_(1.0)
     save_llama(source, tmp_path / "hf")
+    log = tmp_path / "train.log"
     trainer, _ = runtime.build_runtime(
-        {**config, "model": {**config["model"], "init_from": f"hf:{tmp_path / 'hf'}"}}
+        {
+            **config,
+            "model": {**config["model"], "init_from": f"hf:{tmp_path / 'hf'}"},
+            "logging": {"file": str(log)},
+        }
     )
     try:
         for ours, theirs in zip(trainer.model.parameters(), source.parameters(), strict=True):
             assert torch.equal(ours, theirs)
     finally:
         trainer.close()
+    assert f"model.init_from: weights loaded from hf:{tmp_path / 'hf'}" in log.read_text()
     wider = {**config["model"], "n_layer": 2, "init_from": f"hf:{tmp_path / 'hf'}"}
     with pytest.raises(ConfigError, match="model.n_layer is 2 but the checkpoint has 1"):
         runtime.build_runtime({**config, "model": wider})

@@ -289,6 +289,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     config = _load_config(args.config, args.overrides)
     print(config.to_yaml(redact_secrets=True), end="")
+    if config.scheduler.follows_target:  # null in the file form; say what it comes to
+        print(f"# scheduler.max_steps: null follows the step target, {config.step_target}")
     return 0
 
 

@@ -136,6 +136,8 @@ def build_runtime(
     scheduler = build_scheduler(optimizer, config)  # 7
     manager = _checkpoint_manager(config)  # 8
     logger = build_logger(config) if parallel.is_main else MetricLogger(level="ERROR")  # 9
+    if config.model.init_from is not None:
+        logger.info("model.init_from: weights loaded from %s", config.model.init_from)
     coordinator = build_coordinator(config, model, logger, parallel)  # 10
     target = max_steps if max_steps is not None else config.step_target  # 11
     # 12: the trainer resolves the precision plan and the startup shape report, once.

@@ -62,6 +62,23 @@ def test_card_without_metrics(tmp_path, byte_shards):
     write_model_card(tmp_path / "out", loaded, state, checkpoint=checkpoint, tokenizer=BYTES)
 
 
+def test_a_copied_run_folder_uses_its_own_metrics(tmp_path):
+    from types import SimpleNamespace
+
+    copied = tmp_path / "copy" / "checkpoints" / "step_4.pt"
+    copied.parent.mkdir(parents=True)
+    (tmp_path / "copy" / "metrics.jsonl").write_text("{}\n")
+    elsewhere = tmp_path / "original.jsonl"  # what the run's config named, from another cwd
+    elsewhere.write_text("{}\n")
+    config = SimpleNamespace(
+        logging=SimpleNamespace(json_file=str(elsewhere)),
+        run=SimpleNamespace(output_dir=str(tmp_path / "gone")),
+    )
+    assert find_metrics(config, copied) == tmp_path / "copy" / "metrics.jsonl"
+    (tmp_path / "copy" / "metrics.jsonl").unlink()
+    assert find_metrics(config, copied) == elsewhere
+
+
 def test_final_val_loss_is_the_last_at_or_before_the_checkpoint():
     records = [
         {"step": 2, "val_loss": 3.0},

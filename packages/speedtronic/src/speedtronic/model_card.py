@@ -12,10 +12,12 @@ CURVE_NAME = "loss_curve.png"
 
 
 def find_metrics(config: Any, checkpoint: Path) -> Path | None:
-    """Return the run's metrics.jsonl: logging.json_file, else beside the checkpoints folder."""
+    """Return the run's metrics.jsonl: the one beside the checkpoints folder (it travels with a
+    copied run folder), else logging.json_file, else in run.output_dir.
+    """
     candidates = [
-        Path(config.logging.json_file) if config.logging.json_file else None,
         checkpoint.parent.parent / "metrics.jsonl",
+        Path(config.logging.json_file) if config.logging.json_file else None,
         Path(config.run.output_dir) / "metrics.jsonl",
     ]
     return next((path for path in candidates if path is not None and path.is_file()), None)

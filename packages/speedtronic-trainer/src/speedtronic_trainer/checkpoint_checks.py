@@ -64,8 +64,9 @@ RESUME_HINT = "delete it to resume from an older checkpoint"
 
 
 def load_checkpoint_file(path: str | Path, hint: str | None = RESUME_HINT) -> dict[str, Any]:
-    """Load one checkpoint with weights_only=True; CheckpointError, in one line ending with
-    `hint` (when given), for a bad file.
+    """Load one checkpoint with weights_only=True; a bad file is a one-line CheckpointError.
+
+    The line ends with `hint` when one is given.
     """
     path = Path(path)
     try:

@@ -42,9 +42,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def refuse_launch_flags_alone(args: argparse.Namespace) -> None:
-    """Raise UsageError when launcher flags come without --nproc-per-node: they would be ignored
-    and one lone process would train.
-    """
+    """Raise UsageError for launcher flags without --nproc-per-node (ignored, one process trains)."""
     given = [
         flag
         for flag, value in [

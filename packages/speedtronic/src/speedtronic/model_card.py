@@ -12,8 +12,9 @@ CURVE_NAME = "loss_curve.png"
 
 
 def find_metrics(config: Any, checkpoint: Path) -> Path | None:
-    """Return the run's metrics.jsonl: the one beside the checkpoints folder (it travels with a
-    copied run folder), else logging.json_file, else in run.output_dir.
+    """Return the run's metrics.jsonl, preferring the one beside the checkpoints folder.
+
+    That one travels with a copied run folder; else logging.json_file, else in run.output_dir.
     """
     candidates = [
         checkpoint.parent.parent / "metrics.jsonl",

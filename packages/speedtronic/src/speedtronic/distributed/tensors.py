@@ -1,5 +1,6 @@
-"""2.0 import path `speedtronic.distributed.tensors`: speedtronic_diloco's tensor helpers and
-2.0's delta-path parser.
+"""2.0 import path `speedtronic.distributed.tensors`: the tensor helpers, 2.0's path parser.
+
+The helpers are speedtronic_diloco's; parse_delta_path is 2.0's form of its parse_delta_ref.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def refuse_launch_flags_alone(args: argparse.Namespace) -> None:
-    """Raise UsageError for launcher flags without --nproc-per-node (ignored, one process trains)."""
+    """Raise UsageError for launcher flags without --nproc-per-node (one process would train)."""
     given = [
         flag
         for flag, value in [

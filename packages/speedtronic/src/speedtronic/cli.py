@@ -223,10 +223,10 @@ def _train_overrides(values: Any, args: argparse.Namespace) -> list[str]:
         overrides.append(f"run.device={args.device}")
     if args.max_steps is not None:
         overrides.append(f"run.max_steps={args.max_steps}")
-        # 2.0's --max-steps also moved the schedule horizon, unless scheduler.max_steps was set.
-        if _load_config(values, overrides).scheduler.follows_target:
-            overrides.append(f"scheduler.max_steps={args.max_steps}")
-    config = _load_config(values, overrides)
+    config = _load_config(values, overrides)  # once: neither decision below changes the other
+    # 2.0's --max-steps also moved the schedule horizon, unless scheduler.max_steps was set.
+    if args.max_steps is not None and config.scheduler.follows_target:
+        overrides.append(f"scheduler.max_steps={args.max_steps}")
     if config.logging.json_file is None:  # metrics live with the run: plot, export, card read them
         metrics = Path(config.run.output_dir) / "metrics.jsonl"
         overrides.append(f"logging.json_file={json.dumps(str(metrics))}")

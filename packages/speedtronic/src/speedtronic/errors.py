@@ -16,6 +16,11 @@ def signal_exit_code(name: str) -> int:
     return SIGNAL_EXIT_BASE + signal.Signals[name].value
 
 
+def first_line(error: BaseException) -> str:
+    """Return the first non-empty line of an error's message, stripped ("" when it has none)."""
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+
+
 class UsageError(Exception):
     """A user mistake (a missing file, a bad argument): printed in one line, exit code 2."""
 
@@ -32,5 +37,6 @@ __all__ = [
     "USAGE_ERROR",
     "RunFailed",
     "UsageError",
+    "first_line",
     "signal_exit_code",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from speedtronic.errors import UsageError
+from speedtronic.errors import UsageError, first_line
 
 
 def push_to_hub(
@@ -36,9 +36,9 @@ def push_to_hub(
             f"--push-to-hub {repo_id!r}: not a repository id ({error}); use NAME or OWNER/NAME"
         ) from None
     except Exception as error:  # network, token, server: name where, and that nothing is lost
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise RuntimeError(
-            f"pushing to {repo_id} on {api.endpoint} failed ({type(error).__name__}: {first}); "
+            f"pushing to {repo_id} on {api.endpoint} failed ({type(error).__name__}: "
+            f"{first_line(error)}); "
             f"the export in {folder} is complete: push it again with `hf upload {repo_id} "
             f"{folder}`, or rerun the export with --push-to-hub"
         ) from error

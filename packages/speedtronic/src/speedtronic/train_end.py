@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from speedtronic.errors import RunFailed, signal_exit_code
+from speedtronic.errors import RunFailed, first_line, signal_exit_code
 from speedtronic_config.secrets import is_secret_path
 
 
@@ -60,7 +60,7 @@ def run_failed(error: Exception, trainer: Any, args: argparse.Namespace) -> RunF
     """Return the one-line failure of a started run: the error, the emergency checkpoint written
     (or the last good one), and the command that resumes.
     """
-    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    first = first_line(error)
     what = f"{type(error).__name__}: {first}" if first else type(error).__name__
     from speedtronic_trainer import CheckpointError
 

@@ -109,6 +109,23 @@ def test_a_nodes_consecutive_deltas_add_up_and_nodes_average(tmp_path):
     assert loop.counters["applied"] == 4
 
 
+def test_a_nodes_deltas_against_different_globals_are_averaged_not_summed(tmp_path):
+    hub, loop = _master(tmp_path, {"w": torch.zeros(2)}, outer_lr=1.0, outer_momentum=0.0)
+    loop.recover()
+    hub.upload_delta({"w": torch.zeros(2)}, node_id="z", local_step=1, base_outer_step=0)
+    assert loop.sync_once() == 1
+    # Node a trained from outer step 0 (two deltas: one displacement of 2 + 4), installed step 1
+    # and trained from it (one displacement of 3); node b trained from step 1 (displacement 9).
+    hub.upload_delta({"w": torch.full((2,), 2.0)}, node_id="a", local_step=10, base_outer_step=0)
+    hub.upload_delta({"w": torch.full((2,), 4.0)}, node_id="a", local_step=20, base_outer_step=0)
+    hub.upload_delta({"w": torch.full((2,), 3.0)}, node_id="a", local_step=30, base_outer_step=1)
+    hub.upload_delta({"w": torch.full((2,), 9.0)}, node_id="b", local_step=10, base_outer_step=1)
+    assert loop.sync_once() == 2
+    # mean(6, 3, 9) = 6; summing node a's three deltas (mean(9, 9) = 9) stepped half as far again.
+    assert torch.equal(loop.snapshot()[1]["w"], torch.full((2,), -6.0))
+    assert loop.counters["applied"] == 5
+
+
 def test_invalid_and_stale_deltas_are_skipped_with_reasons(tmp_path, caplog):
     state = {"w": torch.zeros(3)}
     events = []

@@ -281,7 +281,13 @@ class MasterOuterLoop:
             outer_step = self._state.outer_step
             processed = set(self._state.processed_deltas)
         report = RoundReport(outer_step)
-        per_node: dict[str, dict[str, torch.Tensor]] = {}
+        # One pseudo-gradient per node and global version it trained from: a node's successive
+        # deltas against one global are consecutive progress (each from the previous one's end),
+        # so they add up to its whole displacement from that global. Displacements from different
+        # globals are averaged like different nodes': each was measured from its own starting
+        # point, and summing them moved the global several rounds' worth in one step (under 30%
+        # faults the published model's loss climbed back past its first version's).
+        chains: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
         revision = (
             self.hub.head()
         )  # list and read one revision: consistent, and one request fewer per delta
@@ -300,29 +306,26 @@ class MasterOuterLoop:
                 self.logger.warning("skipping delta %s: %s", ref.path, reason)
                 report.skipped[ref.path] = reason or "invalid"
             else:
-                # A node's successive deltas are consecutive progress (each against the previous
-                # one's end), so they add up; different nodes' progress is averaged.
-                total = per_node.get(ref.node_id)
-                per_node[ref.node_id] = (
+                key = (ref.node_id, ref.base_outer_step)
+                total = chains.get(key)
+                chains[key] = (
                     delta if total is None else {k: v.add(delta[k]) for k, v in total.items()}
                 )
                 report.applied.append(ref.path)
-        if not per_node and not report.skipped:
+        if not chains and not report.skipped:
             return outer_step
         with self._lock:
             if self._state.outer_step != outer_step:  # adopted a newer global meanwhile: redo later
                 return self._state.outer_step
-            if per_node:
-                self.optimizer.step(
-                    self._state.global_state, average_deltas(list(per_node.values()))
-                )
+            if chains:
+                self.optimizer.step(self._state.global_state, average_deltas(list(chains.values())))
                 self._state.outer_step += 1
             self._state.processed_deltas.update({p: "applied" for p in report.applied})
             self._state.processed_deltas.update(report.skipped)
             self._save_local_state()
             report.outer_step = self._state.outer_step
         self._count(report)
-        if per_node:
+        if chains:
             report.published = self._publish_pending()
         # This round's counts, then the running totals under total_* (a plain **counters would
         # overwrite this round's "applied" with the total).

@@ -82,6 +82,7 @@ DEFAULTS = {
         muon_momentum=0.95,
         muon_ns_steps=5,
         muon_norm_eps=1e-8,
+        adamw_lr=None,
     ),
     SchedulerConfig: dict(
         name="cosine", warmup_steps=100, max_steps=1000, min_lr_ratio=0.1, decay_ratio=0.2
@@ -202,6 +203,9 @@ REJECTED = [
     (OptimizerConfig, {"name": "muon", "muon_momentum": 1.0}, "optimizer.muon_momentum"),
     (OptimizerConfig, {"name": "muon", "muon_ns_steps": 0}, "optimizer.muon_ns_steps"),
     (OptimizerConfig, {"name": "muon", "muon_norm_eps": 0}, "optimizer.muon_norm_eps"),
+    (OptimizerConfig, {"name": "muon", "adamw_lr": 0}, "optimizer.adamw_lr"),
+    (OptimizerConfig, {"name": "muon", "adamw_lr": "fast"}, "optimizer.adamw_lr"),
+    (OptimizerConfig, {"adamw_lr": 0.01}, "optimizer.adamw_lr"),
     (SchedulerConfig, {"name": "linear"}, "scheduler.name"),
     (SchedulerConfig, {"warmup_steps": -1}, "scheduler.warmup_steps"),
     (SchedulerConfig, {"max_steps": 0}, "scheduler.max_steps"),
@@ -332,6 +336,7 @@ ACCEPTED = [
             "weight_decay": 0,
             "grad_clip": 1.0,
             "fused": False,
+            "adamw_lr": "3e-2",
         },
     ),
     (OptimizerConfig, {"name": "adamw", "cautious": True}),

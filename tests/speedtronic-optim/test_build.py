@@ -3,6 +3,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -29,6 +30,7 @@ class Section:
     muon_momentum: float = 0.95
     muon_ns_steps: int = 5
     muon_norm_eps: float = 1e-8
+    adamw_lr: float | None = None
 
 
 def test_adamw_default(make_lm) -> None:
@@ -59,6 +61,20 @@ def test_muon_builds_hybrid_with_section_fields(make_lm) -> None:
     assert group["adjust_lr"] == "match_rms_adamw"  # one lr for both branches
     assert optimizer.adamw.param_groups[0]["lr"] == group["lr"] == 1e-3
     assert optimizer.muon.distributed is None and optimizer.muon.process_group is None
+
+
+def test_adamw_lr_sets_only_muons_adamw_branch_and_the_schedule_scales_both(make_lm) -> None:
+    from speedtronic_optim import build_lr_scheduler
+
+    optimizer = build_optimizer(make_lm(), Section(name="muon", lr=2e-3, adamw_lr=3e-2))
+    assert optimizer.muon.param_groups[0]["lr"] == 2e-3
+    assert optimizer.adamw.param_groups[0]["lr"] == 3e-2
+    schedule = SimpleNamespace(name="cosine", warmup_steps=4, max_steps=8, min_lr_ratio=0.1)
+    scheduler = build_lr_scheduler(optimizer, schedule)
+    assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([5e-4, 7.5e-3])
+    optimizer.step()  # no gradients: nothing moves, the schedule advances in order
+    scheduler.step()
+    assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([1e-3, 1.5e-2])
 
 
 def test_the_split_mode_reaches_muon(make_lm) -> None:

@@ -210,3 +210,23 @@ def test_a_rerun_and_a_changed_lr_on_resume_are_each_named_in_one_warning(tmp_pa
         len(warnings) == 2
         and "holds an earlier run's checkpoints (latest step_2.pt)" in (warnings[1])
     )
+
+
+def test_muons_adamw_lr_trains_that_branch_and_a_changed_one_is_named_on_resume(tmp_path):
+    log = tmp_path / "train.log"
+
+    def config(adamw_lr: float | None) -> dict:
+        optimizer = {"name": "muon", "lr": 1e-3, "adamw_lr": adamw_lr}
+        return small_config(tmp_path, optimizer=optimizer, logging={"file": str(log)})
+
+    runtime.train_from_config(config(1e-2))
+    trainer, _ = runtime.build_runtime(config(1e-2), resume=True)
+    assert trainer.scheduler.base_lrs == [1e-3, 1e-2]  # Muon's group, then AdamW's
+    assert "WARNING" not in log.read_text()
+    for changed, named in ((2e-2, "optimizer.adamw_lr 0.02"), (None, "optimizer.adamw_lr 0.001")):
+        trainer, _ = runtime.build_runtime(config(changed), resume=True)
+        assert trainer.scheduler.base_lrs == [1e-3, 1e-2]
+        warnings = [line for line in log.read_text().splitlines() if "WARNING" in line]
+        assert f"{named} is not applied on resume" in warnings[-1]
+        assert "checkpoint's 0.01" in warnings[-1]
+    assert len(warnings) == 2

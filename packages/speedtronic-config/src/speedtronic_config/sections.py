@@ -272,12 +272,14 @@ class OptimizerConfig:
     muon_momentum: float = 0.95
     muon_ns_steps: int = 5
     muon_norm_eps: float = 1e-8
+    # Muon's AdamW branch (embeddings, head, norms, biases) at its own rate; None: `lr`, as in 2.0.
+    adamw_lr: float | None = None
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
         self.name = self.name.lower()
         _choice(self, "name", ("adamw", "muon"))
-        _positive(self, "lr", "eps", "grad_clip", "muon_ns_steps", "muon_norm_eps")
+        _positive(self, "lr", "eps", "grad_clip", "muon_ns_steps", "muon_norm_eps", "adamw_lr")
         _at_most(self, 100, "muon_ns_steps")  # 5 is usual; each step is a few matmuls per matrix
         for index, beta in enumerate(self.betas):
             _check(0.0 <= beta < 1.0, f"optimizer.betas[{index}]", "must be in [0, 1)", beta)
@@ -292,6 +294,12 @@ class OptimizerConfig:
             "optimizer.muon_plus",
             "requires optimizer.name: muon",
             self.muon_plus,
+        )
+        _check(
+            self.adamw_lr is None or self.name == "muon",
+            "optimizer.adamw_lr",
+            "requires optimizer.name: muon (with adamw, lr sets every parameter's rate)",
+            self.adamw_lr,
         )
         _check(
             0.0 <= self.muon_momentum < 1.0,

@@ -45,7 +45,8 @@ def build_optimizer(
 
     ``optimizer_section`` is any object with a ``name`` (adamw or muon) and any of the
     OptimizerConfig fields (lr, betas, eps, weight_decay, fused, muon_plus, cautious,
-    muon_momentum, muon_ns_steps, muon_norm_eps); speedtronic-config validates them. ``device``
+    muon_momentum, muon_ns_steps, muon_norm_eps, adamw_lr: the rate of Muon's AdamW branch, `lr`
+    when unset); speedtronic-config validates them. ``device``
     is accepted for the 2.0 signature; parameters already live where the model does.
     ``distributed`` and ``process_group`` go to Muon: True when the model is a DDP or FSDP2
     replica in `process_group` (default: the world), so Newton–Schulz is split over its ranks.
@@ -63,6 +64,8 @@ def build_optimizer(
         routing = route_parameters(model)
         lr = getattr(optimizer_section, "lr", None)
         rates = {} if lr is None else {"muon_lr": lr, "adamw_lr": lr}
+        if getattr(optimizer_section, "adamw_lr", None) is not None:
+            rates["adamw_lr"] = optimizer_section.adamw_lr
         optimizer = HybridOptimizer(
             routing.muon,
             routing.adamw,

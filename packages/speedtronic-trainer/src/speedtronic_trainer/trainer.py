@@ -565,21 +565,35 @@ class Trainer:
         )
 
     def _warn_if_lr_kept(self, state: dict[str, Any]) -> None:
-        """Say so when this run's optimizer.lr differs from the checkpoint's: the restored
-        scheduler state holds the checkpoint's base learning rates, and they stay.
+        """Say so when this run's optimizer.lr (or adamw_lr) differs from the checkpoint's: the
+        restored scheduler state holds the checkpoint's base learning rates, and they stay.
         """
-        saved = ((state.get("config") or {}).get("optimizer") or {}).get("lr")
-        current = self.config.optimizer.lr
-        if self._config_given and saved is not None and saved != current:
-            self.logger.warning(
-                "optimizer.lr %g is not applied on resume: the schedule continues at the "
-                "checkpoint's %g (its state holds the base learning rates); to go on from these "
-                "weights at %g, export them (speedtronic export CHECKPOINT DIR --format hf) and "
-                "start a new run with model.init_from: hf:DIR",
-                current,
-                saved,
-                current,
+        if not self._config_given:
+            return
+        saved = (state.get("config") or {}).get("optimizer") or {}
+        current = self.config.optimizer
+        rates = [("lr", saved.get("lr"), current.lr)]
+        if saved.get("adamw_lr") is not None or getattr(current, "adamw_lr", None) is not None:
+            # Unset, Muon's AdamW branch runs at lr: compare the rates each run really used.
+            rates.append(
+                (
+                    "adamw_lr",
+                    saved.get("adamw_lr") or saved.get("lr"),
+                    current.adamw_lr or current.lr,
+                )
             )
+        for name, before, now in rates:
+            if before is not None and before != now:
+                self.logger.warning(
+                    "optimizer.%s %g is not applied on resume: the schedule continues at the "
+                    "checkpoint's %g (its state holds the base learning rates); to go on from "
+                    "these weights at %g, export them (speedtronic export CHECKPOINT DIR --format "
+                    "hf) and start a new run with model.init_from: hf:DIR",
+                    name,
+                    now,
+                    before,
+                    now,
+                )
 
     def _restore_weights(self, state: dict[str, Any]) -> None:
         """Load the model and optimizer: FSDP shards through DCP (any world size), else the

@@ -31,6 +31,8 @@ def test_quickstart_cuda_overlay_gives_the_larger_bf16_model():
     assert (config.model.n_layer, config.model.d_model, config.model.max_seq_len) == (8, 512, 512)
     assert config.data.block_size == 512  # the data follows the model's context
     assert config.precision.mode == "bf16" and config.compile
+    # The CPU-tuned rates are not carried to a size they were not measured at.
+    assert (config.optimizer.lr, config.optimizer.adamw_lr) == (0.002, None)
 
 
 def test_v2_smoke_config_trains(tmp_path):

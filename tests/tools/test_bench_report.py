@@ -68,6 +68,41 @@ def test_steps_to_reach_interpolates_between_evaluations(monkeypatch) -> None:
     assert steps_to_reach(curve, 1.0) is None
 
 
+def test_split_adamw_trains_the_non_matrix_parameters_at_their_own_scheduled_rate(
+    monkeypatch, tmp_path: Path
+) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import torch
+    from bench_convergence import split_adamw
+
+    from speedtronic.runtime import build_runtime
+
+    config = {
+        "device": "cpu",
+        "max_steps": 2,
+        "output_dir": str(tmp_path),
+        "model": {"vocab_size": 64, "max_seq_len": 16, "n_layer": 1, "n_head": 2, "d_model": 16},
+        "data": {"num_tokens": 32, "micro_batch_size": 2, "target_batch_size": 2},
+        "optimizer": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.0},
+        "scheduler": {"name": "constant", "warmup_steps": 0},
+        "checkpoint": {"enabled": False},
+        "precision": "fp32",
+    }
+    trainer, _ = build_runtime(config)
+    split_adamw(trainer, 3e-2)
+    matrices, others = trainer.optimizer.param_groups
+    assert (matrices["lr"], others["lr"]) == (1e-3, 3e-2)
+    assert matrices["weight_decay"] == others["weight_decay"] == 0.0
+    grouped = [id(p) for group in (matrices, others) for p in group["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in trainer.model.parameters())
+    assert len(matrices["params"]) > 0 and len(others["params"]) > 0
+    before = [p.detach().clone() for p in others["params"]]
+    trainer.fit()
+    assert trainer.scheduler.get_last_lr() == [1e-3, 3e-2]
+    assert any(not torch.equal(a, p) for a, p in zip(before, others["params"], strict=True))
+    trainer.close()
+
+
 def test_gpu_benchmark_runs_on_cpu_with_a_tiny_model(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.syspath_prepend(str(BENCH))
     import bench_gpu

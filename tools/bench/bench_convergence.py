@@ -4,8 +4,11 @@ Every run is the main job (configs/quickstart.yaml: the stdlib corpus, 4 layers,
 16 x 128 tokens per step) built through speedtronic.runtime.build_runtime, with the same seed,
 the same token budget and one fixed held-out set: windows spread evenly over the validation shard,
 identical for every run, and the training windows shuffled. Each optimizer's lr comes from a small
-sweep (all of it recorded); the best run per optimizer gives the loss-vs-tokens curve. The full run
-also trains the best AdamW and Muon on the main job's unshuffled data order, for comparison.
+sweep (all of it recorded); then, at that lr, a second sweep gives the parameters outside the
+hidden matrices (embeddings, head, norms: Muon's AdamW branch, `optimizer.adamw_lr`) their own
+rate, for AdamW too (built here: AdamW has no such setting). The best run per optimizer gives the
+loss-vs-tokens curve. The full run also trains the best AdamW and Muon on the main job's
+unshuffled data order, for comparison.
 "Steps to AdamW's loss" is read two ways: off Muon's own curve (a lower bound on its speed: the
 lr is still high mid-run), and by training Muon with shorter horizons (schedule decayed at the
 end) and taking the shortest that reaches it.
@@ -30,6 +33,7 @@ import torch
 from benchlib import RESULTS, ensure_corpus, machine_info, quickstart_values, write_json
 from speedtronic.runtime import build_runtime
 from speedtronic_data.shards import read_shard_tokens, resolve_shards
+from speedtronic_optim import build_lr_scheduler, make_adamw, route_parameters
 
 OPTIMIZERS: dict[str, dict[str, Any]] = {
     "adamw": {"name": "adamw"},
@@ -46,7 +50,11 @@ FULL_LRS = {
     "cautious_muon": (4e-3, 8e-3),
 }
 QUICK_LRS = {"adamw": (4e-3,), "muon": (4e-3,)}
-HORIZONS = (0.5, 0.6, 0.75)
+# The second sweep: the rate of the parameters outside the hidden matrices, as multiples of the
+# optimizer's best lr (Muon's best was 8x in earlier sweeps; AdamW's 1x, its uniform lr).
+OTHER_LR_FACTORS = (4, 8, 16)
+QUICK_OTHER_LR_FACTORS = (4,)
+HORIZONS = (0.5, 0.55, 0.6, 0.75)
 # Shorter runs want a higher lr: each horizon tries the 400-step best lr and these multiples of it.
 HORIZON_OPTIMIZERS = ("muon", "muon_plus")
 HORIZON_LR_FACTORS = (1, 2, 3)
@@ -80,10 +88,28 @@ def held_out_loss(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]]
     return total / count
 
 
+def split_adamw(trainer: Any, other_lr: float) -> None:
+    """Give an AdamW trainer's non-matrix parameters (those Muon would leave to AdamW) their own
+    rate: the AdamW counterpart of Muon's `optimizer.adamw_lr`, built here for the comparison.
+    """
+    routing = route_parameters(trainer.model)
+    built = trainer.optimizer.defaults
+    trainer.optimizer = make_adamw(
+        [{"params": routing.muon}, {"params": routing.adamw, "lr": other_lr}],
+        **{key: built[key] for key in ("lr", "betas", "eps", "weight_decay", "fused")},
+    )
+    trainer.scheduler = build_lr_scheduler(trainer.optimizer, trainer.config.scheduler)
+
+
 def train_run(
-    values: dict[str, Any], batches: list[dict[str, torch.Tensor]], eval_every: int
+    values: dict[str, Any],
+    batches: list[dict[str, torch.Tensor]],
+    eval_every: int,
+    adamw_split_lr: float | None = None,
 ) -> dict[str, Any]:
-    """Train one config to its step target, evaluating the held-out set every eval_every steps."""
+    """Train one config to its step target, evaluating the held-out set every eval_every steps
+    (an AdamW config with `adamw_split_lr` gets `split_adamw` first).
+    """
     with tempfile.TemporaryDirectory(prefix="bench-conv-") as tmp:
         values = {
             **values,
@@ -93,6 +119,8 @@ def train_run(
             "data": {**values["data"], "eval_every": None},
         }
         trainer, _ = build_runtime(values)
+        if adamw_split_lr is not None:
+            split_adamw(trainer, adamw_split_lr)
         losses: list[float] = []
         trainer.logger.hooks.append(
             lambda event, record: losses.append(record["loss"]) if event == "train_step" else None
@@ -120,13 +148,33 @@ def train_run(
     }
 
 
-def run_config(optimizer: str, lr: float, steps: int, shuffle: bool = True) -> dict[str, Any]:
-    """Return the quickstart config for one optimizer, lr and step budget."""
-    return quickstart_values(
-        run={"max_steps": steps},
-        optimizer={**OPTIMIZERS[optimizer], "lr": lr},
-        data={"shuffle": shuffle},
-    )
+def run_config(
+    optimizer: str, lr: float, steps: int, shuffle: bool = True, other_lr: float | None = None
+) -> dict[str, Any]:
+    """Return the quickstart config for one optimizer, lr, non-matrix lr and step budget."""
+    section = {"muon_plus": False, "cautious": False, **OPTIMIZERS[optimizer], "lr": lr}
+    section["adamw_lr"] = other_lr if section["name"] == "muon" else None
+    return quickstart_values(run={"max_steps": steps}, optimizer=section, data={"shuffle": shuffle})
+
+
+def train_point(
+    name: str,
+    lr: float,
+    other_lr: float | None,
+    steps: int,
+    batches: list[dict[str, torch.Tensor]],
+    eval_every: int,
+    shuffle: bool = True,
+) -> dict[str, Any]:
+    """Train optimizer `name` at `lr`, its non-matrix parameters at `other_lr` (None: `lr`)."""
+    values = run_config(name, lr, steps, shuffle, other_lr)
+    split = other_lr if OPTIMIZERS[name]["name"] == "adamw" else None
+    return {"lr": lr, "other_lr": other_lr} | train_run(values, batches, eval_every, split)
+
+
+def _rates(run: dict[str, Any]) -> str:
+    other = run.get("other_lr")
+    return f"lr {run['lr']:g}" + ("" if other is None else f", non-matrix lr {other:g}")
 
 
 def steps_to_reach(curve: list[tuple[int, int, float]], target: float) -> float | None:
@@ -139,28 +187,39 @@ def steps_to_reach(curve: list[tuple[int, int, float]], target: float) -> float 
 
 def sweep(
     lrs: dict[str, tuple[float, ...]],
+    other_factors: tuple[float, ...],
     steps: int,
     batches: list[dict[str, torch.Tensor]],
     eval_every: int,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Train every optimizer at every lr of its grid; return the runs per optimizer."""
+    """Train every optimizer at every lr of its grid, then at its best lr with the non-matrix
+    parameters at each factor of it; return the runs per optimizer.
+    """
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in lrs}
+
+    def point(name: str, lr: float, other_lr: float | None) -> None:
+        started = time.perf_counter()
+        run = train_point(name, lr, other_lr, steps, batches, eval_every)
+        runs[name].append(run)
+        print(
+            f"  {name:<14} {_rates(run):<32} held-out loss {run['final_val_loss']:.4f}  "
+            f"({run['tokens_per_s']:,.0f} tokens/s, {time.perf_counter() - started:.0f} s)",
+            flush=True,
+        )
+
     for name, grid in lrs.items():
         for lr in grid:
-            started = time.perf_counter()
-            run = train_run(run_config(name, lr, steps), batches, eval_every)
-            runs[name].append({"lr": lr, **run})
-            print(
-                f"  {name:<14} lr {lr:<7g} held-out loss {run['final_val_loss']:.4f}  "
-                f"({run['tokens_per_s']:,.0f} tokens/s, {time.perf_counter() - started:.0f} s)",
-                flush=True,
-            )
+            point(name, lr, None)
+        best_lr = min(runs[name], key=lambda run: run["final_val_loss"])["lr"]
+        for factor in other_factors:
+            point(name, best_lr, best_lr * factor)
     return runs
 
 
 def shortest_horizon(
     name: str,
     lr: float,
+    other_lr: float | None,
     fractions: list[float],
     steps: int,
     target: float,
@@ -168,16 +227,17 @@ def shortest_horizon(
     record: list[dict[str, Any]],
 ) -> dict[str, Any] | None:
     """Train `name` with its whole schedule (decay included) over each fraction of `steps`,
-    shortest first, at each lr multiple; return the first fraction whose best run reaches `target`
-    (with that lr and loss), or None. Every run is appended to `record`.
+    shortest first, at each multiple of lr (the non-matrix lr stays); return the first fraction
+    whose best run reaches `target` (with its rates and loss), or None. Every run is appended to
+    `record`.
     """
     for fraction in fractions:
         short = round(fraction * steps)
         runs = []
         for factor in HORIZON_LR_FACTORS:
-            run = train_run(run_config(name, lr * factor, short), batches, short)
-            runs.append(run | {"optimizer": name, "lr": lr * factor, "fraction": fraction})
-            print(f"  {name} lr {lr * factor:g} over {short} steps: {run['final_val_loss']:.4f}")
+            run = train_point(name, lr * factor, other_lr, short, batches, short)
+            runs.append(run | {"optimizer": name, "fraction": fraction})
+            print(f"  {name} {_rates(run)} over {short} steps: {run['final_val_loss']:.4f}")
         record.extend(runs)
         best = min(runs, key=lambda run: run["final_val_loss"])
         if best["final_val_loss"] <= target:
@@ -185,6 +245,7 @@ def shortest_horizon(
                 "fraction": fraction,
                 "steps": short,
                 "lr": best["lr"],
+                "other_lr": best["other_lr"],
                 "loss": best["final_val_loss"],
             }
     return None
@@ -194,9 +255,7 @@ def _horizon_text(by_horizon: dict[str, dict[str, Any] | None]) -> str:
     parts = []
     for name, found in by_horizon.items():
         what = (
-            "no horizon tried"
-            if found is None
-            else f"{found['fraction']:.2f}x (lr {found['lr']:g})"
+            "no horizon tried" if found is None else f"{found['fraction']:.2f}x ({_rates(found)})"
         )
         parts.append(f"{name} {what}")
     return ", ".join(parts) or "not run"
@@ -204,7 +263,9 @@ def _horizon_text(by_horizon: dict[str, dict[str, Any] | None]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="60 steps, Muon and AdamW, one lr")
+    parser.add_argument(
+        "--quick", action="store_true", help="60 steps, Muon and AdamW, one lr and non-matrix lr"
+    )
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument(
         "--grid",
@@ -212,6 +273,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         metavar="NAME=LR[,LR]",
         help="the lrs to run per optimizer instead of the full grid (e.g. adamw=1e-3 muon=4e-3)",
+    )
+    parser.add_argument(
+        "--other-lr-factors",
+        type=float,
+        nargs="*",
+        default=None,
+        help="non-matrix lrs to try, as multiples of each optimizer's best lr (none: skip)",
     )
     parser.add_argument(
         "--horizons", type=float, nargs="*", default=None, help="Muon horizon fractions"
@@ -242,7 +310,10 @@ def main(argv: list[str] | None = None) -> int:
             name: tuple(float(lr) for lr in lrs.split(","))
             for name, lrs in (item.split("=") for item in args.grid)
         }
-    runs = sweep(grid, steps, batches, eval_every)
+    factors = QUICK_OTHER_LR_FACTORS if args.quick else OTHER_LR_FACTORS
+    if args.other_lr_factors is not None:
+        factors = tuple(args.other_lr_factors)
+    runs = sweep(grid, factors, steps, batches, eval_every)
     best = {name: min(grid, key=lambda run: run["final_val_loss"]) for name, grid in runs.items()}
     target = best["adamw"]["final_val_loss"]
     muon = best["muon"]
@@ -252,16 +323,17 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick:
         fractions = sorted(HORIZONS if args.horizons is None else args.horizons)
         for name in HORIZON_OPTIMIZERS:
+            found = best[name]
             by_horizon[name] = shortest_horizon(
-                name, best[name]["lr"], fractions, steps, target, batches, horizons
+                name, found["lr"], found["other_lr"], fractions, steps, target, batches, horizons
             )
     ablations: list[dict[str, Any]] = []
     if not (args.quick or args.no_ablations):
         # The main job's own data order (configs/quickstart.yaml leaves data.shuffle false).
         for name in ("adamw", "muon"):
-            values = run_config(name, best[name]["lr"], steps, shuffle=False)
-            run = train_run(values, batches, steps)
-            ablations.append({"optimizer": name, "lr": best[name]["lr"], "shuffle": False, **run})
+            found = best[name]
+            run = train_point(name, found["lr"], found["other_lr"], steps, batches, steps, False)
+            ablations.append({"optimizer": name, "shuffle": False, **run})
             print(f"  {name} without shuffling: held-out loss {run['final_val_loss']:.4f}")
     summary = {
         "adamw_final_val_loss": target,
@@ -272,12 +344,15 @@ def main(argv: list[str] | None = None) -> int:
         "shortest_horizon_reaching_adamw": by_horizon,
         "goal_step_fraction": 0.6,
         "best_lr": {name: run["lr"] for name, run in best.items()},
+        # None: the non-matrix parameters did best at the optimizer's lr itself.
+        "best_other_lr": {name: run["other_lr"] for name, run in best.items()},
         "best_final_val_loss": {name: run["final_val_loss"] for name, run in best.items()},
     }
-    print(f"{'optimizer':<14}{'best lr':>9}{'held-out loss':>15}{'tokens/s':>10}")
+    print(f"{'optimizer':<14}{'best rates':<34}{'held-out loss':>13}{'tokens/s':>10}")
     for name, run in best.items():
         print(
-            f"{name:<14}{run['lr']:>9g}{run['final_val_loss']:>15.4f}{run['tokens_per_s']:>10,.0f}"
+            f"{name:<14}{_rates(run):<34}{run['final_val_loss']:>13.4f}"
+            f"{run['tokens_per_s']:>10,.0f}"
         )
     fraction = summary["muon_step_fraction_on_curve"]
     print(

@@ -111,13 +111,28 @@ def _machine_line(results: Results) -> str:
     )
 
 
+def _rates(run: dict[str, Any]) -> str:
+    """A run's rates: lr, and the non-matrix parameters' own lr when it had one."""
+    other = run.get("other_lr")
+    return f"lr {run['lr']:g}" + ("" if other is None else f", non-matrix lr {other:g}")
+
+
+def _best_run(c: dict[str, Any], name: str) -> dict[str, Any]:
+    """The run of optimizer `name` at its best rates (results before the non-matrix sweep
+    have no other_lr: their runs all count as None).
+    """
+    s = c["summary"]
+    best = (s["best_lr"][name], s.get("best_other_lr", {}).get(name))
+    return next(r for r in c["runs"][name] if (r["lr"], r.get("other_lr")) == best)
+
+
 # ----------------------------------------------------------------------------------- table rows
 
 
 def _convergence_row(c: dict[str, Any]) -> tuple[str, str, str]:
     s = c["summary"]
     losses = ", ".join(
-        f"{name} {loss:.3f} (lr {s['best_lr'][name]:g})"
+        f"{name} {loss:.3f} ({_rates(_best_run(c, name))})"
         for name, loss in s["best_final_val_loss"].items()
     )
     fraction = s["muon_step_fraction_on_curve"]
@@ -129,7 +144,7 @@ def _convergence_row(c: dict[str, Any]) -> tuple[str, str, str]:
     shortest = s["shortest_horizon_reaching_adamw"]
     if shortest:
         reach += "; as a shorter run with its schedule decayed and its lr tuned: " + ", ".join(
-            f"{name} **{_x(found['fraction'])}** (lr {found['lr']:g})"
+            f"{name} **{_x(found['fraction'])}** ({_rates(found)})"
             if found
             else f"{name} no horizon tried"
             for name, found in shortest.items()
@@ -137,7 +152,7 @@ def _convergence_row(c: dict[str, Any]) -> tuple[str, str, str]:
     return (
         f"convergence on the stdlib corpus, {c['steps']} steps x "
         f"{c['config']['model']['max_seq_len'] * 16 // 1000}k tokens, one fixed held-out set "
-        f"({c['held_out_tokens'] // 1000}k tokens), lr tuned per optimizer",
+        f"({c['held_out_tokens'] // 1000}k tokens), lr and non-matrix lr tuned per optimizer",
         "`python tools/bench/bench_convergence.py`",
         f"{reach} (goal <= 0.6x). Held-out loss: {losses}",
     )
@@ -418,15 +433,21 @@ def _section_convergence(c: dict[str, Any]) -> list[str]:
         f"({c['held_out_tokens']:,} tokens), evaluated every {c['eval_every']} steps; the same "
         "seed for every run.",
         "",
-        "| optimizer | lr | held-out loss | tokens/s |",
-        "|---|---|---|---|",
+        "Non-matrix lr: the rate of the parameters outside the hidden matrices (embeddings, "
+        "the tied head, norms), which Muon leaves to AdamW (`optimizer.adamw_lr`; AdamW has no "
+        "such setting, the benchmark builds the split); `= lr` when they share the lr.",
+        "",
+        "| optimizer | lr | non-matrix lr | held-out loss | tokens/s |",
+        "|---|---|---|---|---|",
     ]
     for name, runs in c["runs"].items():
+        best_run = _best_run(c, name)
         for run in runs:
-            best = " **(best)**" if run["lr"] == s["best_lr"][name] else ""
+            other = run.get("other_lr")
+            best = " **(best)**" if run is best_run else ""
             lines.append(
-                f"| {name} | {run['lr']:g}{best} | {run['final_val_loss']:.4f} | "
-                f"{run['tokens_per_s']:,.0f} |"
+                f"| {name} | {run['lr']:g} | {'= lr' if other is None else f'{other:g}'}{best} | "
+                f"{run['final_val_loss']:.4f} | {run['tokens_per_s']:,.0f} |"
             )
     earlier = c.get("earlier_sweep")
     if earlier:
@@ -439,7 +460,7 @@ def _section_convergence(c: dict[str, Any]) -> list[str]:
     lines += ["", f"AdamW's best final held-out loss: {s['adamw_final_val_loss']:.4f}."]
     reach = s["muon_steps_to_adamw_loss_on_curve"]
     lines.append(
-        f"Muon (lr {s['best_lr']['muon']:g}) reaches it at step "
+        f"Muon ({_rates(_best_run(c, 'muon'))}) reaches it at step "
         f"{'never' if reach is None else f'{reach:.0f}'} of its own {c['steps']}-step curve "
         f"({_x(s['muon_step_fraction_on_curve'])}); mid-run its lr has not decayed yet, so this "
         "understates it."
@@ -448,14 +469,14 @@ def _section_convergence(c: dict[str, Any]) -> list[str]:
         lines += [
             "",
             "Shorter runs, each with the whole schedule (warmup, stable, decay) over fewer steps, "
-            "shortest first, at the 400-step best lr and multiples of it:",
+            "shortest first, at the 400-step best lr and multiples of it (the non-matrix lr kept):",
             "",
-            "| optimizer | horizon | steps | lr | held-out loss |",
+            "| optimizer | horizon | steps | rates | held-out loss |",
             "|---|---|---|---|---|",
         ]
         for h in c["horizons"]:
             lines.append(
-                f"| {h['optimizer']} | {h['fraction']:.2f}x | {h['steps']} | {h['lr']:g} | "
+                f"| {h['optimizer']} | {h['fraction']:.2f}x | {h['steps']} | {_rates(h)} | "
                 f"{h['final_val_loss']:.4f} |"
             )
         found = ", ".join(
@@ -470,13 +491,13 @@ def _section_convergence(c: dict[str, Any]) -> list[str]:
             "`data.shuffle: true`: 400 steps read the first 11% of the path-sorted corpus in "
             "order):",
             "",
-            "| optimizer | lr | held-out loss unshuffled | shuffled |",
+            "| optimizer | rates | held-out loss unshuffled | shuffled |",
             "|---|---|---|---|",
         ]
         for a in c["ablations"]:
             shuffled = s["best_final_val_loss"][a["optimizer"]]
             lines.append(
-                f"| {a['optimizer']} | {a['lr']:g} | {a['final_val_loss']:.4f} | {shuffled:.4f} |"
+                f"| {a['optimizer']} | {_rates(a)} | {a['final_val_loss']:.4f} | {shuffled:.4f} |"
             )
     lines += [
         "",
@@ -587,7 +608,7 @@ def _section_adamw(c: dict[str, Any]) -> list[str]:
     """Why AdamW looked 0.3 nats worse than Muon in the issue, with this run's numbers."""
     s = c["summary"]
     by_name = {a["optimizer"]: a for a in c.get("ablations", [])}
-    adamw = {run["lr"]: run["final_val_loss"] for run in c["runs"]["adamw"]}
+    adamw = {r["lr"]: r["final_val_loss"] for r in c["runs"]["adamw"] if r.get("other_lr") is None}
     earlier = c.get("earlier_sweep") or {}
     for lr, loss in earlier.get("shuffled", {}).get("adamw", {}).items():
         adamw.setdefault(float(lr), loss)
@@ -622,14 +643,41 @@ def _section_adamw(c: dict[str, Any]) -> list[str]:
         f"{s['best_lr']['muon']:g}."
     )
     lines.append(
-        "3. **Weight decay, init, routing: no defect behind the issue's numbers.** The main job "
+        "3. **Weight decay, init: no defect behind the issue's numbers.** The main job "
         "sets weight_decay 0, so AdamW's decay of every tensor (RMSNorm gains and the tied "
         "embedding too: `make_adamw` builds one group) did not act; it does under the config "
         "default of 0.1. The tied embedding's init (std 0.02) and the 1/sqrt(2L) residual "
-        "scaling are GPT-2's; in Muon runs the embedding/head and norms go to AdamW by role, "
-        "with the same lr."
+        "scaling are GPT-2's."
     )
+    lines.append(_routing_finding(c))
     return [*lines, ""]
+
+
+def _routing_finding(c: dict[str, Any]) -> str:
+    """Item 4 of the AdamW section: what a separate non-matrix lr did for each optimizer."""
+    text = (
+        "4. **Routing of embeddings.** In Muon runs the embedding/head and norms go to AdamW by "
+        "role; 2.0 ran them at Muon's lr."
+    )
+    parts = []
+    for name, runs in c["runs"].items():
+        shared = [r for r in runs if r.get("other_lr") is None]
+        split = [r for r in runs if r.get("other_lr") is not None]
+        if not (shared and split):
+            continue
+        base = min(shared, key=lambda r: r["final_val_loss"])
+        best = min(split, key=lambda r: r["final_val_loss"])
+        parts.append(
+            f"{name} {base['final_val_loss']:.3f} -> {best['final_val_loss']:.3f} "
+            f"(non-matrix lr {best['other_lr'] / best['lr']:g}x its lr)"
+        )
+    if not parts:
+        return text + " This run did not sweep a separate rate for them."
+    return (
+        f"{text} Their own rate (`optimizer.adamw_lr`), best of the sweep against the shared "
+        f"lr's best: {', '.join(parts)}. Where the split is worse, the shared lr stays the "
+        "optimizer's best."
+    )
 
 
 def _section_run(run: dict[str, Any]) -> list[str]:
@@ -704,11 +752,11 @@ def plots(results: Results, out_dir: Path) -> list[Path]:
     if c:
         s = c["summary"]
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for name, runs in c["runs"].items():
-            best = next(r for r in runs if r["lr"] == s["best_lr"][name])
+        for name in c["runs"]:
+            best = _best_run(c, name)
             tokens = [point[1] / 1e6 for point in best["curve"][1:]]
             ax.plot(
-                tokens, [point[2] for point in best["curve"][1:]], label=f"{name} lr {best['lr']:g}"
+                tokens, [point[2] for point in best["curve"][1:]], label=f"{name} {_rates(best)}"
             )
         for h in c["horizons"]:
             ax.scatter(h["tokens"] / 1e6, h["final_val_loss"], marker="x", color="black")
@@ -718,14 +766,31 @@ def plots(results: Results, out_dir: Path) -> list[Path]:
         ax.legend()
         save(fig, "convergence.png")
 
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, (ax, ax_other) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
         for name, runs in c["runs"].items():
-            ax.plot([r["lr"] for r in runs], [r["final_val_loss"] for r in runs], "o-", label=name)
+            shared = [r for r in runs if r.get("other_lr") is None]
+            ax.plot(
+                [r["lr"] for r in shared], [r["final_val_loss"] for r in shared], "o-", label=name
+            )
+            split = [r for r in runs if r.get("other_lr") is not None]
+            if split:  # at the best shared lr; factor 1 is that shared run itself
+                at = next(r for r in shared if r["lr"] == split[0]["lr"])
+                ax_other.plot(
+                    [1] + [r["other_lr"] / r["lr"] for r in split],
+                    [at["final_val_loss"]] + [r["final_val_loss"] for r in split],
+                    "o-",
+                    label=name,
+                )
         ax.set(xscale="log", xlabel="peak lr", ylabel="final held-out loss", title="lr sweep")
+        ax_other.set(
+            xscale="log",
+            xlabel="non-matrix lr / lr (at the best lr)",
+            title="non-matrix lr sweep",
+        )
         ax.legend()
         save(fig, "lr_sweep.png")
 
-        muon = next(r for r in c["runs"]["muon"] if r["lr"] == s["best_lr"]["muon"])
+        muon = _best_run(c, "muon")
         losses = muon["train_loss"]
         every = 20
         steps = list(range(every, len(losses) + 1, every))

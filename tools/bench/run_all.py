@@ -3,12 +3,12 @@
 Usage: python tools/bench/run_all.py [--quick] [--only NAME ...] [--results DIR]
 (`hatch run bench [--quick]`, which installs the peers into the `bench` environment).
 
-Full mode (44 minutes without the convergence study on a shared 2-core machine; convergence is
-about 15 more when quiet) writes tools/bench/results/ and regenerates the README's performance
-table from it; --quick (5.6 minutes at load 2-5: smaller sizes, fewer rounds, no DiLoCo, no
-compile) writes tools/bench/results/quick/ and leaves the README alone: it is CI's smoke run
-of every benchmark, not a measurement to quote. A failing benchmark fails the run after the others
-have run. Benchmarks needing a GPU run only where one is present.
+Full mode (30 minutes on a shared 2-core machine, 22 of them the convergence study) writes
+tools/bench/results/ and regenerates the README's performance table from it; --quick (2-6 minutes:
+smaller sizes, fewer rounds, no DiLoCo, no compile) writes tools/bench/results/quick/ and leaves the
+README alone: it is CI's smoke run of every benchmark, not a measurement to quote. A failing
+benchmark fails the run after the others have run. Benchmarks needing a GPU run only where one is
+present.
 """
 
 from __future__ import annotations

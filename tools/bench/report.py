@@ -782,11 +782,25 @@ def plots(results: Results, out_dir: Path) -> list[Path]:
                     label=name,
                 )
         ax.set(xscale="log", xlabel="peak lr", ylabel="final held-out loss", title="lr sweep")
+        lrs = sorted({r["lr"] for runs in c["runs"].values() for r in runs})
+        ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs], minor=False)  # log minor labels overlap
+        ax.set_xticks([], minor=True)
         ax_other.set(
             xscale="log",
             xlabel="non-matrix lr / lr (at the best lr)",
             title="non-matrix lr sweep",
         )
+        factors = sorted(
+            {1.0}
+            | {
+                r["other_lr"] / r["lr"]
+                for runs in c["runs"].values()
+                for r in runs
+                if r.get("other_lr")
+            }
+        )
+        ax_other.set_xticks(factors, [f"{f:g}x" for f in factors], minor=False)
+        ax_other.set_xticks([], minor=True)
         ax.legend()
         save(fig, "lr_sweep.png")
 

@@ -8,7 +8,7 @@ from interop_testkit import noisy_checkpoint, run_config
 
 from speedtronic.artifacts import read_checkpoint
 from speedtronic.model_card import final_val_loss, find_metrics, write_model_card
-from speedtronic_config import SpeedtronicConfig
+from speedtronic_config import OptimizerConfig, SpeedtronicConfig
 from speedtronic_data.tokenizer_record import BYTES
 
 SECRET = "hf_CARD_secret_token"
@@ -57,6 +57,12 @@ def test_card_without_metrics(tmp_path, byte_shards):
     assert "| final validation loss | not measured |" in text and "| steps | 7 |" in text
     assert "loss_curve.png" not in text and not (tmp_path / "out" / "loss_curve.png").exists()
     assert '"path/to/this/folder"' in text
+    assert "| optimizer | adamw, lr 0.003, weight decay 0.1 |" in text
+    loaded.optimizer = OptimizerConfig(name="muon", lr=0.004, adamw_lr=0.032, weight_decay=0.0)
+    text = write_model_card(
+        tmp_path / "out", loaded, state, checkpoint=checkpoint, tokenizer=BYTES
+    ).read_text()
+    assert "| optimizer | muon, lr 0.004 (its AdamW branch at 0.032), weight decay 0 |" in text
     (tmp_path / "run" / "metrics.jsonl").unlink()
     assert find_metrics(loaded, checkpoint) is None
     write_model_card(tmp_path / "out", loaded, state, checkpoint=checkpoint, tokenizer=BYTES)

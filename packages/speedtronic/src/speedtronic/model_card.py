@@ -62,10 +62,11 @@ def render_card(
         else "trained from random initialization"
     )
     opt, sched = config.optimizer, config.scheduler
+    branch = "" if opt.adamw_lr is None else f" (its AdamW branch at {opt.adamw_lr:g})"
     rows = [
         ("architecture", _architecture(config)),
         ("tokenizer", tokenizer),
-        ("optimizer", f"{opt.name}, lr {opt.lr:g}, weight decay {opt.weight_decay:g}"),
+        ("optimizer", f"{opt.name}, lr {opt.lr:g}{branch}, weight decay {opt.weight_decay:g}"),
         ("schedule", f"{sched.name}, {sched.warmup_steps} warmup steps"),
         ("batch", f"{config.data.target_batch_size} sequences of {config.data.block_size} tokens"),
         ("steps", f"{step:,}" if isinstance(step, int) else "unknown"),

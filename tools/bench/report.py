@@ -117,6 +117,12 @@ def _rates(run: dict[str, Any]) -> str:
     return f"lr {run['lr']:g}" + ("" if other is None else f", non-matrix lr {other:g}")
 
 
+def _by_rates(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Split runs: those at one shared lr (first sweep), those with their own non-matrix lr."""
+    shared = [r for r in runs if r.get("other_lr") is None]
+    return shared, [r for r in runs if r.get("other_lr") is not None]
+
+
 def _best_run(c: dict[str, Any], name: str) -> dict[str, Any]:
     """The run of optimizer `name` at its best rates (results before the non-matrix sweep
     have no other_lr: their runs all count as None).
@@ -608,7 +614,7 @@ def _section_adamw(c: dict[str, Any]) -> list[str]:
     """Why AdamW looked 0.3 nats worse than Muon in the issue, with this run's numbers."""
     s = c["summary"]
     by_name = {a["optimizer"]: a for a in c.get("ablations", [])}
-    adamw = {r["lr"]: r["final_val_loss"] for r in c["runs"]["adamw"] if r.get("other_lr") is None}
+    adamw = {r["lr"]: r["final_val_loss"] for r in _by_rates(c["runs"]["adamw"])[0]}
     earlier = c.get("earlier_sweep") or {}
     for lr, loss in earlier.get("shuffled", {}).get("adamw", {}).items():
         adamw.setdefault(float(lr), loss)
@@ -661,8 +667,7 @@ def _routing_finding(c: dict[str, Any]) -> str:
     )
     parts = []
     for name, runs in c["runs"].items():
-        shared = [r for r in runs if r.get("other_lr") is None]
-        split = [r for r in runs if r.get("other_lr") is not None]
+        shared, split = _by_rates(runs)
         if not (shared and split):
             continue
         base = min(shared, key=lambda r: r["final_val_loss"])
@@ -768,11 +773,10 @@ def plots(results: Results, out_dir: Path) -> list[Path]:
 
         fig, (ax, ax_other) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
         for name, runs in c["runs"].items():
-            shared = [r for r in runs if r.get("other_lr") is None]
+            shared, split = _by_rates(runs)
             ax.plot(
                 [r["lr"] for r in shared], [r["final_val_loss"] for r in shared], "o-", label=name
             )
-            split = [r for r in runs if r.get("other_lr") is not None]
             if split:  # at the best shared lr; factor 1 is that shared run itself
                 at = next(r for r in shared if r["lr"] == split[0]["lr"])
                 ax_other.plot(

@@ -573,7 +573,7 @@ class Trainer:
         saved = (state.get("config") or {}).get("optimizer") or {}
         current = self.config.optimizer
         rates = [("lr", saved.get("lr"), current.lr)]
-        if saved.get("adamw_lr") is not None or getattr(current, "adamw_lr", None) is not None:
+        if saved.get("adamw_lr") is not None or current.adamw_lr is not None:
             # Unset, Muon's AdamW branch runs at lr: compare the rates each run really used.
             rates.append(
                 (

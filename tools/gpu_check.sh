@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Everything that needs a CUDA GPU, in one go (under 8 minutes on one H100/H200-class GPU):
-#   1. the tests that skip without CUDA (every test file that checks torch.cuda.is_available());
+#   1. the tests marked `cuda` (they skip without a GPU), from the files that hold them;
 #   2. the main job with its CUDA overlay (configs/quickstart-cuda.yaml: 8 layers, d_model 512,
 #      bf16, torch.compile), 1000 steps;
 #   3. the 124M-parameter reference model, 50 steps with compile and bf16: tokens/s and MFU
 #      against the datasheet peak (tools/bench/bench_gpu.py);
-#   4. the Muon benchmark at 12 layers x d_model 768 on the GPU (tools/bench/bench_optim.py).
+#   4. the Muon benchmark at 12 layers x d_model 768 on the GPU (tools/bench/bench_optim.py);
+#   5. the main job's CUDA overlay under torchrun on NCCL, one rank (two ranks need two GPUs):
+#      FSDP2 saving a DCP checkpoint and resuming from it, then DDP (eager: the compiled path is 2).
 # Results land in $GPU_CHECK_OUT (default tools/bench/results/gpu/); put them in the report with
 # `python tools/bench/report.py` after copying gpu.json next to the other results.
 # It uses the python on PATH and imports the packages from source (no install, no network): that
@@ -38,15 +40,24 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep the log, r
   [ "$code" -eq 0 ] || failed+=("$name")
 }
 
-mapfile -t cuda_tests < <(grep -rl "cuda.is_available" tests --include='test_*.py' | sort)
-step cuda-tests 120 "$PYTHON" -m pytest -q -rs -p no:cacheprovider --basetemp=/tmp/gpu-check-pytest \
-  "${cuda_tests[@]}"
+mapfile -t cuda_tests < <(grep -rl "pytest.mark.cuda" tests --include='test_*.py' | sort)
+step cuda-tests 120 "$PYTHON" -m pytest -q -rs -m cuda -p no:cacheprovider \
+  --basetemp=/tmp/gpu-check-pytest "${cuda_tests[@]}"
 [ -f data/stdlib/val_000000.bin ] || "$PYTHON" -m speedtronic prepare data/stdlib >/dev/null
 step main-job 150 "$PYTHON" -m speedtronic train configs/quickstart.yaml \
   --cuda-overlay configs/quickstart-cuda.yaml --set run.output_dir="$OUT/quickstart" \
   --set logging.json_file="$OUT/quickstart/metrics.jsonl" --set checkpoint.enabled=false
 step gpu-124m 120 "$PYTHON" tools/bench/bench_gpu.py --out "$OUT/gpu.json"
-step muon 90 "$PYTHON" tools/bench/bench_optim.py --full --device cuda --out "$OUT/optim_cuda.json"
+step muon 90 "$PYTHON" tools/bench/bench_optim.py --full --device cuda --world 1 --repeats 10 \
+  --out "$OUT/optim_cuda.json"
+parallel=(configs/quickstart.yaml --cuda-overlay configs/quickstart-cuda.yaml --nproc-per-node 1
+  --set compile=false --set checkpoint.every_steps=50 --set data.eval_every=50)
+step fsdp 60 "$PYTHON" -m speedtronic train "${parallel[@]}" --set parallel.data_parallel=fsdp \
+  --set run.output_dir="$OUT/fsdp" --max-steps 100
+step fsdp-resume 60 "$PYTHON" -m speedtronic train "${parallel[@]}" --resume \
+  --set parallel.data_parallel=fsdp --set run.output_dir="$OUT/fsdp" --max-steps 150
+step ddp 60 "$PYTHON" -m speedtronic train "${parallel[@]}" --set parallel.data_parallel=ddp \
+  --set run.output_dir="$OUT/ddp" --max-steps 100
 
 echo "results in $OUT"
 if [ "${#failed[@]}" -gt 0 ]; then

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from trainer_testkit import TinyLM
@@ -54,8 +55,14 @@ def test_peak_flops_probe_does_not_move_the_global_rng():
     assert torch.equal(torch.rand(2), expected)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the answer without an accelerator")
 def test_memory_usage_is_none_without_an_accelerator():
-    if torch.cuda.is_available():
-        assert memory_usage_bytes() >= 0
-    else:
-        assert memory_usage_bytes() is None
+    assert memory_usage_bytes() is None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_memory_usage_counts_cuda_allocations():
+    before = memory_usage_bytes()
+    block = torch.empty(1 << 20, device="cuda")  # 4 MiB of float32
+    assert memory_usage_bytes() >= before + block.numel() * block.element_size()

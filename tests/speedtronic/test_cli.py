@@ -197,6 +197,7 @@ def test_missing_cuda_overlay_names_the_path(tmp_path):
     assert_one_line_error(result, 2, "gone.yaml")
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_overlay_applies_on_a_gpu(tmp_path):
     overlay = tmp_path / "cuda.yaml"

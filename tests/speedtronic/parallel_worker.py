@@ -229,7 +229,8 @@ def own_loss_step(context: ParallelContext = SINGLE) -> dict:
     """
     torch.manual_seed(3)
     inputs, targets = torch.randn(8, 4), torch.randn(8, 1)
-    model = wrap_model(Regression(), context, {"data_parallel": context.mode})
+    # DDP wraps a module already on the rank's device (cuda:LOCAL_RANK under NCCL).
+    model = wrap_model(Regression().to(context.device), context, {"data_parallel": context.mode})
     share = 8 // context.world_size
     first = context.rank * share
     batches = [(inputs[i : i + 2], targets[i : i + 2]) for i in range(first, first + share, 2)]
@@ -242,7 +243,12 @@ def own_loss_step(context: ParallelContext = SINGLE) -> dict:
     }
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     trainer = Trainer(
-        model, optimizer, itertools.cycle(batches), device="cpu", config=values, parallel=context
+        model,
+        optimizer,
+        itertools.cycle(batches),
+        device=context.device,
+        config=values,
+        parallel=context,
     )
     result = trainer.fit(1)
     weights = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()

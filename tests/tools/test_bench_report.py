@@ -113,3 +113,40 @@ def test_gpu_benchmark_runs_on_cpu_with_a_tiny_model(monkeypatch, tmp_path: Path
     payload = json.loads(out.read_text())
     assert payload["parameters"] > 0 and payload["tokens_per_s"] > 0
     assert payload["flops_per_token"] > 0
+
+
+def test_gpu_profile_runs_on_cpu_with_a_tiny_model(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import profile_gpu
+
+    out = tmp_path / "gpu_profile.json"
+    args = ["--device", "cpu", "--tiny", "--batch", "2", "--no-compile", "--out", str(out)]
+    assert profile_gpu.main(args) == 0
+    payload = json.loads(out.read_text())
+    assert payload["tokens_per_s"] > 0 and payload["profiled_ms_per_step"] > 0
+    families = payload["ms_per_step_by_family"]
+    assert families["attention"] > 0 and families["matmul"] > 0
+    assert sum(families.values()) == pytest.approx(payload["profiled_ms_per_step"])
+
+
+@pytest.mark.parametrize(
+    ("kernel", "expected"),
+    [
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26", "attention"),
+        ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "matmul"),
+        (
+            "triton_red_fused__log_softmax__to_copy__unsafe_view_13",
+            "triton (fused elementwise, norms, loss)",
+        ),
+        (
+            "void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata>",
+            "optimizer",
+        ),
+        ("void at::native::vectorized_elementwise_kernel<4>", "other"),
+    ],
+)
+def test_gpu_profile_sorts_kernels_into_families(monkeypatch, kernel, expected) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import profile_gpu
+
+    assert profile_gpu.family(kernel) == expected

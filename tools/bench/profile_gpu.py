@@ -1,0 +1,142 @@
+"""Where bench_gpu.py's 124M training step spends its GPU time, and what the trainer costs.
+
+Builds the same run as bench_gpu.py (tools/bench/bench_gpu.py: model, fused AdamW, bf16, compile)
+and steps it in a bare loop (forward, backward, clip, step) with no per-step host sync, so its
+tokens/s set beside bench_gpu's trainer figure shows what the trainer's bookkeeping costs. Then it
+profiles five bare steps and sums the GPU kernels' time by family (matrix products, attention,
+Triton-fused elementwise/norm/loss kernels, optimizer, other), the question an MFU gap asks first.
+
+Usage: python tools/bench/profile_gpu.py [--batch 16] [--out PATH]
+       [--tiny --device cpu --no-compile] (a CPU smoke run of this script; CPU time then)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from bench_gpu import MODEL_124M, TINY, config
+
+from benchlib import RESULTS, machine_info, write_json
+from speedtronic.runtime import build_runtime
+from speedtronic_systems.precision import device_peak_flops
+
+# First match wins: cuDNN's attention kernels carry "sm90" too, so attention is asked first.
+FAMILIES = (
+    ("attention", ("flash", "attention", "fmha", "sdpa")),
+    ("matmul", ("gemm", "nvjet", "xmma", "cutlass", "sm90", "aten::mm", "matmul")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("triton (fused elementwise, norms, loss)", ("triton", "compiledfxgraph")),
+)
+PROFILED_STEPS = 5
+
+
+def family(kernel: str) -> str:
+    """Return the family a kernel (or, on CPU, an operator) name belongs to."""
+    low = kernel.lower()
+    return next((name for name, keys in FAMILIES if any(k in low for k in keys)), "other")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="2-layer model: a CPU smoke run")
+    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS / "gpu_profile.json")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("no CUDA GPU here: nothing measured")
+        return 2
+    model_config = TINY if args.tiny else MODEL_124M
+    values = config(model_config, 50, args.batch, args.device, compile_=False)
+    with tempfile.TemporaryDirectory(prefix="profile-gpu-") as tmp:
+        values["run"]["output_dir"] = tmp
+        trainer, _ = build_runtime(values)
+        payload = _measure(trainer, model_config, args.batch, device, not args.no_compile)
+        trainer.close()
+    payload = {"benchmark": "gpu_profile", "machine": machine_info(), **payload}
+    mfu = "n/a" if payload["mfu"] is None else f"{payload['mfu']:.1%}"
+    print(f"bare loop, batch {args.batch}: {payload['tokens_per_s']:,.0f} tokens/s (MFU {mfu})")
+    print(f"{'device' if device.type == 'cuda' else 'CPU'} time per step by family:")
+    for name, ms in payload["ms_per_step_by_family"].items():
+        print(f"  {name:<42}{ms:8.2f} ms {ms / payload['profiled_ms_per_step']:7.1%}")
+    print("top kernels:")
+    for name, ms in payload["top_kernels_ms_per_step"].items():
+        print(f"  {ms:8.2f} ms  {name[:100]}")
+    write_json(args.out, payload)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _measure(
+    trainer: Any, model_config: dict[str, Any], batch: int, device: torch.device, compile_: bool
+) -> dict[str, Any]:
+    """Time the bare loop, then profile it; return the numbers."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, optimizer = trainer.model, trainer.optimizer
+    compiled = torch.compile(model) if compile_ else model
+    seq, vocab = model_config["max_seq_len"], model_config["vocab_size"]
+    data = torch.randint(0, vocab, (8, batch, seq + 1), device=device)
+
+    def steps(count: int) -> None:
+        for index in range(count):
+            tokens = data[index % len(data)]
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = compiled(tokens[:, :-1], tokens[:, 1:])["loss"]
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    steps(8)  # compile, autotune and allocate outside the timed rounds
+    rates = []
+    for _ in range(3):
+        started = time.perf_counter()
+        steps(10)
+        rates.append(10 * batch * seq / (time.perf_counter() - started))
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as profiler:
+        steps(PROFILED_STEPS)
+    per_kernel: dict[str, float] = defaultdict(float)
+    for event in profiler.key_averages():
+        if getattr(event, "is_user_annotation", False):
+            continue  # a named range (Optimizer.step#AdamW.step) over kernels counted already
+        on_device = event.device_type.name == "CUDA"
+        us = event.self_device_time_total if device.type == "cuda" else event.self_cpu_time_total
+        if us > 0 and (on_device or device.type != "cuda"):
+            per_kernel[event.key] += us / 1e3 / PROFILED_STEPS
+    families: dict[str, float] = defaultdict(float)
+    for name, ms in per_kernel.items():
+        families[family(name)] += ms
+    tokens_per_s = statistics.median(rates)
+    peak = device_peak_flops(device, torch.bfloat16)
+    return {
+        "device": str(device),
+        "batch": batch,
+        "compile": compile_,
+        "model": model_config,
+        "tokens_per_s": tokens_per_s,
+        "rounds_tokens_per_s": rates,
+        "mfu": model.flops_per_token() * tokens_per_s / peak if peak else None,
+        "profiled_ms_per_step": sum(families.values()),
+        "ms_per_step_by_family": dict(sorted(families.items(), key=lambda kv: -kv[1])),
+        "top_kernels_ms_per_step": dict(sorted(per_kernel.items(), key=lambda kv: -kv[1])[:12]),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -205,3 +205,22 @@ def test_restore_rng_ignores_missing_state():
     restore_rng_state(None)
     restore_rng_state({})
     assert torch.equal(before, torch.get_rng_state())
+
+
+def test_a_sharded_checkpoint_loads_alone_without_dcps_single_process_warning(tmp_path):
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from speedtronic_trainer.sharded import load_sharded
+
+    source, target, path = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2), tmp_path / "step_1.dcp"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP's save says the same; only the load is ours
+        dcp.save({"model": source.state_dict()}, checkpoint_id=str(path), no_dist=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_sharded(path, target, None)
+    assert not [w for w in caught if "torch.distributed is disabled" in str(w.message)]
+    for name, value in source.state_dict().items():
+        assert torch.equal(target.state_dict()[name], value), name

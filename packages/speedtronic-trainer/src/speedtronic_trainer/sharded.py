@@ -8,6 +8,7 @@ loads into an FSDP2 model too, each rank keeping its shards of the whole state i
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,10 @@ def load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer 
         # A plain model reads every shard in this process, even inside a process group (rank 0's
         # end-of-run sample, its peers gone); an FSDP2 model's ranks load their shards together.
         alone = not any(isinstance(value, DTensor) for value in state["model"].values())
-        dcp.load(state, checkpoint_id=str(path), no_dist=alone)
+        with warnings.catch_warnings():
+            # DCP warns that it "assumes" a single process even when asked for one (no_dist).
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(state, checkpoint_id=str(path), no_dist=alone)
         set_model_state_dict(model, state["model"])
         return
     optimizers = leaf_optimizers(optimizer)

@@ -5,7 +5,12 @@ import torch
 from torch import nn
 from trainer_testkit import TinyLM
 
-from speedtronic_trainer.metrics import StepMetrics, memory_usage_bytes, model_flops_per_token
+from speedtronic_trainer.metrics import (
+    StepMetrics,
+    adamw_branch_lr,
+    memory_usage_bytes,
+    model_flops_per_token,
+)
 
 
 def plan():
@@ -66,3 +71,31 @@ def test_memory_usage_counts_cuda_allocations():
     before = memory_usage_bytes()
     block = torch.empty(1 << 20, device="cuda")  # 4 MiB of float32
     assert memory_usage_bytes() >= before + block.numel() * block.element_size()
+
+
+def test_the_adamw_branch_rate_is_recorded_after_lr_only_when_it_differs():
+    metrics = StepMetrics(TinyLM(), torch.device("cpu"), plan())
+    metrics.add(loss=1.0, samples=1, tokens=4, seconds=0.1)
+    assert "lr_adamw" not in metrics.record(step=1, loss=1.0, lr=1e-3, grad_norm=None)
+    metrics.add(loss=1.0, samples=1, tokens=4, seconds=0.1)
+    same = metrics.record(step=2, loss=1.0, lr=1e-3, grad_norm=None, lr_adamw=1e-3)
+    assert "lr_adamw" not in same
+    metrics.add(loss=1.0, samples=1, tokens=4, seconds=0.1)
+    own = metrics.record(step=3, loss=1.0, lr=1e-3, grad_norm=None, lr_adamw=8e-3)
+    keys = list(own)
+    assert keys[keys.index("lr") + 1] == "lr_adamw" and own["lr_adamw"] == 8e-3
+
+
+def test_adamw_branch_lr_reads_a_hybrid_optimizer_also_under_a_wrapper():
+    from types import SimpleNamespace
+
+    def child(lr):
+        return SimpleNamespace(param_groups=[{"lr": lr}])
+
+    hybrid = SimpleNamespace(children={"muon": child(1e-3), "adamw": child(8e-3)})
+    assert adamw_branch_lr(hybrid) == 8e-3
+    assert adamw_branch_lr(SimpleNamespace(base=hybrid)) == 8e-3  # the cautious facade
+    # Only one branch (no matrices, or no other parameters): param_groups[0] is the whole story.
+    assert adamw_branch_lr(SimpleNamespace(children={"adamw": child(8e-3)})) is None
+    plain = torch.optim.AdamW(TinyLM().parameters(), lr=1e-3)
+    assert adamw_branch_lr(plain) is None

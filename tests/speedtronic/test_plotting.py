@@ -83,3 +83,30 @@ def test_a_resumed_run_replaces_its_steps_and_run_averages_stay_out():
     assert _series(records, "loss") == ([1, 2, 3], [4.0, 3.0, 2.4])
     assert _series(records, "tokens_per_s") == ([1, 2, 3], [10.0, 10.0, 11.0])
     assert _series(records, "val_loss", "eval") == ([3], [2.6])
+
+
+def test_muons_adamw_branch_rate_gets_its_own_line(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    path = tmp_path / "metrics.jsonl"
+    records = [
+        {"event": "train_step", "step": s, "loss": 1.0, "lr": 1e-3 * s, "lr_adamw": 8e-3 * s}
+        for s in (1, 2)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    drawn: list[dict] = []
+    save = Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        rate_axes = fig.axes[1]
+        drawn.extend(
+            {"label": line.get_label(), "y": list(line.get_ydata())} for line in rate_axes.lines
+        )
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    plot_metrics(path)
+    assert drawn == [
+        {"label": "lr", "y": [1e-3, 2e-3]},
+        {"label": "lr_adamw (AdamW branch)", "y": [8e-3, 16e-3]},
+    ]

@@ -220,6 +220,12 @@ def test_muons_adamw_lr_trains_that_branch_and_a_changed_one_is_named_on_resume(
         return small_config(tmp_path, optimizer=optimizer, logging={"file": str(log)})
 
     runtime.train_from_config(config(1e-2))
+    # The metrics name both rates, which the schedule moves alike.
+    steps = [line for line in log.read_text().splitlines() if "train_step" in line]
+    assert len(steps) == 2
+    for line in steps:
+        fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
+        assert float(fields["lr_adamw"]) == pytest.approx(10 * float(fields["lr"]))
     trainer, _ = runtime.build_runtime(config(1e-2), resume=True)
     assert trainer.scheduler.base_lrs == [1e-3, 1e-2]  # Muon's group, then AdamW's
     assert "WARNING" not in log.read_text()

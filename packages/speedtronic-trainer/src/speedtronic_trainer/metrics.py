@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -35,6 +36,17 @@ def model_flops_per_token(model: Any) -> float | None:
     return value if value > 0 else None
 
 
+def adamw_branch_lr(optimizer: Any) -> float | None:
+    """Return the AdamW branch's current rate of a hybrid Muon optimizer (cautious-wrapped too),
+    or None for any other optimizer; `param_groups[0]` is then Muon's.
+    """
+    hybrid = getattr(optimizer, "base", optimizer)
+    children = getattr(hybrid, "children", None)
+    if not isinstance(children, Mapping) or not {"muon", "adamw"} <= set(children):
+        return None
+    return float(children["adamw"].param_groups[0]["lr"])
+
+
 class StepMetrics:
     """Build the train_step record over the logging interval: the token-weighted mean loss,
     tokens/s and samples/s of every step since the last record, the last step's loss, grad norm
@@ -59,9 +71,17 @@ class StepMetrics:
         self._interval.add(loss, samples, tokens, seconds)
 
     def record(
-        self, *, step: int, loss: float, lr: float, grad_norm: float | None
+        self,
+        *,
+        step: int,
+        loss: float,
+        lr: float,
+        grad_norm: float | None,
+        lr_adamw: float | None = None,
     ) -> dict[str, Any]:
-        """Return the interval's metrics (`loss` is the last step's) and start a new interval."""
+        """Return the interval's metrics (`loss` is the last step's) and start a new interval;
+        `lr_adamw`, Muon's AdamW-branch rate, is recorded when it differs from `lr`.
+        """
         interval, self._interval = self._interval, _Interval()
         seconds = interval.seconds
         tokens_per_s = interval.tokens / seconds if seconds > 0 else 0.0
@@ -70,6 +90,7 @@ class StepMetrics:
             "loss": interval.mean_loss(loss),
             "loss_last": loss,
             "lr": float(lr),
+            **({} if lr_adamw is None or lr_adamw == lr else {"lr_adamw": float(lr_adamw)}),
             "tokens_per_s": tokens_per_s,
             "samples_per_s": interval.samples / seconds if seconds > 0 else 0.0,
             "step_time_s": seconds / max(interval.steps, 1),

@@ -44,7 +44,7 @@ from speedtronic_trainer.checkpoint_checks import CheckpointError, restore_model
 from speedtronic_trainer.data_position import BatchStream
 from speedtronic_trainer.emergency import StepGuard
 from speedtronic_trainer.metric_logger import MetricLogger
-from speedtronic_trainer.metrics import StepMetrics
+from speedtronic_trainer.metrics import StepMetrics, adamw_branch_lr
 from speedtronic_trainer.preemption import StopSignal
 from speedtronic_trainer.progress import ProgressBar, progress_enabled
 from speedtronic_trainer.sharded import (
@@ -800,9 +800,12 @@ class Trainer:
         )
         if not self.logger.wants_step(self.step):
             return
-        lr = self.optimizer.param_groups[0]["lr"]
         record = self._metrics.record(
-            step=self.step, loss=outcome.loss, lr=lr, grad_norm=outcome.grad_norm
+            step=self.step,
+            loss=outcome.loss,
+            lr=self.optimizer.param_groups[0]["lr"],
+            grad_norm=outcome.grad_norm,
+            lr_adamw=adamw_branch_lr(self.optimizer),
         )
         self.logger.emit("train_step", record)
 

@@ -105,7 +105,12 @@ def plot_metrics(source: Path, output: str | Path | None = None) -> Path:
     ax_loss.set_ylabel("loss (nats/token)")
     ax_loss.legend()
     ax_loss.grid(alpha=0.3)
-    ax_lr.plot(*_series(records, "lr"), color="tab:green")
+    adamw_steps, adamw_lr = _series(records, "lr_adamw")
+    # With optimizer.adamw_lr, Muon's matrices and its AdamW branch follow two rates.
+    ax_lr.plot(*_series(records, "lr"), color="tab:green", label="lr" if adamw_steps else None)
+    if adamw_steps:
+        ax_lr.plot(adamw_steps, adamw_lr, color="tab:purple", label="lr_adamw (AdamW branch)")
+        ax_lr.legend()
     ax_lr.set_ylabel("learning rate")
     ax_lr.grid(alpha=0.3)
     ax_tps.plot(*_series(records, "tokens_per_s"), color="tab:red")

@@ -242,3 +242,22 @@ def test_thread_runs_rounds_and_restarts(tmp_path):
             __import__("time").sleep(0.01)
         loop.stop()
     assert rounds == [0, 1, 2]
+
+
+def test_nodes_with_identical_pseudo_gradients_are_named_once(tmp_path, caplog):
+    hub, loop = _master(tmp_path, {"w": torch.zeros(2)}, outer_lr=1.0, outer_momentum=0.0)
+    loop.recover()
+    for round_ in range(2):
+        for node in ("a", "b"):  # same seed, same batches: the same displacement
+            delta = {"w": torch.tensor([1.0, 2.0])}
+            hub.upload_delta(delta, node_id=node, local_step=4, base_outer_step=round_)
+        delta = {"w": torch.tensor([2.0, 1.0])}  # same sum, other batches
+        hub.upload_delta(delta, node_id="c", local_step=4, base_outer_step=round_)
+        with caplog.at_level("WARNING", logger="speedtronic_diloco.outer"):
+            assert loop.sync_once() == round_ + 1
+    named = [r.getMessage() for r in caplog.records if "identical" in r.getMessage()]
+    assert named == [
+        "nodes a, b sent identical pseudo-gradients from outer step 0: they trained on the same "
+        "batches; give each node its own data.seed (or data.shard_path)"
+    ]
+    assert loop.counters["applied"] == 6  # warned, still applied as 2.0 did

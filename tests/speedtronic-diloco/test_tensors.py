@@ -135,3 +135,17 @@ def test_state_nbytes_counts_floating_payload():
         == 20
     )
     assert floating_state({"n": torch.zeros(1, dtype=torch.long)}) == {}
+
+
+def test_identical_deltas_groups_equal_deltas_only():
+    from speedtronic_diloco.tensors import identical_deltas
+
+    deltas = {
+        "a": {"w": torch.tensor([1.0, 2.0]), "b": torch.ones(1)},
+        "b": {"w": torch.tensor([2.0, 1.0]), "b": torch.ones(1)},  # the same sums, not equal
+        "c": {"w": torch.tensor([1.0, 2.0]), "b": torch.ones(1)},
+        "d": {"w": torch.tensor([2.0, 1.0]), "b": torch.ones(1)},
+        "e": {"w": torch.tensor([1.0, 2.0])},  # another set of tensors
+    }
+    assert identical_deltas(deltas) == [["a", "c"], ["b", "d"]]
+    assert identical_deltas({"a": deltas["a"]}) == []

@@ -21,6 +21,7 @@ from speedtronic_diloco.tensors import (
     delta_problem,
     floating_state,
     from_safetensors_bytes,
+    identical_deltas,
     state_nbytes,
     to_safetensors_bytes,
 )
@@ -142,6 +143,7 @@ class MasterOuterLoop:
         self._publish_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._warned_identical: set[frozenset[str]] = set()
         self.counters = {
             "rounds": 0,
             "applied": 0,
@@ -314,6 +316,7 @@ class MasterOuterLoop:
                 report.applied.append(ref.path)
         if not chains and not report.skipped:
             return outer_step
+        self._warn_identical(chains)
         with self._lock:
             if self._state.outer_step != outer_step:  # adopted a newer global meanwhile: redo later
                 return self._state.outer_step
@@ -340,6 +343,22 @@ class MasterOuterLoop:
             },
         )
         return report.outer_step
+
+    def _warn_identical(self, chains: Mapping[tuple[str, int], Mapping[str, torch.Tensor]]) -> None:
+        """Warn once per set of nodes whose pseudo-gradients are equal: they trained on the same
+        batches (one run.seed and no data.seed of their own), so averaging them is one node's work.
+        """
+        for group in identical_deltas(chains):
+            nodes = frozenset(node for node, _ in group)
+            if len(nodes) < 2 or nodes in self._warned_identical:
+                continue
+            self._warned_identical.add(nodes)
+            self.logger.warning(
+                "nodes %s sent identical pseudo-gradients from outer step %s: they trained on the "
+                "same batches; give each node its own data.seed (or data.shard_path)",
+                ", ".join(sorted(nodes)),
+                ", ".join(str(base) for base in sorted({base for _, base in group})),
+            )
 
     def _count(self, report: RoundReport) -> None:
         self.counters["rounds"] += bool(report.applied)

@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors import safe_open
@@ -16,6 +16,8 @@ from safetensors.torch import load as _load_bytes
 from safetensors.torch import save as _save_bytes
 
 from speedtronic_systems.atomic import atomic_write_bytes
+
+K = TypeVar("K")  # what identical_deltas groups: the master's (node_id, base outer step)
 
 DELTA_PREFIX = "deltas"
 # deltas/<node_id>/step-<local_step>-base-<base_outer_step>.safetensors: every field a delta needs
@@ -159,6 +161,30 @@ def compute_pseudo_gradient(
     }
 
 
+def identical_deltas(deltas: Mapping[K, Mapping[str, torch.Tensor]]) -> list[list[K]]:
+    """Return the groups (two keys or more, in key order) whose deltas are equal tensor for tensor.
+
+    A float64 sum per tensor sorts candidates cheaply; only matching sums are compared in full.
+    """
+    candidates: dict[tuple, list[K]] = {}
+    for key, delta in deltas.items():
+        sums = tuple((name, float(delta[name].sum(dtype=torch.float64))) for name in sorted(delta))
+        candidates.setdefault(sums, []).append(key)
+    groups = []
+    for keys in candidates.values():
+        while len(keys) > 1:
+            first, rest = keys[0], keys[1:]
+            same = [k for k in rest if _equal(deltas[first], deltas[k])]
+            if same:
+                groups.append([first, *same])
+            keys = [k for k in rest if k not in same]
+    return groups
+
+
+def _equal(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+
+
 def average_deltas(deltas: list[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Return the element-wise mean of deltas that share names and shapes (accumulated in
     float32+).
@@ -220,6 +246,7 @@ __all__ = [
     "delta_problem",
     "floating_state",
     "from_safetensors_bytes",
+    "identical_deltas",
     "load_delta",
     "load_safetensors",
     "metadata_json",

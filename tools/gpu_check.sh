@@ -10,8 +10,8 @@
 #   5. the main job's CUDA overlay under torchrun on NCCL, one rank (two ranks need two GPUs):
 #      FSDP2 saving a DCP checkpoint and resuming from it, then DDP (eager: the compiled path is 2).
 # Results land in $GPU_CHECK_OUT (default tools/bench/results/gpu/); put them in the report with
-# `python tools/bench/report.py --write-readme` after copying gpu.json and optim_cuda.json next to
-# the other results. On one H200 (torch 2.11) the whole check took 225-281 s.
+# `python tools/bench/report.py --write-readme` after copying gpu.json, gpu_profile.json and
+# optim_cuda.json next to the other results. On one H200 (torch 2.11) the whole check took 225-281 s.
 # It uses the python on PATH and imports the packages from source (no install, no network): that
 # python needs torch with CUDA, numpy, pyyaml, tqdm, safetensors, huggingface_hub, matplotlib and
 # pytest. Set PYTHON to choose another interpreter.

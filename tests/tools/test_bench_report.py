@@ -127,6 +127,13 @@ def test_gpu_profile_runs_on_cpu_with_a_tiny_model(monkeypatch, tmp_path: Path) 
     families = payload["ms_per_step_by_family"]
     assert families["attention"] > 0 and families["matmul"] > 0
     assert sum(families.values()) == pytest.approx(payload["profiled_ms_per_step"])
+    # Beside the other results, it becomes a section of the report.
+    monkeypatch.delitem(sys.modules, "report", raising=False)
+    import report
+
+    text = report.render_report({"gpu_profile": payload})
+    assert "### Where its step's time goes" in text
+    assert f"| matmul | {families['matmul']:.2f} |" in text
 
 
 @pytest.mark.parametrize(

@@ -62,17 +62,29 @@ def config(model: dict[str, Any], steps: int, batch: int, device: str, compile_:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=50)
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the arguments this benchmark and profile_gpu.py share."""
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="2-layer model: a CPU smoke run")
     parser.add_argument("--no-compile", action="store_true")
+
+
+def cuda_missing(device: str) -> bool:
+    """Return True (and say so) when `device` is CUDA and this machine has none."""
+    missing = device.startswith("cuda") and not torch.cuda.is_available()
+    if missing:
+        print("no CUDA GPU here: nothing measured")
+    return missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=50)
+    add_run_arguments(parser)
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu.json")
     args = parser.parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("no CUDA GPU here: nothing measured")
+    if cuda_missing(args.device):
         return 2
     model = TINY if args.tiny else MODEL_124M
     records: list[dict[str, Any]] = []

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_gpu import MODEL_124M, TINY, config
+from bench_gpu import MODEL_124M, TINY, add_run_arguments, config, cuda_missing
 
 from benchlib import RESULTS, machine_info, write_json
 from speedtronic.runtime import build_runtime
@@ -46,16 +46,12 @@ def family(kernel: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--tiny", action="store_true", help="2-layer model: a CPU smoke run")
-    parser.add_argument("--no-compile", action="store_true")
+    add_run_arguments(parser)
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu_profile.json")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("no CUDA GPU here: nothing measured")
+    if cuda_missing(args.device):
         return 2
+    device = torch.device(args.device)
     model_config = TINY if args.tiny else MODEL_124M
     values = config(model_config, 50, args.batch, args.device, compile_=False)
     with tempfile.TemporaryDirectory(prefix="profile-gpu-") as tmp:

@@ -152,3 +152,21 @@ def test_without_configs_the_layout_mismatch_is_still_one_clear_line():
     with pytest.raises(CheckpointError, match=r"holds Muon \(hybrid\) optimizer state .*AdamW"):
         restore_optimizer(adamw, {"optimizer": hybrid.state_dict()})
     restore_optimizer(adamw, {"optimizer": adamw.state_dict()})
+
+
+def test_checkpoints_are_memory_mapped_and_the_old_format_still_loads(tmp_path, monkeypatch):
+    load = torch.load
+    asked: list[bool] = []
+
+    def recording_load(*args, **kwargs):
+        asked.append(kwargs.get("mmap", False))
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", recording_load)
+    current, legacy = tmp_path / "step_1.pt", tmp_path / "step_0.pt"
+    torch.save({"model": {"w": torch.arange(3.0)}}, current)
+    torch.save({"model": {"w": torch.ones(2)}}, legacy, _use_new_zipfile_serialization=False)
+    assert torch.equal(load_checkpoint_file(current)["model"]["w"], torch.arange(3.0))
+    assert asked == [True]  # mapped: every rank on a machine shares the page cache's copy
+    assert torch.equal(load_checkpoint_file(legacy)["model"]["w"], torch.ones(2))
+    assert asked == [True, True, False]  # torch cannot map the pre-1.6 format: read instead

@@ -63,6 +63,17 @@ def describe_load_error(error: BaseException) -> str:
 RESUME_HINT = "delete it to resume from an older checkpoint"
 
 
+def _load_mapped(path: Path) -> Any:
+    """torch.load the file memory-mapped: its tensors are the page cache's, shared by every rank
+    on the machine that reads it (each DDP/FSDP2 rank reads a whole single-file checkpoint),
+    instead of one private copy per rank. A file torch cannot map (the pre-1.6 format) is read.
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def load_checkpoint_file(path: str | Path, hint: str | None = RESUME_HINT) -> dict[str, Any]:
     """Load one checkpoint with weights_only=True; a bad file is a one-line CheckpointError.
 
@@ -74,7 +85,7 @@ def load_checkpoint_file(path: str | Path, hint: str | None = RESUME_HINT) -> di
             # e.g. "Detected pickle protocol 4": a Python-warning block on stderr, before our line.
             warnings.simplefilter("ignore")
             with torch.serialization.safe_globals(_NUMPY_RNG_GLOBALS):
-                state = torch.load(path, map_location="cpu", weights_only=True)
+                state = _load_mapped(path)
     except FileNotFoundError as exc:
         raise CheckpointError(f"checkpoint {path} does not exist") from exc
     except IsADirectoryError as exc:

@@ -70,7 +70,9 @@ def _load_mapped(path: Path) -> Any:
     """
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:
+    except RuntimeError as exc:
+        if "mmap" not in str(exc):
+            raise  # a bad file: reported once, not read a second time
         return torch.load(path, map_location="cpu", weights_only=True)
 
 

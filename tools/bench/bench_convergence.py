@@ -30,7 +30,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchlib import RESULTS, ensure_corpus, machine_info, quickstart_values, write_json
+from benchlib import (
+    RESULTS,
+    ensure_corpus,
+    machine_info,
+    quickstart_values,
+    rates_text,
+    write_json,
+)
 from speedtronic.runtime import build_runtime
 from speedtronic_data.shards import read_shard_tokens, resolve_shards
 from speedtronic_optim import build_lr_scheduler, make_adamw, route_parameters
@@ -172,11 +179,6 @@ def train_point(
     return {"lr": lr, "other_lr": other_lr} | train_run(values, batches, eval_every, split)
 
 
-def _rates(run: dict[str, Any]) -> str:
-    other = run.get("other_lr")
-    return f"lr {run['lr']:g}" + ("" if other is None else f", non-matrix lr {other:g}")
-
-
 def steps_to_reach(curve: list[tuple[int, int, float]], target: float) -> float | None:
     """Return the (linearly interpolated) step where the curve first reaches target, or None."""
     for (s0, _, l0), (s1, _, l1) in zip(curve, curve[1:], strict=False):
@@ -202,7 +204,7 @@ def sweep(
         run = train_point(name, lr, other_lr, steps, batches, eval_every)
         runs[name].append(run)
         print(
-            f"  {name:<14} {_rates(run):<32} held-out loss {run['final_val_loss']:.4f}  "
+            f"  {name:<14} {rates_text(run):<32} held-out loss {run['final_val_loss']:.4f}  "
             f"({run['tokens_per_s']:,.0f} tokens/s, {time.perf_counter() - started:.0f} s)",
             flush=True,
         )
@@ -237,7 +239,7 @@ def shortest_horizon(
         for factor in HORIZON_LR_FACTORS:
             run = train_point(name, lr * factor, other_lr, short, batches, short)
             runs.append(run | {"optimizer": name, "fraction": fraction})
-            print(f"  {name} {_rates(run)} over {short} steps: {run['final_val_loss']:.4f}")
+            print(f"  {name} {rates_text(run)} over {short} steps: {run['final_val_loss']:.4f}")
         record.extend(runs)
         best = min(runs, key=lambda run: run["final_val_loss"])
         if best["final_val_loss"] <= target:
@@ -255,7 +257,9 @@ def _horizon_text(by_horizon: dict[str, dict[str, Any] | None]) -> str:
     parts = []
     for name, found in by_horizon.items():
         what = (
-            "no horizon tried" if found is None else f"{found['fraction']:.2f}x ({_rates(found)})"
+            "no horizon tried"
+            if found is None
+            else f"{found['fraction']:.2f}x ({rates_text(found)})"
         )
         parts.append(f"{name} {what}")
     return ", ".join(parts) or "not run"
@@ -351,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'optimizer':<14}{'best rates':<34}{'held-out loss':>13}{'tokens/s':>10}")
     for name, run in best.items():
         print(
-            f"{name:<14}{_rates(run):<34}{run['final_val_loss']:>13.4f}"
+            f"{name:<14}{rates_text(run):<34}{run['final_val_loss']:>13.4f}"
             f"{run['tokens_per_s']:>10,.0f}"
         )
     fraction = summary["muon_step_fraction_on_curve"]

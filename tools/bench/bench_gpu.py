@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from benchlib import RESULTS, machine_info, write_json
+from benchlib import RESULTS, machine_info, mfu_text, write_json
 from speedtronic.runtime import build_runtime
 from speedtronic_systems.precision import device_peak_flops
 
@@ -119,11 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed_s": result.elapsed_s,
         "goal_mfu": 0.5,
     }
-    mfu_text = "n/a" if payload["mfu"] is None else f"{payload['mfu']:.1%}"
     print(
         f"{parameters / 1e6:.1f}M parameters, batch {args.batch} x {model['max_seq_len']}, "
         f"{payload['precision']}, compile {payload['compile']}: {tokens_per_s:,.0f} tokens/s, "
-        f"MFU {mfu_text} of {payload['peak_flops'] or 0:.3g} FLOP/s (goal >= 50% on H100/H200)"
+        f"MFU {mfu_text(payload['mfu'])} of {payload['peak_flops'] or 0:.3g} FLOP/s "
+        "(goal >= 50% on H100/H200)"
     )
     write_json(args.out, payload)
     print(f"wrote {args.out}")

@@ -106,6 +106,17 @@ def median_ratio(numerator: list[float], denominator: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(numerator, denominator, strict=True))
 
 
+def rates_text(run: dict[str, Any]) -> str:
+    """A convergence run's rates: lr, and the non-matrix parameters' own lr when it had one."""
+    other = run.get("other_lr")
+    return f"lr {run['lr']:g}" + ("" if other is None else f", non-matrix lr {other:g}")
+
+
+def mfu_text(mfu: float | None) -> str:
+    """An MFU as a percentage, or n/a when the device's peak is unknown."""
+    return "n/a" if mfu is None else f"{mfu:.1%}"
+
+
 def seconds(fn: Callable[[], object]) -> float:
     """Return the wall time of one call."""
     start = time.perf_counter()

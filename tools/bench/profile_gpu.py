@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from bench_gpu import MODEL_124M, TINY, add_run_arguments, config, cuda_missing
 
-from benchlib import RESULTS, machine_info, write_json
+from benchlib import RESULTS, machine_info, mfu_text, write_json
 from speedtronic.runtime import build_runtime
 from speedtronic_systems.precision import device_peak_flops
 
@@ -60,8 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         payload = _measure(trainer, model_config, args.batch, device, not args.no_compile)
         trainer.close()
     payload = {"benchmark": "gpu_profile", "machine": machine_info(), **payload}
-    mfu = "n/a" if payload["mfu"] is None else f"{payload['mfu']:.1%}"
-    print(f"bare loop, batch {args.batch}: {payload['tokens_per_s']:,.0f} tokens/s (MFU {mfu})")
+    print(
+        f"bare loop, batch {args.batch}: {payload['tokens_per_s']:,.0f} tokens/s "
+        f"(MFU {mfu_text(payload['mfu'])})"
+    )
     print(f"{'device' if device.type == 'cuda' else 'CPU'} time per step by family:")
     for name, ms in payload["ms_per_step_by_family"].items():
         print(f"  {name:<42}{ms:8.2f} ms {ms / payload['profiled_ms_per_step']:7.1%}")

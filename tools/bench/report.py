@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchlib import RESULTS, ROOT
+from benchlib import RESULTS, ROOT, mfu_text, rates_text
 from speedtronic_systems.compile_choice import CPU_COMPILE_BREAK_EVEN_STEPS
 from speedtronic_systems.precision import CPU_BF16_MIN_WIDTH
 
@@ -111,12 +111,6 @@ def _machine_line(results: Results) -> str:
     )
 
 
-def _rates(run: dict[str, Any]) -> str:
-    """A run's rates: lr, and the non-matrix parameters' own lr when it had one."""
-    other = run.get("other_lr")
-    return f"lr {run['lr']:g}" + ("" if other is None else f", non-matrix lr {other:g}")
-
-
 def _by_rates(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Split runs: those at one shared lr (first sweep), those with their own non-matrix lr."""
     shared = [r for r in runs if r.get("other_lr") is None]
@@ -138,7 +132,7 @@ def _best_run(c: dict[str, Any], name: str) -> dict[str, Any]:
 def _convergence_row(c: dict[str, Any]) -> tuple[str, str, str]:
     s = c["summary"]
     losses = ", ".join(
-        f"{name} {loss:.3f} ({_rates(_best_run(c, name))})"
+        f"{name} {loss:.3f} ({rates_text(_best_run(c, name))})"
         for name, loss in s["best_final_val_loss"].items()
     )
     fraction = s["muon_step_fraction_on_curve"]
@@ -150,7 +144,7 @@ def _convergence_row(c: dict[str, Any]) -> tuple[str, str, str]:
     shortest = s["shortest_horizon_reaching_adamw"]
     if shortest:
         reach += "; as a shorter run with its schedule decayed and its lr tuned: " + ", ".join(
-            f"{name} **{_x(found['fraction'])}** ({_rates(found)})"
+            f"{name} **{_x(found['fraction'])}** ({rates_text(found)})"
             if found
             else f"{name} no horizon tried"
             for name, found in shortest.items()
@@ -374,12 +368,11 @@ def _gpu_row(results: Results) -> tuple[str, str, str]:
             "`bash tools/gpu_check.sh`",
             "not measured: no GPU was available to this run",
         )
-    mfu = "n/a" if g["mfu"] is None else f"{g['mfu']:.1%}"
     return (
         f"124M reference model on {_gpu_name(g)}, batch {g['batch']} x "
         f"{g['model']['max_seq_len']}, bf16, compile",
         "`bash tools/gpu_check.sh`",
-        f"{_k(g['tokens_per_s'])} tokens/s, MFU **{mfu}** of the datasheet peak "
+        f"{_k(g['tokens_per_s'])} tokens/s, MFU **{mfu_text(g['mfu'])}** of the datasheet peak "
         f"{g['peak_flops'] / 1e12:.0f} TFLOP/s (goal >= 50%)",
     )
 
@@ -482,7 +475,7 @@ def _section_convergence(c: dict[str, Any]) -> list[str]:
     lines += ["", f"AdamW's best final held-out loss: {s['adamw_final_val_loss']:.4f}."]
     reach = s["muon_steps_to_adamw_loss_on_curve"]
     lines.append(
-        f"Muon ({_rates(_best_run(c, 'muon'))}) reaches it at step "
+        f"Muon ({rates_text(_best_run(c, 'muon'))}) reaches it at step "
         f"{'never' if reach is None else f'{reach:.0f}'} of its own {c['steps']}-step curve "
         f"({_x(s['muon_step_fraction_on_curve'])}); mid-run its lr has not decayed yet, so this "
         "understates it."
@@ -498,7 +491,7 @@ def _section_convergence(c: dict[str, Any]) -> list[str]:
         ]
         for h in c["horizons"]:
             lines.append(
-                f"| {h['optimizer']} | {h['fraction']:.2f}x | {h['steps']} | {_rates(h)} | "
+                f"| {h['optimizer']} | {h['fraction']:.2f}x | {h['steps']} | {rates_text(h)} | "
                 f"{h['final_val_loss']:.4f} |"
             )
         found = ", ".join(
@@ -519,7 +512,8 @@ def _section_convergence(c: dict[str, Any]) -> list[str]:
         for a in c["ablations"]:
             shuffled = s["best_final_val_loss"][a["optimizer"]]
             lines.append(
-                f"| {a['optimizer']} | {_rates(a)} | {a['final_val_loss']:.4f} | {shuffled:.4f} |"
+                f"| {a['optimizer']} | {rates_text(a)} | {a['final_val_loss']:.4f} | "
+                f"{shuffled:.4f} |"
             )
     lines += [
         "",
@@ -590,7 +584,6 @@ def _section_optim(o: dict[str, Any]) -> list[str]:
 
 def _section_gpu(g: dict[str, Any]) -> list[str]:
     m = g["model"]
-    mfu = "n/a" if g["mfu"] is None else f"{g['mfu']:.1%}"
     return [
         f"## 124M reference model on {_gpu_name(g)} (item 6)",
         "",
@@ -599,22 +592,21 @@ def _section_gpu(g: dict[str, Any]) -> list[str]:
         f"{m['max_seq_len']} tokens, {g['precision']}, compile {g['compile']}, {g['steps']} steps "
         f"on random tokens: **{g['tokens_per_s']:,.0f} tokens/s** (median of the trainer's "
         f"steps after the first ten), {g['flops_per_token'] / 1e9:.3f} GFLOP per token, MFU "
-        f"**{mfu}** of the datasheet's {g['peak_flops'] / 1e12:.0f} TFLOP/s (goal >= "
-        f"{g['goal_mfu']:.0%}). Run by `bash tools/gpu_check.sh`, which also runs the CUDA tests, "
-        "the main job with its CUDA overlay and the NCCL DDP/FSDP2 runs.",
+        f"**{mfu_text(g['mfu'])}** of the datasheet's {g['peak_flops'] / 1e12:.0f} TFLOP/s "
+        f"(goal >= {g['goal_mfu']:.0%}). Run by `bash tools/gpu_check.sh`, which also runs the "
+        "CUDA tests, the main job with its CUDA overlay and the NCCL DDP/FSDP2 runs.",
         "",
     ]
 
 
 def _section_gpu_profile(p: dict[str, Any]) -> list[str]:
-    mfu = "n/a" if p["mfu"] is None else f"{p['mfu']:.1%}"
     total = p["profiled_ms_per_step"]
     lines = [
         f"### Where its step's time goes ({_gpu_name(p)}, `python tools/bench/profile_gpu.py`)",
         "",
         f"The same step in a bare loop (no per-step host sync), batch {p['batch']}: "
-        f"{p['tokens_per_s']:,.0f} tokens/s, MFU {mfu}. Device time by kernel family over a "
-        f"profiled step ({total:.1f} ms):",
+        f"{p['tokens_per_s']:,.0f} tokens/s, MFU {mfu_text(p['mfu'])}. Device time by kernel "
+        f"family over a profiled step ({total:.1f} ms):",
         "",
         "| family | ms per step | share |",
         "|---|---|---|",
@@ -826,7 +818,9 @@ def plots(results: Results, out_dir: Path) -> list[Path]:
             best = _best_run(c, name)
             tokens = [point[1] / 1e6 for point in best["curve"][1:]]
             ax.plot(
-                tokens, [point[2] for point in best["curve"][1:]], label=f"{name} {_rates(best)}"
+                tokens,
+                [point[2] for point in best["curve"][1:]],
+                label=f"{name} {rates_text(best)}",
             )
         for h in c["horizons"]:
             ax.scatter(h["tokens"] / 1e6, h["final_val_loss"], marker="x", color="black")
@@ -837,6 +831,7 @@ def plots(results: Results, out_dir: Path) -> list[Path]:
         save(fig, "convergence.png")
 
         fig, (ax, ax_other) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+        factors = {1.0}
         for name, runs in c["runs"].items():
             shared, split = _by_rates(runs)
             ax.plot(
@@ -844,8 +839,10 @@ def plots(results: Results, out_dir: Path) -> list[Path]:
             )
             if split:  # at the best shared lr; factor 1 is that shared run itself
                 at = next(r for r in shared if r["lr"] == split[0]["lr"])
+                ratios = [r["other_lr"] / r["lr"] for r in split]
+                factors.update(ratios)
                 ax_other.plot(
-                    [1] + [r["other_lr"] / r["lr"] for r in split],
+                    [1, *ratios],
                     [at["final_val_loss"]] + [r["final_val_loss"] for r in split],
                     "o-",
                     label=name,
@@ -859,16 +856,7 @@ def plots(results: Results, out_dir: Path) -> list[Path]:
             xlabel="non-matrix lr / lr (at the best lr)",
             title="non-matrix lr sweep",
         )
-        factors = sorted(
-            {1.0}
-            | {
-                r["other_lr"] / r["lr"]
-                for runs in c["runs"].values()
-                for r in runs
-                if r.get("other_lr")
-            }
-        )
-        ax_other.set_xticks(factors, [f"{f:g}x" for f in factors], minor=False)
+        ax_other.set_xticks(sorted(factors), [f"{f:g}x" for f in sorted(factors)], minor=False)
         ax_other.set_xticks([], minor=True)
         ax.legend()
         save(fig, "lr_sweep.png")

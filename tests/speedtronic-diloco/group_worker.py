@@ -11,6 +11,7 @@ raised.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,7 +24,7 @@ from speedtronic_config import ParallelConfig
 from speedtronic_diloco.diloco import DumbDiLoCoCoordinator
 from speedtronic_diloco.hub import HubClient
 from speedtronic_diloco.transport import HfApiTransport
-from speedtronic_systems.parallel import ParallelContext, wrap_model
+from speedtronic_systems.parallel import init_parallel, shutdown_parallel, wrap_model
 
 INNER_STEPS = 4
 STEPS = 6
@@ -83,10 +84,10 @@ def full(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def main(mode: str, url: str, out: Path) -> None:
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    context = ParallelContext(mode, rank, dist.get_world_size(), 0, torch.device("cpu"))
-    model = wrap_model(net(seed=1), context, ParallelConfig(data_parallel=mode))
+    section = ParallelConfig(data_parallel=mode)
+    context = init_parallel(section, torch.device("cpu"))  # gloo, as the trainer joins it
+    rank = context.rank
+    model = wrap_model(net(seed=1), context, section)
     lead = rank == 0
     coordinator = DumbDiLoCoCoordinator(
         settings(),
@@ -130,8 +131,16 @@ def main(mode: str, url: str, out: Path) -> None:
         seen["error"] = type(exc).__name__
     dist.barrier()  # every rank is still in step with the others after the failure
     torch.save(seen, out / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    del model, optimizer, coordinator, other  # DDP's reducer lets go of the group first
+    shutdown_parallel(context)
 
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+    # Skip interpreter finalization, as tests/speedtronic's workers do: an FSDP2 group outlives
+    # shutdown_parallel (DTensor's sharding caches hold its device mesh), and a gloo thread still
+    # freeing a collective's tensors there aborts the rank ("terminate called without an active
+    # exception"). The results are written by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

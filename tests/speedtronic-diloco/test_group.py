@@ -62,7 +62,7 @@ def test_a_two_rank_node_follows_rank_0_and_sends_one_delta_in_the_hub_format(
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     command += [str(WORKER), mode, server.url, str(tmp_path)]
     log = (tmp_path / "node.log").open("w")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     node = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         # The node waits at its boundary for a newer global: this round is the one it waits for.

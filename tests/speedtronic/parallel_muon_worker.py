@@ -67,8 +67,9 @@ if __name__ == "__main__":
     main()
     # Skip interpreter finalization: about 1 launch in 15 under load, a rank aborted there
     # ("terminate called without an active exception", SIGABRT) after every result was written
-    # and the group destroyed, and torchrun reported the run failed. Cause not found (see the
-    # closing note); the results above are complete and flushed by now.
+    # and the group destroyed, and torchrun reported the run failed. The FSDP2 run's group
+    # outlives destroy_process_group (DTensor's sharding caches hold its device mesh), so gloo's
+    # threads run into finalization (see shutdown_parallel). The results are flushed by now.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

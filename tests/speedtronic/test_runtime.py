@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 import speedtronic.runtime as runtime
@@ -236,3 +241,37 @@ def test_muons_adamw_lr_trains_that_branch_and_a_changed_one_is_named_on_resume(
         assert f"{named} is not applied on resume" in warnings[-1]
         assert "checkpoint's 0.01" in warnings[-1]
     assert len(warnings) == 2
+
+
+GROUP_AT_SHUTDOWN = """
+import json, os, sys
+import speedtronic.runtime as runtime
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+real, seen = runtime.shutdown_parallel, {"before": threads()}
+
+def shutdown_and_count(context):
+    real(context)
+    seen["after_shutdown"] = threads()
+
+runtime.shutdown_parallel = shutdown_and_count
+config = json.loads(sys.argv[1])
+seen["steps"] = runtime.train_from_config(config).steps
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_train_from_config_destroys_its_ddp_group_at_shutdown(tmp_path):
+    # With the trainer (and DDP's reducer) still alive there, the group would be destroyed later,
+    # by the reducer, holding the GIL while it joins gloo's threads: a deadlock waiting to happen.
+    config = small_config(tmp_path, parallel={"data_parallel": "ddp"}, logging={"progress": False})
+    launch = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    env = {k: v for k, v in os.environ.items() if k not in launch} | {"OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-c", GROUP_AT_SHUTDOWN, json.dumps(config)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["steps"] == 2 and seen["after_shutdown"] == seen["before"], seen

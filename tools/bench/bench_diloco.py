@@ -47,7 +47,7 @@ from speedtronic_diloco.tensors import parse_delta_ref
 from speedtronic_diloco.testing.hub_server import HubServer
 from speedtronic_diloco.transport import HfApiTransport
 from speedtronic_model.model import ReferenceTransformer
-from speedtronic_systems.parallel import ParallelContext, wrap_model
+from speedtronic_systems.parallel import init_parallel, shutdown_parallel, wrap_model
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results" / "diloco.json"
@@ -250,12 +250,10 @@ def train_node(
 
 def group_rank(url: str, data: str, steps: int, inner_steps: int, work: Path) -> None:
     """One rank of the master node (run by torchrun): DDP, the global batch split over ranks."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    context = ParallelContext("ddp", rank, world, 0, torch.device("cpu"))
-    model = wrap_model(new_model(), context, ParallelConfig(data_parallel="ddp"))
+    ddp = ParallelConfig(data_parallel="ddp")
+    context = init_parallel(ddp, torch.device("cpu"))
+    rank, world = context.rank, context.world_size
+    model = wrap_model(new_model(), context, ddp)
     coordinator = DumbDiLoCoCoordinator(
         section("master", "master", url, inner_steps, **SYNC_UPLOADS),
         model,
@@ -265,7 +263,8 @@ def group_rank(url: str, data: str, steps: int, inner_steps: int, work: Path) ->
     )
     generator = np.random.default_rng(200 + rank)
     train_node(coordinator, model, Text(data), steps, generator, BATCH // world)
-    dist.destroy_process_group()
+    del coordinator, model  # DDP's reducer lets go of the group first
+    shutdown_parallel(context)
 
 
 # Every boundary uploads exactly one delta and no node waits for rounds (only for the first

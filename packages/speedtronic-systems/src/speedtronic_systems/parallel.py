@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
+import importlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -148,6 +150,10 @@ def init_parallel(section: Any, device: torch.device) -> ParallelContext:
             os.environ.setdefault("RANK", "0")
             os.environ.setdefault("WORLD_SIZE", "1")
         timeout = datetime.timedelta(seconds=section.timeout_s)
+        # DDP and torch.compile import torch._dynamo. Imported after the group exists, it keeps
+        # references to the group that destroy_process_group cannot drop: the group would outlive
+        # shutdown_parallel, which says why that hangs or aborts a finished run.
+        importlib.import_module("torch._dynamo")
         dist.init_process_group(
             backend=resolve_backend(section.backend, device),
             timeout=timeout,
@@ -211,8 +217,16 @@ def _free_port() -> int:
 
 
 def shutdown_parallel(context: ParallelContext) -> None:
-    """Leave the process group this process joined (a no-op for a plain run)."""
+    """Leave the process group this process joined (a no-op for a plain run).
+
+    Drop the DDP-wrapped model first. Then the group is destroyed here, with the GIL released, and
+    gloo's threads finish with the tensors of the last collectives and stop. A DDP reducer that
+    outlives it destroys the group later while holding the GIL (a deadlock when a gloo thread
+    still needs it), or during interpreter shutdown (an abort: "terminate called without an
+    active exception").
+    """
     if context.mode != "none" and dist.is_initialized():
+        gc.collect()  # a model the caller dropped may still sit in a reference cycle
         dist.destroy_process_group()
 
 

@@ -1,12 +1,15 @@
 """How a process that joined a torch.distributed process group ends: without ever destroying it.
 
-A gloo process group's destructor joins its worker threads while the caller holds the GIL. A
-worker that is still releasing a finished collective's tensors needs the GIL for their Python
-objects, so the destructor can wait forever (a finished run that never exits: seen after the
-final barrier, the main thread in ~ProcessGroupGloo joining a worker, that worker waiting for the
-GIL) or, run during interpreter teardown, abort ("terminate called without an active exception",
-SIGABRT; pytorch#179291) - either way torchrun reports the run failed. So the CLI keeps what holds
-the group (the trainer: its wrapped model and optimizer) alive and leaves through exit_process.
+A gloo process group's destructor joins its worker threads, and run by DDP's reducer (the
+group's last owner while the model lives) it holds the GIL meanwhile. A worker that is still
+releasing a finished collective's tensors needs the GIL for their Python objects, so the
+destructor can wait forever (a finished run that never exits: seen after the final barrier, the
+main thread in ~ProcessGroupGloo joining a worker, that worker waiting for the GIL) or, run
+during interpreter teardown, abort ("terminate called without an active exception", SIGABRT;
+pytorch#179291) - either way torchrun reports the run failed. So the CLI keeps what holds the
+group (the trainer: its wrapped model and optimizer) alive and leaves through exit_process.
+(train_from_config, a library call that must return, drops the trainer and destroys the group
+itself: speedtronic_systems.parallel.shutdown_parallel.)
 """
 
 from __future__ import annotations

@@ -184,11 +184,13 @@ def train_from_config(
 ) -> TrainResult:
     """Build the runtime and train to the target; return the TrainResult."""
     trainer, _ = build_runtime(config, resume=resume, device=device, max_steps=max_steps)
+    parallel = trainer.parallel
     try:
         return trainer.fit()
     finally:
         trainer.close()
-        shutdown_parallel(trainer.parallel)
+        del trainer  # the model's DDP reducer lets go of the group before it is destroyed
+        shutdown_parallel(parallel)
 
 
 run = train_from_config

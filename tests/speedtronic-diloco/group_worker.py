@@ -138,7 +138,7 @@ def main(mode: str, url: str, out: Path) -> None:
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
     # Skip interpreter finalization, as tests/speedtronic's workers do: an FSDP2 group outlives
-    # shutdown_parallel (DTensor's sharding caches hold its device mesh), and a gloo thread still
+    # shutdown_parallel (DTensor's caches keep its device mesh), and a gloo thread still
     # freeing a collective's tensors there aborts the rank ("terminate called without an active
     # exception"). The results are written by now.
     sys.stdout.flush()

@@ -5,7 +5,7 @@ gloo's threads (a deadlock when one of them still needs the GIL to free a tensor
 interpreter shutdown, where such a thread aborts a finished run (exit -6, "terminate called
 without an active exception"). torch._dynamo, imported by DDP after the group exists, would also
 hold it; the check runs in a fresh interpreter, where nothing has imported it yet. (FSDP2 groups
-stay held by DTensor's sharding caches, through the device mesh; that is torch's, not checked.)
+stay held by DTensor's caches, which keep the device mesh; that is torch's, not checked.)
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ if __name__ == "__main__":
     # Skip interpreter finalization: about 1 launch in 15 under load, a rank aborted there
     # ("terminate called without an active exception", SIGABRT) after every result was written
     # and the group destroyed, and torchrun reported the run failed. The FSDP2 run's group
-    # outlives destroy_process_group (DTensor's sharding caches hold its device mesh), so gloo's
+    # outlives destroy_process_group (DTensor's caches keep its device mesh), so gloo's
     # threads run into finalization (see shutdown_parallel). The results are flushed by now.
     sys.stdout.flush()
     sys.stderr.flush()

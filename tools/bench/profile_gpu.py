@@ -26,7 +26,7 @@ from bench_gpu import MODEL_124M, TINY, add_run_arguments, config, cuda_missing
 
 from benchlib import RESULTS, machine_info, mfu_text, write_json
 from speedtronic.runtime import build_runtime
-from speedtronic_systems.precision import device_peak_flops
+from speedtronic_systems.precision import datasheet_peak_flops
 
 # First match wins: cuDNN's attention kernels carry "sm90" too, so attention is asked first.
 FAMILIES = (
@@ -121,7 +121,7 @@ def _measure(
     for name, ms in per_kernel.items():
         families[family(name)] += ms
     tokens_per_s = statistics.median(rates)
-    peak = device_peak_flops(device, torch.bfloat16)
+    peak = datasheet_peak_flops(device, torch.bfloat16)  # MFU, as bench_gpu's: n/a elsewhere
     return {
         "device": str(device),
         "batch": batch,

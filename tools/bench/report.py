@@ -216,7 +216,7 @@ def _optim_rows(o: dict[str, Any]) -> list[tuple[str, str, str]]:
     )
     command = "`python tools/bench/bench_optim.py" + (" --full" if o.get("full") else "")
     where = ""
-    if o.get("device", "cpu").startswith("cuda"):
+    if _on_cuda(o):
         command += " --device cuda"
         where = f" on {_gpu_name(o)}"
     command += "`"
@@ -230,6 +230,11 @@ def _optim_rows(o: dict[str, Any]) -> list[tuple[str, str, str]]:
         ),
         ("Newton–Schulz vs exact polar factor by SVD" + where, command, f"{polar} (goal <= 0.5x)"),
     ]
+
+
+def _on_cuda(result: dict[str, Any]) -> bool:
+    """Return True for a result measured on a CUDA device (bench_optim.py --device cuda)."""
+    return result.get("device", "cpu").startswith("cuda")
 
 
 def _gpu_name(result: dict[str, Any]) -> str:
@@ -554,7 +559,7 @@ def _section_peers(p: dict[str, Any]) -> list[str]:
 
 
 def _section_optim(o: dict[str, Any]) -> list[str]:
-    cuda = o.get("device", "cpu").startswith("cuda")
+    cuda = _on_cuda(o)
     lines = [f"## Muon step on {_gpu_name(o)}" if cuda else "## Muon step (item 5)", ""]
     digits = 4 if cuda else 2  # a GPU step takes milliseconds
     for case in (o["muon"], o.get("avx2_emulation")):
@@ -759,6 +764,16 @@ def _section_run(run: dict[str, Any]) -> list[str]:
     return [*lines, "", *notes, ""] if notes else [*lines, ""]
 
 
+SECTION_BUILDERS = (  # report.md's sections after the run's and the convergence ones, in order
+    ("peers", _section_peers),
+    ("optim", _section_optim),
+    ("gpu", _section_gpu),
+    ("gpu_profile", _section_gpu_profile),
+    ("optim_cuda", _section_optim),
+    ("cpu_settings", _section_cpu),
+)
+
+
 def render_report(results: Results) -> str:
     """Return report.md's text."""
     lines = [
@@ -776,18 +791,9 @@ def render_report(results: Results) -> str:
         lines += _section_adamw(results["convergence"])
     elif "convergence_session" in results:
         lines += _section_session(results["convergence_session"])
-    if "peers" in results:
-        lines += _section_peers(results["peers"])
-    if "optim" in results:
-        lines += _section_optim(results["optim"])
-    if "gpu" in results:
-        lines += _section_gpu(results["gpu"])
-    if "gpu_profile" in results:
-        lines += _section_gpu_profile(results["gpu_profile"])
-    if "optim_cuda" in results:
-        lines += _section_optim(results["optim_cuda"])
-    if "cpu_settings" in results:
-        lines += _section_cpu(results["cpu_settings"])
+    for name, build in SECTION_BUILDERS:
+        if name in results:
+            lines += build(results[name])
     return "\n".join(lines).rstrip() + "\n"
 
 

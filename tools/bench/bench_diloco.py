@@ -27,10 +27,12 @@ import argparse
 import json
 import os
 import platform
+import queue
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -277,26 +279,57 @@ SYNC_UPLOADS = {
 }
 
 
-def multi_rank_nodes(train: Text, data: str, steps: int, inner_steps: int, work: Path) -> dict:
-    """Run the 2-rank master node (torchrun, shards from the folder `data`) and a 1-process worker
-    against one Hub server; return each node's delta bytes per inner step against DDP over the two
-    nodes.
+def worker_node(url: str, data: str, steps: int, inner_steps: int, work: Path) -> None:
+    """The 1-process worker node of (d), in its own process so the bench can stop it."""
+    worker = DumbDiLoCoCoordinator(
+        section("worker", "worker-1", url, inner_steps, **SYNC_UPLOADS),
+        new_model(),
+        hub=client(url, work / "cache-worker"),
+        state_dir=work / "state-worker",
+    )
+    train_node(worker, worker.model, Text(data), steps, np.random.default_rng(300), BATCH)
+
+
+def wait_all(processes: dict[str, subprocess.Popen]) -> None:
+    """Wait for every process; at the first that fails, stop the others and raise naming it.
+
+    Without this a master node that dies before publishing its first global model would leave the
+    worker waiting out global_wait_timeout (300 s) before the bench said anything.
+    """
+    finished: queue.Queue[tuple[str, int]] = queue.Queue()
+    for name, process in processes.items():
+        threading.Thread(
+            target=lambda n=name, p=process: finished.put((n, p.wait())), daemon=True
+        ).start()
+    for _ in processes:
+        name, code = finished.get()
+        if code != 0:
+            for other in processes.values():
+                other.terminate()  # torchrun passes SIGTERM on to its ranks
+            for other in processes.values():
+                other.wait()
+            raise RuntimeError(f"the {name} failed with exit code {code}; its log is above")
+
+
+def multi_rank_nodes(data: str, steps: int, inner_steps: int, work: Path) -> dict:
+    """Run the 2-rank master node (torchrun) and a 1-process worker (shards from the folder
+    `data`) against one Hub server; return each node's delta bytes per inner step against DDP
+    over the two nodes.
     """
     with HubServer() as server:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        command += [f"--nproc-per-node={GROUP_RANKS}", __file__, "--group-rank", server.url]
-        command += ["--data", data, "--group-steps", str(steps), "--inner-steps", str(inner_steps)]
-        command += ["--work", str(work)]
-        group = subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        worker = DumbDiLoCoCoordinator(
-            section("worker", "worker-1", server.url, inner_steps, **SYNC_UPLOADS),
-            new_model(),
-            hub=client(server.url, work / "cache-worker"),
-            state_dir=work / "state-worker",
+        node = [server.url, "--data", data, "--group-steps", str(steps)]
+        node += ["--inner-steps", str(inner_steps), "--work", str(work)]
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        torchrun += [f"--nproc-per-node={GROUP_RANKS}", __file__, "--group-rank"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        wait_all(
+            {
+                f"{GROUP_RANKS}-rank master node": subprocess.Popen(torchrun + node, env=env),
+                "worker node": subprocess.Popen(
+                    [sys.executable, __file__, "--worker-node"] + node, env=env
+                ),
+            }
         )
-        train_node(worker, worker.model, train, steps, np.random.default_rng(300), BATCH)
-        if group.wait() != 0:
-            raise RuntimeError(f"the 2-rank node failed with exit code {group.returncode}")
         sizes: dict[str, list[int]] = {}
         for commit in server.store.log:
             files = server.files("bench/diloco", commit["oid"])
@@ -486,14 +519,19 @@ def main() -> None:
     )
     parser.add_argument("--data", default=str(ROOT / "data" / "stdlib"))
     parser.add_argument("--output", default=str(RESULTS))
-    # Internal: torchrun starts each rank of (d)'s 2-rank node with these.
+    # Internal: (d) starts its worker node and, through torchrun, each rank of its 2-rank node
+    # with these.
     parser.add_argument("--group-rank", metavar="HUB_URL", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-node", metavar="HUB_URL", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)  # the lanes' threads compete for the cores a real run would have
     pattern = str(Path(args.data) / "train_*.bin")
     if args.group_rank:
         group_rank(args.group_rank, pattern, args.group_steps, args.inner_steps, Path(args.work))
+        return
+    if args.worker_node:
+        worker_node(args.worker_node, pattern, args.group_steps, args.inner_steps, Path(args.work))
         return
     if not list(Path(args.data).glob("train_*.bin")):
         sys.exit(f"no shards in {args.data}: run `python -m speedtronic prepare {args.data}` first")
@@ -521,7 +559,7 @@ def main() -> None:
             print_lanes(result["lanes"])
         if "multi_rank" in args.parts:
             result["multi_rank"] = multi_rank_nodes(
-                train, args.data, args.group_steps, args.inner_steps, work
+                args.data, args.group_steps, args.inner_steps, work
             )
             print_multi_rank(result["multi_rank"])
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ text; and export -> model.init_from -> export round trips byte for byte.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,27 @@ def test_a_malicious_checkpoint_is_refused_in_one_line_for_sample_and_export(tmp
     message = str(caught.value)
     assert "\n" not in message and "weights_only" not in message
     assert "never contains" in message
+
+
+def test_sample_escapes_control_characters_only_on_a_terminal(checkpoint, capsys, monkeypatch):
+    from speedtronic.cli import main
+
+    args = ["sample", str(checkpoint), "--max-new-tokens", "64", "--temperature", "2"]
+    raw = sample_text(checkpoint, "\n", max_new_tokens=64, temperature=2.0)
+    controls = [c for c in raw if (ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0) and c not in "\n\t"]
+    assert controls  # the noisy weights emit raw bytes, ESC and CR among them
+    assert main(args) == 0
+    assert capsys.readouterr().out == raw + "\n"  # to a file or pipe: as generated
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(args) == 0
+    shown = capsys.readouterr().out
+    assert not [c for c in shown if c in controls] and f"\\x{ord(controls[0]):02x}" in shown
+
+
+def test_the_run_summary_sample_is_escaped_and_indented():
+    from speedtronic.report import _sample
+
+    def generated(*_, **__) -> str:
+        return "x\x1b[2Jy\r\nz\tw"
+
+    assert _sample(generated, Path("unused")) == "\n    x\\x1b[2Jy\\x0d\n    z\tw"

@@ -317,18 +317,19 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 def _cmd_sample(args: argparse.Namespace) -> int:
     from speedtronic.artifacts import sample_text
+    from speedtronic.report import for_terminal
 
-    print(
-        sample_text(
-            Path(args.checkpoint),
-            args.prompt,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            seed=args.seed,
-            tokenizer=args.tokenizer,
-        )
+    text = sample_text(
+        Path(args.checkpoint),
+        args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        seed=args.seed,
+        tokenizer=args.tokenizer,
     )
+    # Escaped only for a terminal: redirected to a file or pipe, the text stays as generated.
+    print(for_terminal(text) if sys.stdout.isatty() else text)
     return 0
 
 

@@ -27,6 +27,16 @@ def unigram_entropy(shard_glob: str) -> float | None:
     return float(-(p * np.log(p)).sum())
 
 
+# C0 and C1 control characters but newline and tab: a sample from a barely trained model holds
+# any byte, and ESC or CR written to a terminal would move, recolour or erase what is on it.
+_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) not in "\n\t"}
+
+
+def for_terminal(text: str) -> str:
+    """Return text with its control characters (all but newline and tab) written as \\xNN."""
+    return text.translate(_ESCAPES)
+
+
 def _reported(what: str, build: Callable[[], str]) -> str:
     """Return `what: <build()>`, or `what: skipped (<why>)`: a report never fails a finished run."""
     try:
@@ -93,5 +103,5 @@ def _validation_line(config: Any, val_loss: float) -> str:
 
 
 def _sample(sample_text: Callable[..., str], checkpoint: Path) -> str:
-    text = sample_text(checkpoint, "def ", max_new_tokens=160)
+    text = for_terminal(sample_text(checkpoint, "def ", max_new_tokens=160))
     return "\n" + "\n".join("    " + line for line in text.splitlines())

@@ -33,13 +33,17 @@ SHIMS = [
     "speedtronic.distributed.outer",
     "speedtronic.distributed.tensors",
 ]
-# 2.0 signatures the micro-packages changed: thin wrappers that live only in the 2.0 modules.
+# 2.0 signatures and names the micro-packages changed or dropped: thin wrappers, and the Trainer
+# subclass that adds `train`, which live only in the 2.0 modules.
 WRAPPERS = {
     "speedtronic.config.load_config",
     "speedtronic.config.load_yaml_config",
     "speedtronic.data.build_dataloader",
     "speedtronic.distributed.tensors.parse_delta_path",
     "speedtronic.optimizers.build_v2_optimizer",
+    "speedtronic.trainer.SpeedtronicTrainer",
+    "speedtronic.trainer.Trainer",
+    "speedtronic.trainer.TrainingEngine",
 }
 
 
@@ -65,7 +69,7 @@ def test_top_level_names_resolve_to_the_micro_package_objects():
 
     assert speedtronic.SpeedtronicConfig is SpeedtronicConfig
     assert speedtronic.Muon is Muon
-    assert speedtronic.Trainer is Trainer
+    assert issubclass(speedtronic.Trainer, Trainer)  # adds only 2.0's `train`
     for name in speedtronic.__all__:
         assert getattr(speedtronic, name) is not None
 

@@ -86,3 +86,16 @@ def _check_compatible(actual: list[inspect.Parameter], params: list) -> None:
             assert param.default is not inspect.Parameter.empty, (
                 f"new {param.name!r} needs a default"
             )
+
+
+def test_trainer_train_is_a_20_name_of_the_meta_package_only(tmp_path):
+    # The inventory lists it as a class attribute, which the signature table above cannot hold.
+    import speedtronic_trainer
+    from speedtronic.runtime import build_runtime
+    from speedtronic.trainer import Trainer
+
+    assert Trainer.train is speedtronic_trainer.Trainer.fit
+    assert not hasattr(speedtronic_trainer.Trainer, "train")  # one name per method there
+    run = {"device": "cpu", "output_dir": str(tmp_path)}
+    trainer, _ = build_runtime({"data": {"synthetic": True}, "run": run})
+    assert isinstance(trainer, Trainer)

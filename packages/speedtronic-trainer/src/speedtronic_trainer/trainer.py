@@ -855,8 +855,6 @@ class Trainer:
             checkpoint=progress.checkpoint,
         )
 
-    train = fit  # 2.0 name of fit
-
     def close(self) -> None:
         """Release the stage-stream scheduler's hooks; the trainer can still fit eagerly
         afterwards.

@@ -14,6 +14,7 @@ import torch
 # 2.0 exposed the same builder here and in speedtronic.optimizers.
 from speedtronic.optimizers import build_v2_optimizer as build_optimizer
 from speedtronic.preflight import check_output_paths
+from speedtronic.trainer import Trainer  # 2.0's Trainer, which also answers to train()
 from speedtronic_config import ConfigError, SpeedtronicConfig
 from speedtronic_data import build_dataloader, build_eval_dataloader
 from speedtronic_model import apply_init_from, build_model
@@ -27,7 +28,7 @@ from speedtronic_systems.parallel import (
     shutdown_parallel,
     wrap_model,
 )
-from speedtronic_trainer import CheckpointManager, MetricLogger, Trainer, TrainResult
+from speedtronic_trainer import CheckpointManager, MetricLogger, TrainResult
 
 
 def seed_everything(seed: int) -> None:

@@ -106,6 +106,7 @@ def scenario_train(out: Path, mode: str) -> dict:
     seen["eval_loss"] = evaluate_shares(out, mode)
     seen["split_precision"] = split_precision(out, mode)
     seen["resume_apart"] = resume_apart(out, mode)
+    seen["compiled"] = compiled_difference(out, mode, params)
     if mode == "ddp":
         seen["own_loss"] = own_loss_step(trainer.parallel)
     if mode == "fsdp":
@@ -113,6 +114,19 @@ def scenario_train(out: Path, mode: str) -> dict:
         seen["read_alone"] = read_sharded_checkpoint_alone(trainer, params)
         seen["held_after_microbatch"] = gradients_between_microbatches(out)
     return seen
+
+
+def compiled_difference(out: Path, mode: str, eager: dict[str, torch.Tensor]) -> dict:
+    """Train the same 3 steps through torch.compile (DDP's or FSDP2's wrapped model, 2
+    microbatches a step); return whether it stayed compiled and its largest parameter difference
+    from the eager run.
+    """
+    trainer, _ = runtime.build_runtime({**config(out / "compiled", mode), "compile": True})
+    trainer.fit()
+    params = full_parameters(trainer)
+    # FSDP2 gathers the full parameters on rank 0 only: the others compare nothing (None).
+    difference = max(((params[k] - eager[k]).abs().max().item() for k in eager), default=None)
+    return {"stayed_compiled": trainer._compiled is not None, "max_difference": difference}
 
 
 def read_sharded_checkpoint_alone(trainer, params: dict[str, torch.Tensor]) -> bool | None:

@@ -70,6 +70,12 @@ def test_two_ranks_make_the_same_update_as_one_process(trained, single_process):
     assert grad_norms(out) == pytest.approx(reference_norms, rel=1e-5)
 
 
+def test_the_wrapped_model_trains_compiled_to_the_eager_update(trained):
+    _, _, ranks_seen = trained
+    assert all(seen["compiled"]["stayed_compiled"] for seen in ranks_seen)  # no eager fallback
+    assert ranks_seen[0]["compiled"]["max_difference"] <= 1e-5
+
+
 def test_fsdp_accumulates_gradient_shards_unless_told_to_defer(trained, single_process):
     mode, out, ranks_seen = trained
     if mode != "fsdp":

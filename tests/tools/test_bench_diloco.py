@@ -43,3 +43,19 @@ def test_nodes_that_succeed_are_all_waited_for(bench) -> None:
     second.stdin.close()  # it ends only after this
     bench.wait_all({"first": first, "second": second})
     assert first.returncode == second.returncode == 0
+
+
+def test_an_interrupted_bench_leaves_no_node_running(bench, monkeypatch) -> None:
+    class Interrupted(bench.queue.Queue):
+        def get(self, *args, **kwargs):
+            raise KeyboardInterrupt  # Ctrl-C while the bench waits for its nodes
+
+    monkeypatch.setattr(bench.queue, "Queue", Interrupted)
+    waiting = python("import sys; sys.stdin.read()")
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            bench.wait_all({"worker node": waiting})
+        assert waiting.returncode == -signal.SIGTERM
+    finally:
+        waiting.kill()
+        waiting.wait()

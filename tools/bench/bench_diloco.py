@@ -301,14 +301,16 @@ def wait_all(processes: dict[str, subprocess.Popen]) -> None:
         threading.Thread(
             target=lambda n=name, p=process: finished.put((n, p.wait())), daemon=True
         ).start()
-    for _ in processes:
-        name, code = finished.get()
-        if code != 0:
-            for other in processes.values():
-                other.terminate()  # torchrun passes SIGTERM on to its ranks
-            for other in processes.values():
-                other.wait()
-            raise RuntimeError(f"the {name} failed with exit code {code}; its log is above")
+    try:
+        for _ in processes:
+            name, code = finished.get()
+            if code != 0:
+                raise RuntimeError(f"the {name} failed with exit code {code}; its log is above")
+    finally:  # a failure, or the bench itself interrupted: no node is left running
+        for process in processes.values():
+            process.terminate()  # torchrun passes SIGTERM on to its ranks
+        for process in processes.values():
+            process.wait()
 
 
 def multi_rank_nodes(data: str, steps: int, inner_steps: int, work: Path) -> dict:

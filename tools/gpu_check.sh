@@ -5,13 +5,15 @@
 #      bf16, torch.compile), 1000 steps;
 #   3. the 124M-parameter reference model, 50 steps with compile and bf16: tokens/s and MFU
 #      against the datasheet peak (tools/bench/bench_gpu.py), then where its step's GPU time
-#      goes by kernel family and what the trainer costs over a bare loop (profile_gpu.py);
+#      goes by kernel family, what the trainer costs over a bare loop, and what twice the batch
+#      and CUDA graphs change (profile_gpu.py --variants; max_autotune is left out: minutes);
 #   4. the Muon benchmark at 12 layers x d_model 768 on the GPU (tools/bench/bench_optim.py);
 #   5. the main job's CUDA overlay under torchrun on NCCL, one rank (two ranks need two GPUs):
 #      FSDP2 saving a DCP checkpoint and resuming from it, then DDP (eager: the compiled path is 2).
 # Results land in $GPU_CHECK_OUT (default tools/bench/results/gpu/); put them in the report with
 # `python tools/bench/report.py --write-readme` after copying gpu.json, gpu_profile.json and
-# optim_cuda.json next to the other results. On one H200 (torch 2.11) the whole check took 225-281 s.
+# optim_cuda.json next to the other results. On one H200 (torch 2.11) the whole check took 225-281 s,
+# before the profile's variants (about two more compiles) joined it.
 # It uses the python on PATH and imports the packages from source (no install, no network): that
 # python needs torch with CUDA, numpy, pyyaml, tqdm, safetensors, huggingface_hub, matplotlib and
 # pytest. Set PYTHON to choose another interpreter.
@@ -50,7 +52,8 @@ step main-job 150 "$PYTHON" -m speedtronic train configs/quickstart.yaml \
   --cuda-overlay configs/quickstart-cuda.yaml --set run.output_dir="$OUT/quickstart" \
   --set logging.json_file="$OUT/quickstart/metrics.jsonl" --set checkpoint.enabled=false
 step gpu-124m 120 "$PYTHON" tools/bench/bench_gpu.py --out "$OUT/gpu.json"
-step gpu-profile 90 "$PYTHON" tools/bench/profile_gpu.py --out "$OUT/gpu_profile.json"
+step gpu-profile 180 "$PYTHON" tools/bench/profile_gpu.py --out "$OUT/gpu_profile.json" \
+  --variants batch_x2 cuda_graphs
 step muon 90 "$PYTHON" tools/bench/bench_optim.py --full --device cuda --world 1 --repeats 10 \
   --out "$OUT/optim_cuda.json"
 parallel=(configs/quickstart.yaml --cuda-overlay configs/quickstart-cuda.yaml --nproc-per-node 1

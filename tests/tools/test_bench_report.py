@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "tools" / "bench"
@@ -121,9 +122,29 @@ def test_gpu_profile_runs_on_cpu_with_a_tiny_model(monkeypatch, tmp_path: Path) 
 
     out = tmp_path / "gpu_profile.json"
     args = ["--device", "cpu", "--tiny", "--batch", "2", "--no-compile", "--out", str(out)]
-    assert profile_gpu.main(args) == 0
+    assert profile_gpu.main([*args, "--variants", "batch_x2"]) == 0
     payload = json.loads(out.read_text())
     assert payload["tokens_per_s"] > 0 and payload["profiled_ms_per_step"] > 0
+    doubled = payload["variants"]["batch_x2"]
+    assert doubled["batch"] == 4 and doubled["ratio"] > 0
+    with pytest.raises(SystemExit) as refused:  # compile options need the compiled loop
+        profile_gpu.main([*args, "--variants", "cuda_graphs"])
+    assert refused.value.code == 2
+    # A variant that fails is recorded as failed; the profile and the plain loop are kept.
+    plain_rates, calls = profile_gpu._rates, []
+
+    def failing_after_the_plain_loop(*rates_args):
+        calls.append(1)
+        if len(calls) > 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return plain_rates(*rates_args)
+
+    monkeypatch.setattr(profile_gpu, "_rates", failing_after_the_plain_loop)
+    assert profile_gpu.main([*args, "--variants", "batch_x2"]) == 0
+    failed = json.loads(out.read_text())
+    assert (
+        failed["tokens_per_s"] > 0 and "OutOfMemoryError" in failed["variants"]["batch_x2"]["error"]
+    )
     families = payload["ms_per_step_by_family"]
     assert families["attention"] > 0 and families["matmul"] > 0
     assert sum(families.values()) == pytest.approx(payload["profiled_ms_per_step"])
@@ -132,7 +153,7 @@ def test_gpu_profile_runs_on_cpu_with_a_tiny_model(monkeypatch, tmp_path: Path) 
     import report
 
     text = report.render_report({"gpu_profile": payload})
-    assert "### Where its step's time goes" in text
+    assert "### Where its step's time goes" in text and "| batch_x2 | 4 |" in text
     assert f"| matmul | {families['matmul']:.2f} |" in text
 
 

@@ -5,8 +5,10 @@ and steps it in a bare loop (forward, backward, clip, step) with no per-step hos
 tokens/s set beside bench_gpu's trainer figure shows what the trainer's bookkeeping costs. Then it
 profiles five bare steps and sums the GPU kernels' time by family (matrix products, attention,
 Triton-fused elementwise/norm/loss kernels, optimizer, other), the question an MFU gap asks first.
+With --variants it also times the bare loop under settings not yet tried on a GPU (twice the batch,
+CUDA graphs, max-autotune), each as a ratio to the plain compiled loop measured in the same run.
 
-Usage: python tools/bench/profile_gpu.py [--batch 16] [--out PATH]
+Usage: python tools/bench/profile_gpu.py [--batch 16] [--out PATH] [--variants NAME ...]
        [--tiny --device cpu --no-compile] (a CPU smoke run of this script; CPU time then)
 """
 
@@ -18,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,13 @@ FAMILIES = (
     ("triton (fused elementwise, norms, loss)", ("triton", "compiledfxgraph")),
 )
 PROFILED_STEPS = 5
+# Candidates for the MFU gap, each timed as a bare loop beside the plain one: (batch factor,
+# torch.compile keywords). max-autotune benchmarks kernel choices while compiling: minutes on a GPU.
+VARIANTS = {
+    "batch_x2": (2, {}),
+    "cuda_graphs": (1, {"mode": "reduce-overhead"}),
+    "max_autotune": (1, {"mode": "max-autotune-no-cudagraphs"}),
+}
 
 
 def family(kernel: str) -> str:
@@ -48,7 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_run_arguments(parser)
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu_profile.json")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=[])
     args = parser.parse_args(argv)
+    compiling = [name for name in args.variants if VARIANTS[name][1]]
+    if args.no_compile and compiling:
+        parser.error(
+            f"--variants {' '.join(compiling)} set torch.compile options; drop --no-compile"
+        )
     if cuda_missing(args.device):
         return 2
     device = torch.device(args.device)
@@ -58,6 +74,15 @@ def main(argv: list[str] | None = None) -> int:
         values["run"]["output_dir"] = tmp
         trainer, _ = build_runtime(values)
         payload = _measure(trainer, model_config, args.batch, device, not args.no_compile)
+        payload["variants"] = _variants(
+            trainer,
+            model_config,
+            args.batch,
+            device,
+            args.variants,
+            not args.no_compile,
+            payload["tokens_per_s"],
+        )
         trainer.close()
     payload = {"benchmark": "gpu_profile", "machine": machine_info(), **payload}
     print(
@@ -70,6 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     print("top kernels:")
     for name, ms in payload["top_kernels_ms_per_step"].items():
         print(f"  {ms:8.2f} ms  {name[:100]}")
+    for name, v in payload["variants"].items():
+        print(
+            f"variant {name}, batch {v['batch']}: failed ({v['error'][:200]})"
+            if "error" in v
+            else f"variant {name}, batch {v['batch']}: {v['tokens_per_s']:,.0f} tokens/s, "
+            f"{v['ratio']:.3f}x the plain loop (MFU {mfu_text(v['mfu'])})"
+        )
     write_json(args.out, payload)
     print(f"wrote {args.out}")
     return 0
@@ -81,29 +113,9 @@ def _measure(
     """Time the bare loop, then profile it; return the numbers."""
     from torch.profiler import ProfilerActivity, profile
 
-    model, optimizer = trainer.model, trainer.optimizer
-    compiled = torch.compile(model) if compile_ else model
-    seq, vocab = model_config["max_seq_len"], model_config["vocab_size"]
-    data = torch.randint(0, vocab, (8, batch, seq + 1), device=device)
-
-    def steps(count: int) -> None:
-        for index in range(count):
-            tokens = data[index % len(data)]
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = compiled(tokens[:, :-1], tokens[:, 1:])["loss"]
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    steps(8)  # compile, autotune and allocate outside the timed rounds
-    rates = []
-    for _ in range(3):
-        started = time.perf_counter()
-        steps(10)
-        rates.append(10 * batch * seq / (time.perf_counter() - started))
+    model = trainer.model
+    steps = _bare_loop(trainer, torch.compile(model) if compile_ else model, model_config, batch)
+    rates = _rates(steps, batch * model_config["max_seq_len"])
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
@@ -121,7 +133,6 @@ def _measure(
     for name, ms in per_kernel.items():
         families[family(name)] += ms
     tokens_per_s = statistics.median(rates)
-    peak = datasheet_peak_flops(device, torch.bfloat16)  # MFU, as bench_gpu's: n/a elsewhere
     return {
         "device": str(device),
         "batch": batch,
@@ -129,11 +140,84 @@ def _measure(
         "model": model_config,
         "tokens_per_s": tokens_per_s,
         "rounds_tokens_per_s": rates,
-        "mfu": model.flops_per_token() * tokens_per_s / peak if peak else None,
+        "mfu": _mfu(model, device, tokens_per_s),
         "profiled_ms_per_step": sum(families.values()),
         "ms_per_step_by_family": dict(sorted(families.items(), key=lambda kv: -kv[1])),
         "top_kernels_ms_per_step": dict(sorted(per_kernel.items(), key=lambda kv: -kv[1])[:12]),
     }
+
+
+def _bare_loop(
+    trainer: Any, compiled: Any, model_config: dict[str, Any], batch: int
+) -> Callable[[int], None]:
+    """Return steps(count): forward, backward, clip and step on random tokens, no host sync but a
+    final one on CUDA.
+    """
+    model, optimizer, device = trainer.model, trainer.optimizer, trainer.device
+    seq, vocab = model_config["max_seq_len"], model_config["vocab_size"]
+    data = torch.randint(0, vocab, (8, batch, seq + 1), device=device)
+
+    def steps(count: int) -> None:
+        for index in range(count):
+            tokens = data[index % len(data)]
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = compiled(tokens[:, :-1], tokens[:, 1:])["loss"]
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    return steps
+
+
+def _rates(steps: Callable[[int], None], tokens_per_step: int) -> list[float]:
+    """Return tokens/s of three 10-step rounds, after 8 steps that compile, autotune, allocate."""
+    steps(8)
+    rates = []
+    for _ in range(3):
+        started = time.perf_counter()
+        steps(10)
+        rates.append(10 * tokens_per_step / (time.perf_counter() - started))
+    return rates
+
+
+def _mfu(model: Any, device: torch.device, tokens_per_s: float) -> float | None:
+    peak = datasheet_peak_flops(device, torch.bfloat16)  # MFU, as bench_gpu's: n/a elsewhere
+    return model.flops_per_token() * tokens_per_s / peak if peak else None
+
+
+def _variants(
+    trainer: Any,
+    model_config: dict[str, Any],
+    batch: int,
+    device: torch.device,
+    names: list[str],
+    compile_: bool,
+    plain_tokens_per_s: float,
+) -> dict[str, Any]:
+    """Time the bare loop under each named variant; return its tokens/s and ratio to the plain."""
+    results = {}
+    for name in names:
+        factor, options = VARIANTS[name]
+        torch._dynamo.reset()  # compiled afresh with these options, not from the plain loop's
+        model = trainer.model
+        compiled = torch.compile(model, **options) if compile_ else model
+        steps = _bare_loop(trainer, compiled, model_config, batch * factor)
+        try:
+            rate = statistics.median(_rates(steps, batch * factor * model_config["max_seq_len"]))
+        except Exception as error:  # an untried setting may fail (memory, graphs): keep the rest
+            results[name] = {"batch": batch * factor, "error": f"{type(error).__name__}: {error}"}
+            continue
+        results[name] = {
+            "batch": batch * factor,
+            "compile_options": options,
+            "tokens_per_s": rate,
+            "ratio": rate / plain_tokens_per_s,
+            "mfu": _mfu(model, device, rate),
+        }
+    return results
 
 
 if __name__ == "__main__":

@@ -622,6 +622,16 @@ def _section_gpu_profile(p: dict[str, Any]) -> list[str]:
     ]
     lines += ["", "| top kernels | ms per step |", "|---|---|"]
     lines += [f"| `{name[:90]}` | {ms:.2f} |" for name, ms in p["top_kernels_ms_per_step"].items()]
+    if p.get("variants"):
+        lines += ["", "| variant of the bare loop | batch | tokens/s | vs plain | MFU |"]
+        lines.append("|---|---|---|---|---|")
+        lines += [
+            f"| {name} | {v['batch']} | failed: {v['error'][:80]} | | |"
+            if "error" in v
+            else f"| {name} | {v['batch']} | {v['tokens_per_s']:,.0f} | {v['ratio']:.3f}x | "
+            f"{mfu_text(v['mfu'])} |"
+            for name, v in p["variants"].items()
+        ]
     return [*lines, ""]
 
 

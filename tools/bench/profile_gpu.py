@@ -198,16 +198,16 @@ def _variants(
     plain_tokens_per_s: float,
 ) -> dict[str, Any]:
     """Time the bare loop under each named variant; return its tokens/s and ratio to the plain."""
-    results = {}
+    model, results = trainer.model, {}
     for name in names:
         factor, options = VARIANTS[name]
         torch._dynamo.reset()  # compiled afresh with these options, not from the plain loop's
-        model = trainer.model
         compiled = torch.compile(model, **options) if compile_ else model
         steps = _bare_loop(trainer, compiled, model_config, batch * factor)
         try:
             rate = statistics.median(_rates(steps, batch * factor * model_config["max_seq_len"]))
         except Exception as error:  # an untried setting may fail (memory, graphs): keep the rest
+            trainer.optimizer.zero_grad(set_to_none=True)  # no half step's gradients carry over
             results[name] = {"batch": batch * factor, "error": f"{type(error).__name__}: {error}"}
             continue
         results[name] = {

@@ -78,7 +78,6 @@ def main(argv: list[str] | None = None) -> int:
             trainer,
             model_config,
             args.batch,
-            device,
             args.variants,
             not args.no_compile,
             payload["tokens_per_s"],
@@ -192,7 +191,6 @@ def _variants(
     trainer: Any,
     model_config: dict[str, Any],
     batch: int,
-    device: torch.device,
     names: list[str],
     compile_: bool,
     plain_tokens_per_s: float,
@@ -215,7 +213,7 @@ def _variants(
             "compile_options": options,
             "tokens_per_s": rate,
             "ratio": rate / plain_tokens_per_s,
-            "mfu": _mfu(model, device, rate),
+            "mfu": _mfu(model, trainer.device, rate),
         }
     return results
 

@@ -38,9 +38,24 @@ def test_wsd_values() -> None:
     assert warmup_stable_decay(5, **kwargs) == pytest.approx(0.6)
     assert warmup_stable_decay(50, **kwargs) == 1.0
     assert warmup_stable_decay(79, **kwargs) == 1.0  # decay_ratio 0.2: the last 20 steps decay
-    assert warmup_stable_decay(90, **kwargs) == pytest.approx(0.5)
+    assert warmup_stable_decay(80, **kwargs) == pytest.approx(0.95)
+    assert warmup_stable_decay(90, **kwargs) == pytest.approx(0.45)
+    assert warmup_stable_decay(99, **kwargs) == 0.0  # the last update runs at min_lr_ratio
     assert warmup_stable_decay(100, **kwargs) == 0.0
-    assert warmup_stable_decay(90, decay_ratio=0.5, **kwargs) == pytest.approx(0.2)
+    assert warmup_stable_decay(90, decay_ratio=0.5, **kwargs) == pytest.approx(0.18)
+
+
+def test_wsd_scheduler_ends_the_run_at_min_lr_ratio() -> None:
+    param = torch.nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.SGD([param], lr=1.0)
+    section = SimpleNamespace(name="wsd", warmup_steps=2, max_steps=10, min_lr_ratio=0.1)
+    scheduler = build_lr_scheduler(optimizer, section)
+    applied = []
+    for _ in range(10):  # the lr each of the run's 10 updates runs at
+        applied.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert applied == pytest.approx([0.5, 1, 1, 1, 1, 1, 1, 1, 0.55, 0.1])
 
 
 def test_scheduler_drives_lr_and_round_trips() -> None:
@@ -63,7 +78,7 @@ def test_scheduler_drives_lr_and_round_trips() -> None:
 
 def test_decay_ratio_defaults_when_absent() -> None:
     fn = lr_lambda(SimpleNamespace(name="wsd", warmup_steps=0, max_steps=10, min_lr_ratio=0.0))
-    assert fn(7) == 1.0 and fn(9) == pytest.approx(0.5)
+    assert fn(7) == 1.0 and fn(8) == pytest.approx(0.5)  # decay_ratio 0.2: the last 2 steps
 
 
 def test_unknown_schedule_name() -> None:

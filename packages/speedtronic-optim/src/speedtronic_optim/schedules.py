@@ -60,7 +60,9 @@ def warmup_stable_decay(
     decay_start = max(warmup_steps, max_steps - decay_steps)
     if step < decay_start:
         return 1.0
-    progress = min(1.0, (step - decay_start) / max(1, max_steps - decay_start))
+    # LambdaLR runs the update of step s (0-based) at factor(s), so the run's last update,
+    # max_steps - 1, ends the decay at min_lr_ratio and the window's first one already decays.
+    progress = min(1.0, (step - decay_start + 1) / max(1, max_steps - decay_start))
     return 1.0 - (1.0 - min_lr_ratio) * progress
 
 

@@ -11,9 +11,9 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from trainer_testkit import RecordingHook, TinyLM, TokenDataset, make_config, make_loader
 
 import speedtronic_trainer.trainer as trainer_module
-from speedtronic_systems import cpu_allocator
+from speedtronic_systems import compile_choice, cpu_allocator
 from speedtronic_systems import precision as precision_module
-from speedtronic_systems.compile_choice import CPU_COMPILE_BREAK_EVEN_STEPS
+from speedtronic_systems.parallel import ParallelContext
 from speedtronic_trainer import (
     CheckpointManager,
     MetricLogger,
@@ -306,17 +306,25 @@ def test_compiled_model_is_used_when_it_works(monkeypatch):
     assert len(used) == 2
 
 
-@pytest.mark.parametrize("short_by, compiled", [(1, False), (0, True)])
-def test_compile_auto_compiles_a_cpu_run_long_enough_to_pay_back(monkeypatch, short_by, compiled):
+@pytest.mark.parametrize("done, compiled", [(1, False), (0, True)])
+def test_compile_auto_weighs_the_steps_left_after_a_resume(monkeypatch, done, compiled):
+    break_even = 4
+    monkeypatch.setattr(compile_choice, "CPU_COMPILE_BREAK_EVEN_STEPS", break_even)
     calls = []
     monkeypatch.setattr(torch, "compile", lambda model: calls.append(1) or model)
     stream = io.StringIO()
-    make_trainer(
+    trainer = make_trainer(
         logger=MetricLogger(stream=stream),
-        sections={"compile": "auto", "run": {"max_steps": CPU_COMPILE_BREAK_EVEN_STEPS - short_by}},
+        sections={"compile": "auto", "run": {"max_steps": break_even}},
     )
+    trainer.step = done  # what resume_latest() does after the runtime built the trainer
+    assert not calls
+    trainer.fit()
+    trainer.fit(break_even + 10)  # decided once, on the first fit
     assert len(calls) == int(compiled)
+    expected = f"{break_even - done} steps" if compiled else f"{break_even - done} steps on CPU"
     assert f"compile: auto -> {'on' if compiled else 'off'}" in stream.getvalue()
+    assert stream.getvalue().count("compile: auto") == 1 and expected in stream.getvalue()
 
 
 @pytest.mark.parametrize(
@@ -342,14 +350,6 @@ def test_precision_auto_on_cpu_follows_the_model_width(monkeypatch, min_width, m
     assert trainer.precision.mode == mode
     assert f"precision: auto -> {mode} (" in stream.getvalue()
     assert math.isfinite(trainer.fit(2).final_loss)
-
-
-def test_compile_auto_counts_only_the_steps_left_after_a_resume(monkeypatch):
-    calls = []
-    monkeypatch.setattr(torch, "compile", lambda model: calls.append(1) or model)
-    sections = {"compile": "auto", "run": {"max_steps": CPU_COMPILE_BREAK_EVEN_STEPS + 10}}
-    make_trainer(sections=sections, start_step=20)
-    assert calls == []
 
 
 def test_gradient_checkpointing_uses_the_model_hook_or_warns():
@@ -631,6 +631,25 @@ def test_validation_loss_every_eval_every_steps():
     assert trainer.evaluate(max_batches=4) != pytest.approx(one_batch, rel=1e-6)
 
 
+def test_validation_runs_in_the_training_precision(monkeypatch):
+    monkeypatch.setattr(precision_module, "cpu_bf16_supported", lambda: True)
+    seen = []
+
+    class Recording(TinyLM):
+        def forward(self, input_ids, labels=None, **kwargs):
+            seen.append(torch.is_autocast_enabled("cpu"))
+            return super().forward(input_ids, labels, **kwargs)
+
+    trainer = make_trainer(
+        Recording(),
+        eval_dataloader=make_loader(TokenDataset(n=4)),
+        sections={"precision": {"mode": "bf16"}},
+    )
+    trainer.fit(1)
+    assert trainer.precision.mode == "bf16" and seen == [True]
+    assert math.isfinite(trainer.evaluate()) and seen == [True] * 3
+
+
 def test_train_step_metrics_cadence_and_fields():
     trainer = make_trainer(
         logger=MetricLogger(stream=io.StringIO(), every_steps=2, hooks=[RecordingHook()])
@@ -776,6 +795,23 @@ def test_a_failure_after_the_update_saves_the_completed_step(tmp_path):
         trainer.fit(5)
     assert trainer.emergency_checkpoint == tmp_path / "step_2.pt"
     assert torch.load(tmp_path / "step_2.pt", weights_only=True)["step"] == 2
+
+
+def test_a_one_rank_fsdp_group_writes_no_weightless_emergency_checkpoint(tmp_path):
+    # Its dense state holds no weights (FSDP2 saves through DCP): a file from it would move
+    # `latest` to a checkpoint that cannot resume.
+    stream = io.StringIO()
+    trainer = make_trainer(
+        loader=make_loader(FailingDataset(7, n=10)),
+        logger=MetricLogger(stream=stream),
+        checkpoint_manager=CheckpointManager(tmp_path, every_steps=100),
+        parallel=ParallelContext(mode="fsdp", world_size=1),
+    )
+    with pytest.raises(ValueError, match="bad sample"):
+        trainer.fit(5)
+    assert trainer.step == 3 and trainer.emergency_checkpoint is None
+    assert not list(tmp_path.iterdir())
+    assert "no emergency checkpoint under data parallelism" in stream.getvalue()
 
 
 def test_resume_reports_another_optimizer_and_logs_fallbacks_in_one_line(tmp_path):

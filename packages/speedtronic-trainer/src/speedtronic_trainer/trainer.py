@@ -203,6 +203,7 @@ class Trainer:
         self._guard = StepGuard()
         self.emergency_checkpoint: Path | None = None  # written when fit() failed mid-run
         self._compiled: Any | None = None
+        self._compile_decided = False
         self._compiled_ok = False
         self._stage_scheduler: Any | None = None
         self._metrics = StepMetrics(
@@ -238,12 +239,6 @@ class Trainer:
             self._stage_scheduler = StageStreamScheduler(
                 self.model, self.device, num_streams=self.config.ooo_streams, logger=self.logger
             )
-        remaining = None if self.max_steps is None else self.max_steps - self.step
-        compile_model, why = resolve_compile(self.config.compile, self.device, remaining)
-        if self.config.compile == "auto":
-            self.logger.info("compile: auto -> %s (%s)", "on" if compile_model else "off", why)
-        if compile_model:
-            self._enable_compile()
 
     def _enable_gradient_checkpointing(self) -> None:
         hook = getattr(unwrap_model(self.model), "set_gradient_checkpointing", None)
@@ -262,6 +257,17 @@ class Trainer:
                 type(exc).__name__,
                 exc,
             )
+
+    def _decide_compile(self, remaining_steps: int) -> None:
+        """Compile (or not) once, on the first fit(): `auto` weighs the steps left after any
+        resume, which the constructor does not know yet.
+        """
+        self._compile_decided = True
+        compile_model, why = resolve_compile(self.config.compile, self.device, remaining_steps)
+        if self.config.compile == "auto":
+            self.logger.info("compile: auto -> %s (%s)", "on" if compile_model else "off", why)
+        if compile_model:
+            self._enable_compile()
 
     def _enable_compile(self) -> None:
         try:
@@ -346,7 +352,7 @@ class Trainer:
         rank learns the step's loss, size and any rank's stop request in one collective.
         """
         started = time.perf_counter()
-        self._guard.begin(self._stream.state_dict())
+        self._guard.begin(self._stream.state_dict() if self._saves_emergency() else None)
         microbatches = [next(self._stream) for _ in range(self._accumulation)]
         self.optimizer.zero_grad(set_to_none=True)
         if self._stage_scheduler is not None:
@@ -452,10 +458,13 @@ class Trainer:
                 count = valid_label_count(batch)
                 if count == 0 and self.parallel.world_size == 1:
                     continue
-                output = call_model(self.model, move_batch(batch, self.device))
-                if count == 0:
-                    continue  # run only to join the peers' collectives (FSDP2 gathers in forward)
-                loss = float(loss_from_output(output, batch))
+                # The training step's precision: on bf16 runs validation is as fast, and its
+                # loss comes from the same numerics as the training loss.
+                with autocast_context(self.precision, self.device):
+                    output = call_model(self.model, move_batch(batch, self.device))
+                    if count == 0:
+                        continue  # run only to join the peers' collectives (FSDP2 gathers)
+                    loss = float(loss_from_output(output, batch))
                 share = float(count) if count is not None else 1.0
                 total, weight = total + loss * share, weight + share
         finally:
@@ -689,6 +698,8 @@ class Trainer:
         self.emergency_checkpoint = None
         if target == self.step:
             return TrainResult(self.step, self.samples, self.tokens, None, 0.0)
+        if not self._compile_decided:
+            self._decide_compile(target - self.step)
         started = time.perf_counter()
         first = (self.step, self.samples, self.tokens)
         progress = _FitProgress()
@@ -758,9 +769,7 @@ class Trainer:
             self._guard.applied()
             return
         failed_at = f"{type(error).__name__} at step {self._guard.failing_step(self.step)}"
-        if self.parallel.world_size > 1:
-            # Saving needs every rank (gathered RNG, FSDP shards); after a failure on one rank
-            # the others may be blocked in a collective, so trying would hang instead of exiting.
+        if not self._saves_emergency():
             self._guard.applied()
             self.logger.error(
                 "%s: no emergency checkpoint under data parallelism; resume from %s",
@@ -787,6 +796,15 @@ class Trainer:
                 pass
         finally:
             self._guard.applied()  # a later fit() starts between steps
+
+    def _saves_emergency(self) -> bool:
+        """Return whether a failure mid-run can be checkpointed: in one process only. Saving
+        under data parallelism needs every rank (gathered RNG, FSDP shards), and after a failure
+        on one rank the others may be blocked in a collective, so trying would hang; even a
+        one-rank FSDP group keeps its weights out of the dense state.
+        """
+        manager = self.checkpoint_manager
+        return manager is not None and manager.enabled and self.parallel.mode == "none"
 
     def _log_step(self, outcome: StepOutcome) -> None:
         """Count the step into the logging interval; emit the interval's record when it is due

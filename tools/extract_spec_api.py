@@ -49,7 +49,9 @@ def raw_is_package(module: dict) -> bool:
 
 
 def extract(text: str) -> dict:
-    """Return {module: {"classes": {name: {method: signature}}, "functions": ..., "names": ...}}."""
+    """Return {module: {"classes": {name: {method: signature}}, "fields": {class: [field, ...]},
+    "functions": ..., "names": ...}}; a dataclass's fields are listed in declaration order.
+    """
     modules: dict[str, dict] = {}
     current = None
     kind = None  # "class" or "function" for the latest heading
@@ -59,7 +61,9 @@ def extract(text: str) -> dict:
         match = _MODULE.match(line)
         if match:
             path = match.group(1).replace("/", ".").removesuffix(".__init__")
-            current = modules.setdefault(path, {"classes": {}, "functions": {}, "names": []})
+            current = modules.setdefault(
+                path, {"classes": {}, "fields": {}, "functions": {}, "names": []}
+            )
             current["package"] = match.group(1).endswith("__init__")
             owner = None
             continue
@@ -90,6 +94,10 @@ def extract(text: str) -> dict:
                 current["functions"][name] = sig
             elif kind == "method" and owner and not owner.startswith("_") and public:
                 current["classes"][owner][name] = sig
+        elif line == "Class attributes and fields":
+            kind = "fields"
+        elif line.startswith("field\t") and kind == "fields" and not owner.startswith("_"):
+            current["fields"].setdefault(owner, []).append(line.split("\t")[1])
         elif line.startswith("constant/alias"):
             name = line.split("\t")[1]
             if not name.startswith("_") and name != "T":

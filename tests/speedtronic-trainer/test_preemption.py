@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainer_testkit import TinyLM, make_config, make_loader
 
+from speedtronic_trainer import CheckpointManager, MetricLogger, Trainer
 from speedtronic_trainer.preemption import StopSignal
 
 CHILD = textwrap.dedent("""
@@ -85,3 +88,33 @@ def test_disabled_stop_signal_installs_nothing():
     before = signal.getsignal(signal.SIGINT)
     with StopSignal(enabled=False):
         assert signal.getsignal(signal.SIGINT) == before
+
+
+@pytest.mark.parametrize("save_on_signal", [True, False])
+def test_save_on_signal_false_leaves_sigint_to_python_as_20_did(tmp_path, save_on_signal):
+    sent = []
+
+    def interrupt_at_step_2(event, payload):
+        if event == "train_step" and payload["step"] == 2 and not sent:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    model = TinyLM()
+    trainer = Trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        make_loader(),
+        device="cpu",
+        config=make_config(checkpoint={"save_on_signal": save_on_signal}),
+        logger=MetricLogger(stream=io.StringIO(), hooks=[interrupt_at_step_2]),
+        checkpoint_manager=CheckpointManager(tmp_path, every_steps=1000),
+    )
+    before = signal.getsignal(signal.SIGINT)
+    if save_on_signal:
+        result = trainer.fit(1_000)
+        assert result.stopped_by == "SIGINT" and result.checkpoint == tmp_path / "step_2.pt"
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            trainer.fit(1_000)
+        assert trainer.step == 2 and not list(tmp_path.iterdir())
+    assert signal.getsignal(signal.SIGINT) == before

@@ -7,6 +7,7 @@ tools/extract_spec_api.py and is committed, so nothing of the 2.0 surface can dr
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import inspect
 import json
@@ -46,6 +47,24 @@ def _expected_default(source: str):
         return ast.literal_eval(source)
     except ValueError:
         return eval(source, _DEFAULT_NAMESPACE)  # noqa: S307 - our own committed inventory
+
+
+def _fields():
+    for module, entry in sorted(API.items()):
+        for cls, names in sorted(entry["fields"].items()):
+            yield pytest.param(module, cls, names, id=f"{module}.{cls}")
+
+
+@pytest.mark.parametrize("module, cls, names", list(_fields()))
+def test_every_20_dataclass_takes_its_20_fields_in_order(module, cls, names):
+    # 2.0 callers may pass them positionally: a 2.1 field belongs after them or keyword-only.
+    owner = getattr(importlib.import_module(module), cls)
+    if dataclasses.is_dataclass(owner):
+        declared = [field.name for field in dataclasses.fields(owner)]
+        assert set(names) <= set(declared), f"missing: {set(names) - set(declared)}"
+    parameters = list(inspect.signature(owner).parameters.values())
+    positional = [p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
+    assert positional[: len(names)] == names
 
 
 @pytest.mark.parametrize("module, cls, name, params", list(_signatures()))

@@ -51,11 +51,12 @@ class SpeedtronicConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     shape_validation: ShapeValidationConfig = field(default_factory=ShapeValidationConfig)
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     gradient_checkpointing: bool = False
     compile: bool | str = False  # or "auto"
     ooo_backprop: bool = False
     ooo_streams: int = 4
+    # 2.1: after 2.0's fields, so a 2.0 call that passes them by position still binds.
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
         for name, cls in SECTIONS.items():

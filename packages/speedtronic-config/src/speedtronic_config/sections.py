@@ -188,10 +188,7 @@ class DataConfig:
     """Data source and batching; micro-batches accumulate to target_batch_size."""
 
     SECTION: ClassVar[str] = "data"
-    shard_path: str | None = None
-    val_shard_path: str | None = None
     text_path: str | None = None
-    val_text_path: str | None = None
     dataset: Any = None
     synthetic: bool = True
     num_tokens: int = 100000
@@ -206,6 +203,10 @@ class DataConfig:
     drop_last: bool = True
     seed: int | None = None
     max_steps: int | None = None
+    # 2.1 fields follow 2.0's, so a 2.0 call that passes fields by position still binds.
+    shard_path: str | None = None
+    val_shard_path: str | None = None
+    val_text_path: str | None = None
     eval_every: int | None = None
     eval_steps: int | None = 20
     # data.dataset may name a torch.save'd Dataset: unpickling it runs any code the file holds.
@@ -530,8 +531,6 @@ class DistributedConfig:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     repo_id: str | None = None
-    transport: str = "hub"
-    endpoint: str | None = None
     token: str | None = None
     cache_dir: str = ".speedtronic/hub"
     state_dir: str = ".speedtronic/diloco"
@@ -544,6 +543,9 @@ class DistributedConfig:
     delta_upload_overflow: str = "skip"
     delta_upload_shutdown_timeout: float = 5.0
     async_global_poll: bool = True
+    # 2.1 fields follow 2.0's, so a 2.0 call that passes fields by position still binds.
+    transport: str = "hub"
+    endpoint: str | None = None
     # 2.0 never dropped, blocked or waited: these policies are opt-in (configs/diloco.yaml).
     staleness_limit: int | None = None
     max_local_rounds: int | None = None

@@ -713,7 +713,9 @@ class Trainer:
         if self.coordinator is not None:
             self.coordinator.start()
         try:
-            with StopSignal(enabled=True) as stop:
+            # save_on_signal: false leaves the signals alone, as 2.0 did (KeyboardInterrupt,
+            # or death by SIGTERM): a graceful stop exists to write the checkpoint.
+            with StopSignal(enabled=self.config.checkpoint.save_on_signal) as stop:
                 while self.step < target and progress.stopped_by is None:
                     outcome = self._run_step(progress, bar, lambda: stop.received)
                     progress.stopped_by = self._stop_reason(stop.received, outcome)
@@ -831,7 +833,7 @@ class Trainer:
         """After the loop: the on-signal or final checkpoint, when due and not yet written."""
         written_now = progress.checkpoint_step == self.step
         if progress.stopped_by is not None:
-            if self.config.checkpoint.save_on_signal and not written_now:
+            if not written_now:
                 progress.checkpoint = self._checkpoint(force=True) or progress.checkpoint
             self.logger.warning("%s received: stopped at step %d", progress.stopped_by, self.step)
         elif self.config.checkpoint.save_final and self.step > first_step and not written_now:

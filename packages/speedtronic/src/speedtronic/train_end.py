@@ -46,7 +46,7 @@ def report_signal_stop(result: Any, args: argparse.Namespace, *, announce: bool 
     saved = (
         f"checkpoint {result.checkpoint}"
         if result.checkpoint is not None
-        else "no checkpoint written (checkpoint.save_on_signal or checkpoint.enabled is false)"
+        else "no checkpoint written (checkpoint.enabled is false)"
     )
     print(
         f"speedtronic train: stopped by {result.stopped_by} at step {result.steps}; {saved}; "

@@ -104,6 +104,7 @@ def scenario_train(out: Path, mode: str) -> dict:
     seen.update(skipped=skipped.skipped_steps, skip_steps=skipped.steps)
     seen["ignored_loss"] = ignored_microbatch(out, mode)
     seen["eval_loss"] = evaluate_shares(out, mode)
+    seen["failed_saves"] = failed_saves(out, mode)
     seen["split_precision"] = split_precision(out, mode)
     seen["resume_apart"] = resume_apart(out, mode)
     seen["compiled"] = compiled_difference(out, mode, params)
@@ -269,9 +270,34 @@ def own_loss_step(context: ParallelContext = SINGLE) -> dict:
     return {"loss": result.final_loss, "weights": weights}
 
 
+def failed_saves(out: Path, mode: str) -> list[str]:
+    """Return what each rank raised when rank 0 alone failed to write, then to commit, a
+    checkpoint: every rank must raise, none may wait for the others or train on.
+    """
+    trainer, manager = runtime.build_runtime(config(out / "failed_saves", mode))
+    raised = []
+    for method in ("write", "commit"):
+        original = getattr(manager, method)
+        if trainer.parallel.rank == 0:
+
+            def failing(*args, method=method):
+                raise CheckpointError(f"injected: {method} failed (No space left on device)")
+
+            setattr(manager, method, failing)
+        try:
+            trainer._checkpoint(force=True)
+            raised.append("nothing")
+        except CheckpointError as error:
+            raised.append(str(error))
+        finally:
+            setattr(manager, method, original)
+    return raised
+
+
 def evaluate_shares(out: Path, mode: str) -> list[float | None]:
-    """Return the validation loss every rank agrees on (each evaluates its own share), then the
-    loss when rank 1's first batch has every label ignored (it still joins the forward).
+    """Return the validation loss every rank agrees on (each evaluates its own share), the loss
+    when rank 1's first batch has every label ignored (it still joins the forward), then the loss
+    when rank 1 holds one batch more than rank 0 and when both hold rank 0's two.
     """
     from speedtronic_data import write_shard
 
@@ -284,10 +310,15 @@ def evaluate_shares(out: Path, mode: str) -> list[float | None]:
     )
     whole = trainer.evaluate()
     batches = list(itertools.islice(trainer.eval_dataloader, 3))
+    # A streamed split deals its last batch to one rank: every rank stops at the shortest share.
+    trainer.eval_dataloader = batches[:2] if trainer.parallel.rank == 0 else batches
+    uneven = trainer.evaluate()
+    trainer.eval_dataloader = batches[:2]
+    even = trainer.evaluate()
     if trainer.parallel.rank == 1:
         batches[0] = {**batches[0], "labels": torch.full_like(batches[0]["labels"], -100)}
     trainer.eval_dataloader = batches
-    return [whole, trainer.evaluate()]
+    return [whole, trainer.evaluate(), uneven, even]
 
 
 def split_precision(out: Path, mode: str) -> list[str]:

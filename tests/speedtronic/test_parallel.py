@@ -137,13 +137,24 @@ def test_a_nonfinite_loss_on_one_rank_is_skipped_on_every_rank(trained):
 def test_evaluation_sums_every_ranks_share_and_only_rank_zero_logs(trained):
     _, out, (zero, one) = trained
     assert zero["eval_loss"] == one["eval_loss"]
-    whole, without_one_batch = zero["eval_loss"]
+    whole, without_one_batch, uneven, even = zero["eval_loss"]
     assert whole is not None and math.isfinite(without_one_batch) and without_one_batch != whole
+    assert uneven == even  # the batch only rank 1 held was left out on every rank, not awaited
     records = [
         json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()
     ]
     steps = [r["step"] for r in records if r["event"] == "train_step"]
     assert steps == [1, 2, 3]  # rank 0's records only
+
+
+def test_a_checkpoint_rank_zero_fails_to_write_fails_on_every_rank(trained):
+    _, _, (zero, one) = trained
+    assert [e.split(" (")[0] for e in zero["failed_saves"]] == [
+        "injected: write failed",
+        "injected: commit failed",
+    ]
+    assert one["failed_saves"][0].startswith("rank 0 failed to write checkpoint ")
+    assert one["failed_saves"][1].startswith("rank 0 failed to point `latest` at ")
 
 
 def test_ranks_that_resolve_different_precisions_all_train_in_fp32(trained):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -443,7 +444,8 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, max_batches: int | None = None) -> float | None:
         """Return the validation loss (mean over valid labels) over up to max_batches eval
-        batches per rank, summed over every rank's batches.
+        batches per rank, summed over every rank's batches; every rank stops at the shortest
+        rank's share.
         """
         if self.eval_dataloader is None:
             return None
@@ -451,9 +453,13 @@ class Trainer:
         was_training = self.model.training
         self.model.eval()
         total = weight = 0.0
+        batches = iter(self.eval_dataloader)
         try:
-            for index, batch in enumerate(self.eval_dataloader):
-                if limit is not None and index >= limit:
+            for _ in itertools.count() if limit is None else range(limit):
+                batch = next(batches, None)
+                # A streamed split deals its last batch to one rank only: a forward there alone
+                # would wait on peers already summing (FSDP2 gathers, DDP buffer broadcasts).
+                if self.parallel.any(batch is None):
                     break
                 count = valid_label_count(batch)
                 if count == 0 and self.parallel.world_size == 1:
@@ -538,12 +544,22 @@ class Trainer:
             save_sharded(path, self.model, self.optimizer)
         else:
             path = manager.path_for(self.step)
-        if self.parallel.is_main:
-            manager.write(path, state)
-        self.parallel.barrier()
-        if self.parallel.is_main:
-            manager.commit(path)
+        self._on_main_agreed(lambda: manager.write(path, state), f"write checkpoint {path}")
+        self._on_main_agreed(lambda: manager.commit(path), f"point `latest` at {path}")
         return path
+
+    def _on_main_agreed(self, action: Callable[[], object], what: str) -> None:
+        """Run `action` on rank 0 while the others wait; when it fails there, raise on every
+        rank (rank 0 its own error, the others a CheckpointError), so no rank trains on alone.
+        """
+        error: Exception | None = None
+        if self.parallel.is_main:
+            try:
+                action()
+            except Exception as exc:
+                error = exc
+        if self.parallel.any(error is not None):
+            raise error or CheckpointError(f"rank 0 failed to {what}; its log says why")
 
     def resume(self, state: dict[str, Any] | None) -> None:
         """Restore a checkpoint state (from CheckpointManager.load_latest); None warns and starts

@@ -213,11 +213,14 @@ def test_unsafe_repository_paths_are_rejected(any_hub, path):
         any_hub.upload_bytes(b"x", path)
 
 
-def test_sha_mismatch_is_refused(any_hub):
+def test_sha_mismatch_is_refused(any_hub, tmp_path):
     meta = any_hub.publish_global({"w": torch.zeros(2)}, outer_step=0)
     forged = GlobalMetadata(**{**meta.__dict__, "sha256": "0" * 64})
     with pytest.raises(HubError, match="sha256"):
         any_hub.download_global_state(forged)
+    with pytest.raises(HubError, match="sha256"):  # nor written to disk
+        any_hub.download_global(tmp_path / "global.safetensors", forged)
+    assert not (tmp_path / "global.safetensors").exists()
 
 
 def test_malformed_metadata_is_a_clear_error(any_hub):

@@ -343,10 +343,10 @@ class HubClient:
         """Return global/manifest.json at the metadata's revision (empty when absent)."""
         return self.read_json(GLOBAL_MANIFEST, default={}, revision=metadata.revision)
 
-    def download_global_state(
-        self, metadata: GlobalMetadata | None = None
-    ) -> dict[str, torch.Tensor]:
-        """Return the global model pinned to the metadata's revision, checked against its sha256."""
+    def _read_global(self, metadata: GlobalMetadata | None) -> bytes:
+        """Return the global model's bytes pinned to the metadata's revision (the newest when
+        None), checked against its published sha256.
+        """
         metadata = metadata or self.global_metadata()
         if metadata is None:
             raise HubError(f"{self.repo_id} has no published global model yet")
@@ -355,18 +355,21 @@ class HubClient:
             raise HubError(
                 f"{metadata.model_file} at {metadata.revision} does not match its published sha256"
             )
-        return from_safetensors_bytes(data)
+        return data
+
+    def download_global_state(
+        self, metadata: GlobalMetadata | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Return the global model pinned to the metadata's revision, checked against its sha256."""
+        return from_safetensors_bytes(self._read_global(metadata))
 
     def download_global(
         self, local_path: str | os.PathLike[str], metadata: GlobalMetadata | None = None
     ) -> Path:
-        """Download the global model (pinned like download_global_state) to local_path."""
-        metadata = metadata or self.global_metadata()
-        if metadata is None:
-            raise HubError(f"{self.repo_id} has no published global model yet")
-        return atomic_write_bytes(
-            Path(local_path), self.read_bytes(metadata.model_file, revision=metadata.revision)
-        )
+        """Download the global model (pinned and checked like download_global_state) to
+        local_path.
+        """
+        return atomic_write_bytes(Path(local_path), self._read_global(metadata))
 
     def publish_global(
         self,

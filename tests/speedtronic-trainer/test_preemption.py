@@ -97,7 +97,7 @@ def test_save_on_signal_false_leaves_sigint_to_python_as_20_did(tmp_path, save_o
     def interrupt_at_step_2(event, payload):
         if event == "train_step" and payload["step"] == 2 and not sent:
             sent.append(1)
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)  # to this thread: handled before the hook returns
 
     model = TinyLM()
     trainer = Trainer(

@@ -133,6 +133,6 @@ def test_package_imports_only_torch() -> None:
     assert (
         imported
         - {"__future__", "speedtronic_optim", "torch", "math", "typing", "dataclasses"}
-        - {"collections", "functools", "warnings"}
+        - {"collections", "functools", "numbers", "types", "warnings"}
         == set()
     )

@@ -82,7 +82,6 @@ def test_decay_ratio_defaults_when_absent() -> None:
 
 
 def test_unknown_schedule_name() -> None:
-    # Values are speedtronic-config's to validate; the builder only dispatches on the name.
     with pytest.raises(ValueError, match="scheduler name 'linear' is not supported"):
         lr_lambda(SimpleNamespace(name="linear"))
 

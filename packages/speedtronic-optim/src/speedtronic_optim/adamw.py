@@ -6,6 +6,8 @@ from collections.abc import Iterable
 
 import torch
 
+from speedtronic_optim.checks import check_arguments, check_parameters
+
 # Speedtronic's AdamW hyperparameters, written once: make_adamw and HybridOptimizer default to
 # them and speedtronic-config's OptimizerConfig is tested to agree.
 DEFAULT_LR = 3e-4
@@ -24,6 +26,10 @@ def make_adamw(
     fused: bool | None = None,
 ) -> torch.optim.AdamW:
     """Return AdamW, fused when asked (True) or probed (None); regular AdamW if fused fails."""
+    check_parameters("make_adamw params", params)
+    check_arguments(
+        "make_adamw", lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused
+    )
     params = list(params)
     kwargs = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
     if fused is not False:

@@ -10,6 +10,7 @@ from torch.optim import Optimizer
 
 from speedtronic_optim.adamw import make_adamw
 from speedtronic_optim.cautious import CautiousOptimizer
+from speedtronic_optim.checks import as_section, check_arguments
 from speedtronic_optim.hybrid import HybridOptimizer
 from speedtronic_optim.routing import route_parameters
 
@@ -28,9 +29,10 @@ _HYBRID_FIELDS = {
 
 
 def _given(section: Any, names: dict[str, str]) -> dict[str, Any]:
-    return {
-        kw: getattr(section, f) for f, kw in names.items() if getattr(section, f, None) is not None
-    }
+    """Return the fields of ``names`` the section sets (not None), checked, by keyword."""
+    given = {f: getattr(section, f) for f in names if getattr(section, f, None) is not None}
+    check_arguments("optimizer section", **given)
+    return {names[f]: value for f, value in given.items()}
 
 
 def build_optimizer(
@@ -43,41 +45,46 @@ def build_optimizer(
 ) -> Optimizer:
     """Return AdamW (fused probed) or hybrid Muon/AdamW (``name: muon``), cautious when asked.
 
-    ``optimizer_section`` is any object with a ``name`` (adamw or muon) and any of the
-    OptimizerConfig fields (lr, betas, eps, weight_decay, fused, muon_plus, cautious,
+    ``optimizer_section`` is any object (or mapping) with a ``name`` (adamw or muon) and any of
+    the OptimizerConfig fields (lr, betas, eps, weight_decay, fused, muon_plus, cautious,
     muon_momentum, muon_ns_steps, muon_norm_eps, adamw_lr: the rate of Muon's AdamW branch, `lr`
-    when unset); speedtronic-config validates them. ``device``
+    when unset); a field of the wrong type or range raises naming it. ``device``
     is accepted for the 2.0 signature; parameters already live where the model does.
     ``distributed`` and ``process_group`` go to Muon: True when the model is a DDP or FSDP2
     replica in `process_group` (default: the world), so Newton–Schulz is split over its ranks.
     """
-    name = getattr(optimizer_section, "name", None)
-    fused = {"fused": optimizer_section.fused} if hasattr(optimizer_section, "fused") else {}
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"build_optimizer model: expected a torch.nn.Module, got {type(model).__name__}; "
+            "pass the model (routing needs its modules), or build make_adamw/Muon from parameters"
+        )
+    section = as_section(optimizer_section)
+    name = getattr(section, "name", None)
+    if name not in ("adamw", "muon"):
+        raise ValueError(f"optimizer name {name!r} is not supported; use 'adamw' or 'muon'")
+    # A section's fused (None included) always reaches the constructor, as in 2.0.
+    fused = {"fused": section.fused} if hasattr(section, "fused") else {}
+    check_arguments("optimizer section", **fused)
     if name == "adamw":
         params = [param for param in model.parameters() if param.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameters to optimize")
-        optimizer: Optimizer = make_adamw(
-            params, **_given(optimizer_section, _ADAMW_FIELDS), **fused
-        )
-    elif name == "muon":
+        optimizer: Optimizer = make_adamw(params, **_given(section, _ADAMW_FIELDS), **fused)
+    else:
         routing = route_parameters(model)
-        lr = getattr(optimizer_section, "lr", None)
-        rates = {} if lr is None else {"muon_lr": lr, "adamw_lr": lr}
-        if getattr(optimizer_section, "adamw_lr", None) is not None:
-            rates["adamw_lr"] = optimizer_section.adamw_lr
+        rates = _given(section, {"lr": "muon_lr", "adamw_lr": "adamw_lr"})
+        if "muon_lr" in rates:  # an unset adamw_lr: the AdamW branch runs at lr, as in 2.0
+            rates.setdefault("adamw_lr", rates["muon_lr"])
         optimizer = HybridOptimizer(
             routing.muon,
             routing.adamw,
             **rates,
-            **_given(optimizer_section, _HYBRID_FIELDS),
+            **_given(section, _HYBRID_FIELDS),
             **fused,
             muon_distributed=distributed,
             muon_process_group=process_group,
         )
-    else:
-        raise ValueError(f"optimizer name {name!r} is not supported; use 'adamw' or 'muon'")
-    if getattr(optimizer_section, "cautious", False):
+    if _given(section, {"cautious": "cautious"}).get("cautious", False):
         optimizer = CautiousOptimizer(optimizer)
     return optimizer
 

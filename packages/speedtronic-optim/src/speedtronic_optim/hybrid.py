@@ -15,6 +15,7 @@ from speedtronic_optim.adamw import (
     DEFAULT_WEIGHT_DECAY,
     make_adamw,
 )
+from speedtronic_optim.checks import check_arguments, check_parameters
 from speedtronic_optim.facade import MergedState, check_keys, evaluate_closure, init_facade
 from speedtronic_optim.muon import Muon
 
@@ -47,6 +48,23 @@ class HybridOptimizer(Optimizer):
         muon_distributed: bool | None = None,
         muon_process_group: Any = None,
     ) -> None:
+        check_parameters("HybridOptimizer muon_params", muon_params)
+        check_parameters("HybridOptimizer adamw_params", adamw_params)
+        # Checked before the children exist: an empty branch is never built, and Muon would name
+        # its own lr, not muon_lr.
+        check_arguments(
+            "HybridOptimizer",
+            muon_lr=muon_lr,
+            adamw_lr=adamw_lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            fused=fused,
+            muon_momentum=muon_momentum,
+            muon_ns_steps=muon_ns_steps,
+            muon_norm_eps=muon_norm_eps,
+            muon_plus=muon_plus,
+        )
         muon_params, adamw_params = list(muon_params), list(adamw_params)
         if not muon_params and not adamw_params:
             raise ValueError(

@@ -11,9 +11,12 @@ import torch
 from torch.optim import Optimizer
 
 from speedtronic_optim.adamw import DEFAULT_LR
+from speedtronic_optim.checks import check_arguments, check_parameters
 from speedtronic_optim.distributed_muon import init_sharded_state, work_split
 from speedtronic_optim.facade import evaluate_closure
 from speedtronic_optim.newton_schulz import (
+    METHODS,
+    NORMALIZE_MODES,
     Coefficients,
     match_polar_scale,
     orthogonalize,
@@ -71,16 +74,27 @@ class Muon(Optimizer):
         # Attributes, not group entries: state dicts saved before these existed still load.
         self.distributed = distributed
         self.process_group = process_group
-        if not lr >= 0.0:
-            raise ValueError(f"Muon lr must be >= 0; got {lr}")
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"Muon momentum must be in [0, 1); got {momentum}")
-        if weight_decay < 0.0:
-            raise ValueError(f"Muon weight_decay must be >= 0; got {weight_decay}")
-        if ns_steps < 1:
-            raise ValueError(f"Muon ns_steps must be >= 1; got {ns_steps}")
-        if adjust_lr not in ADJUST_LR:
-            raise ValueError(f"Muon adjust_lr {adjust_lr!r} is not one of {ADJUST_LR}")
+        check_parameters("Muon params", params)
+        check_arguments(
+            "Muon",
+            lr=lr,
+            momentum=momentum,
+            nesterov=nesterov,
+            ns_steps=ns_steps,
+            weight_decay=weight_decay,
+            eps=eps,
+            norm_eps=norm_eps,
+            muon_plus=muon_plus,
+            ns_dtype=ns_dtype,
+        )
+        # Checked here, not first at step(): a typo fails when the optimizer is built.
+        for name, value, choices in (
+            ("adjust_lr", adjust_lr, ADJUST_LR),
+            ("normalize_mode", normalize_mode, NORMALIZE_MODES),
+            ("ns_method", ns_method, METHODS),
+        ):
+            if value not in choices:
+                raise ValueError(f"Muon {name}: expected one of {choices}, got {value!r}")
         defaults = dict(
             lr=lr,
             momentum=momentum,
@@ -112,6 +126,11 @@ class Muon(Optimizer):
         params = param_group["params"]
         params = [params] if isinstance(params, torch.Tensor) else list(params)
         for index, param in enumerate(params):
+            if not isinstance(param, torch.Tensor):
+                raise TypeError(
+                    f"Muon params: parameter {index} of the group is a {type(param).__name__}, "
+                    "not a tensor; pass 2-D parameters (route_parameters(model).muon)"
+                )
             if param.ndim != 2:
                 raise ValueError(
                     f"Muon only optimizes 2-D matrices; parameter {index} of the group has shape "

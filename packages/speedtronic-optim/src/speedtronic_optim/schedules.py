@@ -10,6 +10,8 @@ from typing import Any
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
+from speedtronic_optim.checks import as_section, check_arguments
+
 WARMUP_FLOOR = 1e-8
 # The schedule defaults, written once (speedtronic-config's SchedulerConfig is tested to agree).
 DEFAULT_WARMUP_STEPS = 100
@@ -79,17 +81,21 @@ _FIELDS = {
 
 
 def lr_lambda(scheduler_section: Any) -> Callable[[int], float]:
-    """Return the multiplier function a scheduler section names (cosine, constant or wsd); a field
-    the section lacks keeps the schedule function's default. speedtronic-config validates values.
+    """Return the multiplier function a scheduler section (object or mapping) names: cosine,
+    constant or wsd. A field the section lacks keeps the schedule function's default; one of the
+    wrong type or range raises naming it.
     """
-    name = getattr(scheduler_section, "name", None)
+    section = as_section(scheduler_section)
+    name = getattr(section, "name", None)
     if name not in _SCHEDULES:
         raise ValueError(f"scheduler name {name!r} is not supported; use one of {list(_SCHEDULES)}")
     given = {
-        field: getattr(scheduler_section, field)
+        field: getattr(section, field)
         for field in _FIELDS[name]
-        if getattr(scheduler_section, field, None) is not None
+        if getattr(section, field, None) is not None
     }
+    # Checked once here: the multipliers run every step and a bad value would surface there.
+    check_arguments("scheduler section", **given)
     return functools.partial(_SCHEDULES[name], **given)
 
 

@@ -1,0 +1,130 @@
+"""Constructor-time argument checks: one-line errors naming the argument and what it needs."""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+
+NS_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+def _show(value: Any) -> str:
+    # A tensor's repr spans lines; the error stays on one.
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return repr(value)
+
+
+def _interval(low: float, high: float, open_low: bool, open_high: bool) -> str:
+    if math.isinf(high):
+        return f"{'>' if open_low else '>='} {low:g}"
+    return f"in {'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+
+
+def check_number(
+    where: str,
+    value: Any,
+    low: float,
+    high: float = math.inf,
+    *,
+    open_low: bool = False,
+    open_high: bool = False,
+) -> None:
+    """Raise unless ``value`` is a finite real number (or one-element tensor) in the range."""
+    expected = f"a finite number {_interval(low, high, open_low, open_high)}"
+    # torch.optim takes a one-element tensor lr (for capturable / compiled steps).
+    is_scalar = isinstance(value, torch.Tensor) and value.numel() == 1
+    if not is_scalar and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+        raise TypeError(f"{where}: expected {expected}, got {_show(value)}")
+    number = float(value)
+    above = number > low if open_low else number >= low
+    below = number < high if open_high else number <= high
+    if not (math.isfinite(number) and above and below):
+        raise ValueError(f"{where}: expected {expected}, got {_show(value)}")
+
+
+def check_integer(where: str, value: Any, low: int) -> None:
+    """Raise unless ``value`` is an int (not a bool or float) of at least ``low``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{where}: expected an integer >= {low}, got {_show(value)}")
+    if value < low:
+        raise ValueError(f"{where}: expected an integer >= {low}, got {value!r}")
+
+
+def check_betas(where: str, value: Any) -> None:
+    """Raise unless ``value`` is a pair of numbers in [0, 1)."""
+    message = f"{where}: expected a pair (beta1, beta2) in [0, 1), got {_show(value)}"
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise TypeError(message)
+    if len(value) != 2:
+        raise ValueError(message)
+    for index, beta in enumerate(value):
+        check_number(f"{where}[{index}]", beta, 0.0, 1.0, open_high=True)
+
+
+def check_flag(where: str, value: Any, *, optional: bool = False) -> None:
+    """Raise unless ``value`` is True or False (or None when ``optional``)."""
+    if not (isinstance(value, bool) or (optional and value is None)):
+        expected = "True, False or None" if optional else "True or False"
+        raise TypeError(f"{where}: expected {expected}, got {_show(value)}")
+
+
+def check_dtype(where: str, value: Any) -> None:
+    """Raise unless ``value`` is None or a floating torch.dtype Newton–Schulz can run in."""
+    expected = "None or one of " + ", ".join(map(str, NS_DTYPES))
+    if value is not None and not isinstance(value, torch.dtype):
+        raise TypeError(f"{where}: expected {expected}, got {_show(value)}")
+    if value is not None and value not in NS_DTYPES:
+        raise ValueError(f"{where}: expected {expected}, got {value}")
+
+
+def check_parameters(where: str, value: Any) -> None:
+    """Raise when a module is passed where its parameters are wanted."""
+    if isinstance(value, nn.Module):
+        raise TypeError(
+            f"{where}: expected an iterable of parameters or param groups, got a "
+            f"{type(value).__name__} module; pass its .parameters() "
+            "(or route_parameters(model).muon for Muon)"
+        )
+
+
+_NON_NEGATIVE = functools.partial(check_number, low=0.0)
+_FRACTION = functools.partial(check_number, low=0.0, high=1.0, open_high=True)
+# Every checked argument or section field, by name (Muon's and AdamW's prefixes dropped).
+_RULES: dict[str, Callable[[str, Any], None]] = {
+    "lr": _NON_NEGATIVE,
+    "eps": _NON_NEGATIVE,
+    "norm_eps": _NON_NEGATIVE,
+    "weight_decay": _NON_NEGATIVE,
+    "momentum": _FRACTION,
+    "betas": check_betas,
+    "ns_steps": functools.partial(check_integer, low=1),
+    "ns_dtype": check_dtype,
+    "nesterov": check_flag,
+    "muon_plus": check_flag,
+    "cautious": check_flag,
+    "fused": functools.partial(check_flag, optional=True),
+    "warmup_steps": functools.partial(check_integer, low=0),
+    "max_steps": functools.partial(check_integer, low=1),
+    "min_lr_ratio": functools.partial(check_number, low=0.0, high=1.0),
+    "decay_ratio": functools.partial(check_number, low=0.0, high=1.0, open_low=True),
+}
+
+
+def check_arguments(owner: str, **values: Any) -> None:
+    """Raise TypeError or ValueError ``"{owner} {name}: expected ..., got ..."`` for a bad value."""
+    for name, value in values.items():
+        rule = _RULES.get(name) or _RULES[name.removeprefix("muon_").removeprefix("adamw_")]
+        rule(f"{owner} {name}", value)
+
+
+def as_section(section: Any) -> Any:
+    """Return ``section``, or a namespace of its items when it is a mapping (parsed YAML/JSON)."""
+    return SimpleNamespace(**section) if isinstance(section, Mapping) else section

@@ -180,6 +180,11 @@ def test_eval_loader(shards, text_file):
     assert isinstance(
         build_eval_dataloader(section(val_text_path=str(text_file))).dataset, TextFileTokenDataset
     )
+    # A bad validation path is named as the setting it came from, not as the training data's.
+    with pytest.raises(DataError, match=r"^data.val_shard_path = .* matches no files"):
+        build_eval_dataloader(section(val_shard_path=str(shards / "nope_*.bin")))
+    with pytest.raises(DataError, match=r"^data.val_text_path .* does not exist"):
+        build_eval_dataloader(section(val_text_path=str(shards / "nope.txt")))
 
 
 class _Counting(IterableDataset):

@@ -88,6 +88,8 @@ def test_bad_shards_are_named(tmp_path):
 def test_no_match_short_data_and_vocab(tmp_path):
     with pytest.raises(DataError, match="matches no files.*speedtronic prepare"):
         TokenShardDataset(str(tmp_path / "train_*.bin"), 8)
+    with pytest.raises(DataError, match=r"^data.val_shard_path = .* is a folder; .*train_\*.bin"):
+        TokenShardDataset(str(tmp_path), 8, setting="data.val_shard_path")
     write_shard(tmp_path / "short.bin", np.arange(5))
     with pytest.raises(DataError, match=r"at most 5 tokens each, fewer than block_size \+ 1 = 9"):
         TokenShardDataset(tmp_path / "short.bin", 8)

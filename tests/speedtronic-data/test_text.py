@@ -60,8 +60,10 @@ def test_each_block_produced_once_with_workers_in_single_process_order(text_file
 
 
 def test_missing_and_empty_files(tmp_path):
-    with pytest.raises(DataError, match="does not exist.*data.text_path"):
+    with pytest.raises(DataError, match="data.text_path .* does not exist"):
         TextFileTokenDataset(tmp_path / "nope.txt", 8)
+    with pytest.raises(DataError, match="data.val_text_path .* is a folder"):
+        TextFileTokenDataset(tmp_path, 8, setting="data.val_text_path")
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(DataError, match="is empty"):
         TextFileTokenDataset(tmp_path / "empty.txt", 8)

@@ -179,7 +179,7 @@ def _config_dataset(
     if isinstance(value, (Dataset, IterableDataset)):
         return value
     if str(value).endswith(".bin"):
-        return TokenShardDataset(str(value), block_size, vocab_size)
+        return TokenShardDataset(str(value), block_size, vocab_size, setting="data.dataset")
     path = Path(value)
     if not path.is_file():
         raise DataError(
@@ -313,11 +313,13 @@ def build_eval_dataloader(
     vocab = vocab_size if vocab_size is not None else section.vocab_size
     if section.val_shard_path is not None:
         source: Dataset | IterableDataset = TokenShardDataset(
-            section.val_shard_path, section.block_size, vocab
+            section.val_shard_path, section.block_size, vocab, setting="data.val_shard_path"
         )
     elif section.val_text_path is not None:
         tok = tokenizer if tokenizer is not None else CharTokenizer(vocab)
-        source = TextFileTokenDataset(section.val_text_path, section.block_size, tok, vocab)
+        source = TextFileTokenDataset(
+            section.val_text_path, section.block_size, tok, vocab, setting="data.val_text_path"
+        )
     else:
         return None
     return make_loader(

@@ -171,7 +171,7 @@ def _sources(text_paths: Iterable[str | Path], texts: Iterable[str], column: str
             pieces = partial(_record_pieces, records)
             sources.append(_Source(str(path), records.approx_bytes, pieces))
             continue
-        path = check_text_file(path)
+        path = check_text_file(path, "input")
         size = path.stat().st_size
         sources.append(
             _Source(

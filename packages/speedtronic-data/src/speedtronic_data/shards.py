@@ -138,6 +138,12 @@ def resolve_shards(
     match.
     """
     patterns = pattern if isinstance(pattern, (list, tuple)) else [pattern]
+    folders = [str(item) for item in patterns if Path(item).is_dir()]
+    if folders:
+        raise DataError(
+            f"{setting} = {folders[0]!r} is a folder; give a glob of its shards, e.g. "
+            f"{str(Path(folders[0]) / 'train_*.bin')!r}"
+        )
     paths = sorted({Path(p) for item in patterns for p in (glob.glob(str(item)) or [])})
     if not paths:
         raise DataError(
@@ -160,12 +166,17 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
     """
 
     def __init__(
-        self, paths: str | Path | list[str | Path], block_size: int, vocab_size: int | None = None
+        self,
+        paths: str | Path | list[str | Path],
+        block_size: int,
+        vocab_size: int | None = None,
+        *,
+        setting: str = "data.shard_path",
     ) -> None:
         if block_size < 1:
             raise DataError(f"TokenShardDataset block_size must be positive, got {block_size}")
         self.block_size, self.vocab_size = block_size, vocab_size
-        self.shards = [read_shard_header(p) for p in resolve_shards(paths)]
+        self.shards = [read_shard_header(p) for p in resolve_shards(paths, setting)]
         # Which tokenizer wrote them (tokenizer_record.json beside the shards): a vocabulary too
         # small for it fails here, in one line, not at the first out-of-range id mid-epoch.
         self.tokenizer = shards_record(s.path for s in self.shards)

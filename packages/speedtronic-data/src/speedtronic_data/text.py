@@ -18,17 +18,19 @@ from speedtronic_data.tokenizer import CharTokenizer, check_ids, encode_text, is
 CHUNK_BYTES = 1 << 20  # read granularity: memory stays O(chunk + block) for any file size
 
 
-def check_text_file(path: Path, what: str = "text file") -> Path:
-    """Return path when it is a non-empty file, else raise DataError naming it."""
+def check_text_file(path: Path, setting: str = "data.text_path") -> Path:
+    """Return path when it is a non-empty file, else raise DataError naming it and the setting
+    (or argument) that gave it.
+    """
+    if path.is_dir():
+        raise DataError(f"{setting} {str(path)!r} is a folder; point it at a UTF-8 text file")
     if not path.is_file():
         raise DataError(
-            f"{what} {str(path)!r} does not exist; set data.text_path to a UTF-8 text file "
+            f"{setting} {str(path)!r} does not exist; point it at a UTF-8 text file "
             "(relative paths start at the working directory)"
         )
     if path.stat().st_size == 0:
-        raise DataError(
-            f"{what} {str(path)!r} is empty; point data.text_path at a file with text in it"
-        )
+        raise DataError(f"{setting} {str(path)!r} is empty; point it at a file with text in it")
     return path
 
 
@@ -100,10 +102,12 @@ class TextFileTokenDataset(IterableDataset[dict[str, torch.Tensor]]):
         block_size: int,
         tokenizer: Callable[[str], Any] | Any | None = None,
         vocab_size: int = 256,
+        *,
+        setting: str = "data.text_path",
     ) -> None:
         if block_size < 1:
             raise DataError(f"TextFileTokenDataset block_size must be positive, got {block_size}")
-        self.path = check_text_file(Path(path))
+        self.path = check_text_file(Path(path), setting)
         self.block_size, self.vocab_size = block_size, vocab_size
         self.tokenizer = tokenizer if tokenizer is not None else CharTokenizer(vocab_size)
         if is_byte_tokenizer(self.tokenizer) and self.path.stat().st_size <= block_size:
@@ -119,9 +123,6 @@ class TextFileTokenDataset(IterableDataset[dict[str, torch.Tensor]]):
             f"{self.block_size + 1}; "
             "lower data.block_size (model.max_seq_len) or use a longer file"
         )
-
-    def _encode(self, text: str) -> list[int]:
-        return encode_text(self.tokenizer, text)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         plan = block_plan(self.start_block, self.batch_size, self.rank, self.world_size)

@@ -11,7 +11,13 @@ import pytest
 import torch
 from interop_testkit import noisy_checkpoint, run_config
 
-from speedtronic.artifacts import export_hf, load_checkpoint_model, resolve_tokenizer, sample_text
+from speedtronic.artifacts import (
+    export_hf,
+    load_checkpoint_model,
+    load_exported,
+    resolve_tokenizer,
+    sample_text,
+)
 from speedtronic.errors import UsageError
 from speedtronic_config import ConfigError
 
@@ -169,6 +175,41 @@ def test_sample_escapes_control_characters_only_on_a_terminal(checkpoint, capsys
     assert main(args) == 0
     shown = capsys.readouterr().out
     assert not [c for c in shown if c in controls] and f"\\x{ord(controls[0]):02x}" in shown
+
+
+@pytest.mark.parametrize("given", ["latest", "."])
+def test_sample_and_export_follow_the_latest_pointer_or_the_folder(tmp_path, checkpoint, given):
+    from speedtronic.cli import main
+
+    pointer_or_folder = checkpoint.parent / given  # `latest` names step_4.pt, the fixture's save
+    args = {"max_new_tokens": 8, "temperature": 0.0}
+    assert sample_text(pointer_or_folder, "x", **args) == sample_text(checkpoint, "x", **args)
+    assert main(["export", str(pointer_or_folder), str(tmp_path / "out")]) == 0
+    assert load_exported(tmp_path / "out").state_dict().keys()
+
+
+def test_a_folder_without_checkpoints_names_what_to_pass(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(UsageError) as caught:
+        sample_text(tmp_path / "checkpoints", "x")
+    assert str(caught.value) == (
+        f"{tmp_path / 'checkpoints'}: no step_<n>.pt or step_<n>.dcp checkpoint in "
+        f"{tmp_path / 'checkpoints'}; pass a run's checkpoints folder, its latest file or one of "
+        "its step checkpoints"
+    )
+
+
+def test_a_bad_hub_repository_id_is_refused_before_anything_is_exported(
+    tmp_path, checkpoint, capsys
+):
+    from speedtronic.cli import main
+
+    out = tmp_path / "hf"
+    args = ["export", str(checkpoint), str(out), "--format", "hf", "--push-to-hub", "not a repo!!"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("speedtronic export: --push-to-hub 'not a repo!!': not a repository id")
+    assert err.count("\n") == 1 and not out.exists()
 
 
 def test_the_run_summary_sample_is_escaped_and_indented():

@@ -381,3 +381,31 @@ def test_metrics_follow_the_run_folder_when_no_file_is_set(tmp_path, capsys):
         assert [r["step"] for r in records if r["event"] == "train_step"] == [1, 2]  # its own
         assert f"metrics:    {run / 'metrics.jsonl'}" in capsys.readouterr().out
         assert (run / "loss_curve.png").exists()
+
+
+def test_every_option_has_help_and_sample_states_what_the_docs_say():
+    import argparse
+
+    from speedtronic.cli import MAX_NEW_TOKENS, _parser
+
+    commands = next(
+        a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)
+    ).choices
+    missing = [
+        f"{name} {action.dest}"
+        for name, command in commands.items()
+        for action in command._actions
+        if not action.help
+    ]
+    assert missing == []
+    docs = (ROOT / "docs" / "cli.md").read_text()
+    sample = {a.dest: a for a in commands["sample"]._actions}
+    for dest in ("max_new_tokens", "temperature", "seed"):
+        flag = sample[dest].option_strings[0]
+        assert f"`{flag} {sample[dest].default}`" in docs  # the defaults the code uses
+    assert (
+        f"0 to {MAX_NEW_TOKENS:,}" in docs
+        and f"0 to {MAX_NEW_TOKENS:,}" in sample["max_new_tokens"].help
+    )
+    val_fraction = {a.dest: a for a in commands["prepare"]._actions}["val_fraction"]
+    assert f"`--val-fraction` (0 <= F < 1) defaults to {val_fraction.default}" in docs

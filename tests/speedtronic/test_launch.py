@@ -15,7 +15,12 @@ import pytest
 
 from speedtronic.cli import main
 from speedtronic.group_exit import exit_process
-from speedtronic.launch import preempted_exit_code, torchrun_arguments, worker_arguments
+from speedtronic.launch import (
+    check_rdzv_endpoint,
+    preempted_exit_code,
+    torchrun_arguments,
+    worker_arguments,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -155,6 +160,88 @@ def test_the_launcher_refuses_a_bad_run_in_one_line_before_any_worker(capsys, ex
     smoke = str(ROOT / "configs" / "smoke.yaml")
     assert main(["train", smoke, "--nproc-per-node", "2", *extra]) == 2
     assert capsys.readouterr().err == f"speedtronic train: {line}\n"
+
+
+@pytest.fixture
+def no_workers(monkeypatch):
+    """Fail the test if the launcher hands over to torchrun (a worker would start)."""
+
+    def started(*_):
+        raise AssertionError("torchrun was started")
+
+    monkeypatch.setattr("torch.distributed.run.run", started)
+
+
+@pytest.mark.parametrize(
+    "extra, line",
+    [
+        (
+            ["--rdzv-endpoint", "nohost.invalid"],  # .invalid never resolves (RFC 6761)
+            "--rdzv-endpoint nohost.invalid: host not found; give HOST:PORT reachable from every "
+            "node",
+        ),
+        (
+            ["--nnodes", "2", "--rdzv-endpoint", "nohost.invalid:29500"],
+            "--rdzv-endpoint nohost.invalid:29500: host not found; give HOST:PORT reachable from "
+            "every node",
+        ),
+        (["--nnodes", "0"], "--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got 0"),
+    ],
+)
+def test_bad_launch_flags_are_one_line_before_any_worker(capfd, no_workers, extra, line):
+    smoke = str(ROOT / "configs" / "smoke.yaml")
+    ddp = ["--set", "parallel.data_parallel=ddp"]
+    assert main(["train", smoke, "--nproc-per-node", "2", *ddp, *extra]) == 2
+    assert capfd.readouterr().err == f"speedtronic train: {line}\n"
+
+
+def test_a_port_torchrun_refuses_is_a_usage_error(capfd, no_workers):
+    smoke = str(ROOT / "configs" / "smoke.yaml")
+    launch = ["--nproc-per-node", "2", "--rdzv-endpoint", "127.0.0.1:99999"]
+    assert main(["train", smoke, *launch, "--set", "parallel.data_parallel=ddp"]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith("speedtronic train: --rdzv-endpoint 127.0.0.1:99999: the port ")
+    assert err.endswith("; give HOST:PORT reachable from every node\n") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("endpoint", ["localhost", "127.0.0.1:29500", "[::1]:0"])
+def test_endpoints_torchrun_accepts_pass_the_check(endpoint):
+    check_rdzv_endpoint(endpoint)  # a bare HOST is torchrun's HOST:29400
+
+
+@pytest.mark.parametrize(
+    "extra, start",
+    [
+        (["--set", "parallel.backend=nccl"], "parallel.backend: nccl "),  # the run is on the CPU
+        pytest.param(
+            ["--device", "cuda"],
+            "device 'cuda' requested but CUDA is not available",
+            marks=pytest.mark.skipif(
+                __import__("torch").cuda.is_available(), reason="needs a machine without CUDA"
+            ),
+        ),
+    ],
+)
+def test_a_device_or_backend_this_node_lacks_is_one_line_before_any_worker(
+    capfd, no_workers, extra, start
+):
+    smoke = str(ROOT / "configs" / "smoke.yaml")
+    ddp = ["--set", "parallel.data_parallel=ddp"]
+    assert main(["train", smoke, "--nproc-per-node", "2", *ddp, *extra]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith(f"speedtronic train: {start}") and err.count("\n") == 1, err
+
+
+def test_a_log_file_that_is_a_folder_is_one_line_before_any_worker(tmp_path, capfd, no_workers):
+    smoke = str(ROOT / "configs" / "smoke.yaml")
+    out = ["--set", f"run.output_dir={tmp_path / 'run'}", "--set", f"logging.file={tmp_path}"]
+    ddp = ["--set", "parallel.data_parallel=ddp"]
+    assert main(["train", smoke, "--nproc-per-node", "2", *ddp, *out]) == 2
+    assert capfd.readouterr().err == (
+        f"speedtronic train: logging.file: {tmp_path} is a folder; name a file; nothing was "
+        "trained\n"
+    )
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(

@@ -59,3 +59,15 @@ def test_an_unwritable_checkpoint_folder_names_its_setting(tmp_path):
         check_output_paths(cfg)
     assert caught.value.path == "checkpoint.directory"
     assert "nothing was trained" in str(caught.value)
+
+
+@pytest.mark.parametrize("setting", ["file", "json_file"])
+def test_a_log_file_that_is_a_folder_names_its_setting_and_creates_nothing(tmp_path, setting):
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    with pytest.raises(ConfigError) as caught:
+        check_output_paths(config(tmp_path, logging={setting: str(folder)}))
+    assert str(caught.value) == (
+        f"logging.{setting}: {folder} is a folder; name a file; nothing was trained"
+    )
+    assert not (tmp_path / "run").exists()  # checked before any folder is created

@@ -13,14 +13,39 @@ from typing import Any
 from speedtronic.errors import UsageError
 
 
+def resolve_checkpoint(path: Path) -> Path:
+    """Return the checkpoint `path` names: a step checkpoint itself, or the one a `latest` pointer
+    or a checkpoints folder leads to (as `train --resume` finds it); UsageError when there is none.
+    """
+    from speedtronic_trainer import CheckpointManager
+    from speedtronic_trainer.checkpoint import LATEST_POINTER
+
+    if path.name == LATEST_POINTER and path.is_file():
+        folder = path.parent
+    elif path.is_dir() and path.suffix != ".dcp":
+        folder = path
+    else:
+        return path
+    latest = CheckpointManager(folder).latest_path()
+    if latest is None:
+        raise UsageError(
+            f"{path}: no step_<n>.pt or step_<n>.dcp checkpoint in {folder}; pass a run's "
+            "checkpoints folder, its latest file or one of its step checkpoints"
+        )
+    return latest
+
+
 def read_checkpoint(path: Path) -> dict[str, Any]:
-    """Return a trainer checkpoint's state (weights only): a step_<n>.pt file, or the trainer
-    state of a sharded step_<n>.dcp folder; UsageError when it is neither.
+    """Return a trainer checkpoint's state (weights only): a step_<n>.pt file, the trainer state
+    of a sharded step_<n>.dcp folder, or the checkpoint a `latest` pointer or a checkpoints folder
+    leads to; UsageError when it is none of these.
     """
     if not path.exists():
         raise UsageError(
-            f"{path}: no such checkpoint (look in <output_dir>/checkpoints/step_<n>.pt or .dcp)"
+            f"{path}: no such checkpoint (look in <output_dir>/checkpoints: latest, step_<n>.pt "
+            "or .dcp)"
         )
+    path = resolve_checkpoint(path)
     from speedtronic_trainer import CheckpointError, CheckpointManager
     from speedtronic_trainer.checkpoint_checks import load_checkpoint_file
 
@@ -170,6 +195,7 @@ def export_hf(
     from speedtronic_model import llama_config, save_llama
     from speedtronic_model.hf_llama import DEFAULT_MAX_SHARD_BYTES
 
+    path = resolve_checkpoint(path)  # the model card looks for the run's metrics beside it
     state = read_checkpoint(path)
     model, config = _model_from_state(state)
     llama_config(model)  # a model that does not map fails here, before anything is written

@@ -42,6 +42,14 @@ def _number(kind: type, low: float, high: float | None = None, *, low_open: bool
     return parse
 
 
+# sample's ranges: its argument types check them, its --help and docs/cli.md state them.
+MAX_NEW_TOKENS = 2**24
+MAX_TEMPERATURE = 1e6
+MAX_SEED = 2**63 - 1  # torch.manual_seed's limit
+# What sample and export take (speedtronic.artifacts.resolve_checkpoint).
+CHECKPOINT_HELP = "a step_<n>.pt or step_<n>.dcp, or a run's checkpoints folder or its latest file"
+
+
 PARTS = (
     "speedtronic-config",
     "speedtronic-optim",
@@ -81,7 +89,21 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+def _add_overrides(command: argparse.ArgumentParser) -> None:
+    """Add the repeatable --set KEY=VALUE of the commands that load a config."""
+    command.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set model.n_layer=6 (repeatable)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
+    from speedtronic.artifacts import sample_text
+
     parser = _Parser(prog="speedtronic", description="Fast, efficient LM training.")
     parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -92,14 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--max-steps", type=int, help="absolute optimizer-step target")
     train.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps")
     train.add_argument("--resume", action="store_true", help="resume from the latest checkpoint")
-    train.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set model.n_layer=6 (repeatable)",
-    )
+    _add_overrides(train)
     train.add_argument(
         "--cuda-overlay",
         metavar="FILE",
@@ -107,13 +122,11 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     validate = commands.add_parser("validate", help="print the normalized, redacted config")
-    validate.add_argument("config")
-    validate.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE"
-    )
+    validate.add_argument("config", help="config file path (or inline YAML)")
+    _add_overrides(validate)
 
     prepare = commands.add_parser("prepare", help="tokenize text into train/val token shards")
-    prepare.add_argument("out_dir")
+    prepare.add_argument("out_dir", help="folder for the train/val shards")
     prepare.add_argument(
         "texts",
         nargs="*",
@@ -134,19 +147,52 @@ def _parser() -> argparse.ArgumentParser:
         default=8_000_000,
         help="size of the Python-stdlib corpus when no text files are given",
     )
-    prepare.add_argument("--val-fraction", type=float, default=0.05)
+    prepare.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.05,
+        metavar="F",
+        help="share of each input held out for validation, 0 <= F < 1 (default: %(default)s)",
+    )
 
     plot = commands.add_parser("plot", help="plot loss, learning rate and tokens/s to a PNG")
     plot.add_argument("metrics", help="a run directory or its metrics.jsonl")
     plot.add_argument("-o", "--output", help="PNG path (default: beside the metrics file)")
 
     sample = commands.add_parser("sample", help="generate text from a reference-model checkpoint")
-    sample.add_argument("checkpoint")
-    sample.add_argument("--prompt", default="\n")
-    sample.add_argument("--max-new-tokens", type=_number(int, 0, 2**24), default=200)
-    sample.add_argument("--temperature", type=_number(float, 0.0, 1e6), default=0.8)
-    sample.add_argument("--top-k", type=_number(int, 1), default=None)
-    sample.add_argument("--seed", type=_number(int, 0, 2**63 - 1), default=0)
+    sample.add_argument("checkpoint", help=CHECKPOINT_HELP)
+    sample.add_argument(
+        "--prompt", default="\n", metavar="TEXT", help="text to continue (default: a newline)"
+    )
+    defaults = sample_text.__kwdefaults__  # the API's defaults are the command's
+    sample.add_argument(
+        "--max-new-tokens",
+        type=_number(int, 0, MAX_NEW_TOKENS),
+        default=defaults["max_new_tokens"],
+        metavar="N",
+        help=f"tokens to generate, 0 to {MAX_NEW_TOKENS:,} (default: %(default)s)",
+    )
+    sample.add_argument(
+        "--temperature",
+        type=_number(float, 0.0, MAX_TEMPERATURE),
+        default=defaults["temperature"],
+        metavar="T",
+        help=f"sampling temperature, 0 (greedy) to {MAX_TEMPERATURE:,.0f} (default: %(default)s)",
+    )
+    sample.add_argument(
+        "--top-k",
+        type=_number(int, 1),
+        default=defaults["top_k"],
+        metavar="K",
+        help="sample from the K likeliest tokens, K >= 1 (default: all)",
+    )
+    sample.add_argument(
+        "--seed",
+        type=_number(int, 0, MAX_SEED),
+        default=defaults["seed"],
+        metavar="S",
+        help="random seed, at least 0 (default: %(default)s)",
+    )
     sample.add_argument(
         "--tokenizer",
         help="bytes or a tokenizer.json (default: the one recorded beside the run's shards)",
@@ -155,8 +201,8 @@ def _parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         "export", help="write the model as safetensors, or as a transformers Llama folder"
     )
-    export.add_argument("checkpoint")
-    export.add_argument("out_dir")
+    export.add_argument("checkpoint", help=CHECKPOINT_HELP)
+    export.add_argument("out_dir", help="folder to write the export into")
     export.add_argument(
         "--format",
         choices=("speedtronic", "hf"),
@@ -335,6 +381,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from speedtronic.artifacts import export_checkpoint, export_hf
+    from speedtronic.hub_upload import check_repo_id, push_to_hub
 
     if args.private and not args.push_to_hub:
         raise UsageError("--private applies to --push-to-hub REPO; add it or drop --private")
@@ -354,6 +401,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
             export_checkpoint(Path(args.checkpoint), _output_folder(Path(args.out_dir), "OUT_DIR"))
         )
         return 0
+    if args.push_to_hub:
+        check_repo_id(args.push_to_hub)  # before the export: nothing is written for a typo
     out = export_hf(
         Path(args.checkpoint),
         _output_folder(Path(args.out_dir), "OUT_DIR"),
@@ -363,8 +412,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
     )
     print(out)
     if args.push_to_hub:
-        from speedtronic.hub_upload import push_to_hub
-
         print(push_to_hub(out, args.push_to_hub, private=args.private))
     return 0
 

@@ -7,6 +7,20 @@ from pathlib import Path
 from speedtronic.errors import UsageError, first_line
 
 
+def check_repo_id(repo_id: str) -> None:
+    """Raise UsageError unless `repo_id` is a Hub repository id (NAME or OWNER/NAME), as
+    huggingface_hub checks it: before an export, so a typo costs nothing.
+    """
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise UsageError(
+            f"--push-to-hub {repo_id!r}: not a repository id ({error}); use NAME or OWNER/NAME"
+        ) from None
+
+
 def push_to_hub(
     folder: Path, repo_id: str, *, private: bool = False, endpoint: str | None = None
 ) -> str:
@@ -18,10 +32,10 @@ def push_to_hub(
     points at another Hub.
     """
     from huggingface_hub import HfApi
-    from huggingface_hub.utils import HFValidationError
 
     if not folder.is_dir():
         raise UsageError(f"{folder}: no such export folder")
+    check_repo_id(repo_id)
     api = HfApi(endpoint=endpoint)
     try:
         url = api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
@@ -31,10 +45,6 @@ def push_to_hub(
             repo_type="model",
             commit_message="Upload a Speedtronic export",
         )
-    except HFValidationError as error:
-        raise UsageError(
-            f"--push-to-hub {repo_id!r}: not a repository id ({error}); use NAME or OWNER/NAME"
-        ) from None
     except Exception as error:  # network, token, server: name where, and that nothing is lost
         raise RuntimeError(
             f"pushing to {repo_id} on {api.endpoint} failed ({type(error).__name__}: "
@@ -45,4 +55,4 @@ def push_to_hub(
     return str(url)
 
 
-__all__ = ["push_to_hub"]
+__all__ = ["check_repo_id", "push_to_hub"]

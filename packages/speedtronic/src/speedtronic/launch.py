@@ -29,7 +29,9 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         "--nnodes", default="1", metavar="M", help="nodes, or MIN:MAX for elastic (default 1)"
     )
     group.add_argument(
-        "--rdzv-endpoint", metavar="HOST:PORT", help="c10d rendezvous address (multi-node)"
+        "--rdzv-endpoint",
+        metavar="HOST:PORT",
+        help="c10d rendezvous address, reachable from every node (multi-node; port default 29400)",
     )
     group.add_argument(
         "--max-restarts",
@@ -90,9 +92,11 @@ def launch_world_sizes(args: argparse.Namespace) -> list[int]:
 
 
 def check_launch(config: Any, args: argparse.Namespace) -> None:
-    """Raise ConfigError for a config every worker of this launch would refuse, at any world size
-    it can have, before a worker starts: one line instead of one per worker and a torchrun trace.
+    """Raise ConfigError (DeviceError for the device) for a config every worker of this launch
+    would refuse, at any world size it can have, before a worker starts: one line instead of one
+    per worker and a torchrun trace.
     """
+    from speedtronic.preflight import check_output_paths
     from speedtronic_config import ConfigError
     from speedtronic_systems.parallel import check_batch_split, check_world_size
 
@@ -107,14 +111,63 @@ def check_launch(config: Any, args: argparse.Namespace) -> None:
             nodes = f"{world_size // args.nproc_per_node} node(s) x {args.nproc_per_node}"
             problem = f"{error.problem} (--nnodes {args.nnodes}: {nodes} processes)"
             raise ConfigError(error.path, problem, allowed=error.allowed) from None
+    check_worker_device(config)
+    check_output_paths(config)  # as every worker would, before its first step
 
 
-def torchrun_arguments(args: argparse.Namespace, argv: Sequence[str]) -> list[str]:
-    """Return torchrun's command line for this train invocation."""
+def check_worker_device(config: Any) -> None:
+    """Raise DeviceError or ConfigError for a device or process-group backend this node's workers
+    could not use, as each worker would resolve them.
+    """
+    from speedtronic_systems import resolve_device
+    from speedtronic_systems.parallel import resolve_backend
+
+    device = resolve_device(config.run.device)
+    if config.parallel.data_parallel != "none":  # else no worker joins a group
+        resolve_backend(config.parallel.backend, device)
+
+
+def check_rdzv_endpoint(endpoint: str) -> None:
+    """Raise UsageError for a rendezvous endpoint torchrun would refuse, or whose host does not
+    resolve (c10d would retry it for minutes). A bare HOST is torchrun's HOST:29400.
+    """
+    import socket
+
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import DEFAULT_PORT
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    fix = "give HOST:PORT reachable from every node"
+    try:
+        host, port = parse_rendezvous_endpoint(endpoint, default_port=DEFAULT_PORT)
+    except ValueError as error:  # torch's sentence, e.g. "The port number ... must be ..."
+        reason = str(error).rstrip(".")
+        reason = reason[:1].lower() + reason[1:]
+        raise UsageError(f"--rdzv-endpoint {endpoint}: {reason}; {fix}") from None
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):  # UnicodeError: a label IDNA cannot encode
+        raise UsageError(f"--rdzv-endpoint {endpoint}: host not found; {fix}") from None
+
+
+def check_launch_flags(args: argparse.Namespace) -> None:
+    """Raise UsageError for launcher flags torchrun would refuse, or hang on."""
     if args.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    launch_world_sizes(args)  # a bad --nnodes, before what it needs
+    if args.rdzv_endpoint:
+        check_rdzv_endpoint(args.rdzv_endpoint)
+    elif args.nnodes != "1":
+        raise UsageError(
+            f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)"
+        )
+
+
+def torchrun_arguments(args: argparse.Namespace, argv: Sequence[str]) -> list[str]:
+    """Return torchrun's command line for this train invocation (flags checked by
+    check_launch_flags).
+    """
     launcher = [f"--nproc-per-node={args.nproc_per_node}", f"--max-restarts={args.max_restarts}"]
     if args.rdzv_endpoint:
         launcher += [
@@ -122,10 +175,6 @@ def torchrun_arguments(args: argparse.Namespace, argv: Sequence[str]) -> list[st
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={args.rdzv_endpoint}",
         ]
-    elif args.nnodes != "1":
-        raise UsageError(
-            f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)"
-        )
     else:
         launcher.append("--standalone")
     return [*launcher, "-m", "speedtronic", *worker_arguments(argv)]
@@ -136,14 +185,14 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
     return 0, the signal exit code when a signal stopped the group (143 for SIGTERM), or raise
     when a worker failed.
     """
-    command = torchrun_arguments(args, argv)
+    check_launch_flags(args)
     check_launch(config, args)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     try:
-        run(parse_args(command))
+        run(parse_args(torchrun_arguments(args, argv)))
     except SignalException as stop:  # the launcher was signalled; torchrun passed it on
         return signal_exit_code(signal.Signals(stop.sigval).name)
     except ChildFailedError as failure:
@@ -173,6 +222,9 @@ def preempted_exit_code(codes: set[int]) -> int | None:
 __all__ = [
     "add_launch_arguments",
     "check_launch",
+    "check_launch_flags",
+    "check_rdzv_endpoint",
+    "check_worker_device",
     "launch",
     "launch_world_sizes",
     "preempted_exit_code",

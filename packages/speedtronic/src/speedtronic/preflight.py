@@ -10,6 +10,12 @@ from speedtronic_config import ConfigError, SpeedtronicConfig
 from speedtronic_systems.atomic import probe_folder
 
 
+def output_files(config: SpeedtronicConfig) -> list[tuple[str, Path]]:
+    """Return (setting, path) for every file the run names: its log and metrics files."""
+    names = [(f"logging.{name}", getattr(config.logging, name)) for name in ("file", "json_file")]
+    return [(setting, Path(value)) for setting, value in names if value is not None]
+
+
 def output_folders(config: SpeedtronicConfig) -> list[tuple[str, Path]]:
     """Return (setting, folder) for every folder the run writes: its output, checkpoints, log and
     metrics files (the loss-curve PNG goes beside the metrics), and a DiLoCo node's state.
@@ -19,10 +25,7 @@ def output_folders(config: SpeedtronicConfig) -> list[tuple[str, Path]]:
     if config.checkpoint.enabled:
         directory = Path(config.checkpoint.directory)
         folders.append(("checkpoint.directory", output / directory))  # absolute paths stay
-    for name in ("file", "json_file"):
-        value = getattr(config.logging, name)
-        if value is not None:
-            folders.append((f"logging.{name}", Path(value).parent))
+    folders += [(setting, path.parent) for setting, path in output_files(config)]
     if config.distributed.enabled:
         try:
             from speedtronic_diloco.identity import resolve_identity
@@ -36,8 +39,14 @@ def output_folders(config: SpeedtronicConfig) -> list[tuple[str, Path]]:
 
 def check_output_paths(config: SpeedtronicConfig) -> None:
     """Create and write-probe every output folder; raise ConfigError naming the setting and the
-    reason (read-only, full, a file in the way, no permission) for the first that fails.
+    reason (a folder where a file goes, read-only, full, a file in the way, no permission) for
+    the first that fails.
     """
+    for setting, path in output_files(config):  # before any folder is created: none is left
+        if path.is_dir():
+            raise ConfigError(
+                setting, f"{path} is a folder", allowed="name a file; nothing was trained"
+            )
     for setting, folder in output_folders(config):
         try:
             probe_folder(folder)
@@ -50,4 +59,4 @@ def check_output_paths(config: SpeedtronicConfig) -> None:
             ) from None
 
 
-__all__ = ["check_output_paths", "output_folders"]
+__all__ = ["check_output_paths", "output_files", "output_folders"]

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -224,3 +225,46 @@ def test_a_sharded_checkpoint_loads_alone_without_dcps_single_process_warning(tm
     assert not [w for w in caught if "torch.distributed is disabled" in str(w.message)]
     for name, value in source.state_dict().items():
         assert torch.equal(target.state_dict()[name], value), name
+
+
+def _sharded(manager: CheckpointManager, step: int, model: torch.nn.Module) -> Path:
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    path = manager.sharded_path_for(step)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP's "assuming a single process"
+        dcp.save({"model": model.state_dict()}, checkpoint_id=str(path), no_dist=True)
+    manager.write(path, state(step))
+    manager.commit(path)
+    return path
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing"])
+def test_a_damaged_sharded_checkpoint_falls_back_to_an_older_one(tmp_path, damage):
+    manager = CheckpointManager(tmp_path, keep_last=None)
+    manager.save(1, state(1))
+    shard = next(_sharded(manager, 2, torch.nn.Linear(30, 20)).glob("*.distcp"))
+    if damage == "truncated":
+        shard.write_bytes(shard.read_bytes()[:100])  # a rank's write cut short
+    else:
+        shard.unlink()
+    warnings = []
+    assert manager.load_latest(warn=warnings.append)["step"] == 1
+    expected = "holds 100 bytes of" if damage == "truncated" else "is missing"
+    assert len(warnings) == 1 and "step_2.dcp is damaged" in warnings[0]
+    assert expected in warnings[0] and "trying an older checkpoint" in warnings[0]
+
+
+def test_a_sharded_checkpoint_dcp_cannot_read_fails_in_one_line(tmp_path):
+    from speedtronic_trainer.sharded import load_sharded
+
+    path = _sharded(CheckpointManager(tmp_path), 1, torch.nn.Linear(3, 2))
+    shard = next(path.glob("*.distcp"))
+    shard.write_bytes(b"\0" * shard.stat().st_size)  # same size, unreadable content
+    with pytest.raises(CheckpointError) as caught:
+        load_sharded(path, torch.nn.Linear(3, 2), None)
+    message = str(caught.value)
+    assert message.startswith(f"sharded checkpoint {path} could not be loaded (")
+    assert "\n" not in message and "resume from an older one" in message

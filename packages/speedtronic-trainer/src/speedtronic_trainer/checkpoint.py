@@ -23,7 +23,7 @@ from speedtronic_trainer.checkpoint_checks import (
     CheckpointError,
     load_checkpoint_file,
 )
-from speedtronic_trainer.sharded import TRAINER_STATE
+from speedtronic_trainer.sharded import TRAINER_STATE, damaged_shards
 
 # step_<n>.pt: one file (one process, or DDP's rank 0); step_<n>.dcp: a folder of FSDP2 shards.
 _STEP_FILE = re.compile(r"^step_(\d+)\.(pt|dcp)$")
@@ -168,6 +168,11 @@ class CheckpointManager:
                 raise CheckpointError(
                     f"sharded checkpoint {path} is incomplete (no .metadata: a rank did not "
                     f"finish writing){f'; {hint}' if hint else ''}"
+                )
+            damage = damaged_shards(path)
+            if damage is not None:  # found here, an older checkpoint can still be chosen
+                raise CheckpointError(
+                    f"sharded checkpoint {path} is damaged ({damage}){f'; {hint}' if hint else ''}"
                 )
             state = load_checkpoint_file(path / TRAINER_STATE, hint)
             state["sharded"] = str(path)

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from speedtronic_trainer.checkpoint_checks import CheckpointError
+
 # The file beside the shards holding everything that is not a tensor shard: counters, schedule,
 # per-rank RNG and data positions, the redacted config.
 TRAINER_STATE = "trainer_state.pt"
@@ -35,8 +37,50 @@ def save_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(path))
 
 
+def damaged_shards(path: Path) -> str | None:
+    """Return what is missing or cut short among the files a sharded checkpoint's .metadata
+    points to, or None when every byte is there (file sizes only: no shard is read).
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        metadata = FileSystemReader(str(path)).read_metadata()
+    except Exception as error:  # a torn .metadata fails as a pickle, EOF or attribute error
+        return f"its .metadata is unreadable ({type(error).__name__})"
+    ends: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size < end:
+            return f"{name} holds {file.stat().st_size} bytes of {end}"
+    return None
+
+
 def load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-    """Load a sharded checkpoint into `model` (and `optimizer`), resharding to this world size."""
+    """Load a sharded checkpoint into `model` (and `optimizer`), resharding to this world size;
+    CheckpointError in one line when DCP cannot read it.
+    """
+    from torch.distributed.checkpoint import CheckpointException
+
+    try:
+        _load_sharded(path, model, optimizer)
+    except (Exception, CheckpointException) as error:  # DCP's is a BaseException
+        # DCP wraps every rank's failure, with its traceback, in one exception: name the first
+        # rank's (a damaged shard whose size still matched, a key another model lacks).
+        failures = getattr(error, "failures", None)
+        cause = next(iter(failures.values()))[0] if failures else error
+        reason = next((line for line in str(cause).splitlines() if line.strip()), "")
+        reason = reason.split(". ")[0]  # torch's unpickling errors go on to advice that misleads
+        raise CheckpointError(
+            f"sharded checkpoint {path} could not be loaded ({type(cause).__name__}: {reason}); "
+            "move it out of the checkpoints folder to resume from an older one"
+        ) from error
+
+
+def _load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,

@@ -100,3 +100,21 @@ def test_shipped_configs_load(name):
         pytest.skip("shipped configs live in the monorepo, not in the wheel")
     config = SpeedtronicConfig.from_yaml(path)
     assert SpeedtronicConfig.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("model:\n  n_layer: 2\nmodel:\n  n_layer: 3\n", "line 3, column 1: duplicate key 'model'"),
+        ("run:\n  max_steps: 5\n  max_steps: 50\n", "line 3, column 3: duplicate key 'max_steps'"),
+    ],
+)
+def test_a_key_given_twice_is_refused_not_overwritten(text, where):
+    # PyYAML keeps the last one: an edit further down silently replaced the setting above it.
+    with pytest.raises(ConfigError, match=f"^run.yaml: invalid YAML at {where}"):
+        parse_text(text, "run.yaml")
+
+
+def test_merge_keys_may_still_repeat_a_merged_key():
+    text = "base: &base {lr: 0.1, name: muon}\noptimizer: {<<: *base, lr: 0.2}\n"
+    assert parse_text(text, "run.yaml")["optimizer"] == {"lr": 0.2, "name": "muon"}

@@ -26,7 +26,7 @@ def test_overrides_return_a_new_mapping_and_leave_the_input_alone():
         ("optimizer.lr=0.001", 1e-3),
         ("run.name=demo", "demo"),
         ("logging.hooks=[tensorboard, wandb]", ["tensorboard", "wandb"]),
-        ("data.text_path=", None),
+        ("data.text_path=null", None),
         ("run.name='a=b'", "a=b"),
     ],
 )
@@ -113,3 +113,10 @@ def test_a_malformed_value_is_one_line_naming_where(value):
     message = str(caught.value)
     assert "\n" not in message
     assert message.startswith("run.name: value is not valid YAML at line 1, column ")
+
+
+@pytest.mark.parametrize("text", ["data.shard_path=", "data.shard_path=  "])
+def test_an_empty_value_is_refused_not_read_as_null(text):
+    # An unset shell variable (--set data.shard_path=$SHARDS) must not fall back to synthetic data.
+    with pytest.raises(ConfigError, match=r"^data.shard_path: empty value.*data.shard_path=null"):
+        parse_override(text)

@@ -291,6 +291,9 @@ REJECTED = [
     (LoggingConfig, {"json_file": ""}, "logging.json_file"),
     (DistributedConfig, {"state_dir": " "}, "distributed.state_dir"),
     (DistributedConfig, {"endpoint": ""}, "distributed.endpoint"),
+    # a Hub endpoint without its scheme retried a permanent error, then trained alone (exit 0)
+    (DistributedConfig, {"endpoint": "not-a-url"}, "distributed.endpoint"),
+    (DistributedConfig, {"endpoint": "localhost:8080"}, "distributed.endpoint"),
     # a repository name, never a path out of the filesystem transport's endpoint (#19)
     (DistributedConfig, {"repo_id": "../../x"}, "distributed.repo_id"),
     (DistributedConfig, {"repo_id": "/etc"}, "distributed.repo_id"),

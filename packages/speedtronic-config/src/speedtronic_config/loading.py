@@ -13,6 +13,28 @@ import yaml
 from speedtronic_config.errors import ConfigError
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping: PyYAML keeps the last one,
+    so an edit further down a long config silently replaced the setting above it.
+    """
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: set[str] = set()
+    for key_node, _ in node.value:
+        # Scalar keys only: `<<` merges a mapping in, where keys may repeat by design.
+        if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+            if key_node.value in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key_node.value!r}: keep one", key_node.start_mark
+                )
+            seen.add(key_node.value)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
 def parse_text(text: str, source: str, *, as_json: bool = False) -> Any:
     """Return the data in YAML (or JSON) text; a syntax error names the source, line and column."""
     if as_json:
@@ -23,7 +45,7 @@ def parse_text(text: str, source: str, *, as_json: bool = False) -> Any:
                 source, f"invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
             ) from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as error:
         raise ConfigError(source, describe_yaml_error(error)) from None
 

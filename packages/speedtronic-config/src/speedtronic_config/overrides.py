@@ -39,8 +39,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
             allowed="e.g. model.n_layer=6",
             **shown,
         )
+    if not raw.strip():
+        # An empty value is most often an unset shell variable (--set data.shard_path=$SHARDS):
+        # read as null it would silently fall back to the default, e.g. synthetic data.
+        raise ConfigError(
+            key.strip(), "empty value", allowed=f"write {key.strip()}=null to unset it"
+        )
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = yaml.safe_load(raw)
     except yaml.YAMLError as error:
         raise ConfigError(
             key.strip(),

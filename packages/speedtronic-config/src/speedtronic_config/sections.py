@@ -599,6 +599,15 @@ class DistributedConfig:
                 "'/'): with transport: filesystem it is a folder inside distributed.endpoint",
             )
         _check(
+            self.transport != "hub"
+            or self.endpoint is None
+            or self.endpoint.startswith(("http://", "https://")),
+            "distributed.endpoint",
+            "must be an http:// or https:// URL with transport: hub",
+            self.endpoint,
+            "e.g. https://huggingface.co, or null for the Hub huggingface_hub is set up for",
+        )
+        _check(
             0.0 <= self.outer_momentum < 1.0,
             "distributed.outer_momentum",
             "must be in [0, 1)",

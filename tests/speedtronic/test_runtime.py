@@ -217,6 +217,24 @@ def test_a_rerun_and_a_changed_lr_on_resume_are_each_named_in_one_warning(tmp_pa
     )
 
 
+def test_a_changed_batch_or_window_on_resume_is_named_in_one_warning_each(tmp_path):
+    log = tmp_path / "train.log"
+
+    def config(**data) -> dict:
+        data = {"num_tokens": 32, "micro_batch_size": 2, "target_batch_size": 2, **data}
+        return small_config(tmp_path, data=data, logging={"file": str(log)})
+
+    runtime.train_from_config(config())
+    runtime.build_runtime(config(), resume=True)
+    assert "WARNING" not in log.read_text()  # the same settings, resolved alike on both sides
+    runtime.build_runtime(config(target_batch_size=4, block_size=8), resume=True)
+    warnings = [line for line in log.read_text().splitlines() if "WARNING" in line]
+    assert len(warnings) == 2
+    assert "data.block_size is 8 here but 16 in the checkpoint" in warnings[0]
+    assert "data.target_batch_size is 4 here but 2 in the checkpoint" in warnings[1]
+    assert "does not continue the data exactly where it stopped" in warnings[1]
+
+
 def test_muons_adamw_lr_trains_that_branch_and_a_changed_one_is_named_on_resume(tmp_path):
     log = tmp_path / "train.log"
 

@@ -58,6 +58,21 @@ from speedtronic_trainer.sharded import (
 CHECKPOINT_FORMAT = 1
 # A "skip" policy that keeps meeting non-finite losses is a diverged run, not a bad batch.
 MAX_CONSECUTIVE_SKIPS = 50
+# The data settings a checkpoint's data position depends on: which samples, in which order and
+# batches (data.seed, shuffle and drop_last order them; the sizes cut them).
+DATA_ORDER_FIELDS = (
+    "shard_path",
+    "text_path",
+    "dataset",
+    "synthetic",
+    "num_tokens",
+    "block_size",
+    "micro_batch_size",
+    "target_batch_size",
+    "shuffle",
+    "drop_last",
+    "seed",
+)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -574,6 +589,7 @@ class Trainer:
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
             self._warn_if_lr_kept(state)
+        self._warn_if_data_changed(state)
         if self.scaler is not None and state.get("scaler") is not None:
             self.scaler.load_state_dict(state["scaler"])
         if self.coordinator is not None and state.get("coordinator") is not None:
@@ -618,6 +634,26 @@ class Trainer:
                     now,
                     before,
                     now,
+                )
+
+    def _warn_if_data_changed(self, state: dict[str, Any]) -> None:
+        """Say so for each data setting that orders or sizes the batches and differs from the
+        checkpoint's: the restored position counts the checkpoint's batches, so the data does
+        not continue exactly where it stopped.
+        """
+        if not self._config_given:
+            return
+        saved = (state.get("config") or {}).get("data") or {}
+        current = self.config.data
+        for name in DATA_ORDER_FIELDS:
+            if name in saved and saved[name] != getattr(current, name):
+                self.logger.warning(
+                    "data.%s is %r here but %r in the checkpoint: the restored data position "
+                    "counts the checkpoint's batches, so this run does not continue the data "
+                    "exactly where it stopped",
+                    name,
+                    getattr(current, name),
+                    saved[name],
                 )
 
     def _restore_weights(self, state: dict[str, Any]) -> None:

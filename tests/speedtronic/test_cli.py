@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "hf_SECRETtoken123"
@@ -32,16 +33,13 @@ def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *fragm
 
 
 def tiny_config(tmp_path: Path, **extra: str) -> Path:
-    text = (
-        (ROOT / "configs" / "smoke.yaml")
-        .read_text()
-        .replace("output_dir: runs/smoke", f"output_dir: {tmp_path / 'run'}")
-    )
-    text += f"\nlogging:\n  json_file: {tmp_path / 'run' / 'metrics.jsonl'}\n"
-    for key, value in extra.items():
-        text += f"{key}: {value}\n"
+    """The smoke config, writing into tmp_path; each extra (YAML text) replaces its section."""
+    config = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
+    config["output_dir"] = str(tmp_path / "run")
+    config["logging"] = {"json_file": str(tmp_path / "run" / "metrics.jsonl")}
+    config.update({key: yaml.safe_load(value) for key, value in extra.items()})
     path = tmp_path / "tiny.yaml"
-    path.write_text(text)
+    path.write_text(yaml.safe_dump(config))
     return path
 
 
@@ -249,12 +247,10 @@ def test_prepare_train_export_hf_and_sample_agree_with_transformers(tmp_path):
     result = cli("prepare", str(tmp_path / "data"), "--stdlib-bytes", "60000", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "tokens/s" in result.stdout.splitlines()[-1]
-    config = tiny_config(tmp_path)
-    config.write_text(
-        config.read_text().replace("vocab_size: 128", "vocab_size: 256")
-        + f"data:\n  shard_path: {tmp_path / 'data' / 'train_*.bin'}\n  micro_batch_size: 4\n"
-        "  target_batch_size: 4\noptimizer:\n  name: adamw\n  lr: 0.01\n"
-    )
+    shards = tmp_path / "data" / "train_*.bin"
+    data = f"{{shard_path: {shards}, micro_batch_size: 4, target_batch_size: 4}}"
+    config = tiny_config(tmp_path, data=data, optimizer="{name: adamw, lr: 0.01}")
+    config.write_text(config.read_text().replace("vocab_size: 128", "vocab_size: 256"))
     result = cli("train", str(config), "--max-steps", "8", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoint = tmp_path / "run" / "checkpoints" / "step_8.pt"

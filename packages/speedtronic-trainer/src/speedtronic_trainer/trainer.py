@@ -497,6 +497,9 @@ class Trainer:
         every = self.config.data.eval_every
         if self.eval_dataloader is None or every is None or self.step % every != 0:
             return None
+        return self._evaluate_now()
+
+    def _evaluate_now(self) -> float | None:
         val_loss = self.evaluate()
         if val_loss is not None:
             self.logger.emit("eval", {"step": self.step, "val_loss": val_loss})
@@ -882,13 +885,20 @@ class Trainer:
         self.logger.emit("train_step", record)
 
     def _finish(self, progress: _FitProgress, *, first_step: int) -> None:
-        """After the loop: the on-signal or final checkpoint, when due and not yet written."""
+        """After the loop: the on-signal checkpoint, or a last evaluation and the final checkpoint,
+        each when due and not yet done at this step.
+        """
         written_now = progress.checkpoint_step == self.step
         if progress.stopped_by is not None:
             if not written_now:
                 progress.checkpoint = self._checkpoint(force=True) or progress.checkpoint
             self.logger.warning("%s received: stopped at step %d", progress.stopped_by, self.step)
-        elif self.config.checkpoint.save_final and self.step > first_step and not written_now:
+            return
+        every = self.config.data.eval_every
+        if self.eval_dataloader is not None and every is not None and self.step % every:
+            # The run's summary reports the validation loss of the weights it ends with.
+            progress.val_loss = self._evaluate_now()
+        if self.config.checkpoint.save_final and self.step > first_step and not written_now:
             progress.checkpoint = self._checkpoint(force=True) or progress.checkpoint
 
     def _result(

@@ -219,3 +219,35 @@ def test_the_run_summary_sample_is_escaped_and_indented():
         return "x\x1b[2Jy\r\nz\tw"
 
     assert _sample(generated, Path("unused")) == "\n    x\\x1b[2Jy\\x0d\n    z\tw"
+
+
+def test_public_functions_take_str_paths(tmp_path, checkpoint, monkeypatch):
+    from speedtronic.artifacts import export_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    assert export_checkpoint(str(checkpoint), "exported") == Path("exported")
+    assert type(load_exported("exported")).__name__ == "ReferenceTransformer"
+    assert export_hf(str(checkpoint), "hf") == Path("hf") and Path("hf/README.md").is_file()
+
+
+def test_a_missing_step_names_the_steps_its_folder_holds(tmp_path):
+    from speedtronic.artifacts import read_checkpoint
+
+    for name in ("step_10.pt", "step_2.pt", "latest"):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(
+        UsageError, match=r"step_4.pt: no such checkpoint; .* has step_2.pt, step_10.pt$"
+    ):
+        read_checkpoint(tmp_path / "step_4.pt")
+
+
+def test_sample_refuses_a_tokenizer_larger_than_the_model(tmp_path, checkpoint):
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer, models
+
+    big = tmp_path / "big.json"
+    Tokenizer(models.WordLevel({f"w{i}": i for i in range(400)}, unk_token="w0")).save(str(big))
+    with pytest.raises(
+        UsageError, match="only 300 .*use the tokenizer the run trained with \\(omit --tokenizer\\)"
+    ):
+        sample_text(checkpoint, "w1", tokenizer=str(big))

@@ -95,3 +95,21 @@ def test_final_val_loss_is_the_last_at_or_before_the_checkpoint():
     assert final_val_loss(records, 5) == (4, 2.5)
     assert final_val_loss(records, 1) is None
     assert json.dumps(final_val_loss(records, 99)) == "[6, 2.0]"
+
+
+def test_the_curve_stops_at_the_checkpoint_step(tmp_path, byte_shards, monkeypatch):
+    from matplotlib.figure import Figure
+
+    checkpoint = noisy_checkpoint(run_config(tmp_path / "run", byte_shards), step=4)
+    # the run was resumed from step 4 on to step 8: the step-4 card plots steps 1-4 only
+    records = [{"event": "train_step", "step": s, "loss": 6.0 - s / 10} for s in range(1, 9)]
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    plotted = []
+    monkeypatch.setattr(
+        Figure, "savefig", lambda fig, *_, **__: plotted.append(fig.axes[0].lines[0].get_xdata())
+    )
+    state = read_checkpoint(checkpoint)
+    (tmp_path / "out").mkdir()
+    config = SpeedtronicConfig.from_dict(state["config"])
+    write_model_card(tmp_path / "out", config, state, checkpoint=checkpoint, tokenizer=BYTES)
+    assert [list(x) for x in plotted] == [[1, 2, 3, 4]]

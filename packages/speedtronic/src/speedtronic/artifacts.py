@@ -12,14 +12,17 @@ from typing import Any
 
 from speedtronic.errors import UsageError
 
+PathLike = str | os.PathLike[str]
 
-def resolve_checkpoint(path: Path) -> Path:
+
+def resolve_checkpoint(path: PathLike) -> Path:
     """Return the checkpoint `path` names: a step checkpoint itself, or the one a `latest` pointer
     or a checkpoints folder leads to (as `train --resume` finds it); UsageError when there is none.
     """
     from speedtronic_trainer import CheckpointManager
     from speedtronic_trainer.checkpoint import LATEST_POINTER
 
+    path = Path(path)
     if path.name == LATEST_POINTER and path.is_file():
         folder = path.parent
     elif path.is_dir() and path.suffix != ".dcp":
@@ -35,16 +38,32 @@ def resolve_checkpoint(path: Path) -> Path:
     return latest
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
+def _missing_checkpoint(path: Path) -> UsageError:
+    """Return the error for a checkpoint path that does not exist, naming the step checkpoints its
+    folder does hold (a pruned step is then plain to see).
+    """
+    if not path.parent.is_dir():
+        return UsageError(
+            f"{path}: no such checkpoint (look in <output_dir>/checkpoints: latest, step_<n>.pt "
+            "or .dcp)"
+        )
+    steps = sorted(
+        (int(p.stem[5:]), p.name)
+        for p in path.parent.glob("step_*")
+        if p.suffix in (".pt", ".dcp") and p.stem[5:].isdigit()
+    )
+    held = f"has {', '.join(name for _, name in steps)}" if steps else "has no step checkpoints"
+    return UsageError(f"{path}: no such checkpoint; {path.parent} {held}")
+
+
+def read_checkpoint(path: PathLike) -> dict[str, Any]:
     """Return a trainer checkpoint's state (weights only): a step_<n>.pt file, the trainer state
     of a sharded step_<n>.dcp folder, or the checkpoint a `latest` pointer or a checkpoints folder
     leads to; UsageError when it is none of these.
     """
+    path = Path(path)
     if not path.exists():
-        raise UsageError(
-            f"{path}: no such checkpoint (look in <output_dir>/checkpoints: latest, step_<n>.pt "
-            "or .dcp)"
-        )
+        raise _missing_checkpoint(path)
     path = resolve_checkpoint(path)
     from speedtronic_trainer import CheckpointError, CheckpointManager
     from speedtronic_trainer.checkpoint_checks import load_checkpoint_file
@@ -75,12 +94,12 @@ def _model_from_state(state: dict[str, Any]) -> tuple[Any, Any]:
     return model.eval(), config
 
 
-def load_checkpoint_model(path: Path) -> tuple[Any, Any]:
+def load_checkpoint_model(path: PathLike) -> tuple[Any, Any]:
     """Return (model in eval mode, its SpeedtronicConfig) rebuilt from a trainer checkpoint."""
     return _model_from_state(read_checkpoint(path))
 
 
-def resolve_tokenizer(config: Any, choice: str | Path | None = None, *, strict: bool = True) -> Any:
+def resolve_tokenizer(config: Any, choice: PathLike | None = None, *, strict: bool = True) -> Any:
     """Return the tokenizer a run used: `choice` (bytes or a tokenizer.json path) when given, else
     the one recorded beside its shards. Shards that cannot be found are a UsageError when strict,
     else the byte tokenizer with a note on stderr.
@@ -111,15 +130,32 @@ def resolve_tokenizer(config: Any, choice: str | Path | None = None, *, strict: 
         return CharTokenizer()
 
 
+def _check_fits(codec: Any, config: Any, choice: PathLike | None) -> Any:
+    """Return the tokenizer's record; UsageError when it has more ids than the model's vocabulary,
+    which a trained checkpoint cannot grow (the byte tokenizer may exceed a cut one).
+    """
+    from speedtronic_data.tokenizer_record import record_for
+
+    record = record_for(codec)
+    ours, theirs = config.model.vocab_size, record.vocab_size
+    if record.kind != "bytes" and theirs is not None and theirs > ours:
+        fix = "omit --tokenizer" if choice is not None else "pass it with --tokenizer"
+        raise UsageError(
+            f"the tokenizer has {theirs:,} ids but the model only {ours:,} (model.vocab_size); "
+            f"use the tokenizer the run trained with ({fix})"
+        )
+    return record
+
+
 def sample_text(
-    path: Path,
+    path: PathLike,
     prompt: str,
     *,
     max_new_tokens: int = 200,
     temperature: float = 0.8,
     top_k: int | None = None,
     seed: int = 0,
-    tokenizer: str | Path | None = None,
+    tokenizer: PathLike | None = None,
 ) -> str:
     """Return the prompt continued by the checkpoint's model, in the run's tokenizer (or
     `tokenizer`: bytes or a tokenizer.json).
@@ -132,11 +168,15 @@ def sample_text(
             f"{path}: model {config.model.name!r} has no generate(); sample needs the reference "
             "model"
         )
-    from speedtronic_data.tokenizer import check_ids
-
     codec = resolve_tokenizer(config, tokenizer, strict=False)
+    _check_fits(codec, config, tokenizer)
     prompt_ids = codec.encode(prompt or "\n")
-    check_ids(prompt_ids, config.model.vocab_size, "--prompt")  # e.g. a byte past a cut vocabulary
+    vocab = config.model.vocab_size
+    if max(prompt_ids, default=0) >= vocab:  # a byte past a cut vocabulary, e.g. "é" with 128 ids
+        raise UsageError(
+            f"--prompt: token id {max(prompt_ids)} is past the model's {vocab:,} ids "
+            "(model.vocab_size, fixed by training); use only text the run's tokenizer maps below it"
+        )
     ids = torch.tensor([prompt_ids], dtype=torch.long)
     torch.manual_seed(seed)
     with torch.no_grad():
@@ -144,13 +184,14 @@ def sample_text(
     return codec.decode(out[0].tolist())
 
 
-def export_checkpoint(path: Path, out_dir: Path) -> Path:
+def export_checkpoint(path: PathLike, out_dir: PathLike) -> Path:
     """Write model.safetensors and config.json (the model section) to out_dir; return out_dir."""
     from safetensors.torch import save_model
 
     from speedtronic_systems.atomic import atomic_write_bytes, publish_private_file
 
     model, config = load_checkpoint_model(path)
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = out_dir / "model.safetensors"
     temp = out_dir / f".{weights.name}.{os.urandom(6).hex()}.tmp"
@@ -166,23 +207,24 @@ def export_checkpoint(path: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def load_exported(out_dir: Path) -> Any:
+def load_exported(out_dir: PathLike) -> Any:
     """Return the model that export_checkpoint wrote to out_dir, ready for inference."""
     from safetensors.torch import load_model
 
     from speedtronic_config import ModelConfig
     from speedtronic_model import build_model
 
+    out_dir = Path(out_dir)
     model = build_model(ModelConfig(**json.loads((out_dir / "config.json").read_text())))
     load_model(model, str(out_dir / "model.safetensors"))  # strict: raises on any mismatch
     return model.eval()
 
 
 def export_hf(
-    path: Path,
-    out_dir: Path,
+    path: PathLike,
+    out_dir: PathLike,
     *,
-    tokenizer: str | Path | None = None,
+    tokenizer: PathLike | None = None,
     max_shard_bytes: int | None = None,
     repo_id: str | None = None,
 ) -> Path:
@@ -191,21 +233,16 @@ def export_hf(
     """
     from speedtronic.model_card import write_model_card
     from speedtronic_data import write_hf_tokenizer
-    from speedtronic_data.tokenizer_record import record_for
     from speedtronic_model import llama_config, save_llama
     from speedtronic_model.hf_llama import DEFAULT_MAX_SHARD_BYTES
 
     path = resolve_checkpoint(path)  # the model card looks for the run's metrics beside it
+    out_dir = Path(out_dir)
     state = read_checkpoint(path)
     model, config = _model_from_state(state)
     llama_config(model)  # a model that does not map fails here, before anything is written
     codec = resolve_tokenizer(config, tokenizer)
-    record = record_for(codec)
-    if record.kind != "bytes" and record.vocab_size > config.model.vocab_size:
-        raise UsageError(
-            f"the tokenizer has {record.vocab_size:,} ids but the model only "
-            f"{config.model.vocab_size:,} (model.vocab_size); export with the run's tokenizer"
-        )
+    record = _check_fits(codec, config, tokenizer)
     bos, eos = write_hf_tokenizer(out_dir, codec, model_max_length=config.model.max_seq_len)
     save_llama(
         model,

@@ -141,14 +141,15 @@ def write_model_card(
 
     metrics = find_metrics(config, checkpoint)
     records = read_metrics(metrics) if metrics is not None else []
+    step = state.get("step") if isinstance(state.get("step"), int) else 2**63
     curve = out_dir / CURVE_NAME
     try:
-        plotted = metrics is not None and plot_metrics(metrics, curve) == curve
+        # Cut at the checkpoint's step: the run may have gone on (resumed) past it.
+        plotted = metrics is not None and plot_metrics(metrics, curve, last_step=step) == curve
     except UsageError:  # a run too short to have logged a loss
         plotted = False
     if not plotted:
         curve.unlink(missing_ok=True)
-    step = state.get("step") if isinstance(state.get("step"), int) else 2**63
     text = render_card(
         config,
         state,

@@ -85,10 +85,17 @@ def find_metrics_file(source: Path) -> Path:
     return source
 
 
-def plot_metrics(source: Path, output: str | Path | None = None) -> Path:
-    """Write the loss / learning-rate / throughput figure and return its path."""
+def plot_metrics(
+    source: Path, output: str | Path | None = None, *, last_step: int | None = None
+) -> Path:
+    """Write the loss / learning-rate / throughput figure and return its path; with last_step,
+    only the records up to that step (a checkpoint's, when the run went on past it).
+    """
     metrics = find_metrics_file(source)
     records = read_metrics(metrics)
+    if last_step is not None:
+        records = [r for r in records if isinstance(r.get("step"), (int, float))]
+        records = [r for r in records if r["step"] <= last_step]
     steps, loss = _series(records, "loss")
     if not steps:
         raise UsageError(f"{metrics}: no training-step records with a loss to plot")

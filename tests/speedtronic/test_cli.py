@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -405,3 +406,90 @@ def test_every_option_has_help_and_sample_states_what_the_docs_say():
     )
     val_fraction = {a.dest: a for a in commands["prepare"]._actions}["val_fraction"]
     assert f"`--val-fraction` (0 <= F < 1) defaults to {val_fraction.default}" in docs
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    # `speedtronic validate CONFIG | head -8`: the pipe closes before the output is all written.
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "speedtronic", "validate", "configs/quickstart.yaml"],
+            cwd=ROOT,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert (result.returncode, result.stderr) == (141, "")
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["[1, 2]"], "speedtronic validate: an inline config must be a mapping, not a list"),
+        (["c.yaml", "--max-steps", "5"], "speedtronic validate: unrecognized arguments: --max-"),
+        (
+            ["c.yaml", "--set", "data.shard_path="],
+            "validate: --set data.shard_path=: empty value; write data.shard_path=null to unset",
+        ),
+        (["c.yaml", "--set", "run.name= "], "--set run.name= : empty value"),
+    ],
+)
+def test_validate_input_errors_name_the_command(tmp_path, monkeypatch, capsys, args, fragment):
+    from speedtronic.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text("max_steps: 7\n")
+    try:
+        code = main(["validate", *args])
+    except SystemExit as exited:
+        code = exited.code
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and len(err.splitlines()) == 1, err
+
+
+def test_synthetic_training_data_beside_real_validation_data_is_warned_of(tmp_path, capsys):
+    from speedtronic.cli import main
+
+    config = tiny_config(tmp_path)
+    missing = tmp_path / "val_*.bin"  # fails the run right after the warning, before training
+    assert main(["train", str(config), "--set", f"data.val_shard_path={missing}"]) == 2
+    assert (
+        "speedtronic train: warning: training on synthetic random tokens although "
+        "data.val_shard_path is set; set data.shard_path" in capsys.readouterr().err
+    )
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> tuple[Path, Path]:
+    """A 4-step smoke run (vocabulary 128, Muon) with a checkpoint at step 4: (config, run)."""
+    tmp_path = tmp_path_factory.mktemp("smoke")
+    config = tiny_config(tmp_path)
+    result = cli("train", str(config), "--max-steps", "4", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return config, tmp_path / "run"
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("model.n_layer=3", "(model.n_layer: checkpoint 2, this run 3)"),
+        ("optimizer.name=adamw", "resume with --set optimizer.name=muon"),
+    ],
+)
+def test_resuming_with_other_settings_is_a_usage_error(smoke_run, override, fragment):
+    config, run = smoke_run
+    result = cli("train", str(config), "--resume", "--max-steps", "5", "--set", override, cwd=run)
+    assert_one_line_error(result, 2, "speedtronic train: checkpoint ", fragment)
+    assert "SPEEDTRONIC_DEBUG" not in result.stderr
+
+
+def test_sample_names_what_the_checkpoint_cannot_take(smoke_run):
+    _, run = smoke_run
+    result = cli("sample", str(run / "checkpoints" / "step_3.pt"), cwd=run)
+    assert_one_line_error(result, 2, "step_3.pt: no such checkpoint; ", "checkpoints has step_4.pt")
+    result = cli("sample", str(run / "checkpoints"), "--prompt", "é", cwd=run)
+    assert_one_line_error(result, 2, "--prompt: token id 195 is past the model's 128 ids")

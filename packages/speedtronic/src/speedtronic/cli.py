@@ -11,7 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from speedtronic.errors import RUNTIME_ERROR, USAGE_ERROR, RunFailed, UsageError
+from speedtronic.errors import (
+    BROKEN_PIPE_EXIT,
+    RUNTIME_ERROR,
+    USAGE_ERROR,
+    RunFailed,
+    UsageError,
+)
 from speedtronic.group_exit import exit_process, hold_process_group
 from speedtronic.launch import add_launch_arguments, launch, refuse_launch_flags_alone
 
@@ -22,6 +28,18 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(USAGE_ERROR)
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """Parse; an unrecognized argument is reported by its command's parser, so the line names
+        the command (argparse leaves it to the top-level parser, which names none).
+        """
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            commands = getattr(self, "commands", {})
+            commands.get(getattr(parsed, "command", None), self).error(
+                f"unrecognized arguments: {' '.join(extra)}"
+            )
+        return parsed
 
 
 def _number(kind: type, low: float, high: float | None = None, *, low_open: bool = False) -> Any:
@@ -107,6 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="speedtronic", description="Fast, efficient LM training.")
     parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.commands = commands.choices  # each command's parser, by name, for parse_args
 
     train = commands.add_parser("train", help="train from a YAML/JSON config")
     add_launch_arguments(train)
@@ -239,14 +258,41 @@ def _byte_size(text: str) -> int:
     return size
 
 
+def _read_config(source: Any) -> Any:
+    """Return the values of a config path, inline text or already-read mapping (read_source),
+    refusing inline YAML that is a list as such rather than as a missing file.
+    """
+    from speedtronic_config import ConfigError
+    from speedtronic_config.loading import read_source
+
+    # read_source takes a line that does not parse to a mapping for a path; one that opens with
+    # "[" and names no file is a YAML list.
+    if isinstance(source, str) and source.lstrip().startswith("[") and not Path(source).exists():
+        raise ConfigError(
+            "",
+            "an inline config must be a mapping, not a list",
+            allowed="e.g. 'model: {n_layer: 6}'",
+        )
+    return read_source(source)
+
+
+def _check_overrides(overrides: Sequence[str]) -> None:
+    """UsageError for an empty --set value: YAML reads it as null, and a null data.shard_path (an
+    unset $SHARDS, say) silently trains on synthetic tokens.
+    """
+    for override in overrides:
+        key, equals, value = override.partition("=")
+        if equals and not value.strip():
+            raise UsageError(f"--set {override}: empty value; write {key}=null to unset it")
+
+
 def _load_config(source: Any, overrides: Sequence[str]):
     """Return the validated config of a path, inline text or already-read mapping, with
     overrides.
     """
     from speedtronic_config import SpeedtronicConfig, apply_overrides
-    from speedtronic_config.loading import read_source
 
-    return SpeedtronicConfig.from_dict(apply_overrides(read_source(source), list(overrides)))
+    return SpeedtronicConfig.from_dict(apply_overrides(_read_config(source), list(overrides)))
 
 
 def _cuda_overrides(path: str) -> list[str]:
@@ -283,9 +329,7 @@ def _train_config(args: argparse.Namespace, *, announce: bool = True) -> Any:
     """Return the run's config: the file with overrides, and the CUDA overlay on a CUDA device
     (said on stderr when `announce`).
     """
-    from speedtronic_config.loading import read_source
-
-    values = read_source(args.config)  # read once: the CUDA overlay applies to the same values
+    values = _read_config(args.config)  # read once: the CUDA overlay applies to the same values
     overrides = _train_overrides(values, args)
     config = _load_config(values, overrides)
     if not args.cuda_overlay:
@@ -308,7 +352,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
         # This process becomes torchrun's launcher; a bad config fails here, once.
         return launch(args, args.argv, _train_config(args, announce=False))
-    config = _train_config(args, announce=os.environ.get("RANK", "0") == "0")  # once per run
+    announce = os.environ.get("RANK", "0") == "0"  # once per run
+    config = _train_config(args, announce=announce)
+    if announce:
+        _warn_synthetic_data(config)
     from speedtronic.runtime import build_runtime
     from speedtronic.train_end import report_signal_stop, run_failed
 
@@ -330,6 +377,24 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if trainer.parallel.is_main:  # one summary for the whole group
         print_run_summary(config, result, manager.latest_path())
     return 0
+
+
+def _warn_synthetic_data(config: Any) -> None:
+    """Warn on stderr when the run falls back to synthetic random tokens although validation data
+    is set: most likely a training path left out, and the run would learn nothing from it.
+    """
+    data = config.data
+    if data.shard_path or data.text_path or data.dataset is not None or not data.synthetic:
+        return
+    held_out = [
+        f"data.{name}" for name in ("val_shard_path", "val_text_path") if getattr(data, name)
+    ]
+    if held_out:
+        print(
+            f"speedtronic train: warning: training on synthetic random tokens although "
+            f"{held_out[0]} is set; set data.shard_path (or data.text_path)",
+            file=sys.stderr,
+        )
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -434,14 +499,37 @@ _USAGE_ERRORS = (
 )
 
 
+# Where speedtronic-trainer raises a checkpoint that loads but does not fit this run's model or
+# optimizer settings: a user's config to fix (a corrupt file or a failed save is raised elsewhere).
+_MISMATCH_RAISERS = (
+    "speedtronic_trainer.checkpoint_checks",
+    ("restore_model", "restore_optimizer"),
+)
+
+
 def _is_usage_error(error: BaseException) -> bool:
     """Return True for a part's error that is the user's to fix, like a missing file."""
     # Looked up, not imported: those modules import torch, which `validate` must never pay for.
-    return any(
+    return _is_resume_mismatch(error) or any(
         isinstance(error, getattr(sys.modules[module], name))
         for module, name in _USAGE_ERRORS
         if module in sys.modules
     )
+
+
+def _is_resume_mismatch(error: BaseException) -> bool:
+    """Return True for a CheckpointError raised by restore_model or restore_optimizer: `--resume`
+    with other model or optimizer settings than the checkpoint's. CheckpointError has no subtype
+    for it, so the raising function tells.
+    """
+    trace = error.__traceback__
+    if type(error).__name__ != "CheckpointError" or trace is None:
+        return False
+    while trace.tb_next is not None:
+        trace = trace.tb_next
+    module, functions = _MISMATCH_RAISERS
+    frame = trace.tb_frame
+    return frame.f_globals.get("__name__") == module and frame.f_code.co_name in functions
 
 
 def _output_folder(path: Path, flag: str) -> Path:
@@ -466,15 +554,39 @@ def _one_line(error: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit code (0 ok, 1 runtime failure, 2 usage or config error,
-    128 + N when signal N stopped a training run after checkpointing it).
+    128 + N when signal N stopped a training run after checkpointing it, 141 when stdout's
+    reader left early, as in `validate CONFIG | head`).
     """
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # a reader gone since the last write shows here, not at exit
+    except BrokenPipeError:
+        return _stdout_reader_gone()
+
+
+def _stdout_reader_gone() -> int:
+    """Return BROKEN_PIPE_EXIT, quietly, as Unix tools end when `| head` stops reading; stdout
+    then goes to devnull so the interpreter's final flush of what is buffered cannot fail again.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return BROKEN_PIPE_EXIT
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    """Parse the arguments and run the command; return its exit code (see main)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     args.argv = argv  # `train --nproc-per-node` hands the same arguments to torchrun's workers
     from speedtronic_config import ConfigError
 
     try:
+        _check_overrides(getattr(args, "overrides", ()))
         return COMMANDS[args.command](args)
+    except BrokenPipeError:
+        raise  # stdout's reader left: main ends quietly
     except (ConfigError, UsageError) as error:
         print(f"speedtronic {args.command}: {_one_line(error)}", file=sys.stderr)
         return USAGE_ERROR

@@ -9,6 +9,9 @@ RUNTIME_ERROR = 1
 # A run a signal stopped exits 128 + the signal's number, as a shell reports a signal death, so a
 # scheduler tells it from a finished run (0) and a failure (1): 143 for SIGTERM, 130 for SIGINT.
 SIGNAL_EXIT_BASE = 128
+# stdout's reader left early (`speedtronic validate CONFIG | head`): what a shell reports for a
+# tool SIGPIPE ended (128 + 13), so `set -o pipefail` still tells it from success.
+BROKEN_PIPE_EXIT = SIGNAL_EXIT_BASE + 13
 
 
 def signal_exit_code(name: str) -> int:
@@ -32,6 +35,7 @@ class RunFailed(RuntimeError):
 
 
 __all__ = [
+    "BROKEN_PIPE_EXIT",
     "RUNTIME_ERROR",
     "SIGNAL_EXIT_BASE",
     "USAGE_ERROR",

@@ -53,3 +53,17 @@ def test_reference_example_trains_and_resumes(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "first run: step 3" in result.stdout and "resumed run: step 6" in result.stdout
+
+
+def test_optimizers_doc_example_keeps_the_head_on_adamw():
+    import re
+
+    section = (ROOT / "docs" / "optimizers.md").read_text().split("## Using it alone", 1)[1]
+    namespace: dict = {}
+    exec(re.search(r"```python\n(.*?)```", section, re.S)[1], namespace)
+    from speedtronic_optim import route_parameters
+
+    routing = route_parameters(namespace["model"])
+    # the output head: the Linear(64, 256), whatever the example names it
+    head = [name for name, p in namespace["model"].named_parameters() if p.shape == (256, 64)]
+    assert head and set(head) <= set(routing.adamw_names), routing.muon_names

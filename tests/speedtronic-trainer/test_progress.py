@@ -2,8 +2,6 @@ from __future__ import annotations
 
 import io
 
-import pytest
-
 from speedtronic_trainer.progress import ProgressBar, progress_enabled
 
 
@@ -13,17 +11,14 @@ class FakeTerminal(io.StringIO):
 
 
 def test_progress_is_off_when_output_is_not_a_terminal():
-    assert progress_enabled("auto", io.StringIO()) is False
     assert progress_enabled(None, io.StringIO()) is False
     assert progress_enabled(True, io.StringIO()) is False  # never draw a bar into a log file
 
 
 def test_progress_in_a_terminal_unless_disabled():
-    assert progress_enabled("auto", FakeTerminal()) is True
+    assert progress_enabled(None, FakeTerminal()) is True
+    assert progress_enabled(True, FakeTerminal()) is True
     assert progress_enabled(False, FakeTerminal()) is False
-    assert progress_enabled("off", FakeTerminal()) is False
-    with pytest.raises(ValueError, match="logging.progress"):
-        progress_enabled("sometimes")
 
 
 def test_bar_shows_step_loss_and_throughput():

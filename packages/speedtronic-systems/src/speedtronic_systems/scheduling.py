@@ -10,9 +10,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from speedtronic_config.config import OOO_STREAMS_RANGE
+
 _logger = logging.getLogger(__name__)
 
-MIN_STREAMS, MAX_STREAMS = 1, 8
 # Containers are not work of their own: their children are the stages.
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 
@@ -76,14 +77,14 @@ class StageStreamScheduler:
         num_streams: int = 4,
         logger: Any | None = None,
     ) -> None:
+        low, high = OOO_STREAMS_RANGE  # ooo_streams' range, defined with the setting
         if (
             isinstance(num_streams, bool)
             or not isinstance(num_streams, int)
-            or not MIN_STREAMS <= num_streams <= MAX_STREAMS
+            or not low <= num_streams <= high
         ):
             raise ValueError(
-                f"ooo_streams must be an integer in {MIN_STREAMS}..{MAX_STREAMS}; got "
-                f"{num_streams!r}"
+                f"ooo_streams must be an integer in {low}..{high}; got {num_streams!r}"
             )
         self.device = torch.device(device)
         self.num_streams = num_streams
@@ -178,4 +179,4 @@ class StageStreamScheduler:
         }
 
 
-__all__ = ["MAX_STREAMS", "MIN_STREAMS", "StageInfo", "StageStreamScheduler"]
+__all__ = ["StageInfo", "StageStreamScheduler"]

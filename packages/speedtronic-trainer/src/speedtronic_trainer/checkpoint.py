@@ -36,7 +36,9 @@ def _warn_on_stderr(message: str) -> None:
 
 
 class CheckpointManager:
-    """Manage local step_<n>.pt checkpoints and a latest pointer."""
+    """Manage local checkpoints (step_<n>.pt files, FSDP2 step_<n>.dcp folders) and a latest
+    pointer.
+    """
 
     def __init__(
         self,

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, TextIO
+from typing import TextIO
 
 
-def progress_enabled(setting: Any, stream: TextIO | None = None) -> bool:
-    """Return whether to draw a bar: `auto`/None means only when the stream is a terminal."""
-    if isinstance(setting, str):
-        lowered = setting.strip().lower()
-        if lowered not in {"auto", "true", "false", "on", "off"}:
-            raise ValueError(f"logging.progress must be auto, true or false, got {setting!r}")
-        setting = None if lowered == "auto" else lowered in {"true", "on"}
+def progress_enabled(setting: bool | None, stream: TextIO | None = None) -> bool:
+    """Return whether to draw a bar for `logging.progress` (speedtronic-config reads `auto` as
+    None): None or True only when the stream is a terminal, False never.
+    """
     if setting is False:
         return False
     stream = sys.stderr if stream is None else stream

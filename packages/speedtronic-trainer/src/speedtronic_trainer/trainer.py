@@ -360,8 +360,9 @@ class Trainer:
                 backward = loss * scale if scale != 1.0 else loss
                 (self.scaler.scale(backward) if self.scaler is not None else backward).backward()
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
-        # A rank whose every label was ignored adds nothing (the others' labels carry the step).
-        return (float(step_loss) if step_loss is not None else 0.0), samples, tokens
+        # Some microbatch always ran: one process skips a label-less one only while another has
+        # labels (none anywhere makes the weights NaN, not 0); under data parallelism all run.
+        return float(step_loss), samples, tokens  # type: ignore[arg-type]
 
     def _train_step(self, stop_requested: Callable[[], str | None] = lambda: None) -> StepOutcome:
         """Run one optimizer update; a non-finite loss or gradient norm is not applied. Every

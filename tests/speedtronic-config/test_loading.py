@@ -118,3 +118,8 @@ def test_a_key_given_twice_is_refused_not_overwritten(text, where):
 def test_merge_keys_may_still_repeat_a_merged_key():
     text = "base: &base {lr: 0.1, name: muon}\noptimizer: {<<: *base, lr: 0.2}\n"
     assert parse_text(text, "run.yaml")["optimizer"] == {"lr": 0.2, "name": "muon"}
+
+
+def test_inline_yaml_that_is_a_list_is_named_as_such_not_as_a_missing_file():
+    with pytest.raises(ConfigError, match=r"^<inline config>: must be a mapping, not a list"):
+        read_source("[1, 2]")

@@ -106,4 +106,8 @@ def read_source(source: str | os.PathLike[str] | Mapping[str, Any]) -> Any:
         inline = None
     if isinstance(inline, Mapping):
         return inline
+    if isinstance(inline, list):  # no file of that name: YAML that is not a config
+        raise ConfigError(
+            "<inline config>", "must be a mapping, not a list", allowed="e.g. 'model: {n_layer: 6}'"
+        )
     return read_file(source)

@@ -11,6 +11,7 @@ from speedtronic_trainer.checkpoint import (
     capture_rng_state,
     restore_rng_state,
 )
+from speedtronic_trainer.checkpoint_checks import CheckpointMismatch
 from speedtronic_trainer.data_position import BatchStream
 from speedtronic_trainer.hooks import CallbackList, TrainingHook, on_event
 from speedtronic_trainer.integrations import TensorboardHook, WandbHook, hooks_from_names
@@ -29,6 +30,7 @@ __all__ = [
     "CallbackList",
     "CheckpointError",
     "CheckpointManager",
+    "CheckpointMismatch",
     "MetricLogger",
     "NonFiniteLossError",
     "StepOutcome",

@@ -30,6 +30,12 @@ class CheckpointError(RuntimeError):
     """A checkpoint file is missing, truncated, corrupt or not loadable with weights_only=True."""
 
 
+class CheckpointMismatch(CheckpointError):
+    """A checkpoint that loads but was written with other model or optimizer settings than this
+    run's: the user's settings to fix, not a damaged file.
+    """
+
+
 # What a refused or torn file's torch error says, as (pattern in torch's message, our words).
 _REFUSED = re.compile(
     r"(?:WeightsUnpickler error: |Trying to load )(?:\s*)(unsupported [^\n]*|Unsupported [^\n]*)"
@@ -150,7 +156,7 @@ def restore_model(
         if settings
         else ""
     )
-    raise CheckpointError(
+    raise CheckpointMismatch(
         f"checkpoint {_where(state)} does not fit this model: {problems[0]}{more}; {hint}resume "
         "with the model settings it was written with, or start a new run in another "
         "run.output_dir"
@@ -165,7 +171,7 @@ def restore_optimizer(optimizer: Any, state: Mapping[str, Any], config: Any = No
     theirs = _optimizer_name(saved_config)
     ours = getattr(getattr(config, "optimizer", None), "name", None)
     if theirs is not None and ours is not None and theirs != ours:
-        raise CheckpointError(
+        raise CheckpointMismatch(
             f"checkpoint {_where(state)} was written with optimizer.name: {theirs}, but this run "
             f"uses optimizer.name: {ours}; their states are not interchangeable: resume with "
             f"--set optimizer.name={theirs}, or start a new run in another run.output_dir"
@@ -175,7 +181,7 @@ def restore_optimizer(optimizer: Any, state: Mapping[str, Any], config: Any = No
     except (KeyError, ValueError, TypeError, IndexError) as exc:
         found = _layout(state["optimizer"])
         first = next(iter(str(exc).splitlines()), "")
-        raise CheckpointError(
+        raise CheckpointMismatch(
             f"checkpoint {_where(state)} holds {found} optimizer state that this run's "
             f"{type(optimizer).__name__} cannot load ({type(exc).__name__}: {first[:160]}); "
             "resume with the optimizer settings it was written with, or start a new run in "
@@ -204,6 +210,7 @@ def _where(state: Mapping[str, Any]) -> str:
 
 __all__ = [
     "CheckpointError",
+    "CheckpointMismatch",
     "describe_load_error",
     "load_checkpoint_file",
     "restore_model",

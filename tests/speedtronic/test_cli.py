@@ -429,13 +429,13 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly():
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["[1, 2]"], "speedtronic validate: an inline config must be a mapping, not a list"),
+        (["[1, 2]"], "speedtronic validate: <inline config>: must be a mapping, not a list"),
         (["c.yaml", "--max-steps", "5"], "speedtronic validate: unrecognized arguments: --max-"),
         (
             ["c.yaml", "--set", "data.shard_path="],
-            "validate: --set data.shard_path=: empty value; write data.shard_path=null to unset",
+            "validate: data.shard_path: empty value; write data.shard_path=null to unset it",
         ),
-        (["c.yaml", "--set", "run.name= "], "--set run.name= : empty value"),
+        (["c.yaml", "--set", "run.name= "], "validate: run.name: empty value"),
     ],
 )
 def test_validate_input_errors_name_the_command(tmp_path, monkeypatch, capsys, args, fragment):

@@ -258,41 +258,14 @@ def _byte_size(text: str) -> int:
     return size
 
 
-def _read_config(source: Any) -> Any:
-    """Return the values of a config path, inline text or already-read mapping (read_source),
-    refusing inline YAML that is a list as such rather than as a missing file.
-    """
-    from speedtronic_config import ConfigError
-    from speedtronic_config.loading import read_source
-
-    # read_source takes a line that does not parse to a mapping for a path; one that opens with
-    # "[" and names no file is a YAML list.
-    if isinstance(source, str) and source.lstrip().startswith("[") and not Path(source).exists():
-        raise ConfigError(
-            "",
-            "an inline config must be a mapping, not a list",
-            allowed="e.g. 'model: {n_layer: 6}'",
-        )
-    return read_source(source)
-
-
-def _check_overrides(overrides: Sequence[str]) -> None:
-    """UsageError for an empty --set value: YAML reads it as null, and a null data.shard_path (an
-    unset $SHARDS, say) silently trains on synthetic tokens.
-    """
-    for override in overrides:
-        key, equals, value = override.partition("=")
-        if equals and not value.strip():
-            raise UsageError(f"--set {override}: empty value; write {key}=null to unset it")
-
-
 def _load_config(source: Any, overrides: Sequence[str]):
     """Return the validated config of a path, inline text or already-read mapping, with
     overrides.
     """
     from speedtronic_config import SpeedtronicConfig, apply_overrides
+    from speedtronic_config.loading import read_source
 
-    return SpeedtronicConfig.from_dict(apply_overrides(_read_config(source), list(overrides)))
+    return SpeedtronicConfig.from_dict(apply_overrides(read_source(source), list(overrides)))
 
 
 def _cuda_overrides(path: str) -> list[str]:
@@ -329,7 +302,9 @@ def _train_config(args: argparse.Namespace, *, announce: bool = True) -> Any:
     """Return the run's config: the file with overrides, and the CUDA overlay on a CUDA device
     (said on stderr when `announce`).
     """
-    values = _read_config(args.config)  # read once: the CUDA overlay applies to the same values
+    from speedtronic_config.loading import read_source
+
+    values = read_source(args.config)  # read once: the CUDA overlay applies to the same values
     overrides = _train_overrides(values, args)
     config = _load_config(values, overrides)
     if not args.cuda_overlay:
@@ -496,40 +471,19 @@ COMMANDS = {
 _USAGE_ERRORS = (
     ("speedtronic_data.errors", "DataError"),
     ("speedtronic_systems.precision", "DeviceError"),
-)
-
-
-# Where speedtronic-trainer raises a checkpoint that loads but does not fit this run's model or
-# optimizer settings: a user's config to fix (a corrupt file or a failed save is raised elsewhere).
-_MISMATCH_RAISERS = (
-    "speedtronic_trainer.checkpoint_checks",
-    ("restore_model", "restore_optimizer"),
+    # A checkpoint written with other model or optimizer settings (not a damaged file).
+    ("speedtronic_trainer.checkpoint_checks", "CheckpointMismatch"),
 )
 
 
 def _is_usage_error(error: BaseException) -> bool:
     """Return True for a part's error that is the user's to fix, like a missing file."""
     # Looked up, not imported: those modules import torch, which `validate` must never pay for.
-    return _is_resume_mismatch(error) or any(
+    return any(
         isinstance(error, getattr(sys.modules[module], name))
         for module, name in _USAGE_ERRORS
         if module in sys.modules
     )
-
-
-def _is_resume_mismatch(error: BaseException) -> bool:
-    """Return True for a CheckpointError raised by restore_model or restore_optimizer: `--resume`
-    with other model or optimizer settings than the checkpoint's. CheckpointError has no subtype
-    for it, so the raising function tells.
-    """
-    trace = error.__traceback__
-    if type(error).__name__ != "CheckpointError" or trace is None:
-        return False
-    while trace.tb_next is not None:
-        trace = trace.tb_next
-    module, functions = _MISMATCH_RAISERS
-    frame = trace.tb_frame
-    return frame.f_globals.get("__name__") == module and frame.f_code.co_name in functions
 
 
 def _output_folder(path: Path, flag: str) -> Path:
@@ -583,7 +537,6 @@ def _run(argv: Sequence[str] | None) -> int:
     from speedtronic_config import ConfigError
 
     try:
-        _check_overrides(getattr(args, "overrides", ()))
         return COMMANDS[args.command](args)
     except BrokenPipeError:
         raise  # stdout's reader left: main ends quietly

@@ -92,11 +92,11 @@ def test_disabled_stop_signal_installs_nothing():
 
 @pytest.mark.parametrize("save_on_signal", [True, False])
 def test_save_on_signal_false_leaves_sigint_to_python_as_20_did(tmp_path, save_on_signal):
-    sent = []
+    seen = []  # the SIGINT handler in force during the run
 
     def interrupt_at_step_2(event, payload):
-        if event == "train_step" and payload["step"] == 2 and not sent:
-            sent.append(1)
+        if event == "train_step" and payload["step"] == 2 and not seen:
+            seen.append(signal.getsignal(signal.SIGINT))
             signal.raise_signal(signal.SIGINT)  # to this thread: handled before the hook returns
 
     model = TinyLM()
@@ -109,12 +109,18 @@ def test_save_on_signal_false_leaves_sigint_to_python_as_20_did(tmp_path, save_o
         logger=MetricLogger(stream=io.StringIO(), hooks=[interrupt_at_step_2]),
         checkpoint_manager=CheckpointManager(tmp_path, every_steps=1000),
     )
-    before = signal.getsignal(signal.SIGINT)
-    if save_on_signal:
-        result = trainer.fit(1_000)
-        assert result.stopped_by == "SIGINT" and result.checkpoint == tmp_path / "step_2.pt"
-    else:
-        with pytest.raises(KeyboardInterrupt):
-            trainer.fit(1_000)
-        assert trainer.step == 2 and not list(tmp_path.iterdir())
-    assert signal.getsignal(signal.SIGINT) == before
+    # Python's own handler, as a plain script has it (a library earlier in this process may not).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        if save_on_signal:
+            result = trainer.fit(1_000)
+            assert result.stopped_by == "SIGINT" and result.checkpoint == tmp_path / "step_2.pt"
+            assert seen[0] is not signal.default_int_handler
+        else:
+            with pytest.raises(KeyboardInterrupt):
+                trainer.fit(1_000)
+            assert seen == [signal.default_int_handler]  # fit installed nothing
+            assert trainer.step == 2 and not list(tmp_path.iterdir())
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)

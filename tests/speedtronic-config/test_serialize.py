@@ -1,13 +1,11 @@
 from __future__ import annotations
 
 import os
-import stat
 
-import pytest
 import yaml
 
 from speedtronic_config import SpeedtronicConfig
-from speedtronic_config.serialize import dump_yaml, redact, write_atomic
+from speedtronic_config.serialize import dump_yaml, redact
 
 TOKEN = "hf_very_secret_token_123"
 
@@ -55,30 +53,6 @@ def test_yaml_file_round_trip_is_stable(tmp_path):
     first = config.save(tmp_path / "a.yaml")
     second = SpeedtronicConfig.from_yaml(first).save(tmp_path / "b.yaml")
     assert first.read_text() == second.read_text()
-
-
-def test_write_atomic_replaces_and_uses_ordinary_permissions(tmp_path):
-    target = tmp_path / "f.yaml"
-    write_atomic(target, "old\n")
-    write_atomic(target, "new\n")
-    assert target.read_text() == "new\n"
-    umask = os.umask(0)
-    os.umask(umask)
-    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask
-
-
-def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
-    target = tmp_path / "f.yaml"
-    write_atomic(target, "old\n")
-
-    def broken_fsync(fd: int) -> None:
-        raise OSError("disk full")
-
-    monkeypatch.setattr(os, "fsync", broken_fsync)
-    with pytest.raises(OSError, match="disk full"):
-        write_atomic(target, "new\n")
-    assert target.read_text() == "old\n"
-    assert os.listdir(tmp_path) == ["f.yaml"]
 
 
 def test_redact_and_dump_helpers():

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from speedtronic_systems.atomic import atomic_json_dump
+from speedtronic_config.atomic import atomic_json_dump
 from speedtronic_systems.precision import cpu_bf16_supported
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "precision.json"

@@ -69,7 +69,7 @@ class FaultyFile:
 
 def install(fault: Fault) -> None:
     """Wrap the writers speedtronic uses so the fault strikes where a real one would."""
-    from speedtronic_systems import atomic
+    from speedtronic_config import atomic
     from speedtronic_trainer import metric_logger
 
     if fault.kind == "kill-at-rename":

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from speedtronic_config.atomic import atomic_write_text
 from speedtronic_config.coerce import coerce
 from speedtronic_config.errors import ConfigError
 from speedtronic_config.loading import read_file, read_source
@@ -32,7 +33,7 @@ from speedtronic_config.sections import (
     SchedulerConfig,
     ShapeValidationConfig,
 )
-from speedtronic_config.serialize import dump_yaml, redact, section_dict, write_atomic
+from speedtronic_config.serialize import dump_yaml, redact, section_dict
 
 OOO_STREAMS_RANGE = (1, 8)
 
@@ -142,7 +143,7 @@ class SpeedtronicConfig:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the redacted YAML atomically to `path` and return the path."""
-        return write_atomic(path, self.to_yaml(redact_secrets=True))
+        return atomic_write_text(path, self.to_yaml(redact_secrets=True))
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any] | None = None) -> SpeedtronicConfig:

@@ -1,11 +1,8 @@
-"""Plain-data views of a config, secret redaction and atomic YAML files."""
+"""Plain-data views of a config and secret redaction."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -46,23 +43,3 @@ def _plain(value: Any) -> Any:
 def dump_yaml(tree: dict[str, Any]) -> str:
     """Return YAML text for a to_dict tree, sections in declaration order."""
     return yaml.safe_dump(_plain(tree), sort_keys=False, default_flow_style=False)
-
-
-def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """Write `text` to `path` so readers see the old file or the whole new one, never a torn one."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temp, 0o666 & ~umask)  # mkstemp makes 0600; give the file ordinary permissions
-        os.replace(temp, target)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    return target

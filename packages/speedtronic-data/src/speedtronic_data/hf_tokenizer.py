@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from speedtronic_config.atomic import atomic_write_text
 from speedtronic_data.errors import DataError
-from speedtronic_data.files import write_text_atomic
 from speedtronic_data.tokenizer import CharTokenizer, JsonTokenizer, as_json_tokenizer
 from speedtronic_data.tokenizer_record import BYTE_IDS, TOKENIZER_JSON
 
@@ -102,7 +102,7 @@ def write_hf_tokenizer(
             "tokenizer (CharTokenizer) or a tokenizer.json (JsonTokenizer)"
         )
     bos, eos = special_tokens(json.loads(text))
-    write_text_atomic(out / TOKENIZER_JSON, text)
+    atomic_write_text(out / TOKENIZER_JSON, text)
     config = {
         # transformers 4.x and 5.x both map this onto their tokenizers-backed class
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -112,7 +112,7 @@ def write_hf_tokenizer(
         "bos_token": bos[0] if bos else None,
         "eos_token": eos[0] if eos else None,
     }
-    write_text_atomic(out / "tokenizer_config.json", _json_text(config))
+    atomic_write_text(out / "tokenizer_config.json", _json_text(config))
     return (bos[1] if bos else None, eos[1] if eos else None)
 
 

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import bisect
 import glob
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 from torch.utils.data import Dataset
 
+from speedtronic_config.atomic import atomic_write
 from speedtronic_data.errors import DataError
 from speedtronic_data.position import DataPosition, read_state
 from speedtronic_data.tokenizer_record import check_vocab, shards_record
@@ -100,20 +100,12 @@ def write_shard(path: str | Path, tokens: Any) -> Path:
     version, dtype = FORMATS[magic]
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (magic, version, ids.size)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Created by open(), not mkstemp: the umask applies, as for any tool's output (mkstemp: 0600).
-    tmp = path.with_name(f".{path.name}.{os.urandom(6).hex()}.tmp")
-    try:
-        with open(tmp, "xb") as handle:
-            handle.write(header.tobytes())
-            handle.write(ids.astype(dtype, copy=False).tobytes())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+
+    def write(handle: IO[bytes]) -> None:
+        handle.write(header.tobytes())
+        handle.write(ids.astype(dtype, copy=False).tobytes())
+
+    return atomic_write(path, write)
 
 
 def _check_shard_vocab(shard: ShardInfo, vocab_size: int | None) -> None:

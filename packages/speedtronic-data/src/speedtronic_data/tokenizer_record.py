@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from speedtronic_config.atomic import atomic_write_text
 from speedtronic_data.errors import DataError
-from speedtronic_data.files import write_text_atomic
 from speedtronic_data.tokenizer import CharTokenizer, JsonTokenizer, as_json_tokenizer
 
 RECORD_NAME = "tokenizer_record.json"
@@ -87,13 +87,13 @@ def write_record(out_dir: str | Path, tokenizer: Any) -> TokenizerRecord:
     record = record_for(tokenizer)
     copy = out / TOKENIZER_JSON
     if isinstance(tokenizer, JsonTokenizer):
-        write_text_atomic(copy, tokenizer.text)
+        atomic_write_text(copy, tokenizer.text)
     else:
         copy.unlink(missing_ok=True)  # left by an earlier prepare with another tokenizer
     fields = {"kind": record.kind, "vocab_size": record.vocab_size, "name": record.name}
     if record.sha256 is not None:
         fields.update(file=TOKENIZER_JSON, sha256=record.sha256)
-    write_text_atomic(out / RECORD_NAME, json.dumps({"format": 1, **fields}, indent=2) + "\n")
+    atomic_write_text(out / RECORD_NAME, json.dumps({"format": 1, **fields}, indent=2) + "\n")
     return dataclasses.replace(record, folder=out)
 
 

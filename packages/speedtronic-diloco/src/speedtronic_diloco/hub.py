@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from speedtronic_config import ConfigError, resolve_section
+from speedtronic_config.atomic import atomic_write_bytes
 from speedtronic_diloco.tensors import (
     DeltaRef,
     delta_path,
@@ -38,7 +39,6 @@ from speedtronic_diloco.transport import (
     Transport,
     TransportError,
 )
-from speedtronic_systems.atomic import atomic_write_bytes
 
 LOGGER = logging.getLogger("speedtronic_diloco.hub")
 GLOBAL_MODEL = "global/model.safetensors"

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from speedtronic_config.atomic import atomic_write_bytes
 from speedtronic_diloco.hub import HubClient, HubError
 from speedtronic_diloco.tensors import (
     DeltaRef,
@@ -25,7 +26,6 @@ from speedtronic_diloco.tensors import (
     state_nbytes,
     to_safetensors_bytes,
 )
-from speedtronic_systems.atomic import atomic_write_bytes
 
 LOGGER = logging.getLogger("speedtronic_diloco.outer")
 # safetensors adds a JSON header; anything far beyond the payload size is not a delta of this model.

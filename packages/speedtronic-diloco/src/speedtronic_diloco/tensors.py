@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import load as _load_bytes
 from safetensors.torch import save as _save_bytes
 
-from speedtronic_systems.atomic import atomic_write_bytes
+from speedtronic_config.atomic import atomic_write_bytes
 
 K = TypeVar("K")  # what identical_deltas groups: the master's (node_id, base outer step)
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from speedtronic_systems.atomic import atomic_write_bytes
+from speedtronic_config.atomic import atomic_write_bytes
 
 
 class TransportError(RuntimeError):

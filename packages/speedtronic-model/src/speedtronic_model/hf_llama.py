@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from speedtronic_config import ConfigError
+from speedtronic_config.atomic import atomic_write_bytes, atomic_write_text
 from speedtronic_model.model import ReferenceTransformer
 
 ARCHITECTURE = "LlamaForCausalLM"
@@ -122,27 +123,10 @@ def llama_state_dict(model: ReferenceTransformer) -> dict[str, torch.Tensor]:
     return {hf: ours[name].detach().to("cpu").contiguous() for name, hf in llama_names(model)}
 
 
-def _write_atomic(path: Path, data: bytes) -> Path:
-    """Write data to path through a fresh temporary file beside it, fsync, rename; return path."""
-    # open() applies the umask (mkstemp and safetensors' save_file would make it 0600, unreadable
-    # to anyone the export is shared with).
-    tmp = path.with_name(f".{path.name}.{os.urandom(6).hex()}.tmp")
-    try:
-        with open(tmp, "xb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
 def _write_json(path: Path, value: Any) -> Path:
     """Write value as sorted, indented JSON atomically (the same value gives the same bytes)."""
     text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-    return _write_atomic(path, text.encode("utf-8"))
+    return atomic_write_text(path, text)
 
 
 def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
@@ -189,7 +173,7 @@ def save_llama(
         else [f"model-{i:05d}-of-{len(groups):05d}.safetensors" for i in range(1, len(groups) + 1)]
     )
     for name, group in zip(names, groups, strict=True):
-        written.append(_write_atomic(out / name, save(group, metadata={"format": "pt"})))
+        written.append(atomic_write_bytes(out / name, save(group, metadata={"format": "pt"})))
     if len(groups) > 1:
         index = {
             "metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},

@@ -1,16 +1,11 @@
 """speedtronic-systems: device and precision resolution, startup shape checks, CUDA stage streams,
-the CPU allocator setting, atomic files and the causal LM loss.
+the CPU allocator setting, atomic torch.save and the causal LM loss.
 """
 
 from __future__ import annotations
 
 from speedtronic_systems.__about__ import __version__
-from speedtronic_systems.atomic import (
-    atomic_json_dump,
-    atomic_torch_save,
-    atomic_write,
-    atomic_write_bytes,
-)
+from speedtronic_systems.atomic import atomic_torch_save
 from speedtronic_systems.compile_choice import resolve_compile
 from speedtronic_systems.cpu_allocator import apply_cpu_allocator, resolve_cpu_allocator
 from speedtronic_systems.loss import IGNORE_INDEX, causal_lm_loss
@@ -58,10 +53,7 @@ __all__ = [
     "__version__",
     "agree_precision",
     "apply_cpu_allocator",
-    "atomic_json_dump",
     "atomic_torch_save",
-    "atomic_write",
-    "atomic_write_bytes",
     "autocast_context",
     "available_devices",
     "causal_lm_loss",

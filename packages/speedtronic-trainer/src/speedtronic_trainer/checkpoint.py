@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from speedtronic_config import CheckpointConfig, resolve_section
-from speedtronic_systems.atomic import atomic_json_dump, atomic_torch_save, remove_stale_temp_files
+from speedtronic_config.atomic import atomic_json_dump, remove_stale_temp_files
+from speedtronic_systems.atomic import atomic_torch_save
 from speedtronic_trainer.checkpoint_checks import (
     RESUME_HINT,
     CheckpointError,

@@ -188,7 +188,7 @@ def export_checkpoint(path: PathLike, out_dir: PathLike) -> Path:
     """Write model.safetensors and config.json (the model section) to out_dir; return out_dir."""
     from safetensors.torch import save_model
 
-    from speedtronic_systems.atomic import atomic_write_bytes, publish_private_file
+    from speedtronic_config.atomic import atomic_write_bytes, publish_private_file
 
     model, config = load_checkpoint_model(path)
     out_dir = Path(out_dir)

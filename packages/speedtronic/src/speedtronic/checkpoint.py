@@ -4,7 +4,8 @@ speedtronic_systems' atomic writes.
 
 from __future__ import annotations
 
-from speedtronic_systems.atomic import atomic_json_dump, atomic_torch_save
+from speedtronic_config.atomic import atomic_json_dump
+from speedtronic_systems.atomic import atomic_torch_save
 from speedtronic_trainer.checkpoint import (
     CheckpointError,
     CheckpointManager,

@@ -490,7 +490,7 @@ def _output_folder(path: Path, flag: str) -> Path:
     """Create and write-probe the folder a command writes into; UsageError naming it if it cannot
     be written (a file in the way, read-only, no permission).
     """
-    from speedtronic_systems.atomic import probe_folder
+    from speedtronic_config.atomic import probe_folder
 
     try:
         return probe_folder(path)

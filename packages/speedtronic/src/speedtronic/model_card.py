@@ -137,7 +137,7 @@ def write_model_card(
 ) -> Path:
     """Write README.md (and loss_curve.png when the run's metrics are found) into out_dir."""
     from speedtronic.plotting import plot_metrics, read_metrics
-    from speedtronic_systems.atomic import atomic_write_bytes
+    from speedtronic_config.atomic import atomic_write_bytes
 
     metrics = find_metrics(config, checkpoint)
     records = read_metrics(metrics) if metrics is not None else []

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from speedtronic_config import ConfigError, SpeedtronicConfig
-from speedtronic_systems.atomic import probe_folder
+from speedtronic_config.atomic import probe_folder
 
 
 def output_files(config: SpeedtronicConfig) -> list[tuple[str, Path]]:

@@ -1,0 +1,239 @@
+"""Atomic file writes: a reader sees the old file or the complete new one, never a torn one.
+
+The one implementation every package writes its files through (it needs the standard library
+only, so it lives in the package all others depend on); speedtronic-systems adds torch.save.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+TEMP_SUFFIX = ".tmp"
+
+
+def temp_glob(name: str) -> str:
+    """Return the glob matching the temporary files written on the way to `name` (a file name, or
+    a glob of file names such as `step_*.pt`).
+    """
+    return f".{name}.*{TEMP_SUFFIX}"
+
+
+def remove_stale_temp_files(folder: str | os.PathLike[str], name: str) -> list[Path]:
+    """Delete the temporary files an interrupted atomic write of `name` (a file name or a glob)
+    left in `folder`; return them. Call it only where no write to those names is in flight.
+    """
+    removed = []
+    for path in sorted(Path(folder).glob(temp_glob(name))):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(path)
+    return removed
+
+
+def probe_folder(folder: str | os.PathLike[str]) -> Path:
+    """Create `folder` if needed and prove a file can be written, synced and removed in it; return
+    it. Raises OSError (read-only, full, a file in the way, no permission) as the first real write
+    would.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".speedtronic-probe.{os.urandom(6).hex()}{TEMP_SUFFIX}"
+    try:
+        with open(probe, "xb") as handle:
+            handle.write(b"speedtronic write probe\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+    finally:
+        probe.unlink(missing_ok=True)
+    return folder
+
+
+def current_umask() -> int:
+    """Return the process umask (read from /proc where it can be, as setting it is not
+    thread-safe).
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+def publish_private_file(temp: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
+    """Give a finished temp file a library created 0600 (safetensors, mkstemp) the permissions
+    open() would have, then rename it to `path` atomically; return the path.
+    """
+    os.chmod(temp, 0o666 & ~current_umask())
+    os.replace(temp, path)
+    return Path(path)
+
+
+def _open_anonymous(folder: Path) -> int | None:
+    """Return a descriptor of an unnamed file in `folder` (Linux O_TMPFILE), or None where
+    unsupported.
+
+    An unnamed file vanishes with its process, so a SIGKILL while writing leaves nothing behind;
+    only a kill between naming it (_link_anonymous) and the rename leaves a temp file, which
+    remove_stale_temp_files clears.
+    """
+    flag = getattr(os, "O_TMPFILE", None)
+    if flag is None or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(
+            folder, flag | os.O_WRONLY, 0o666
+        )  # the kernel applies the umask, as for open()
+    except OSError:  # the filesystem does not support unnamed files (e.g. some network mounts)
+        return None
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Persist the folder entry that os.replace changed (a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on a folder; the data itself is already synced
+        pass
+    finally:
+        os.close(fd)
+
+
+def _link_anonymous(fd: int, path: Path) -> str:
+    """Give the unnamed file behind `fd` a fresh hidden name beside `path`; return that name."""
+    # linkat cannot replace an existing name, so link under a fresh name and rename that. A folder
+    # descriptor makes Python call linkat(AT_SYMLINK_FOLLOW), which resolves the /proc link to the
+    # file.
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        while True:
+            name = f".{path.name}.{os.urandom(6).hex()}{TEMP_SUFFIX}"
+            try:
+                os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=folder, follow_symlinks=True)
+                return str(path.parent / name)
+            except FileExistsError:
+                continue
+    finally:
+        os.close(folder)
+
+
+def _publish(fd: int, temp_name: str | None, path: Path) -> None:
+    """Give the written file its final name with one atomic rename (`temp_name` None: unnamed
+    file).
+    """
+    if temp_name is None:
+        temp_name = _link_anonymous(fd, path)
+    try:
+        os.replace(temp_name, path)
+    except BaseException:
+        _unlink_quietly(temp_name)
+        raise
+
+
+def _unlink_quietly(name: str) -> None:
+    try:
+        os.unlink(name)
+    except FileNotFoundError:
+        pass
+
+
+def _open_named(path: Path) -> tuple[int, str]:
+    """Return a descriptor and the name of a fresh hidden temp file beside `path`."""
+    while True:
+        name = str(path.parent / f".{path.name}.{os.urandom(6).hex()}{TEMP_SUFFIX}")
+        try:
+            # 0o666 through the umask, like open(): mkstemp's 0600 would hide the file from the
+            # group an output folder is shared with.
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), name
+        except FileExistsError:
+            continue
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """Return the OSError behind `error`: torch.save reports a failed write (ENOSPC, EIO) as
+    `RuntimeError: [enforce fail at inline_container.cc]`, with the OSError as its context.
+    """
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]) -> Path:
+    """Write `path` through `write(file)` atomically and durably; on any failure the old file
+    stays. A failed write raises the OSError behind it (errno ENOSPC for a full disk).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp_name = _open_anonymous(path.parent), None
+    if fd is None:
+        fd, temp_name = _open_named(path)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        _publish(fd, temp_name, path)
+    except Exception as error:
+        if temp_name is not None:
+            _unlink_quietly(temp_name)
+        cause = _os_error(error)
+        if cause is None or cause is error:
+            raise
+        raise cause from error
+    except BaseException:
+        if temp_name is not None:
+            _unlink_quietly(temp_name)
+        raise
+    finally:
+        os.close(fd)
+    _fsync_folder(path.parent)
+    return path
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write `data` to `path` atomically; return the path."""
+    return atomic_write(path, lambda handle: handle.write(data))
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write `text` (UTF-8) to `path` atomically; return the path."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_json_dump(
+    value: Any, path: str | os.PathLike[str], *, indent: int | None = 2, sort_keys: bool = True
+) -> Path:
+    """Write `value` as JSON to `path` atomically; return the path. Serializes before touching the
+    disk.
+    """
+    text = json.dumps(value, indent=indent, sort_keys=sort_keys)
+    return atomic_write_bytes(path, (text + "\n").encode("utf-8"))
+
+
+__all__ = [
+    "TEMP_SUFFIX",
+    "atomic_json_dump",
+    "atomic_write",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "current_umask",
+    "probe_folder",
+    "publish_private_file",
+    "remove_stale_temp_files",
+    "temp_glob",
+]

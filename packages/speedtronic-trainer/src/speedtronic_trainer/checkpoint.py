@@ -153,7 +153,7 @@ class CheckpointManager:
                 target = None  # a damaged pointer is not fatal: the step files are the truth
             if target is not None and target.exists():
                 return target
-        paths = self._checkpoint_paths()
+        paths = self.checkpoint_paths()
         return paths[-1] if paths else None
 
     def load(
@@ -190,7 +190,7 @@ class CheckpointManager:
         if latest is None:
             return None
         warn = warn or _warn_on_stderr
-        candidates = [latest] + [p for p in reversed(self._checkpoint_paths()) if p != latest]
+        candidates = [latest] + [p for p in reversed(self.checkpoint_paths()) if p != latest]
         failures: list[str] = []
         for path in candidates:
             try:
@@ -203,7 +203,7 @@ class CheckpointManager:
             return state
         raise CheckpointError(f"no loadable checkpoint in {self.directory}: " + "; ".join(failures))
 
-    def _checkpoint_paths(self) -> list[Path]:
+    def checkpoint_paths(self) -> list[Path]:
         """Return step_<n>.pt files and step_<n>.dcp folders sorted by step, oldest first."""
         if not self.directory.is_dir():
             return []
@@ -222,7 +222,7 @@ class CheckpointManager:
         if self.keep_last is None:
             return
         keep = self.latest_path()
-        for path in self._checkpoint_paths()[: -self.keep_last]:
+        for path in self.checkpoint_paths()[: -self.keep_last]:
             if path == keep:
                 continue
             if path.is_dir():

@@ -47,12 +47,10 @@ def _missing_checkpoint(path: Path) -> UsageError:
             f"{path}: no such checkpoint (look in <output_dir>/checkpoints: latest, step_<n>.pt "
             "or .dcp)"
         )
-    steps = sorted(
-        (int(p.stem[5:]), p.name)
-        for p in path.parent.glob("step_*")
-        if p.suffix in (".pt", ".dcp") and p.stem[5:].isdigit()
-    )
-    held = f"has {', '.join(name for _, name in steps)}" if steps else "has no step checkpoints"
+    from speedtronic_trainer import CheckpointManager
+
+    steps = [p.name for p in CheckpointManager(path.parent).checkpoint_paths()]
+    held = f"has {', '.join(steps)}" if steps else "has no step checkpoints"
     return UsageError(f"{path}: no such checkpoint; {path.parent} {held}")
 
 

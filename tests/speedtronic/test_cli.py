@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -378,6 +379,43 @@ def test_metrics_follow_the_run_folder_when_no_file_is_set(tmp_path, capsys):
         assert [r["step"] for r in records if r["event"] == "train_step"] == [1, 2]  # its own
         assert f"metrics:    {run / 'metrics.jsonl'}" in capsys.readouterr().out
         assert (run / "loss_curve.png").exists()
+
+
+def test_a_fresh_run_sets_an_earlier_runs_metrics_aside_and_a_resume_appends(tmp_path, capsys):
+    from speedtronic.cli import main
+
+    run = tmp_path / "run"
+    argv = ["train", str(ROOT / "configs" / "smoke.yaml"), "--device", "cpu"]
+    argv += ["--set", f"run.output_dir={run}", "--set", "checkpoint.every_steps=2"]
+
+    def steps(path: Path) -> list[int]:
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        return [r["step"] for r in records if r["event"] == "train_step"]
+
+    assert main([*argv, "--max-steps", "2"]) == 0
+    assert "held an earlier run" not in capsys.readouterr().err
+    assert main([*argv, "--max-steps", "3", "--resume"]) == 0  # continues: the same file
+    assert "held an earlier run" not in capsys.readouterr().err
+    assert steps(run / "metrics.jsonl") == [1, 2, 3]
+    assert main([*argv, "--max-steps", "2"]) == 0  # a fresh run in the same folder
+    err = capsys.readouterr().err
+    (kept,) = run.glob("metrics-*.jsonl")
+    assert f"{run / 'metrics.jsonl'} held an earlier run's metrics; kept as {kept.name}" in err
+    assert steps(kept) == [1, 2, 3]
+    assert steps(run / "metrics.jsonl") == [1, 2]  # this run alone
+    # Last written in the same second as the kept file: a kept file is never overwritten.
+    stamp = time.mktime(time.strptime(kept.stem.removeprefix("metrics-"), "%Y%m%d-%H%M%S"))
+    os.utime(run / "metrics.jsonl", (stamp, stamp))
+    assert main([*argv, "--max-steps", "1"]) == 0
+    assert steps(kept) == [1, 2, 3]
+    assert steps(kept.with_name(f"{kept.stem}-1.jsonl")) == [1, 2]
+
+    # A file the config names is the user's: appended to, as in 2.0.
+    named = tmp_path / "named.jsonl"
+    for _ in range(2):
+        assert main([*argv, "--max-steps", "1", "--set", f"logging.json_file={named}"]) == 0
+    assert steps(named) == [1, 1]
+    assert len(list(run.glob("metrics-*.jsonl"))) == 2
 
 
 def test_every_option_has_help_and_sample_states_what_the_docs_say():

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -281,8 +283,10 @@ def _cuda_overrides(path: str) -> list[str]:
     return [f"{key}={json.dumps(value)}" for key, value in overlay.items()]  # JSON is YAML
 
 
-def _train_overrides(values: Any, args: argparse.Namespace) -> list[str]:
-    """Return --set, then --max-steps and --device, as config overrides (applied once)."""
+def _train_overrides(values: Any, args: argparse.Namespace) -> tuple[list[str], Path | None]:
+    """Return --set, then --max-steps and --device, as config overrides (applied once), and the
+    metrics file chosen for the run when logging.json_file is unset (else None).
+    """
     overrides = list(args.overrides)
     if args.device is not None:
         overrides.append(f"run.device={args.device}")
@@ -292,32 +296,33 @@ def _train_overrides(values: Any, args: argparse.Namespace) -> list[str]:
     # 2.0's --max-steps also moved the schedule horizon, unless scheduler.max_steps was set.
     if args.max_steps is not None and config.scheduler.follows_target:
         overrides.append(f"scheduler.max_steps={args.max_steps}")
+    metrics = None
     if config.logging.json_file is None:  # metrics live with the run: plot, export, card read them
         metrics = Path(config.run.output_dir) / "metrics.jsonl"
         overrides.append(f"logging.json_file={json.dumps(str(metrics))}")
-    return overrides
+    return overrides, metrics
 
 
-def _train_config(args: argparse.Namespace, *, announce: bool = True) -> Any:
+def _train_config(args: argparse.Namespace, *, announce: bool = True) -> tuple[Any, Path | None]:
     """Return the run's config: the file with overrides, and the CUDA overlay on a CUDA device
-    (said on stderr when `announce`).
+    (said on stderr when `announce`); and the metrics file chosen for it (see _train_overrides).
     """
     from speedtronic_config.loading import read_source
 
     values = read_source(args.config)  # read once: the CUDA overlay applies to the same values
-    overrides = _train_overrides(values, args)
+    overrides, metrics = _train_overrides(values, args)
     config = _load_config(values, overrides)
     if not args.cuda_overlay:
-        return config
+        return config, metrics
     from speedtronic_systems import resolve_device
 
     # Validated on every machine, so a broken overlay fails on the laptop, not first on the cluster.
     overlaid = _load_config(values, _cuda_overrides(args.cuda_overlay) + overrides)
     if resolve_device(config.run.device).type != "cuda":
-        return config
+        return config, metrics
     if announce:
         print(f"speedtronic train: on CUDA, applying {args.cuda_overlay}", file=sys.stderr)
-    return overlaid
+    return overlaid, metrics
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -326,14 +331,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     refuse_launch_flags_alone(args)
     if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
         # This process becomes torchrun's launcher; a bad config fails here, once.
-        return launch(args, args.argv, _train_config(args, announce=False))
+        return launch(args, args.argv, _train_config(args, announce=False)[0])
     announce = os.environ.get("RANK", "0") == "0"  # once per run
-    config = _train_config(args, announce=announce)
+    config, metrics = _train_config(args, announce=announce)
     if announce:
         _warn_synthetic_data(config)
-    from speedtronic.runtime import build_runtime
+    from speedtronic.runtime import build_runtime, elastic_restart
     from speedtronic.train_end import report_signal_stop, run_failed
 
+    resuming = args.resume or config.checkpoint.resume or elastic_restart()
+    if announce and metrics is not None and not resuming:
+        _set_aside_earlier_metrics(metrics)
     # An explicit --max-steps is the target even when data.max_steps is set.
     trainer, manager = build_runtime(config, resume=args.resume, max_steps=args.max_steps)
     if trainer.parallel.mode != "none":
@@ -352,6 +360,26 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if trainer.parallel.is_main:  # one summary for the whole group
         print_run_summary(config, result, manager.latest_path())
     return 0
+
+
+def _set_aside_earlier_metrics(metrics: Path) -> None:
+    """Rename an earlier run's metrics file out of a fresh run's way, to metrics-<time it was
+    last written>.jsonl beside it, so the run's file, plot and model card hold this run alone.
+    """
+    if not metrics.is_file() or metrics.stat().st_size == 0:
+        return
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(metrics.stat().st_mtime))
+    kept = metrics.with_name(f"metrics-{stamp}.jsonl")
+    for number in itertools.count(1):
+        if not kept.exists():
+            break
+        kept = metrics.with_name(f"metrics-{stamp}-{number}.jsonl")
+    metrics.rename(kept)
+    print(
+        f"speedtronic train: {metrics} held an earlier run's metrics; kept as {kept.name} "
+        "(pass --resume to continue that run instead)",
+        file=sys.stderr,
+    )
 
 
 def _warn_synthetic_data(config: Any) -> None:

@@ -21,6 +21,7 @@ from speedtronic_systems.parallel import (
     total_norm,
     transformer_blocks,
     unwrap_model,
+    worker_device,
     wrap_model,
 )
 
@@ -51,6 +52,21 @@ def test_the_backend_follows_the_device_and_an_unusable_one_is_named():
         resolve_backend("nccl", torch.device("cpu"))
     with pytest.raises(ConfigError, match="parallel.backend"):
         init_parallel({"data_parallel": "ddp", "backend": "tcp"}, torch.device("cpu"))
+
+
+def test_each_worker_takes_its_own_gpu_and_a_node_short_of_gpus_is_one_line(monkeypatch):
+    from speedtronic_systems.precision import DeviceError
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert worker_device(torch.device("cpu"), 5) == torch.device("cpu")
+    assert worker_device(torch.device("cuda"), 1) == torch.device("cuda", 1)
+    with pytest.raises(
+        DeviceError, match=r"^worker 2 of this node needs cuda:2, but the node has 2 "
+    ):
+        worker_device(torch.device("cuda"), 2)
+    monkeypatch.setenv("LOCAL_RANK", "3")  # init_parallel refuses it before touching the GPU
+    with pytest.raises(DeviceError, match=r"set --nproc-per-node to at most 2$"):
+        init_parallel({"data_parallel": "ddp"}, torch.device("cuda"))
 
 
 @pytest.mark.parametrize("target, micro, world", [(8, 2, 3), (8, 4, 4), (6, 2, 2)])

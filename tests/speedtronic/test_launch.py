@@ -232,6 +232,22 @@ def test_a_device_or_backend_this_node_lacks_is_one_line_before_any_worker(
     assert err.startswith(f"speedtronic train: {start}") and err.count("\n") == 1, err
 
 
+def test_more_workers_than_gpus_is_one_line_before_any_worker(monkeypatch, capfd, no_workers):
+    import torch
+
+    from speedtronic_systems import precision
+
+    monkeypatch.setattr(precision, "_cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    smoke = str(ROOT / "configs" / "smoke.yaml")
+    ddp = ["--set", "parallel.data_parallel=ddp", "--device", "cuda"]
+    assert main(["train", smoke, "--nproc-per-node", "2", *ddp]) == 2
+    assert capfd.readouterr().err == (
+        "speedtronic train: worker 1 of this node needs cuda:1, but the node has 1 CUDA "
+        "device(s); set --nproc-per-node to at most 1\n"
+    )
+
+
 def test_a_log_file_that_is_a_folder_is_one_line_before_any_worker(tmp_path, capfd, no_workers):
     smoke = str(ROOT / "configs" / "smoke.yaml")
     out = ["--set", f"run.output_dir={tmp_path / 'run'}", "--set", f"logging.file={tmp_path}"]

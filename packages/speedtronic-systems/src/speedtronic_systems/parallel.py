@@ -132,6 +132,23 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+def worker_device(device: torch.device, local_rank: int) -> torch.device:
+    """Return the device the node's worker `local_rank` of a data-parallel run trains on:
+    cuda:LOCAL_RANK on CUDA (one GPU per worker), else `device`.
+    """
+    if device.type != "cuda":
+        return device
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        from speedtronic_systems.precision import DeviceError  # precision imports this module
+
+        raise DeviceError(
+            f"worker {local_rank} of this node needs cuda:{local_rank}, but the node has {count} "
+            f"CUDA device(s); set --nproc-per-node to at most {count}"
+        )
+    return torch.device("cuda", local_rank)
+
+
 def init_parallel(section: Any, device: torch.device) -> ParallelContext:
     """Join the process group torchrun describes and return this rank's context (SINGLE for a
     plain run). On CUDA each rank uses cuda:LOCAL_RANK.
@@ -141,8 +158,8 @@ def init_parallel(section: Any, device: torch.device) -> ParallelContext:
     if section.data_parallel == "none":
         return SINGLE
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = worker_device(device, local_rank)
     if device.type == "cuda":
-        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         if "MASTER_ADDR" not in os.environ:  # a plain `python` start: a group of one on loopback

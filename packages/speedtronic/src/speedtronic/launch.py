@@ -111,19 +111,20 @@ def check_launch(config: Any, args: argparse.Namespace) -> None:
             nodes = f"{world_size // args.nproc_per_node} node(s) x {args.nproc_per_node}"
             problem = f"{error.problem} (--nnodes {args.nnodes}: {nodes} processes)"
             raise ConfigError(error.path, problem, allowed=error.allowed) from None
-    check_worker_device(config)
+    check_worker_device(config, args.nproc_per_node)
     check_output_paths(config)  # as every worker would, before its first step
 
 
-def check_worker_device(config: Any) -> None:
-    """Raise DeviceError or ConfigError for a device or process-group backend this node's workers
-    could not use, as each worker would resolve them.
+def check_worker_device(config: Any, workers: int) -> None:
+    """Raise DeviceError or ConfigError for a device or process-group backend this node's
+    `workers` could not use, as each worker would resolve them.
     """
     from speedtronic_systems import resolve_device
-    from speedtronic_systems.parallel import resolve_backend
+    from speedtronic_systems.parallel import resolve_backend, worker_device
 
     device = resolve_device(config.run.device)
     if config.parallel.data_parallel != "none":  # else no worker joins a group
+        worker_device(device, workers - 1)  # the last worker asks for the highest GPU index
         resolve_backend(config.parallel.backend, device)
 
 

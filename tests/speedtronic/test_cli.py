@@ -397,6 +397,10 @@ def test_a_fresh_run_sets_an_earlier_runs_metrics_aside_and_a_resume_appends(tmp
     assert main([*argv, "--max-steps", "3", "--resume"]) == 0  # continues: the same file
     assert "held an earlier run" not in capsys.readouterr().err
     assert steps(run / "metrics.jsonl") == [1, 2, 3]
+    missing = ["--set", f"data.shard_path={tmp_path / 'none_*.bin'}"]
+    assert main([*argv, "--max-steps", "2", *missing]) == 2  # a fresh run that never started
+    assert steps(run / "metrics.jsonl") == [1, 2, 3] and not list(run.glob("metrics-*"))
+    capsys.readouterr()
     assert main([*argv, "--max-steps", "2"]) == 0  # a fresh run in the same folder
     err = capsys.readouterr().err
     (kept,) = run.glob("metrics-*.jsonl")

@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -336,14 +337,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     config, metrics = _train_config(args, announce=announce)
     if announce:
         _warn_synthetic_data(config)
-    from speedtronic.runtime import build_runtime, elastic_restart
+    from speedtronic.runtime import build_runtime
     from speedtronic.train_end import report_signal_stop, run_failed
 
-    resuming = args.resume or config.checkpoint.resume or elastic_restart()
-    if announce and metrics is not None and not resuming:
-        _set_aside_earlier_metrics(metrics)
     # An explicit --max-steps is the target even when data.max_steps is set.
     trainer, manager = build_runtime(config, resume=args.resume, max_steps=args.max_steps)
+    if announce and metrics is not None and trainer.step == 0:  # built, and not resumed
+        _set_aside_earlier_metrics(metrics)
     if trainer.parallel.mode != "none":
         hold_process_group(trainer)  # never destroyed here: see speedtronic.group_exit
     try:
@@ -363,7 +363,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _set_aside_earlier_metrics(metrics: Path) -> None:
-    """Rename an earlier run's metrics file out of a fresh run's way, to metrics-<time it was
+    """Move an earlier run's records out of a fresh run's metrics file, to metrics-<time it was
     last written>.jsonl beside it, so the run's file, plot and model card hold this run alone.
     """
     if not metrics.is_file() or metrics.stat().st_size == 0:
@@ -374,7 +374,10 @@ def _set_aside_earlier_metrics(metrics: Path) -> None:
         if not kept.exists():
             break
         kept = metrics.with_name(f"metrics-{stamp}-{number}.jsonl")
-    metrics.rename(kept)
+    # Copied, then emptied in place: the run's logger already holds the file open for appending
+    # (a rename would carry its records along), and a failed copy leaves the records in place.
+    shutil.copy2(metrics, kept)
+    os.truncate(metrics, 0)
     print(
         f"speedtronic train: {metrics} held an earlier run's metrics; kept as {kept.name} "
         "(pass --resume to continue that run instead)",

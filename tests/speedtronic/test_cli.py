@@ -16,10 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 SECRET = "hf_SECRETtoken123"
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "speedtronic", *args],
         cwd=cwd,
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
@@ -236,6 +237,73 @@ def test_sample_on_a_non_checkpoint_exits_2(tmp_path):
     torch.save({"weights": torch.zeros(2)}, bogus)
     assert_one_line_error(
         cli("sample", str(bogus), cwd=tmp_path), 2, "not a Speedtronic trainer checkpoint"
+    )
+
+
+# An installed package's model: touches a file on import, so a test sees when it was imported.
+PLUGIN_MODULE = """\
+from pathlib import Path
+
+import torch
+
+Path(__file__).with_name("imported").touch()
+
+
+class TinyNet(torch.nn.Module):
+    def __init__(self, vocab_size, d_model, **fields):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab_size, d_model)
+        self.head = torch.nn.Linear(d_model, vocab_size)
+
+    def forward(self, input_ids, **_):
+        return {"logits": self.head(self.embed(input_ids))}
+"""
+
+
+def test_a_model_from_an_installed_package_works_in_every_command(tmp_path):
+    site = tmp_path / "site"  # a real installed distribution declaring speedtronic.models
+    info = site / "tinyplug-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tinyplug\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[speedtronic.models]\ntinynet = tinyplug_models:TinyNet\nbrokennet = tinyplug_gone:build\n"
+    )
+    (site / "tinyplug_models.py").write_text(PLUGIN_MODULE)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+    }
+    config = tiny_config(tmp_path)
+    values = yaml.safe_load(config.read_text())
+    values["model"]["name"] = "tinynet"
+    config.write_text(yaml.safe_dump(values))
+
+    result = cli("validate", str(config), cwd=tmp_path, env=env)
+    assert result.returncode == 0 and "name: tinynet" in result.stdout, result.stderr
+    assert not (site / "imported").exists()  # validate builds no model: the plugin stays unread
+
+    result = cli("train", str(config), "--max-steps", "2", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (site / "imported").exists()
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_2.pt"
+
+    out = tmp_path / "export"
+    result = cli("export", str(checkpoint), str(out), cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "config.json").read_text())["name"] == "tinynet"
+    result = cli(
+        "export", str(checkpoint), str(tmp_path / "hf"), "--format", "hf", cwd=tmp_path, env=env
+    )
+    assert_one_line_error(result, 2, "model.name: TinyNet does not map onto transformers' ")
+    result = cli("sample", str(checkpoint), cwd=tmp_path, env=env)
+    assert_one_line_error(result, 2, "model 'tinynet' has no generate(); sample needs one taking ")
+
+    result = cli("train", str(config), "--set", "model.name=brokennet", cwd=tmp_path, env=env)
+    assert_one_line_error(
+        result,
+        2,
+        "speedtronic train: model.name: model 'brokennet' comes from entry point brokennet = "
+        "tinyplug_gone:build of distribution tinyplug 0.1, which fails: ModuleNotFoundError: ",
     )
 
 

@@ -163,8 +163,8 @@ def sample_text(
     model, config = load_checkpoint_model(path)
     if not hasattr(model, "generate"):
         raise UsageError(
-            f"{path}: model {config.model.name!r} has no generate(); sample needs the reference "
-            "model"
+            f"{path}: model {config.model.name!r} has no generate(); sample needs one taking "
+            "(input_ids, max_new_tokens, temperature=, top_k=), as the reference model has"
         )
     codec = resolve_tokenizer(config, tokenizer, strict=False)
     _check_fits(codec, config, tokenizer)

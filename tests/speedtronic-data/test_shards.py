@@ -98,6 +98,58 @@ def test_no_match_short_data_and_vocab(tmp_path):
         TokenShardDataset(tmp_path / "v.bin", 4, vocab_size=256)
 
 
+# ------------------------------------------------------------------------------------------------
+# the largest id, recorded in the header
+
+
+def test_the_header_records_the_largest_id(tmp_path):
+    info = read_shard_header(write_shard(tmp_path / "a.bin", np.array([5, 60_000, 7])))
+    assert (info.dtype, info.max_token) == (np.dtype("<u2"), 60_000)
+    assert read_shard_header(write_shard(tmp_path / "b.bin", [3, 70_000])).max_token == 70_000
+    # llm.c reads slots 0-2 and its writers leave the rest zero; ours is slot 3, id + 1
+    header = np.fromfile(tmp_path / "b.bin", dtype="<i4", count=256)
+    assert header[:4].tolist() == [20240801, 7, 2, 70_001] and not header[4:].any()
+    # nothing to record, or no room for id + 1 in the slot: unknown, so scanned
+    assert read_shard_header(write_shard(tmp_path / "c.bin", [])).max_token is None
+    assert read_shard_header(write_shard(tmp_path / "d.bin", [0, 2**32 - 1])).max_token is None
+
+
+def test_a_recorded_largest_id_is_trusted_without_reading_the_body(tmp_path, monkeypatch):
+    path = write_shard(tmp_path / "s.bin", np.arange(10))
+    header = np.fromfile(path, dtype="<i4", count=256)
+    header[3] = 301  # the body's largest id is 9; the header says 300
+    with open(path, "r+b") as handle:
+        handle.write(header.tobytes())
+    with pytest.raises(DataError, match=r"s.bin' holds token id 300 >= vocab_size 256"):
+        TokenShardDataset(path, 4, vocab_size=256)
+
+    def no_scan(path):
+        raise AssertionError(f"{path} was read to find its largest id")
+
+    monkeypatch.setattr("speedtronic_data.shards.read_shard_tokens", no_scan)
+    assert len(TokenShardDataset(path, 4, vocab_size=301)) == 2
+
+
+def test_a_shard_that_records_no_largest_id_is_scanned(tmp_path):
+    tokens = np.array([1, 2, 3, 300, 4, 5, 6, 7, 8, 9], dtype="<u2")
+    path = _raw(tmp_path / "llmc.bin", [20240520, 1, len(tokens)], tokens.tobytes())  # as llm.c
+    assert read_shard_header(path).max_token is None
+    with pytest.raises(DataError, match=r"llmc.bin' holds token id 300 >= vocab_size 256"):
+        TokenShardDataset(path, 4, vocab_size=256)
+
+
+def test_an_impossible_recorded_largest_id_is_refused(tmp_path):
+    path = _raw(tmp_path / "top.bin", [20240520, 1, 2, 2**16], b"\0" * 4)
+    assert read_shard_header(path).max_token == 2**16 - 1  # the most a uint16 shard can hold
+    path = _raw(tmp_path / "bad.bin", [20240520, 1, 2, 2**16 + 1], b"\0" * 4)
+    with pytest.raises(
+        DataError,
+        match=r"^token shard .*bad.bin' header records largest token id 65536, more than its "
+        r"uint16 tokens can hold; the header is corrupt: write it again$",
+    ):
+        read_shard_header(path)
+
+
 def test_write_shard_rejects_bad_ids(tmp_path):
     with pytest.raises(DataError, match="1-D"):
         write_shard(tmp_path / "x.bin", np.zeros((2, 2)))

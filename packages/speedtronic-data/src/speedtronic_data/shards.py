@@ -21,6 +21,9 @@ from speedtronic_data.tokenizer_record import check_vocab, shards_record
 
 HEADER_INTS = 256  # the header is 256 little-endian int32s: magic, version, token count, then zeros
 HEADER_BYTES = HEADER_INTS * 4
+# Our own slot, which llm.c's readers ignore and its writers leave zero: the largest token id + 1,
+# read as uint32, so 0 means "unknown" (written elsewhere, or a uint32 shard holding 2**32 - 1).
+MAX_TOKEN_SLOT = 3
 FORMATS = {
     20240520: (1, np.dtype("<u2")),
     20240801: (7, np.dtype("<u4")),
@@ -29,11 +32,14 @@ FORMATS = {
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """A validated shard: where it is, its token dtype and how many tokens it holds."""
+    """A validated shard: where it is, its token dtype, how many tokens it holds and its largest
+    token id as the header records it (None when the header does not say).
+    """
 
     path: Path
     dtype: np.dtype
     num_tokens: int
+    max_token: int | None = None
 
 
 def read_shard_header(path: str | Path) -> ShardInfo:
@@ -71,7 +77,13 @@ def read_shard_header(path: str | Path) -> ShardInfo:
             f"({num_tokens * dtype.itemsize} bytes) but the body has {body} bytes; the file is "
             "truncated or corrupt: write it again"
         )
-    return ShardInfo(path, dtype, num_tokens)
+    recorded = int(header.view("<u4")[MAX_TOKEN_SLOT])
+    if recorded - 1 > np.iinfo(dtype).max:
+        raise DataError(
+            f"token shard {str(path)!r} header records largest token id {recorded - 1}, more than "
+            f"its {dtype.name} tokens can hold; the header is corrupt: write it again"
+        )
+    return ShardInfo(path, dtype, num_tokens, recorded - 1 if recorded else None)
 
 
 def read_shard_tokens(path: str | Path) -> np.ndarray:
@@ -86,20 +98,20 @@ def read_shard_tokens(path: str | Path) -> np.ndarray:
 
 def write_shard(path: str | Path, tokens: Any) -> Path:
     """Write tokens atomically as one shard: uint16 (magic 20240520) when every id fits, else
-    uint32.
+    uint32; the header records the largest id.
     """
     path = Path(path)
     ids = np.asarray(tokens)
     if ids.ndim != 1:
         raise DataError(f"write_shard needs a 1-D array of token ids, got shape {ids.shape}")
-    if ids.size and (ids.min() < 0 or ids.max() >= 2**32):
-        raise DataError(
-            f"write_shard: token ids must lie in [0, 2**32), got [{ids.min()}, {ids.max()}]"
-        )
-    magic = 20240520 if not ids.size or ids.max() < 2**16 else 20240801
+    low, high = (int(ids.min()), int(ids.max())) if ids.size else (0, -1)
+    if low < 0 or high >= 2**32:
+        raise DataError(f"write_shard: token ids must lie in [0, 2**32), got [{low}, {high}]")
+    magic = 20240520 if high < 2**16 else 20240801
     version, dtype = FORMATS[magic]
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (magic, version, ids.size)
+    header.view("<u4")[MAX_TOKEN_SLOT] = (high + 1) % 2**32  # 2**32 - 1 wraps to 0: "unknown"
 
     def write(handle: IO[bytes]) -> None:
         handle.write(header.tobytes())
@@ -109,12 +121,16 @@ def write_shard(path: str | Path, tokens: Any) -> Path:
 
 
 def _check_shard_vocab(shard: ShardInfo, vocab_size: int | None) -> None:
-    """Raise DataError when a shard holds a token id >= vocab_size: one vectorized max over the
-    memmap (milliseconds per GB), so a bad id fails at start-up, not when its batch is read.
+    """Raise DataError when a shard holds a token id >= vocab_size, so a bad id fails at start-up,
+    not when its batch is read: the header's recorded largest id, else one max over the memmap.
     """
     if vocab_size is None or shard.num_tokens == 0 or int(np.iinfo(shard.dtype).max) < vocab_size:
         return  # e.g. a uint16 shard under a vocabulary of 65536 cannot hold one
-    largest = int(read_shard_tokens(shard.path).max())
+    # Scanning reads the whole shard, on every rank at every start (20 GB for FineWeb 10B), so
+    # only shards whose header does not record their largest id pay for it.
+    largest = shard.max_token
+    if largest is None:
+        largest = int(read_shard_tokens(shard.path).max())
     if largest >= vocab_size:
         raise DataError(
             f"token shard {str(shard.path)!r} holds token id {largest} >= vocab_size "

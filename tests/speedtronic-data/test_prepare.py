@@ -73,6 +73,17 @@ def test_bad_arguments(tmp_path):
         prepare_shards([], tmp_path, shard_tokens=0)
 
 
+def test_a_refused_input_or_output_leaves_no_folder(tmp_path):
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe not UTF-8")
+    out = tmp_path / "new" / "out"
+    with pytest.raises(DataError, match="not valid UTF-8"):
+        prepare_shards([tmp_path / "binary.txt"], out, progress=None)
+    assert not (tmp_path / "new").exists()  # nor the parent made for it
+    (tmp_path / "a-file").write_text("in the way")
+    with pytest.raises(DataError, match=r"^cannot write shards into '.*a-file/out' \(Not a dir"):
+        prepare_shards([], tmp_path / "a-file" / "out", texts=["text\n"], progress=None)
+
+
 def test_hugging_face_tokenizer_vocab_is_enforced(tmp_path):
     class Tok:
         def get_vocab_size(self):
@@ -84,6 +95,7 @@ def test_hugging_face_tokenizer_vocab_is_enforced(tmp_path):
     (tmp_path / "a.txt").write_text("a bb ccccccccccccccc")
     with pytest.raises(DataError, match="token id 15 is >= vocab_size 10"):
         prepare_shards([tmp_path / "a.txt"], tmp_path / "out", tokenizer=Tok(), progress=None)
+    assert not (tmp_path / "out").exists()
 
 
 def test_stdlib_corpus_is_deterministic_python_source_of_the_requested_size():

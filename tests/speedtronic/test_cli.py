@@ -421,6 +421,29 @@ def test_bad_arguments_are_one_line_exit_2(tmp_path, capsys, args, fragment):
     assert len(err.strip().splitlines()) == 1 and "usage:" not in err
 
 
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--val-fraction", "1"], "val_fraction must be in [0, 1), got 1.0"),
+        (["--val-fraction", "nan"], "val_fraction must be in [0, 1)"),
+        (["missing.txt"], "missing.txt: no such file or folder"),
+        (["--tokenizer", "gone.json"], "--tokenizer gone.json: no such file"),
+        (["empty.txt"], "'empty.txt' is empty"),
+        (["binary.txt"], "not valid UTF-8"),
+    ],
+)
+def test_prepare_refuses_before_creating_its_folder(tmp_path, monkeypatch, capsys, args, fragment):
+    from speedtronic.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe not UTF-8")
+    assert main(["prepare", "data/out", *args, "--stdlib-bytes", "2000"]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "data").exists()
+
+
 def test_version_names_the_meta_package_and_every_part(capsys):
     import importlib.metadata
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import sysconfig
@@ -14,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from speedtronic_config.atomic import probe_folder
 from speedtronic_data.errors import DataError
 from speedtronic_data.records import RecordSource, is_record_source, open_records
 from speedtronic_data.shards import write_shard
@@ -208,7 +210,9 @@ def prepare_shards(
     first val_fraction of each source goes to validation (of its bytes, cut at a line break, for
     text; of its rows for records), the rest to training. Every shard is written atomically;
     shards left from an earlier, longer run are removed. on_progress(done_bytes, total_bytes,
-    tokens) is called after each chunk (totals are estimates for Parquet).
+    tokens) is called after each chunk (totals are estimates for Parquet). Arguments are checked
+    before out_dir is created, and a refusal found in the data before any shard is written leaves
+    no folder behind.
     """
     started = time.perf_counter()
     if not 0.0 <= val_fraction < 1.0:
@@ -226,20 +230,34 @@ def prepare_shards(
     if not sources:
         raise DataError("prepare_shards got no text: pass text files or texts=[...]")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    created = [folder for folder in (out, *out.parents) if not folder.exists()]  # deepest first
+    try:
+        probe_folder(out)  # before tokenizing: an unwritable out_dir fails now, not an hour in
+    except OSError as error:
+        raise DataError(
+            f"cannot write shards into {str(out)!r} ({error.strerror or error})"
+        ) from None
     # A record that outlived its shards would vouch for tokens another tokenizer wrote.
     (out / RECORD_NAME).unlink(missing_ok=True)
     report = progress or (lambda line: None)
     writers = {split: _ShardWriter(out, split, shard_tokens, report) for split in ("train", "val")}
     total = sum(source.size for source in sources)
     done = tokens = 0
-    for source in sources:
-        for split, text in source.pieces(val_fraction):
-            ids = _encode_chunk(tokenizer, text, vocab, source.name)
-            writers[split].add(ids)
-            done, tokens = done + len(text.encode("utf-8")), tokens + ids.size
-            if on_progress is not None:
-                on_progress(done, max(total, done), tokens)
+    try:
+        for source in sources:
+            for split, text in source.pieces(val_fraction):
+                ids = _encode_chunk(tokenizer, text, vocab, source.name)
+                writers[split].add(ids)
+                done, tokens = done + len(text.encode("utf-8")), tokens + ids.size
+                if on_progress is not None:
+                    on_progress(done, max(total, done), tokens)
+    except BaseException:
+        # Bytes that are not UTF-8 or an id past the vocabulary refuse an input only once it is
+        # read: remove the folders made for it while they are still empty (rmdir keeps any other).
+        for folder in created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
     for writer in writers.values():
         writer.flush()
         for stale in sorted(out.glob(f"{writer.split}_*.bin")):

@@ -415,7 +415,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     from speedtronic.corpus import prepare_corpus
 
     prepare_corpus(
-        _output_folder(Path(args.out_dir), "OUT_DIR"),
+        Path(args.out_dir),  # created by prepare_shards once every argument is checked
         [Path(t) for t in args.texts],
         args.stdlib_bytes,
         args.val_fraction,

@@ -19,6 +19,7 @@ from speedtronic_config.atomic import (
     atomic_write_bytes,
     atomic_write_text,
     current_umask,
+    new_folders_removed_on_error,
     probe_folder,
     publish_private_file,
     remove_stale_temp_files,
@@ -103,6 +104,22 @@ def test_probe_folder_creates_the_folder_and_leaves_nothing(tmp_path):
         probe_folder(tmp_path / "file" / "sub")  # a path under a file
     with pytest.raises(OSError):
         probe_folder(tmp_path / "file")
+
+
+def test_a_failed_body_removes_only_the_empty_folders_made_for_it(tmp_path):
+    target = tmp_path / "a" / "b" / "c"
+    with pytest.raises(KeyError), new_folders_removed_on_error(target) as folder:
+        probe_folder(folder)
+        raise KeyError("refused")
+    assert list(tmp_path.iterdir()) == []  # a, b and c were made for it
+    with pytest.raises(KeyError), new_folders_removed_on_error(target):
+        probe_folder(target)
+        (target.parent / "kept.txt").write_text("x")  # b is no longer empty: b and a stay
+        raise KeyError("refused")
+    assert not target.exists() and (target.parent / "kept.txt").exists()
+    with new_folders_removed_on_error(target):  # success keeps what the body made
+        probe_folder(target)
+    assert target.is_dir()
 
 
 def test_folder_fsync_tolerates_folders_that_cannot_be_synced(tmp_path, monkeypatch):

@@ -620,6 +620,21 @@ def test_resuming_with_other_settings_is_a_usage_error(smoke_run, override, frag
     assert "SPEEDTRONIC_DEBUG" not in result.stderr
 
 
+@pytest.mark.parametrize("format_", ["speedtronic", "hf"])
+def test_a_refused_export_leaves_no_folder_it_created(smoke_run, capsys, format_):
+    from speedtronic.cli import main
+
+    _, run = smoke_run
+    missing = str(run / "checkpoints" / "step_3.pt")
+    out = run / f"export-{format_}" / "nested"
+    assert main(["export", missing, str(out), "--format", format_]) == 2
+    assert "step_3.pt: no such checkpoint" in capsys.readouterr().err
+    assert not out.parent.exists()
+    out.mkdir(parents=True)  # a folder that was there before stays
+    assert main(["export", missing, str(out), "--format", format_]) == 2
+    assert out.is_dir()
+
+
 def test_sample_names_what_the_checkpoint_cannot_take(smoke_run):
     _, run = smoke_run
     result = cli("sample", str(run / "checkpoints" / "step_3.pt"), cwd=run)

@@ -6,9 +6,10 @@ only, so it lives in the package all others depend on); speedtronic-systems adds
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -52,6 +53,22 @@ def probe_folder(folder: str | os.PathLike[str]) -> Path:
     finally:
         probe.unlink(missing_ok=True)
     return folder
+
+
+@contextlib.contextmanager
+def new_folders_removed_on_error(folder: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield `folder`; when the body raises, remove it and the parents missing on entry while they
+    are still empty, so a command refused after creating its output folder leaves nothing behind.
+    """
+    folder = Path(folder)
+    missing = [path for path in (folder, *folder.parents) if not path.exists()]  # deepest first
+    try:
+        yield folder
+    except BaseException:
+        for path in missing:
+            with contextlib.suppress(OSError):  # not empty (or not made here): kept
+                path.rmdir()
+        raise
 
 
 def current_umask() -> int:
@@ -232,6 +249,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "current_umask",
+    "new_folders_removed_on_error",
     "probe_folder",
     "publish_private_file",
     "remove_stale_temp_files",

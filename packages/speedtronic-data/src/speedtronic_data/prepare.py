@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import sysconfig
@@ -15,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from speedtronic_config.atomic import probe_folder
+from speedtronic_config.atomic import new_folders_removed_on_error, probe_folder
 from speedtronic_data.errors import DataError
 from speedtronic_data.records import RecordSource, is_record_source, open_records
 from speedtronic_data.shards import write_shard
@@ -230,20 +229,23 @@ def prepare_shards(
     if not sources:
         raise DataError("prepare_shards got no text: pass text files or texts=[...]")
     out = Path(out_dir)
-    created = [folder for folder in (out, *out.parents) if not folder.exists()]  # deepest first
-    try:
-        probe_folder(out)  # before tokenizing: an unwritable out_dir fails now, not an hour in
-    except OSError as error:
-        raise DataError(
-            f"cannot write shards into {str(out)!r} ({error.strerror or error})"
-        ) from None
-    # A record that outlived its shards would vouch for tokens another tokenizer wrote.
-    (out / RECORD_NAME).unlink(missing_ok=True)
-    report = progress or (lambda line: None)
-    writers = {split: _ShardWriter(out, split, shard_tokens, report) for split in ("train", "val")}
-    total = sum(source.size for source in sources)
-    done = tokens = 0
-    try:
+    # Bytes that are not UTF-8 or an id past the vocabulary refuse an input only once it is read:
+    # the folders made for it go again while they are still empty.
+    with new_folders_removed_on_error(out):
+        try:
+            probe_folder(out)  # before tokenizing: an unwritable out_dir fails now, not an hour in
+        except OSError as error:
+            raise DataError(
+                f"cannot write shards into {str(out)!r} ({error.strerror or error})"
+            ) from None
+        # A record that outlived its shards would vouch for tokens another tokenizer wrote.
+        (out / RECORD_NAME).unlink(missing_ok=True)
+        report = progress or (lambda line: None)
+        writers = {
+            split: _ShardWriter(out, split, shard_tokens, report) for split in ("train", "val")
+        }
+        total = sum(source.size for source in sources)
+        done = tokens = 0
         for source in sources:
             for split, text in source.pieces(val_fraction):
                 ids = _encode_chunk(tokenizer, text, vocab, source.name)
@@ -251,28 +253,24 @@ def prepare_shards(
                 done, tokens = done + len(text.encode("utf-8")), tokens + ids.size
                 if on_progress is not None:
                     on_progress(done, max(total, done), tokens)
-    except BaseException:
-        # Bytes that are not UTF-8 or an id past the vocabulary refuse an input only once it is
-        # read: remove the folders made for it while they are still empty (rmdir keeps any other).
-        for folder in created:
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-        raise
-    for writer in writers.values():
-        writer.flush()
-        for stale in sorted(out.glob(f"{writer.split}_*.bin")):
-            if stale not in writer.paths:
-                stale.unlink()
-    result = PrepareResult(
-        writers["train"].paths, writers["val"].paths, writers["train"].total, writers["val"].total
-    )
-    if not result.train_tokens:
-        raise DataError(
-            "prepare_shards produced no training tokens from "
-            f"{[source.name for source in sources]}; "
-            "lower val_fraction or add text"
+        for writer in writers.values():
+            writer.flush()
+            for stale in sorted(out.glob(f"{writer.split}_*.bin")):
+                if stale not in writer.paths:
+                    stale.unlink()
+        result = PrepareResult(
+            writers["train"].paths,
+            writers["val"].paths,
+            writers["train"].total,
+            writers["val"].total,
         )
-    result.tokenizer = write_record(out, tokenizer)
+        if not result.train_tokens:
+            raise DataError(
+                "prepare_shards produced no training tokens from "
+                f"{[source.name for source in sources]}; "
+                "lower val_fraction or add text"
+            )
+        result.tokenizer = write_record(out, tokenizer)
     result.seconds = time.perf_counter() - started
     return result
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -10,7 +11,7 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -468,19 +469,19 @@ def _cmd_export(args: argparse.Namespace) -> int:
         ]
         if extra:
             raise UsageError(f"{', '.join(extra)} need{'s' if len(extra) == 1 else ''} --format hf")
-        print(
-            export_checkpoint(Path(args.checkpoint), _output_folder(Path(args.out_dir), "OUT_DIR"))
-        )
+        with _output_folder(Path(args.out_dir), "OUT_DIR") as folder:
+            print(export_checkpoint(Path(args.checkpoint), folder))
         return 0
     if args.push_to_hub:
         check_repo_id(args.push_to_hub)  # before the export: nothing is written for a typo
-    out = export_hf(
-        Path(args.checkpoint),
-        _output_folder(Path(args.out_dir), "OUT_DIR"),
-        tokenizer=args.tokenizer,
-        max_shard_bytes=args.max_shard_size,
-        repo_id=args.push_to_hub,
-    )
+    with _output_folder(Path(args.out_dir), "OUT_DIR") as folder:
+        out = export_hf(
+            Path(args.checkpoint),
+            folder,
+            tokenizer=args.tokenizer,
+            max_shard_bytes=args.max_shard_size,
+            repo_id=args.push_to_hub,
+        )
     print(out)
     if args.push_to_hub:
         print(push_to_hub(out, args.push_to_hub, private=args.private))
@@ -517,16 +518,22 @@ def _is_usage_error(error: BaseException) -> bool:
     )
 
 
-def _output_folder(path: Path, flag: str) -> Path:
-    """Create and write-probe the folder a command writes into; UsageError naming it if it cannot
-    be written (a file in the way, read-only, no permission).
+@contextlib.contextmanager
+def _output_folder(path: Path, flag: str) -> Iterator[Path]:
+    """Create and write-probe the folder a command writes into, UsageError naming it if it cannot
+    be written (a file in the way, read-only, no permission); a command that then fails (a missing
+    checkpoint, say) leaves no folder it created behind.
     """
-    from speedtronic_config.atomic import probe_folder
+    from speedtronic_config.atomic import new_folders_removed_on_error, probe_folder
 
-    try:
-        return probe_folder(path)
-    except OSError as error:
-        raise UsageError(f"{flag} {path}: cannot write there ({error.strerror or error})") from None
+    with new_folders_removed_on_error(path):
+        try:
+            folder = probe_folder(path)
+        except OSError as error:
+            raise UsageError(
+                f"{flag} {path}: cannot write there ({error.strerror or error})"
+            ) from None
+        yield folder
 
 
 def _one_line(error: BaseException) -> str:

@@ -108,7 +108,8 @@ def test_shards_from_different_tokenizers_do_not_mix(tmp_path, bpe_json):
     shards(tmp_path / "a", CharTokenizer())
     shards(tmp_path / "b", JsonTokenizer.from_file(bpe_json))
     paths = [tmp_path / "a" / "train_000000.bin", tmp_path / "b" / "train_000000.bin"]
-    with pytest.raises(DataError, match="different tokenizers"):
+    with pytest.raises(DataError, match="different tokenizers") as caught:
         shards_record(paths)
+    assert f"{tmp_path / 'a'} holds the byte tokenizer" in str(caught.value)
     with pytest.raises(DataError, match="different tokenizers"):
         TokenShardDataset([str(p) for p in paths], 16, 512)

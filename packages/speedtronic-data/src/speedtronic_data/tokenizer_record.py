@@ -129,7 +129,7 @@ def shards_record(shard_paths: Iterable[str | Path]) -> TokenizerRecord:
     for folder, record in zip(folders[1:], records[1:], strict=True):
         if not record.same_tokenizer(first):
             raise DataError(
-                "these token shards come from different tokenizers: {folders[0]} holds "
+                f"these token shards come from different tokenizers: {folders[0]} holds "
                 f"{first.describe()}, {folder} holds {record.describe()}; prepare them with one"
             )
     return first

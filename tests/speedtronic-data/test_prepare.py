@@ -139,6 +139,12 @@ def test_a_tokenizer_json_prepares_and_is_recorded(tmp_path, bpe_json):
     assert json.loads((tmp_path / "out" / "tokenizer_record.json").read_text())["vocab_size"] == (
         tokenizer.vocab_size
     )
+    # A later prepare into the folder that refuses an input keeps its record and tokenizer.
+    record = (tmp_path / "out" / "tokenizer_record.json").read_bytes()
+    (tmp_path / "b.txt").write_bytes(b"more text\n\xff not UTF-8")
+    with pytest.raises(DataError, match="not valid UTF-8"):
+        prepare_shards([tmp_path / "b.txt"], tmp_path / "out", tokenizer, progress=None)
+    assert (tmp_path / "out" / "tokenizer_record.json").read_bytes() == record
 
 
 def test_a_tokenizers_object_gets_no_special_tokens(tmp_path):

@@ -76,6 +76,9 @@ class _ShardWriter:
     def flush(self) -> None:
         if not self.buffered:
             return
+        # A record that outlived its shards would vouch for tokens another tokenizer wrote; kept
+        # until a shard is replaced, so an input refused before that leaves the folder as it was.
+        (self.out_dir / RECORD_NAME).unlink(missing_ok=True)
         path = write_shard(
             self.out_dir / f"{self.split}_{len(self.paths):06d}.bin", np.concatenate(self.parts)
         )
@@ -238,8 +241,6 @@ def prepare_shards(
             raise DataError(
                 f"cannot write shards into {str(out)!r} ({error.strerror or error})"
             ) from None
-        # A record that outlived its shards would vouch for tokens another tokenizer wrote.
-        (out / RECORD_NAME).unlink(missing_ok=True)
         report = progress or (lambda line: None)
         writers = {
             split: _ShardWriter(out, split, shard_tokens, report) for split in ("train", "val")

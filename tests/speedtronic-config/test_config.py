@@ -49,6 +49,16 @@ def test_a_block_longer_than_the_reference_models_context_is_refused():
     assert SpeedtronicConfig.from_dict(custom).data.block_size == 128
 
 
+def test_a_data_vocabulary_larger_than_the_reference_models_is_refused():
+    refused = r"data.vocab_size: is larger than model.vocab_size \(384\).*raise model.vocab_size"
+    with pytest.raises(ConfigError, match=refused):
+        SpeedtronicConfig.from_dict({"model": {"vocab_size": 384}, "data": {"vocab_size": 385}})
+    smaller = {"model": {"vocab_size": 384}, "data": {"vocab_size": 300}}
+    assert SpeedtronicConfig.from_dict(smaller).data.vocab_size == 300
+    custom = {"model": {"name": "mine", "vocab_size": 384}, "data": {"vocab_size": 385}}
+    assert SpeedtronicConfig.from_dict(custom).data.vocab_size == 385
+
+
 def test_log_every_copies_only_onto_the_default_cadence():
     assert SpeedtronicConfig.from_dict({"log_every": 10}).logging.every_steps == 10
     assert (

@@ -98,7 +98,7 @@ def test_training_refuses_a_vocabulary_smaller_than_the_tokenizer(tmp_path, bpe_
         TokenShardDataset(str(folder / "train_*.bin"), 16, vocab_size=256)
     message = str(caught.value)
     assert f"tokenizer.json ({size} ids)" in message and "is 256" in message
-    assert f"set model.vocab_size to at least {size}" in message and "\n" not in message
+    assert f"data.vocab_size, if set) to at least {size}" in message and "\n" not in message
     assert TokenShardDataset(str(folder / "train_*.bin"), 16, vocab_size=320).tokenizer.kind == (
         "tokenizers"
     )

@@ -382,7 +382,7 @@ def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path):
         2,
         "tokenizer.json (400 ids)",
         "is 128",
-        "set model.vocab_size to at least 400",
+        "set model.vocab_size (and data.vocab_size, if set) to at least 400",
     )
     assert_one_line_error(
         cli(

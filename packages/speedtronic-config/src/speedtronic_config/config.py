@@ -100,6 +100,16 @@ class SpeedtronicConfig:
             )
         if self.data.vocab_size is None:
             self.data.vocab_size = self.model.vocab_size
+        elif self.model.name == "reference_transformer" and (
+            self.data.vocab_size > self.model.vocab_size
+        ):  # else an id past the embedding fails mid-run as a bare IndexError
+            raise ConfigError(
+                "data.vocab_size",
+                f"is larger than model.vocab_size ({self.model.vocab_size}), the reference "
+                "model's embedding rows",
+                value=self.data.vocab_size,
+                allowed=f"use at most {self.model.vocab_size}, or raise model.vocab_size",
+            )
         if self.data.seed is None:
             self.data.seed = self.run.seed
         if self.run.log_every is not None and self.logging.every_steps == 1:

@@ -140,9 +140,10 @@ def check_vocab(record: TokenizerRecord, vocab_size: int | None, where: str) -> 
     if vocab_size is None or record.vocab_size is None or record.vocab_size <= vocab_size:
         return
     raise DataError(
-        f"token shards in {where} were written by {record.describe()} but model.vocab_size "
-        f"(data.vocab_size) is {vocab_size:,}; set model.vocab_size to at least "
-        f"{record.vocab_size} or prepare the shards with a tokenizer of at most {vocab_size:,} ids"
+        f"token shards in {where} were written by {record.describe()} but data.vocab_size "
+        f"(model.vocab_size unless set) is {vocab_size:,}; set model.vocab_size (and "
+        f"data.vocab_size, if set) to at least {record.vocab_size} or prepare the shards with a "
+        f"tokenizer of at most {vocab_size:,} ids"
     )
 
 

@@ -319,10 +319,16 @@ def load_llama(model: Any, folder: str | os.PathLike[str]) -> ReferenceTransform
     folder = Path(folder)
     problems = llama_mismatches(read_llama_config(folder), model)
     if problems:
+        sizes = [p for p in problems if p.startswith("model.")]  # the rest have no model field
+        advice = ["set those model fields to the checkpoint's values"] if sizes else []
+        if len(sizes) < len(problems):
+            advice.append(
+                "a feature that does not map has no setting: start from a checkpoint without it"
+            )
         raise ConfigError(
             "model.init_from",
             f"{folder} does not match the model section: {'; '.join(problems)}",
-            allowed="set those model fields to the checkpoint's values",
+            allowed="; ".join(advice),
         )
     expected = dict((hf, ours) for ours, hf in llama_names(model))
     params = model.state_dict()

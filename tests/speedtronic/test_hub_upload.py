@@ -56,6 +56,8 @@ def test_bad_repository_id_and_folder(tmp_path, server):
         push_to_hub(tmp_path, "a/b/c", endpoint=server.url)
     with pytest.raises(UsageError, match="no such export folder"):
         push_to_hub(tmp_path / "missing", "me/x", endpoint=server.url)
+    with pytest.raises(UsageError, match=r"'tiny': give OWNER/tiny \(your user or organization"):
+        push_to_hub(tmp_path, "tiny", endpoint=server.url)  # the card could not name its repo
 
 
 def test_an_unreachable_hub_names_the_endpoint_and_keeps_the_export(tmp_path, monkeypatch):

@@ -8,8 +8,9 @@ from speedtronic.errors import UsageError, first_line
 
 
 def check_repo_id(repo_id: str) -> None:
-    """Raise UsageError unless `repo_id` is a Hub repository id (NAME or OWNER/NAME), as
-    huggingface_hub checks it: before an export, so a typo costs nothing.
+    """Raise UsageError unless `repo_id` is a Hub repository id OWNER/NAME, as huggingface_hub
+    checks it: before an export, so a typo costs nothing. A bare NAME is refused: the Hub would
+    put it under the token's user, but the model card must name the id users load.
     """
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
@@ -17,8 +18,13 @@ def check_repo_id(repo_id: str) -> None:
         validate_repo_id(repo_id)
     except HFValidationError as error:
         raise UsageError(
-            f"--push-to-hub {repo_id!r}: not a repository id ({error}); use NAME or OWNER/NAME"
+            f"--push-to-hub {repo_id!r}: not a repository id ({error}); use OWNER/NAME"
         ) from None
+    if "/" not in repo_id:
+        raise UsageError(
+            f"--push-to-hub {repo_id!r}: give OWNER/{repo_id} (your user or organization name), "
+            "the id the model card tells users to load"
+        )
 
 
 def push_to_hub(
@@ -41,7 +47,7 @@ def push_to_hub(
         url = api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
         api.upload_folder(
             folder_path=str(folder),
-            repo_id=url.repo_id,  # OWNER/NAME, also when only NAME was given
+            repo_id=repo_id,
             repo_type="model",
             commit_message="Upload a Speedtronic export",
         )

@@ -60,8 +60,13 @@ def test_optional_allows_null_and_required_does_not():
 
 def test_strings_lists_and_pairs():
     assert coerce("a", "str", "s") == "a"
-    with pytest.raises(ConfigError, match="expected a string"):
+    with pytest.raises(ConfigError, match="expected a string.*quote the value in YAML"):
         coerce(12, "str", "s")
+    with pytest.raises(
+        ConfigError, match=r"s: expected one string, not a list \(got \['a/\*'"
+    ) as caught:
+        coerce(["a/*", "b/*"], "str", "s")  # quoting would not help: no advice to quote
+    assert "quote" not in str(caught.value)
     assert coerce(("a", "b"), "list[str]", "l") == ["a", "b"]
     with pytest.raises(ConfigError, match=r"l\[1\]: expected a string"):
         coerce(["a", 2], "list[str]", "l")

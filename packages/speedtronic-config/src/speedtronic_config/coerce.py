@@ -54,6 +54,9 @@ def _float(value: Any, path: str) -> float:
 
 
 def _str(value: Any, path: str) -> str:
+    if isinstance(value, (list, tuple, dict)):  # quoting would not make one string of these
+        kind = "a mapping" if isinstance(value, dict) else "a list"
+        raise ConfigError(path, f"expected one string, not {kind}", value=value)
     if not isinstance(value, str):
         raise ConfigError(path, "expected a string", value=value, allowed="quote the value in YAML")
     # No name, path, device or token may hold one: the OS refuses it in paths, often much later.

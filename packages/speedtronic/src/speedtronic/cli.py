@@ -242,7 +242,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="hf: split the weights into shards of at most SIZE (e.g. 2GB, 500MB; default 5GB)",
     )
-    export.add_argument("--push-to-hub", metavar="REPO", help="hf: upload the folder to REPO (OWNER/NAME)")
+    export.add_argument(
+        "--push-to-hub", metavar="REPO", help="hf: upload the folder to REPO (OWNER/NAME)"
+    )
     export.add_argument(
         "--private", action="store_true", help="with --push-to-hub: create REPO private"
     )

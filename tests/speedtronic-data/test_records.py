@@ -51,6 +51,17 @@ def test_datasets_save_to_disk_folder(tmp_path):
         open_records(tmp_path / "dd")
 
 
+def test_a_json_file_is_read_as_the_json_lines_datasets_writes(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    path = tmp_path / "docs.json"
+    datasets.Dataset.from_dict({"text": ROWS, "n": [1, 2, 3, 4]}).to_json(str(path))
+    assert is_record_source(path)
+    assert list(open_records(path).texts()) == [r for r in ROWS if r is not None]
+    path.write_text(json.dumps([{"text": "a"}], indent=2))  # one JSON document, not lines
+    with pytest.raises(DataError, match=r"docs.json:1: not a JSON object .*read as JSON Lines"):
+        list(open_records(path).texts())
+
+
 def test_what_counts_as_records(tmp_path):
     assert is_record_source(tmp_path) and is_record_source(tmp_path / "a.JSONL")
     assert is_record_source(tmp_path / "a.parquet") and not is_record_source(tmp_path / "a.txt")

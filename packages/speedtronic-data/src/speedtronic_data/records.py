@@ -15,7 +15,8 @@ from typing import Any
 
 from speedtronic_data.errors import DataError
 
-JSONL_SUFFIXES = (".jsonl", ".ndjson")
+# `.json` too: what `datasets`' to_json() writes under that name is JSON Lines.
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet",)
 
 
@@ -89,7 +90,10 @@ def _jsonl_texts(path: Path, column: str) -> Iterator[str]:
             try:
                 row = json.loads(line)
             except ValueError as error:
-                raise DataError(f"{path}:{number}: not a JSON object ({error})") from None
+                raise DataError(
+                    f"{path}:{number}: not a JSON object ({error}); a {path.suffix} file is read "
+                    "as JSON Lines, one object per line"
+                ) from None
             if not isinstance(row, dict) or column not in row:
                 keys = ", ".join(row) if isinstance(row, dict) else type(row).__name__
                 raise DataError(
@@ -168,7 +172,9 @@ def open_records(path: str | Path, column: str = "text") -> RecordSource:
         return _parquet(path, column)
     if path.suffix.lower() in JSONL_SUFFIXES:
         return _jsonl(path, column)
-    raise DataError(f"{path} is not a record file; use .parquet, .jsonl or a `datasets` folder")
+    raise DataError(
+        f"{path} is not a record file; use .parquet, .jsonl (.json) or a `datasets` folder"
+    )
 
 
 __all__ = ["RecordSource", "is_record_source", "open_records"]

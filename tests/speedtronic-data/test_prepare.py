@@ -35,13 +35,35 @@ def test_files_and_texts_become_train_and_val_shards(tmp_path):
     assert 0 < result.val_tokens < len(data) // 5
     assert sorted(_tokens(result.val_paths) + _tokens(result.train_paths)) == sorted(data)
     val = bytes(_tokens(result.val_paths))
-    # Validation is the head of each source, rounded up to a whole line (so the one-line text is all
-    # val).
-    assert val == source.read_bytes()[: len(val) - 11] + b"extra text\n" and val.count(b"\n") > 50
+    # Validation is the head of each source, rounded up to a whole line; the one-line text's only
+    # break is far past its 10% (1 byte), so it is cut at that byte instead.
+    assert val == source.read_bytes()[: len(val) - 1] + b"e" and val.count(b"\n") > 50
+    assert val.endswith(b"\ne")
     assert [p.name for p in result.train_paths][:2] == ["train_000000.bin", "train_000001.bin"]
     assert all(len(read_shard_tokens(p)) == 2000 for p in result.train_paths[:-1])
     assert len(lines) == len(result.train_paths) + len(result.val_paths) and "tokens/s" in lines[0]
     assert len(TokenShardDataset(str(tmp_path / "out" / "train_*.bin"), 16)) > 0
+
+
+def test_a_long_line_never_takes_a_source_into_validation(tmp_path):
+    """A cut at the next line break would put a whole long line in validation: 95% of this
+    source, whose only break ends its one 120 KB line.
+    """
+    one_line = tmp_path / "one_line.txt"
+    one_line.write_text("x" * 120_000 + "\n" + "tail\n")
+    short_lines = tmp_path / "short.txt"
+    short_lines.write_text("".join(f"line {i}\n" for i in range(2000)))
+    result = prepare_shards([one_line, short_lines], tmp_path / "out", progress=None)
+    val = bytes(_tokens(result.val_paths))
+    assert val[:6000] == b"x" * 6000 and val[6000:7000] != b"x" * 1000  # 5% of 120,006 bytes
+    assert val[6000:].startswith(b"line 0\n")  # the short-line source still cuts at a break
+    assert 0.04 < result.val_tokens / (result.val_tokens + result.train_tokens) < 0.06
+    # Within half the target of a break, the cut stays at the break: before it when the next one
+    # is too far.
+    text = "a" * 60 + "\n" + "b" * 90 + "\n"  # 152 bytes: 50% is 76; next break 76 away, last 15
+    (tmp_path / "mid.txt").write_text(text)
+    result = prepare_shards([tmp_path / "mid.txt"], tmp_path / "mid", None, 0.5, progress=None)
+    assert bytes(_tokens(result.val_paths)) == ("a" * 60 + "\n").encode()
 
 
 def test_rerun_removes_stale_shards_and_custom_tokenizer(tmp_path):

@@ -102,18 +102,26 @@ def _encode_chunk(tokenizer: Any, text: str, vocab_size: int | None, source: str
     return ids
 
 
-def _split_at_line(text: str, head_bytes: float) -> tuple[str, str]:
-    """Split text after the first line break at or past head_bytes (so no line is in both splits),
-    else at it.
+def _split_at_line(text: str, head_bytes: float, slack: float) -> tuple[str, str]:
+    """Split text after the first line break at or past head_bytes (so no line is in both
+    splits); when that is more than `slack` bytes away, at the last break before it within
+    `slack`, else at head_bytes on a character boundary (one long line would otherwise put far
+    more than head_bytes, or nothing, in the head).
     """
     if head_bytes <= 0:
         return "", text
     raw = text.encode("utf-8")
     if head_bytes >= len(raw):
         return text, ""
-    cut = raw.find(b"\n", int(head_bytes)) + 1
-    if cut == 0:  # no line break left: cut at the byte count, on a character boundary
-        cut = int(head_bytes)
+    target = int(head_bytes)
+    after = raw.find(b"\n", target) + 1  # 0: none
+    before = raw.rfind(b"\n", 0, target) + 1  # 0: none (a cut at 0 empties the head)
+    if after and after - target <= slack:
+        cut = after
+    elif before and target - before <= slack:
+        cut = before
+    else:
+        cut = target
         while cut > 0 and raw[cut] & 0xC0 == 0x80:
             cut -= 1
     return raw[:cut].decode("utf-8"), raw[cut:].decode("utf-8")
@@ -127,10 +135,12 @@ def _chunks(text: str) -> Iterator[str]:
 def _text_pieces(
     size: int, chunks: Iterator[str], val_fraction: float
 ) -> Iterator[tuple[str, str]]:
-    """Yield (split, text): the first val_fraction of the bytes (to a line break) is validation."""
+    """Yield (split, text): the first val_fraction of the bytes (to a line break within half of
+    that) is validation.
+    """
     val_bytes, seen = val_fraction * size, 0
     for chunk in chunks:
-        head, tail = _split_at_line(chunk, val_bytes - seen)
+        head, tail = _split_at_line(chunk, val_bytes - seen, slack=val_bytes / 2)
         seen += len(chunk.encode("utf-8"))
         for split, text in (("val", head), ("train", tail)):
             if text:

@@ -507,6 +507,7 @@ _USAGE_ERRORS = (
     ("speedtronic_systems.precision", "DeviceError"),
     # A checkpoint written with other model or optimizer settings (not a damaged file).
     ("speedtronic_trainer.checkpoint_checks", "CheckpointMismatch"),
+    ("speedtronic.run_lock", "RunFolderBusy"),  # another live run writes the same folder
 )
 
 

@@ -14,6 +14,7 @@ import torch
 # 2.0 exposed the same builder here and in speedtronic.optimizers.
 from speedtronic.optimizers import build_v2_optimizer as build_optimizer
 from speedtronic.preflight import check_output_paths
+from speedtronic.run_lock import claim_run_folders
 from speedtronic.trainer import Trainer  # 2.0's Trainer, which also answers to train()
 from speedtronic_config import ConfigError, SpeedtronicConfig
 from speedtronic_data import build_dataloader, build_eval_dataloader
@@ -124,6 +125,26 @@ def build_runtime(
     )
     check_training_memory(config, resolved)  # before anything is allocated (run.memory_check)
     check_output_paths(config)  # a bad folder fails now, not at the first checkpoint
+    lock = claim_run_folders(config, parallel)  # before anything of another live run is touched
+    try:
+        trainer, manager = _assemble(config, parallel, resolved, resume, max_steps)
+    except BaseException:
+        lock.release()
+        raise
+    lock.tie_to(trainer)
+    return trainer, manager
+
+
+def _assemble(
+    config: SpeedtronicConfig,
+    parallel: Any,
+    resolved: torch.device,
+    resume: bool,
+    max_steps: int | None,
+) -> tuple[Trainer, CheckpointManager]:
+    """Steps 4-13 of build_runtime: model, data, optimizer, schedule, checkpoints, logger,
+    coordinator and the trainer, resumed when asked.
+    """
     model = apply_init_from(build_model(config.model), config.model.init_from)  # 4
     # 4b: wrap before the optimizer exists (fully_shard replaces the parameters).
     model = wrap_model(model.to(resolved), parallel, config.parallel)

@@ -1,0 +1,114 @@
+"""One live run per run folder: two runs writing one output folder overwrite each other's
+checkpoints and `latest`, and interleave their metrics, each exiting 0.
+
+The lock is an advisory `flock` on a file in the folder, so the kernel drops it when the process
+dies (a SIGKILL leaves nothing to clean up); a process that builds several runs on one folder
+(a notebook, a resume in the same script) holds it once for as long as any of them is alive.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import weakref
+from pathlib import Path
+from typing import Any, TextIO
+
+from speedtronic_config import SpeedtronicConfig
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, no lock (the run still trains)
+    fcntl = None  # type: ignore[assignment]
+
+LOCK_NAME = ".speedtronic-run.lock"
+# Folder -> (open lock file, how many live runs of this process hold it).
+_held: dict[Path, list[Any]] = {}
+
+
+class RunFolderBusy(RuntimeError):
+    """Another live run writes the folder this run would write."""
+
+
+def run_folders(config: SpeedtronicConfig) -> list[Path]:
+    """Return the folders one run owns: run.output_dir, and the checkpoint folder when it lies
+    outside it.
+    """
+    output = Path(config.run.output_dir).resolve()
+    folders = [output]
+    if config.checkpoint.enabled:
+        checkpoints = (output / config.checkpoint.directory).resolve()
+        if not checkpoints.is_relative_to(output):
+            folders.append(checkpoints)
+    return folders
+
+
+class RunLock:
+    """The locks one run holds; released by release(), or when the object it is tied to dies."""
+
+    def __init__(self, folders: list[Path]) -> None:
+        self.folders: list[Path] = []
+        try:
+            for folder in folders:
+                if folder not in _held:
+                    _held[folder] = [_lock(folder), 0]
+                _held[folder][1] += 1
+                self.folders.append(folder)
+        except BaseException:
+            self.release()  # the folders locked before the busy one
+            raise
+
+    def tie_to(self, owner: object) -> None:
+        """Hold the locks for as long as `owner` (the run's trainer) lives."""
+        weakref.finalize(owner, self.release)
+
+    def release(self) -> None:
+        """Drop this run's hold on its folders (idempotent); the last holder unlocks them."""
+        folders, self.folders = self.folders, []
+        for folder in folders:
+            entry = _held[folder]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _held[folder]
+                entry[0].close()  # closing the file drops the flock
+
+
+def claim_run_folders(config: SpeedtronicConfig, parallel: Any) -> RunLock:
+    """Lock the run's folders on the main rank; every rank raises RunFolderBusy, naming the other
+    run's process, when another process holds one.
+    """
+    lock, busy = RunLock([]), None
+    if parallel.is_main and fcntl is not None:
+        try:
+            lock = RunLock(run_folders(config))
+        except RunFolderBusy as error:
+            busy = str(error)
+    busy = parallel.broadcast_object(busy)  # one decision for the whole group
+    if busy is not None:
+        raise RunFolderBusy(busy)
+    return lock
+
+
+def _lock(folder: Path) -> TextIO:
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = open(folder / LOCK_NAME, "a+", encoding="utf-8")  # noqa: SIM115 (held open)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise RunFolderBusy(
+            f"{folder} is in use by another run ({holder}); wait for it to finish, or give this "
+            "run its own run.output_dir (or checkpoint.directory)"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {started}\n")
+    handle.flush()
+    return handle
+
+
+__all__ = ["LOCK_NAME", "RunFolderBusy", "RunLock", "claim_run_folders", "run_folders"]

@@ -1,0 +1,114 @@
+"""One live run per run folder: a second process is refused; the same process may build again."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import speedtronic.runtime as runtime
+from speedtronic.run_lock import RunFolderBusy, run_folders
+from speedtronic_config import SpeedtronicConfig
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+
+
+def config(folder, **extra):
+    return {
+        "device": "cpu",
+        "max_steps": 1,
+        "output_dir": str(folder),
+        "model": {"vocab_size": 64, "max_seq_len": 16, "n_layer": 1, "n_head": 2, "d_model": 16},
+        "data": {"num_tokens": 32, "micro_batch_size": 2, "target_batch_size": 2},
+        "precision": "fp32",
+        **extra,
+    }
+
+
+def hold_lock(folder) -> subprocess.Popen:
+    """Start a process that holds a RunLock on `folder` until its stdin closes; return it once
+    the lock is held (it prints its pid then: an event, not a sleep).
+    """
+    code = textwrap.dedent(
+        f"""
+        import os, sys
+        from pathlib import Path
+        from speedtronic.run_lock import RunLock
+        lock = RunLock([Path({str(folder)!r})])
+        print(os.getpid(), flush=True)
+        sys.stdin.read()
+        """
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    process.pid_line = process.stdout.readline()
+    return process
+
+
+def end(process: subprocess.Popen) -> None:
+    process.stdin.close()
+    assert process.wait(timeout=60) == 0
+
+
+@pytest.fixture
+def other_run():
+    """hold_lock, ended when the test ends."""
+    holders = []
+    yield lambda folder: holders.append(hold_lock(folder)) or holders[-1]
+    for process in holders:
+        if not process.stdin.closed:
+            end(process)
+
+
+def test_a_folder_another_process_runs_in_is_refused_until_that_run_ends(tmp_path, other_run):
+    holder = other_run(tmp_path.resolve())
+    busy = rf"{tmp_path.name} is in use by another run \(pid {int(holder.pid_line)} on "
+    with pytest.raises(RunFolderBusy, match=busy):
+        runtime.build_runtime(config(tmp_path))
+    end(holder)
+    runtime.build_runtime(config(tmp_path))
+
+
+def test_the_same_process_may_build_twice_and_the_lock_ends_with_its_runs(
+    tmp_path, other_run, capsys
+):
+    from speedtronic.cli import main
+
+    first, _ = runtime.build_runtime(config(tmp_path))
+    second, _ = runtime.build_runtime(config(tmp_path))  # a notebook re-running a cell
+    # Another process cannot take it while either run lives, and can once both are gone.
+    refused = hold_lock(tmp_path.resolve())
+    assert refused.pid_line == "" and refused.wait(timeout=60) == 1
+    assert "RunFolderBusy" in refused.stderr.read()
+    del first, second
+    gc.collect()
+    holder = other_run(tmp_path.resolve())
+    assert int(holder.pid_line) == holder.pid
+    # The CLI says it in one line and exit 2, as for any setting to fix.
+    argv = ["train", "max_steps: 1\ndevice: cpu", "--set", f"run.output_dir={tmp_path}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("speedtronic train: ") and "is in use by another run" in err
+    assert err.count("\n") == 1
+
+
+def test_a_checkpoint_folder_outside_the_output_folder_is_claimed_too(tmp_path, other_run):
+    outside = tmp_path / "shared-checkpoints"
+    values = config(tmp_path / "run", checkpoint={"directory": str(outside)})
+    assert run_folders(SpeedtronicConfig.from_dict(values)) == [
+        (tmp_path / "run").resolve(),
+        outside.resolve(),
+    ]
+    other_run(outside.resolve())
+    with pytest.raises(RunFolderBusy, match="shared-checkpoints is in use"):
+        runtime.build_runtime(values)
+    # The output folder locked before the busy one was let go again.
+    runtime.build_runtime(config(tmp_path / "run", checkpoint={"enabled": False}))

@@ -20,6 +20,7 @@ from speedtronic_data.tokenizer_record import (
     check_vocab,
     read_record,
     record_for,
+    record_from_identity,
     shards_record,
     write_record,
 )
@@ -113,3 +114,32 @@ def test_shards_from_different_tokenizers_do_not_mix(tmp_path, bpe_json):
     assert f"{tmp_path / 'a'} holds the byte tokenizer" in str(caught.value)
     with pytest.raises(DataError, match="different tokenizers"):
         TokenShardDataset([str(p) for p in paths], 16, 512)
+
+
+def test_identity_round_trips_and_byte_tokenizers_encode_alike(tmp_path, bpe_json):
+    bpe = write_record(tmp_path / "bpe", JsonTokenizer.from_file(bpe_json))
+    again = record_from_identity(bpe.identity())
+    assert again.same_tokenizer(bpe) and again.folder is None
+    old_bytes = read_record(tmp_path / "pre-2.1")  # no record: vocabulary unknown
+    assert old_bytes.encodes_alike(record_for(CharTokenizer(128)))
+    assert not old_bytes.same_tokenizer(record_for(None))
+    assert not bpe.encodes_alike(old_bytes)
+    with pytest.raises(DataError, match="tokenizer entry .* is malformed .*KeyError"):
+        record_from_identity({"kind": "bytes"})
+
+
+def test_the_training_tokenizer_of_each_source(tmp_path, bpe_json):
+    from speedtronic_data import run_tokenizer, training_tokenizer
+
+    folder = shards(tmp_path / "bpe", JsonTokenizer.from_file(bpe_json))
+    glob = str(folder / "train_*.bin")
+    for setting in ("shard_path", "dataset"):
+        section = {"block_size": 16, setting: glob}
+        assert run_tokenizer(section).kind == training_tokenizer(section).kind == "tokenizers"
+    text = {"block_size": 16, "text_path": "corpus.txt", "dataset": glob}  # text comes first
+    assert run_tokenizer(text).kind == training_tokenizer(text).kind == "bytes"
+    passed = JsonTokenizer.from_file(bpe_json)  # as build_dataloader(tokenizer=) takes it
+    assert training_tokenizer({"block_size": 16, "text_path": "c.txt"}, passed).kind == (
+        "tokenizers"
+    )
+    assert training_tokenizer({"block_size": 16, "synthetic": True}) is None

@@ -11,6 +11,8 @@ import torch
 
 from speedtronic_trainer.checkpoint_checks import (
     CheckpointError,
+    CheckpointMismatch,
+    check_tokenizer,
     load_checkpoint_file,
     restore_model,
     restore_optimizer,
@@ -170,3 +172,24 @@ def test_checkpoints_are_memory_mapped_and_the_old_format_still_loads(tmp_path, 
     assert asked == [True]  # mapped: every rank on a machine shares the page cache's copy
     assert torch.equal(load_checkpoint_file(legacy)["model"]["w"], torch.ones(2))
     assert asked == [True, True, False]  # torch cannot map the pre-1.6 format: read instead
+
+
+BPE = {"kind": "tokenizers", "vocab_size": 288, "name": "tokenizer.json", "sha256": "ab" * 32}
+BYTES = {"kind": "bytes", "vocab_size": 256, "name": "bytes", "sha256": None}
+
+
+def test_a_checkpoint_of_another_tokenizer_is_refused_naming_both():
+    state = {"checkpoint_path": "ckpt/step_4.pt", "tokenizer": BPE}
+    with pytest.raises(CheckpointMismatch) as caught:
+        check_tokenizer(state, BYTES)
+    message = str(caught.value)
+    assert message.startswith("checkpoint ckpt/step_4.pt was trained on tokens of tokenizer.json")
+    assert "(288 ids), but this run's data holds tokens of the byte tokenizer (256 ids)" in message
+    assert "prepare the data with the checkpoint's tokenizer" in message and "\n" not in message
+    renamed = {**BPE, "name": "bpe.json"}  # the same file under another name
+    check_tokenizer(state, renamed)
+    with pytest.raises(CheckpointMismatch):
+        check_tokenizer(state, {**BPE, "sha256": "cd" * 32})
+    check_tokenizer({"tokenizer": BYTES}, {**BYTES, "vocab_size": None})  # bytes are bytes
+    check_tokenizer({"step": 4}, BYTES)  # written before the record: not checked
+    check_tokenizer(state, None)  # a trainer that knows no tokenizer

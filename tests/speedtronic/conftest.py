@@ -9,10 +9,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-BPE_CORPUS = (
-    "def add(a, b):\n    return a + b\n\nclass Point:\n    x: int = 0\n    y: int = 0\n" * 40
-)
-
 
 @pytest.fixture(scope="session")
 def byte_shards(tmp_path_factory) -> Path:
@@ -28,6 +24,7 @@ def byte_shards(tmp_path_factory) -> Path:
 def bpe_json(tmp_path_factory) -> Path:
     """A real byte-level BPE tokenizer.json (more than 256 ids, <|endoftext|> = 0) trained here."""
     tokenizers = pytest.importorskip("tokenizers")
+    from interop_testkit import BPE_CORPUS
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tokenizer = tokenizers.Tokenizer(models.BPE())

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+BPE_CORPUS = (
+    "def add(a, b):\n    return a + b\n\nclass Point:\n    x: int = 0\n    y: int = 0\n" * 40
+)
+
 
 def run_config(run_dir: Path, shards: Path, **model) -> dict:
     """A tiny reference-transformer run over shards, writing into run_dir."""
@@ -52,3 +56,17 @@ def noisy_checkpoint(config: dict, step: int = 0, noise: float = 0.3) -> Path:
         return manager.save(step, trainer.state_dict())
     finally:
         trainer.close()
+
+
+def prepare(folder: Path, tokenizer_json: Path | None) -> Path:
+    """Prepare (again) folder's train/val shards of the BPE corpus, with a tokenizer.json or
+    the byte tokenizer; return folder.
+    """
+    import shutil
+
+    from speedtronic_data import JsonTokenizer, prepare_shards
+
+    shutil.rmtree(folder, ignore_errors=True)  # prepare refuses shards of another tokenizer
+    tokenizer = JsonTokenizer.from_file(tokenizer_json) if tokenizer_json else None
+    prepare_shards([], folder, tokenizer, val_fraction=0.1, texts=[BPE_CORPUS], progress=None)
+    return folder

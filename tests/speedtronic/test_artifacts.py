@@ -4,12 +4,13 @@ text; and export -> model.init_from -> export round trips byte for byte.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from interop_testkit import noisy_checkpoint, run_config
+from interop_testkit import noisy_checkpoint, prepare, run_config
 
 from speedtronic.artifacts import (
     export_hf,
@@ -127,8 +128,11 @@ def test_the_tokenizer_must_be_known(tmp_path, checkpoint, byte_shards, bpe_json
 
     big = tmp_path / "big.json"
     Tokenizer(models.WordLevel({f"w{i}": i for i in range(400)}, unk_token="w0")).save(str(big))
-    with pytest.raises(UsageError, match="tokenizer has 400 ids but the model only 300"):
+    with pytest.raises(UsageError, match="big.json \\(400 ids\\), but the checkpoint was trained"):
         export_hf(checkpoint, tmp_path / "hf", tokenizer=big)
+    legacy = without_tokenizer_record(checkpoint, tmp_path / "legacy")  # vocabulary still checked
+    with pytest.raises(UsageError, match="tokenizer has 400 ids but the model only 300"):
+        export_hf(legacy, tmp_path / "hf", tokenizer=big)
 
 
 def test_exports_get_the_usual_permissions(tmp_path, checkpoint):
@@ -247,7 +251,64 @@ def test_sample_refuses_a_tokenizer_larger_than_the_model(tmp_path, checkpoint):
 
     big = tmp_path / "big.json"
     Tokenizer(models.WordLevel({f"w{i}": i for i in range(400)}, unk_token="w0")).save(str(big))
+    legacy = without_tokenizer_record(checkpoint, tmp_path / "legacy")  # nothing to compare
     with pytest.raises(
         UsageError, match="only 300 .*use the tokenizer the run trained with \\(omit --tokenizer\\)"
     ):
-        sample_text(checkpoint, "w1", tokenizer=str(big))
+        sample_text(legacy, "w1", tokenizer=str(big))
+
+
+def without_tokenizer_record(checkpoint: Path, folder: Path) -> Path:
+    """A copy of checkpoint as 2.0 and earlier wrote it: no record of its tokenizer."""
+    state = torch.load(checkpoint, weights_only=True)
+    assert state.pop("tokenizer")["kind"] in {"bytes", "tokenizers"}
+    folder.mkdir(parents=True)
+    torch.save(state, folder / checkpoint.name)
+    return folder / checkpoint.name
+
+
+def test_data_prepared_again_with_another_tokenizer_is_refused(tmp_path, bpe_json, capsys):
+    shards = prepare(tmp_path / "shards", bpe_json)
+    checkpoint = noisy_checkpoint(run_config(tmp_path / "run", shards))
+    prepare(shards, None)  # the run's folder now holds byte-level tokens
+    both = "is the byte tokenizer (256 ids), but the checkpoint was trained with tokenizer.json"
+    with pytest.raises(UsageError, match=re.escape(f"{both} (288 ids); pass that one with --tok")):
+        export_hf(checkpoint, tmp_path / "hf")
+    assert not (tmp_path / "hf" / "tokenizer.json").exists()
+    text = sample_text(checkpoint, "return a", max_new_tokens=4, temperature=0)
+    assert both in capsys.readouterr().err  # a note, as when the shards cannot be found
+    assert text.startswith("return a")
+    with pytest.raises(UsageError, match="--tokenizer bytes is the byte tokenizer .* trained with"):
+        export_hf(checkpoint, tmp_path / "hf", tokenizer="bytes")
+    with pytest.raises(UsageError, match="--tokenizer bytes is the byte tokenizer .* trained with"):
+        sample_text(checkpoint, "a", max_new_tokens=1, tokenizer="bytes")
+    out = export_hf(checkpoint, tmp_path / "hf", tokenizer=bpe_json)  # the run's own: accepted
+    assert (out / "tokenizer.json").read_bytes() == bpe_json.read_bytes()
+    legacy = without_tokenizer_record(checkpoint, tmp_path / "legacy")
+    export_hf(legacy, tmp_path / "hf-legacy")  # nothing recorded: the data's tokenizer, as in 2.0
+    assert '"merges": []' in (tmp_path / "hf-legacy" / "tokenizer.json").read_text()  # bytes
+
+
+def test_a_byte_level_checkpoint_ships_bytes_whatever_its_folder_holds_now(tmp_path, bpe_json):
+    shards = prepare(tmp_path / "shards", None)
+    checkpoint = noisy_checkpoint(run_config(tmp_path / "run", shards))
+    before = export_hf(checkpoint, tmp_path / "before")
+    greedy = sample_text(checkpoint, "def", max_new_tokens=8, temperature=0)
+    prepare(shards, bpe_json)
+    after = export_hf(checkpoint, tmp_path / "after")  # the recorded bytes, not the new BPE
+    assert (after / "tokenizer.json").read_bytes() == (before / "tokenizer.json").read_bytes()
+    assert sample_text(checkpoint, "def", max_new_tokens=8, temperature=0) == greedy
+
+
+def test_a_data_dataset_shard_glob_is_read_for_its_tokenizer(tmp_path, bpe_json):
+    from speedtronic_data import run_tokenizer
+
+    shards = prepare(tmp_path / "shards", bpe_json)
+    config = run_config(tmp_path / "run", shards)
+    config["data"]["dataset"] = config["data"].pop("shard_path")
+    assert run_tokenizer(config["data"]).kind == "tokenizers"
+    checkpoint = noisy_checkpoint(config)
+    out = export_hf(checkpoint, tmp_path / "hf")
+    assert (out / "tokenizer.json").read_bytes() == bpe_json.read_bytes()
+    bpe = sample_text(checkpoint, "return a", max_new_tokens=8, temperature=0, tokenizer=bpe_json)
+    assert sample_text(checkpoint, "return a", max_new_tokens=8, temperature=0) == bpe

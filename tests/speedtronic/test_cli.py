@@ -641,3 +641,34 @@ def test_sample_names_what_the_checkpoint_cannot_take(smoke_run):
     assert_one_line_error(result, 2, "step_3.pt: no such checkpoint; ", "checkpoints has step_4.pt")
     result = cli("sample", str(run / "checkpoints"), "--prompt", "é", cwd=run)
     assert_one_line_error(result, 2, "--prompt: token id 195 is past the model's 128 ids")
+
+
+def test_train_export_and_sample_keep_to_the_checkpoints_tokenizer(tmp_path, capsys, bpe_json):
+    from interop_testkit import prepare
+
+    from speedtronic.cli import main
+
+    bpe, byte = prepare(tmp_path / "bpe", bpe_json), prepare(tmp_path / "bytes", None)
+    run = tmp_path / "run"
+    argv = ["train", str(ROOT / "configs" / "smoke.yaml"), "--device", "cpu", "--max-steps", "2"]
+    argv += ["--set", f"run.output_dir={run}", "--set", "checkpoint.every_steps=2"]
+    argv += ["--set", "model.vocab_size=300", "--set", f"data.shard_path={bpe}/train_*.bin"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    checkpoint = str(run / "checkpoints")
+    assert main(["export", checkpoint, str(tmp_path / "hf"), "--format", "hf"]) == 0
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == bpe_json.read_bytes()
+    resume = [*argv, "--resume", "--set", f"data.shard_path={byte}/train_*.bin"]
+    assert main(resume) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("speedtronic train: checkpoint ")
+    assert "tokens of tokenizer.json (288 ids), but this run's data holds tokens of the byte" in err
+    prepare(bpe, None)  # the run's folder prepared again, with another tokenizer
+    assert main(["export", checkpoint, str(tmp_path / "hf2"), "--format", "hf"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        len(err.splitlines()) == 1 and "is the byte tokenizer (256 ids), but the checkpoint" in err
+    )
+    assert not (tmp_path / "hf2").exists()
+    assert main(["sample", checkpoint, "--max-new-tokens", "2", "--tokenizer", "bytes"]) == 2
+    assert "--tokenizer bytes is the byte tokenizer" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -233,6 +234,75 @@ def test_a_changed_batch_or_window_on_resume_is_named_in_one_warning_each(tmp_pa
     assert "data.block_size is 8 here but 16 in the checkpoint" in warnings[0]
     assert "data.target_batch_size is 4 here but 2 in the checkpoint" in warnings[1]
     assert "does not continue the data exactly where it stopped" in warnings[1]
+
+
+def bpe_config(tmp_path, **data) -> dict:
+    """small_config with a vocabulary that holds the BPE tokenizer's ids, over the given data."""
+    model = {"vocab_size": 300, "max_seq_len": 16, "n_layer": 1, "n_head": 2, "d_model": 16}
+    data = {"micro_batch_size": 2, "target_batch_size": 2, **data}
+    return small_config(tmp_path, model=model, data=data)
+
+
+def test_resuming_onto_data_of_another_tokenizer_is_refused(tmp_path, bpe_json):
+    import torch
+    from interop_testkit import prepare
+
+    from speedtronic_trainer import CheckpointMismatch
+
+    bpe = prepare(tmp_path / "bpe", bpe_json)
+    runtime.train_from_config(bpe_config(tmp_path, shard_path=f"{bpe}/train_*.bin"))
+    trainer, _ = runtime.build_runtime(
+        bpe_config(tmp_path, shard_path=f"{bpe}/train_*.bin"), resume=True
+    )
+    assert trainer.step == 2  # the same tokenizer: resumed
+    other = prepare(tmp_path / "bytes", None)
+    refused = (
+        "was trained on tokens of tokenizer.json (288 ids), but this run's data holds tokens of "
+        "the byte tokenizer (256 ids); prepare the data with the checkpoint's tokenizer, or start "
+        "a new run"
+    )
+    with pytest.raises(CheckpointMismatch, match=re.escape(refused)):  # --set data.shard_path=
+        runtime.build_runtime(bpe_config(tmp_path, shard_path=f"{other}/train_*.bin"), resume=True)
+    prepare(bpe, None)  # the run's own folder, prepared again with the byte tokenizer
+    with pytest.raises(CheckpointMismatch, match=re.escape(refused)):
+        runtime.build_runtime(bpe_config(tmp_path, shard_path=f"{bpe}/train_*.bin"), resume=True)
+    saved = tmp_path / "checkpoints" / "step_2.pt"
+    state = torch.load(saved, weights_only=True)
+    del state["tokenizer"]  # as 2.0 wrote it: resumed without the check
+    torch.save(state, saved)
+    trainer, _ = runtime.build_runtime(
+        bpe_config(tmp_path, shard_path=f"{bpe}/train_*.bin"), resume=True
+    )
+    assert trainer.step == 2
+
+
+def test_validation_data_is_held_to_the_training_tokenizer(tmp_path, bpe_json):
+    from interop_testkit import prepare
+
+    from speedtronic_data import DataError, JsonTokenizer
+
+    bpe, byte = prepare(tmp_path / "bpe", bpe_json), prepare(tmp_path / "bytes", None)
+    mixed = bpe_config(
+        tmp_path, shard_path=f"{byte}/train_*.bin", val_shard_path=f"{bpe}/val_*.bin"
+    )
+    with pytest.raises(
+        DataError,
+        match=re.escape(
+            "data.val_shard_path holds tokens of tokenizer.json (288 ids) but data.shard_path "
+            "holds tokens of the byte tokenizer (256 ids)"
+        ),
+    ):
+        runtime.build_runtime(mixed)
+    glob = bpe_config(tmp_path, dataset=f"{bpe}/train_*.bin", val_shard_path=f"{byte}/val_*.bin")
+    with pytest.raises(DataError, match="but data.dataset holds tokens of tokenizer.json"):
+        runtime.build_runtime(glob)
+    text = tmp_path / "val.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 20)
+    trainer, _ = runtime.build_runtime(
+        bpe_config(tmp_path, shard_path=f"{bpe}/train_*.bin", val_text_path=str(text))
+    )
+    assert isinstance(trainer.eval_dataloader.dataset.tokenizer, JsonTokenizer)
+    assert trainer.tokenizer["kind"] == "tokenizers"
 
 
 def test_muons_adamw_lr_trains_that_branch_and_a_changed_one_is_named_on_resume(tmp_path):

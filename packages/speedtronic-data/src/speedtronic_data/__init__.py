@@ -16,6 +16,7 @@ from speedtronic_data.loader import (
     loader_state,
     restore_loader,
     run_tokenizer,
+    training_tokenizer,
 )
 from speedtronic_data.prepare import PrepareResult, prepare_shards, stdlib_corpus
 from speedtronic_data.shards import (
@@ -54,6 +55,7 @@ __all__ = [
     "restore_loader",
     "run_tokenizer",
     "stdlib_corpus",
+    "training_tokenizer",
     "write_hf_tokenizer",
     "write_shard",
 ]

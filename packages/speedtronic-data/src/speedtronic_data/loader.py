@@ -18,7 +18,13 @@ from speedtronic_data.shards import TokenShardDataset, resolve_shards
 from speedtronic_data.synthetic import SyntheticTokenDataset
 from speedtronic_data.text import TextFileTokenDataset
 from speedtronic_data.tokenizer import CharTokenizer
-from speedtronic_data.tokenizer_record import BYTES, TokenizerRecord, shards_record
+from speedtronic_data.tokenizer_record import (
+    BYTES,
+    TokenizerRecord,
+    load_tokenizer,
+    record_for,
+    shards_record,
+)
 
 
 class ResumableSampler(Sampler[int]):
@@ -227,12 +233,59 @@ def select_dataset(
     )
 
 
-def run_tokenizer(config: Any) -> TokenizerRecord:
-    """Return the record of the tokenizer behind a data section's tokens: its shards' record, else
-    the byte tokenizer (what text files and synthetic data use unless a tokenizer is passed in).
+def _shard_source(section: DataConfig) -> tuple[str, Any] | None:
+    """Return (setting, glob) of the training shards, in select_dataset's order; None when the
+    run trains on something else.
     """
-    pattern = resolve_section(config, "data").shard_path
-    return BYTES if pattern is None else shards_record(resolve_shards(pattern))
+    if section.shard_path is not None:
+        return "data.shard_path", section.shard_path
+    if section.text_path is None and isinstance(section.dataset, (str, Path)):
+        if str(section.dataset).endswith(".bin"):
+            return "data.dataset", section.dataset
+    return None
+
+
+def run_tokenizer(config: Any) -> TokenizerRecord:
+    """Return the record of the tokenizer behind a data section's tokens: its training shards'
+    record (data.shard_path, or a data.dataset shard glob), else the byte tokenizer (what text
+    files and synthetic data use unless a tokenizer is passed in).
+    """
+    source = _shard_source(resolve_section(config, "data"))
+    return BYTES if source is None else shards_record(resolve_shards(source[1], source[0]))
+
+
+def _train_source(section: DataConfig, tokenizer: Any) -> tuple[str, TokenizerRecord] | None:
+    """Return (setting, record) of what tokenized the training data (`tokenizer` for a text
+    file); None for synthetic data or a Dataset object, whose tokenizer is unknown.
+    """
+    source = _shard_source(section)
+    if source is not None:
+        return source[0], run_tokenizer(section)
+    if section.text_path is None:
+        return None
+    return "data.text_path", BYTES if tokenizer is None else record_for(tokenizer)
+
+
+def training_tokenizer(config: Any, tokenizer: Any = None) -> TokenizerRecord | None:
+    """Return the record of the tokenizer that wrote the training data (`tokenizer` for a text
+    file, as build_dataloader takes it); None for synthetic data or a Dataset object.
+    """
+    source = _train_source(resolve_section(config, "data"), tokenizer)
+    return None if source is None else source[1]
+
+
+def _val_text_tokenizer(section: DataConfig, vocab: int | None) -> Any:
+    """Return the training data's tokenizer for data.val_text_path, so both are tokenized alike."""
+    record = run_tokenizer(section)
+    if record.kind == "bytes":
+        return CharTokenizer(vocab)
+    if record.tokenizer_json is None:
+        raise DataError(
+            f"data.val_text_path cannot be tokenized like the training shards: they were written "
+            f"by {record.describe()}, a Python tokenizer with no tokenizer.json; prepare the "
+            "validation text with it and set data.val_shard_path instead"
+        )
+    return load_tokenizer(record)
 
 
 def make_loader(
@@ -297,6 +350,20 @@ def build_dataloader(
     )
 
 
+def _check_same_tokenizer(val: TokenizerRecord, train: tuple[str, TokenizerRecord] | None) -> None:
+    """Raise DataError when the validation shards come from another tokenizer than the training
+    data: their loss would measure nothing the model learned.
+    """
+    if train is None or val.encodes_alike(train[1]):
+        return
+    setting, record = train
+    raise DataError(
+        f"data.val_shard_path holds tokens of {val.describe()} but {setting} holds tokens of "
+        f"{record.describe()}, so the validation loss would mean nothing; prepare both with one "
+        "tokenizer (speedtronic prepare writes train_*.bin and val_*.bin together)"
+    )
+
+
 def build_eval_dataloader(
     config: Any,
     *,
@@ -307,16 +374,19 @@ def build_eval_dataloader(
     world_size: int = 1,
 ) -> DataLoader | None:
     """Build the validation loader from data.val_shard_path or data.val_text_path; None when
-    neither is set.
+    neither is set. Validation text is tokenized like the training data (`tokenizer`, else the
+    training shards' tokenizer); validation shards from another tokenizer are a DataError.
     """
     section = data_section(config)
     vocab = vocab_size if vocab_size is not None else section.vocab_size
     if section.val_shard_path is not None:
-        source: Dataset | IterableDataset = TokenShardDataset(
+        shards = TokenShardDataset(
             section.val_shard_path, section.block_size, vocab, setting="data.val_shard_path"
         )
+        _check_same_tokenizer(shards.tokenizer, _train_source(section, tokenizer))
+        source: Dataset | IterableDataset = shards
     elif section.val_text_path is not None:
-        tok = tokenizer if tokenizer is not None else CharTokenizer(vocab)
+        tok = tokenizer if tokenizer is not None else _val_text_tokenizer(section, vocab)
         source = TextFileTokenDataset(
             section.val_text_path, section.block_size, tok, vocab, setting="data.val_text_path"
         )
@@ -344,4 +414,5 @@ __all__ = [
     "restore_loader",
     "run_tokenizer",
     "select_dataset",
+    "training_tokenizer",
 ]

@@ -50,6 +50,21 @@ class TokenizerRecord:
             other.sha256,
         ) and (self.kind != "custom" or self.name == other.name)
 
+    def encodes_alike(self, other: TokenizerRecord) -> bool:
+        """Return True when both map text to the same ids: the same tokenizer, or both the byte
+        tokenizer (whose vocab_size only caps which bytes a folder may hold).
+        """
+        return self.same_tokenizer(other) or self.kind == other.kind == "bytes"
+
+    def identity(self) -> dict[str, Any]:
+        """Return what a checkpoint records of this tokenizer: kind, vocab_size, name, sha256."""
+        return {
+            "kind": self.kind,
+            "vocab_size": self.vocab_size,
+            "name": self.name,
+            "sha256": self.sha256,
+        }
+
     def describe(self) -> str:
         """Return a short human description, e.g. `tokenizer.json (50,257 ids)`."""
         size = f"{self.vocab_size:,} ids" if self.vocab_size is not None else "vocabulary unknown"
@@ -58,6 +73,19 @@ class TokenizerRecord:
 
 
 BYTES = TokenizerRecord("bytes", BYTE_IDS, "bytes")
+
+
+def record_from_identity(identity: Any) -> TokenizerRecord:
+    """Return the record a checkpoint's identity (TokenizerRecord.identity()) stands for."""
+    try:
+        return TokenizerRecord(
+            str(identity["kind"]), identity["vocab_size"], str(identity["name"]), identity["sha256"]
+        )
+    except (KeyError, TypeError) as error:
+        raise DataError(
+            f"the checkpoint's tokenizer entry {identity!r} is malformed ({type(error).__name__}: "
+            f"{error}); pass a checkpoint a Speedtronic run wrote"
+        ) from None
 
 
 def record_for(tokenizer: Any) -> TokenizerRecord:
@@ -168,6 +196,7 @@ __all__ = [
     "load_tokenizer",
     "read_record",
     "record_for",
+    "record_from_identity",
     "shards_record",
     "write_record",
 ]

@@ -189,6 +189,42 @@ def restore_optimizer(optimizer: Any, state: Mapping[str, Any], config: Any = No
         ) from exc
 
 
+def _encodes_as(identity: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Return what decides a tokenizer's ids: every byte tokenizer maps text alike (its vocab_size
+    only caps the bytes it may meet); a custom one is known by its class name alone.
+    """
+    kind = identity.get("kind")
+    if kind == "bytes":
+        return (kind,)
+    name = identity.get("name") if kind == "custom" else None
+    return kind, identity.get("vocab_size"), identity.get("sha256"), name
+
+
+def _describe_tokenizer(identity: Mapping[str, Any]) -> str:
+    size = identity.get("vocab_size")
+    ids = f"{size:,} ids" if isinstance(size, int) else "vocabulary unknown"
+    label = "the byte tokenizer" if identity.get("kind") == "bytes" else identity.get("name")
+    return f"{label} ({ids})"
+
+
+def check_tokenizer(state: Mapping[str, Any], identity: Mapping[str, Any] | None) -> None:
+    """Raise CheckpointMismatch when the checkpoint was trained on tokens of another tokenizer
+    than this run's data (`identity`, as the checkpoint records it); a checkpoint that records
+    none (written before the record existed) or a run that knows none is not checked.
+    """
+    saved = state.get("tokenizer")
+    if not isinstance(saved, Mapping) or identity is None:
+        return
+    if _encodes_as(saved) == _encodes_as(identity):
+        return
+    raise CheckpointMismatch(
+        f"checkpoint {_where(state)} was trained on tokens of {_describe_tokenizer(saved)}, but "
+        f"this run's data holds tokens of {_describe_tokenizer(identity)}; prepare the data with "
+        "the checkpoint's tokenizer, or start a new run in another run.output_dir (to keep these "
+        "weights: export them with --format hf and set model.init_from: hf:DIR)"
+    )
+
+
 def _optimizer_name(saved_config: Any) -> str | None:
     section = saved_config.get("optimizer") if isinstance(saved_config, Mapping) else None
     name = section.get("name") if isinstance(section, Mapping) else None
@@ -211,6 +247,7 @@ def _where(state: Mapping[str, Any]) -> str:
 __all__ = [
     "CheckpointError",
     "CheckpointMismatch",
+    "check_tokenizer",
     "describe_load_error",
     "load_checkpoint_file",
     "restore_model",

@@ -41,7 +41,12 @@ from speedtronic_trainer.batches import (
     valid_label_count,
 )
 from speedtronic_trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
-from speedtronic_trainer.checkpoint_checks import CheckpointError, restore_model, restore_optimizer
+from speedtronic_trainer.checkpoint_checks import (
+    CheckpointError,
+    check_tokenizer,
+    restore_model,
+    restore_optimizer,
+)
 from speedtronic_trainer.data_position import BatchStream
 from speedtronic_trainer.emergency import StepGuard
 from speedtronic_trainer.metric_logger import MetricLogger
@@ -176,6 +181,7 @@ class Trainer:
         shape_report: Any | None = None,
         eval_dataloader: Iterable[Any] | None = None,
         parallel: ParallelContext | None = None,
+        tokenizer: Mapping[str, Any] | None = None,
     ) -> None:
         self._config_given = config is not None
         self.config = _as_config(config)
@@ -196,6 +202,9 @@ class Trainer:
         self.logger = logger if logger is not None else MetricLogger()
         self.checkpoint_manager = checkpoint_manager
         self.coordinator = coordinator
+        # Which tokenizer wrote the training data (kind, vocab_size, name, sha256): recorded in
+        # every checkpoint, so resume, export and sample can refuse tokens of another one.
+        self.tokenizer = dict(tokenizer) if tokenizer is not None else None
         # Without a config there is no implicit target: fit() must be told how far to go.
         default_target = self.config.step_target if self._config_given else None
         self.max_steps = max_steps if max_steps is not None else default_target
@@ -525,6 +534,7 @@ class Trainer:
             # Secrets never reach a checkpoint; a trainer without a config saves none.
             "config": self.config.to_dict(redact_secrets=True) if self._config_given else None,
             "coordinator": self.coordinator.state_dict() if self.coordinator is not None else None,
+            "tokenizer": self.tokenizer,
         }
 
     def _dense_state(self) -> dict[str, Any]:
@@ -589,6 +599,7 @@ class Trainer:
                 "resume requested but no checkpoint was found; starting from step %d", self.step
             )
             return
+        check_tokenizer(state, self.tokenizer)
         self._restore_weights(state)
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -97,35 +98,61 @@ def load_checkpoint_model(path: PathLike) -> tuple[Any, Any]:
     return _model_from_state(read_checkpoint(path))
 
 
-def resolve_tokenizer(config: Any, choice: PathLike | None = None, *, strict: bool = True) -> Any:
+def resolve_tokenizer(
+    config: Any,
+    choice: PathLike | None = None,
+    *,
+    strict: bool = True,
+    recorded: Mapping[str, Any] | None = None,
+) -> Any:
     """Return the tokenizer a run used: `choice` (bytes or a tokenizer.json path) when given, else
-    the one recorded beside its shards. Shards that cannot be found are a UsageError when strict,
-    else the byte tokenizer with a note on stderr.
+    the one recorded beside its shards. `recorded`, the tokenizer a checkpoint records it trained
+    with, must match it: a `choice` that does not is a UsageError; shards that cannot be found or
+    hold another tokenizer are a UsageError when strict, else the byte tokenizer with a note on
+    stderr. A checkpoint trained on bytes needs no shards.
     """
-    from speedtronic_data import (
-        CharTokenizer,
-        DataError,
-        JsonTokenizer,
-        load_tokenizer,
-        run_tokenizer,
-    )
+    from speedtronic_data import CharTokenizer, DataError, load_tokenizer, run_tokenizer
+    from speedtronic_data.tokenizer_record import record_for, record_from_identity
 
-    if choice is not None and str(choice) == "bytes":
-        return CharTokenizer()
+    expected = record_from_identity(recorded) if recorded is not None else None
     if choice is not None:
-        if not Path(choice).is_file():
-            raise UsageError(f"--tokenizer {choice}: no such file; pass bytes or a tokenizer.json")
-        return JsonTokenizer.from_file(choice)
-    try:
-        return load_tokenizer(run_tokenizer(config.data))
-    except DataError as error:
-        hint = "pass --tokenizer bytes or --tokenizer PATH/tokenizer.json"
-        if strict:
+        codec = _chosen_tokenizer(choice)
+        given = record_for(codec)
+        if expected is not None and not given.encodes_alike(expected):
             raise UsageError(
-                f"cannot tell which tokenizer the run used ({error}); {hint}"
-            ) from None
-        print(f"note: decoding with the byte tokenizer ({error}); {hint}", file=sys.stderr)
+                f"--tokenizer {choice} is {given.describe()}, but the checkpoint was trained with "
+                f"{expected.describe()}; pass that one, or omit --tokenizer"
+            )
+        return codec
+    if expected is not None and expected.kind == "bytes":
         return CharTokenizer()
+    hint = "pass --tokenizer bytes or --tokenizer PATH/tokenizer.json"
+    try:
+        found = run_tokenizer(config.data)
+        if expected is None or found.encodes_alike(expected):
+            return load_tokenizer(found)
+        problem = (
+            f"the tokenizer beside the run's data ({found.folder}) is {found.describe()}, but the "
+            f"checkpoint was trained with {expected.describe()}"
+        )
+        hint = "pass that one with --tokenizer PATH/tokenizer.json"
+    except DataError as error:
+        problem = f"cannot tell which tokenizer the run used ({error})"
+    if strict:
+        raise UsageError(f"{problem}; {hint}")
+    print(f"note: decoding with the byte tokenizer: {problem}; {hint}", file=sys.stderr)
+    return CharTokenizer()
+
+
+def _chosen_tokenizer(choice: PathLike) -> Any:
+    """Return the tokenizer --tokenizer names: bytes, or a tokenizer.json file."""
+    from speedtronic_data import CharTokenizer, JsonTokenizer
+
+    if str(choice) == "bytes":
+        return CharTokenizer()
+    if not Path(choice).is_file():
+        raise UsageError(f"--tokenizer {choice}: no such file; pass bytes or a tokenizer.json")
+    return JsonTokenizer.from_file(choice)
 
 
 def _check_fits(codec: Any, config: Any, choice: PathLike | None) -> Any:
@@ -160,13 +187,14 @@ def sample_text(
     """
     import torch
 
-    model, config = load_checkpoint_model(path)
+    state = read_checkpoint(path)
+    model, config = _model_from_state(state)
     if not hasattr(model, "generate"):
         raise UsageError(
             f"{path}: model {config.model.name!r} has no generate(); sample needs one taking "
             "(input_ids, max_new_tokens, temperature=, top_k=), as the reference model has"
         )
-    codec = resolve_tokenizer(config, tokenizer, strict=False)
+    codec = resolve_tokenizer(config, tokenizer, strict=False, recorded=state.get("tokenizer"))
     _check_fits(codec, config, tokenizer)
     prompt_ids = codec.encode(prompt or "\n")
     vocab = config.model.vocab_size
@@ -239,7 +267,7 @@ def export_hf(
     state = read_checkpoint(path)
     model, config = _model_from_state(state)
     llama_config(model)  # a model that does not map fails here, before anything is written
-    codec = resolve_tokenizer(config, tokenizer)
+    codec = resolve_tokenizer(config, tokenizer, recorded=state.get("tokenizer"))
     record = _check_fits(codec, config, tokenizer)
     bos, eos = write_hf_tokenizer(out_dir, codec, model_max_length=config.model.max_seq_len)
     save_llama(

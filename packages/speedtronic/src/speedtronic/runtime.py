@@ -17,7 +17,7 @@ from speedtronic.preflight import check_output_paths
 from speedtronic.run_lock import claim_run_folders
 from speedtronic.trainer import Trainer  # 2.0's Trainer, which also answers to train()
 from speedtronic_config import ConfigError, SpeedtronicConfig
-from speedtronic_data import build_dataloader, build_eval_dataloader
+from speedtronic_data import build_dataloader, build_eval_dataloader, training_tokenizer
 from speedtronic_model import apply_init_from, build_model
 from speedtronic_optim import build_lr_scheduler
 from speedtronic_systems import check_training_memory, resolve_device
@@ -152,7 +152,9 @@ def _assemble(
         seed_everything(config.run.seed + parallel.rank)
     shares = {"device": resolved, "rank": parallel.rank, "world_size": parallel.world_size}
     dataloader = build_dataloader(config.data, **shares)  # 5
+    # Validation text is tokenized like the training data; other validation shards are refused.
     eval_dataloader = build_eval_dataloader(config.data, **shares)
+    tokenizer = training_tokenizer(config.data)  # recorded in every checkpoint
     # 6: under DDP or FSDP2, Muon splits its Newton–Schulz over the ranks.
     optimizer = build_optimizer(model, config, resolved, distributed=parallel.mode != "none")
     scheduler = build_scheduler(optimizer, config)  # 7
@@ -176,6 +178,7 @@ def _assemble(
         max_steps=target,
         eval_dataloader=eval_dataloader,
         parallel=parallel,
+        tokenizer=tokenizer.identity() if tokenizer is not None else None,
     )
     if resume or config.checkpoint.resume or elastic_restart():  # 13
         trainer.resume_latest()  # warns and starts fresh when there is none

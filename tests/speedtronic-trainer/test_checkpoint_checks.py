@@ -12,6 +12,7 @@ import torch
 from speedtronic_trainer.checkpoint_checks import (
     CheckpointError,
     CheckpointMismatch,
+    check_settings,
     check_tokenizer,
     load_checkpoint_file,
     restore_model,
@@ -90,6 +91,33 @@ def test_a_model_mismatch_names_the_settings_that_differ():
     saved = {"model": model(4).state_dict(), "config": theirs}
     with pytest.raises(CheckpointError, match="model.d_model: checkpoint 32, this run 64"):
         restore_model(model(8), saved, ours)
+
+
+def test_other_model_settings_are_refused_before_loading_even_where_shapes_fit():
+    from speedtronic_config import SpeedtronicConfig
+
+    def saved(**model):
+        return {"config": SpeedtronicConfig.from_dict({"model": model}).to_dict(), "step": 4}
+
+    ours = SpeedtronicConfig.from_dict({"model": {"d_model": 64, "n_head": 8}})
+    # 4 heads of 16 and 8 heads of 8 hold the same matrices: only the settings tell them apart.
+    with pytest.raises(CheckpointMismatch) as caught:
+        check_settings(saved(d_model=64, n_head=4), ours)
+    assert (
+        "(model.n_head: checkpoint 4, this run 8; model.n_kv_head: checkpoint 4, this run 8)"
+        in (str(caught.value))
+    )
+    # A longer context, another RoPE base or dropout keep the weights: they may change.
+    changed = {"max_seq_len": 512, "rope_base": 5e5, "dropout": 0.1, "gradient_checkpointing": True}
+    check_settings(saved(d_model=64, n_head=8, **changed), ours)
+    check_settings({"step": 4}, ours)  # no saved config (a bare state dict): nothing to compare
+    check_settings(saved(d_model=32), None)  # a trainer without a config
+    adamw = SpeedtronicConfig.from_dict(
+        {"model": {"d_model": 64, "n_head": 8}, "optimizer": "adamw"}
+    )
+    muon = SpeedtronicConfig.from_dict({"model": {"d_model": 64, "n_head": 8}, "optimizer": "muon"})
+    with pytest.raises(CheckpointMismatch, match="optimizer.name: muon, but this run uses"):
+        check_settings({"config": muon.to_dict()}, adamw)
 
 
 def test_missing_and_unexpected_weights_and_a_match():

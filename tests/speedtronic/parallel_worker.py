@@ -387,6 +387,15 @@ def scenario_resume(out: Path, mode: str) -> dict:
     trainer, _ = runtime.build_runtime(values, resume=True)
     seen = {"resumed_at": trainer.step, "world_size": trainer.parallel.world_size}
     seen["steps"] = trainer.fit().steps
+    # Fewer layers: DCP would load the keys the smaller model asks for and train on silently.
+    fewer = config(source, mode, model={"n_layer": 1}, data={"target_batch_size": 16})
+    fewer["run"]["output_dir"] = str(out / "fewer")
+    link_checkpoint(checkpoint, out / "fewer")
+    try:
+        runtime.build_runtime(fewer, resume=True)
+        seen["fewer_layers"] = "resumed"
+    except CheckpointError as error:
+        seen["fewer_layers"] = str(error)
     return seen
 
 

@@ -203,7 +203,12 @@ def test_a_checkpoint_resumes_at_another_world_size(trained, tmp_path, world):
         str(WORKER), "resume", str(tmp_path), mode, nproc=world, env={"SOURCE_RUN": str(source)}
     )
     for seen in ranks(tmp_path, world):
+        fewer = seen.pop("fewer_layers")
         assert seen == {"resumed_at": 3, "world_size": world, "steps": 4}
+        assert (
+            "was written with other model settings (model.n_layer: checkpoint 2, this run 1)"
+            in fewer
+        )
 
 
 def test_ddp_checkpoints_resume_under_fsdp_and_make_the_same_update(trained, tmp_path):
@@ -215,8 +220,7 @@ def test_ddp_checkpoints_resume_under_fsdp_and_make_the_same_update(trained, tmp
     for seen in ranks(tmp_path, 2):
         wider = seen.pop("wider")
         assert seen == {"resumed_at": 2, "steps": 3, "muon": {"resumed_at": 2, "steps": 3}}
-        assert "does not fit this model: size mismatch for tok_emb.weight" in wider
-        assert "model.d_model: checkpoint 16, this run 32" in wider
+        assert "was written with other model settings (model.d_model: checkpoint 16, " in wider
     # Step 3 from DDP's step-2 weights, optimizer state (AdamW moments; Muon momentum) and data
     # position, now sharded: the same parameters as the DDP run's own step 3.
     for reference, resumed in [

@@ -124,6 +124,13 @@ class ModelConfig:
     """Reference-transformer shape; the registry key is checked when the model is built."""
 
     SECTION: ClassVar[str] = "model"
+    # What a resumed run may change: none of these changes which weights a checkpoint holds or
+    # how they are laid out (a longer context, a new RoPE base, dropout). Every other field must
+    # match the checkpoint's; even where the shapes still fit (n_head), the weights would mean
+    # something else.
+    RESUMABLE: ClassVar[frozenset[str]] = frozenset(
+        {"max_seq_len", "rope_base", "dropout", "gradient_checkpointing", "init_from"}
+    )
     name: str = "reference_transformer"
     vocab_size: int = 512
     max_seq_len: int = 128

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from speedtronic_config import ModelConfig
+
 # 2.0 pickled NumPy's RNG state (a tuple holding a uint32 ndarray). weights_only loading stays on;
 # it admits exactly the types that array needs, under the names NumPy 1 and NumPy 2 pickle them.
 _RECONSTRUCT = (getattr(np, "_core", None) or np.core).multiarray._reconstruct  # NumPy 2, or 1
@@ -112,8 +114,10 @@ def _shape(value: Any) -> str:
     return str(list(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
 
 
-def _config_differences(saved: Any, current: Any, section: str) -> list[str]:
-    """Return `section.field: checkpoint X, this run Y` for each field the configs disagree on."""
+def _config_differences(saved: Any, current: Any, section: str) -> list[tuple[str, Any, Any]]:
+    """Return (field, checkpoint value, this run's value) for each field of `section` the
+    checkpoint's saved config and this run's disagree on (fields either lacks are skipped).
+    """
     if not isinstance(saved, Mapping) or current is None:
         return []
     theirs = saved.get(section)
@@ -121,10 +125,38 @@ def _config_differences(saved: Any, current: Any, section: str) -> list[str]:
     if not isinstance(theirs, Mapping) or not isinstance(ours, Mapping):
         return []
     return [
-        f"{section}.{name}: checkpoint {theirs[name]!r}, this run {ours[name]!r}"
+        (name, theirs[name], ours[name])
         for name in ours
         if name in theirs and theirs[name] != ours[name]
     ]
+
+
+def _describe(section: str, differences: list[tuple[str, Any, Any]]) -> str:
+    return "; ".join(
+        f"{section}.{name}: checkpoint {theirs!r}, this run {ours!r}"
+        for name, theirs, ours in differences[:4]
+    )
+
+
+def check_settings(state: Mapping[str, Any], config: Any) -> None:
+    """Raise CheckpointMismatch, before anything is loaded, when the checkpoint was written with
+    another model (any model setting but ModelConfig.RESUMABLE) or another optimizer than this
+    run's `config` (None: nothing to compare). A sharded checkpoint loads only the keys the model
+    asks for, and equal shapes (n_head) load without complaint: the weights would train on as
+    another model.
+    """
+    model = [
+        difference
+        for difference in _config_differences(state.get("config"), config, "model")
+        if difference[0] not in ModelConfig.RESUMABLE
+    ]
+    if model:
+        raise CheckpointMismatch(
+            f"checkpoint {_where(state)} was written with other model settings "
+            f"({_describe('model', model)}); resume with the model settings it was written "
+            "with, or start a new run in another run.output_dir"
+        )
+    _check_optimizer_name(state, config)
 
 
 def restore_model(
@@ -152,7 +184,7 @@ def restore_model(
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
     settings = _config_differences(state.get("config"), config, "model")
     hint = (
-        f"the checkpoint was written with other model settings ({'; '.join(settings[:4])}): "
+        f"the checkpoint was written with other model settings ({_describe('model', settings)}): "
         if settings
         else ""
     )
@@ -167,15 +199,7 @@ def restore_optimizer(optimizer: Any, state: Mapping[str, Any], config: Any = No
     """Load a checkpoint's optimizer state; CheckpointError naming both optimizers and the fix when
     it was written by another one (Muon state is not interchangeable with AdamW state).
     """
-    saved_config = state.get("config")
-    theirs = _optimizer_name(saved_config)
-    ours = getattr(getattr(config, "optimizer", None), "name", None)
-    if theirs is not None and ours is not None and theirs != ours:
-        raise CheckpointMismatch(
-            f"checkpoint {_where(state)} was written with optimizer.name: {theirs}, but this run "
-            f"uses optimizer.name: {ours}; their states are not interchangeable: resume with "
-            f"--set optimizer.name={theirs}, or start a new run in another run.output_dir"
-        )
+    _check_optimizer_name(state, config)
     try:
         optimizer.load_state_dict(state["optimizer"])
     except (KeyError, ValueError, TypeError, IndexError) as exc:
@@ -187,6 +211,20 @@ def restore_optimizer(optimizer: Any, state: Mapping[str, Any], config: Any = No
             "resume with the optimizer settings it was written with, or start a new run in "
             "another run.output_dir"
         ) from exc
+
+
+def _check_optimizer_name(state: Mapping[str, Any], config: Any) -> None:
+    """Raise CheckpointMismatch naming both optimizers when the checkpoint was written by another
+    one (Muon state is not interchangeable with AdamW state).
+    """
+    theirs = _optimizer_name(state.get("config"))
+    ours = getattr(getattr(config, "optimizer", None), "name", None)
+    if theirs is not None and ours is not None and theirs != ours:
+        raise CheckpointMismatch(
+            f"checkpoint {_where(state)} was written with optimizer.name: {theirs}, but this run "
+            f"uses optimizer.name: {ours}; their states are not interchangeable: resume with "
+            f"--set optimizer.name={theirs}, or start a new run in another run.output_dir"
+        )
 
 
 def _encodes_as(identity: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -247,6 +285,7 @@ def _where(state: Mapping[str, Any]) -> str:
 __all__ = [
     "CheckpointError",
     "CheckpointMismatch",
+    "check_settings",
     "check_tokenizer",
     "describe_load_error",
     "load_checkpoint_file",

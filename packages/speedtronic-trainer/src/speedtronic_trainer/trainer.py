@@ -43,6 +43,7 @@ from speedtronic_trainer.batches import (
 from speedtronic_trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from speedtronic_trainer.checkpoint_checks import (
     CheckpointError,
+    check_settings,
     check_tokenizer,
     restore_model,
     restore_optimizer,
@@ -600,6 +601,7 @@ class Trainer:
             )
             return
         check_tokenizer(state, self.tokenizer)
+        check_settings(state, self.config if self._config_given else None)
         self._restore_weights(state)
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])

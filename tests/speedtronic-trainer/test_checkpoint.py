@@ -232,13 +232,32 @@ def _sharded(manager: CheckpointManager, step: int, model: torch.nn.Module) -> P
 
     import torch.distributed.checkpoint as dcp
 
-    path = manager.sharded_path_for(step)
+    staging = manager.sharded_staging_for(step)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # DCP's "assuming a single process"
-        dcp.save({"model": model.state_dict()}, checkpoint_id=str(path), no_dist=True)
-    manager.write(path, state(step))
+        dcp.save({"model": model.state_dict()}, checkpoint_id=str(staging), no_dist=True)
+    path = manager.publish_sharded(staging, state(step))
+    assert path == manager.sharded_path_for(step) and not staging.exists()
     manager.commit(path)
     return path
+
+
+def test_a_sharded_checkpoint_replaces_one_of_its_step_only_once_complete(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=None)
+    first = _sharded(manager, 2, torch.nn.Linear(30, 20))
+    old_shards = {p.name: p.read_bytes() for p in first.iterdir()}
+    # A rerun's save of step 2 killed while its ranks wrote: the committed folder is untouched,
+    # and the next start removes what the save left.
+    staging = manager.sharded_staging_for(2)
+    staging.mkdir()
+    (staging / "__0_0.distcp").write_bytes(b"half a shard")
+    assert {p.name: p.read_bytes() for p in first.iterdir()} == old_shards
+    assert manager.load_latest()["step"] == 2
+    assert manager.remove_stale_temp_files() == [staging] and not staging.exists()
+    # A rerun's complete save takes the name; nothing of the old folder stays beside it.
+    second = _sharded(manager, 2, torch.nn.Linear(30, 21))
+    assert second == first and {p.name for p in tmp_path.iterdir()} == {"step_2.dcp", "latest"}
+    assert (second / "__0_0.distcp").read_bytes() != old_shards["__0_0.distcp"]
 
 
 @pytest.mark.parametrize("damage", ["truncated", "missing"])

@@ -276,12 +276,13 @@ def failed_saves(out: Path, mode: str) -> list[str]:
     """
     trainer, manager = runtime.build_runtime(config(out / "failed_saves", mode))
     raised = []
-    for method in ("write", "commit"):
+    write = "publish_sharded" if mode == "fsdp" else "write"  # FSDP2's staged folder
+    for step, method in (("write", write), ("commit", "commit")):
         original = getattr(manager, method)
         if trainer.parallel.rank == 0:
 
-            def failing(*args, method=method):
-                raise CheckpointError(f"injected: {method} failed (No space left on device)")
+            def failing(*args, step=step):
+                raise CheckpointError(f"injected: {step} failed (No space left on device)")
 
             setattr(manager, method, failing)
         try:

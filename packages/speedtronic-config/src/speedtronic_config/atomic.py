@@ -114,7 +114,7 @@ def _open_anonymous(folder: Path) -> int | None:
         return None
 
 
-def _fsync_folder(folder: Path) -> None:
+def fsync_folder(folder: Path) -> None:
     """Persist the folder entry that os.replace changed (a no-op where folders cannot be opened)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
@@ -218,7 +218,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]
         raise
     finally:
         os.close(fd)
-    _fsync_folder(path.parent)
+    fsync_folder(path.parent)
     return path
 
 
@@ -249,6 +249,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "current_umask",
+    "fsync_folder",
     "new_folders_removed_on_error",
     "probe_folder",
     "publish_private_file",

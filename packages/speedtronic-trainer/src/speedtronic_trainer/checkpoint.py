@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from speedtronic_config import CheckpointConfig, resolve_section
-from speedtronic_config.atomic import atomic_json_dump, remove_stale_temp_files
+from speedtronic_config.atomic import atomic_json_dump, fsync_folder, remove_stale_temp_files
 from speedtronic_systems.atomic import atomic_torch_save
 from speedtronic_trainer.checkpoint_checks import (
     RESUME_HINT,
@@ -29,6 +29,9 @@ from speedtronic_trainer.sharded import TRAINER_STATE, damaged_shards
 # step_<n>.pt: one file (one process, or DDP's rank 0); step_<n>.dcp: a folder of FSDP2 shards.
 _STEP_FILE = re.compile(r"^step_(\d+)\.(pt|dcp)$")
 LATEST_POINTER = "latest"
+# A sharded save's folder while its ranks write (.step_<n>.dcp.partial), and the folder of that
+# step it replaces while the new one moves in (.step_<n>.dcp.retired).
+STAGING_SUFFIX, RETIRED_SUFFIX = ".partial", ".retired"
 _DEFAULTS = CheckpointConfig()
 
 
@@ -88,6 +91,32 @@ class CheckpointManager:
         """Return the folder of the sharded (FSDP2) checkpoint for `step`."""
         return self.directory / f"step_{step}.dcp"
 
+    def sharded_staging_for(self, step: int) -> Path:
+        """Return the folder the ranks write `step`'s shards in before it takes its step name
+        (publish_sharded): DCP writes a folder in place, so a save interrupted over a checkpoint
+        of the same step would leave old metadata with new shards.
+        """
+        return self.directory / f".step_{step}.dcp{STAGING_SUFFIX}"
+
+    def publish_sharded(self, staging: Path, state: dict[str, Any]) -> Path:
+        """Write the trainer state into a staging folder every rank has finished, then give it its
+        step name, replacing a folder of that name (a rerun) only now; return it. A failed write
+        is a CheckpointError saying the previous checkpoint is intact.
+        """
+        final = self.directory / staging.name.removeprefix(".").removesuffix(STAGING_SUFFIX)
+        retired = self.directory / f".{final.name}{RETIRED_SUFFIX}"
+        try:
+            atomic_torch_save(state, staging / TRAINER_STATE)
+            if final.exists():
+                shutil.rmtree(retired, ignore_errors=True)
+                os.replace(final, retired)
+            os.replace(staging, final)
+            fsync_folder(self.directory)
+        except OSError as error:
+            raise self._write_failure(error, final) from error
+        shutil.rmtree(retired, ignore_errors=True)
+        return final
+
     def save(self, step: int, state: dict[str, Any], *, prune: bool = True) -> Path:
         """Write `state` atomically, then move the latest pointer to it and prune old files
         (unless `prune` is false); a failed write is a CheckpointError saying the previous
@@ -98,15 +127,11 @@ class CheckpointManager:
         return path
 
     def write(self, path: Path, state: dict[str, Any]) -> Path:
-        """Write `state` to `path` atomically (a step file, or a sharded folder's trainer state);
-        a failed write is a CheckpointError saying the previous checkpoint is intact.
+        """Write `state` to the step file `path` atomically; a failed write is a CheckpointError
+        saying the previous checkpoint is intact.
         """
         try:
-            if path.suffix == ".dcp":
-                path.mkdir(parents=True, exist_ok=True)
-                atomic_torch_save(state, path / TRAINER_STATE)
-            else:
-                atomic_torch_save(state, path)
+            atomic_torch_save(state, path)
         except OSError as error:
             raise self._write_failure(error, path) from error
         return path
@@ -232,9 +257,17 @@ class CheckpointManager:
 
     def remove_stale_temp_files(self) -> list[Path]:
         """Delete the temp files a save killed between writing and renaming left (a checkpoint's
-        full size each); return them. Call it only while this manager is not saving.
+        full size each), and the staging and retired folders of sharded saves; return them. Call
+        it only while this manager is not saving.
         """
-        return [
+        folders = [
+            path
+            for suffix in (STAGING_SUFFIX, RETIRED_SUFFIX)
+            for path in sorted(self.directory.glob(f".step_*.dcp{suffix}"))
+        ]
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+        return folders + [
             path
             for name in ("step_*.pt", LATEST_POINTER)
             for path in remove_stale_temp_files(self.directory, name)

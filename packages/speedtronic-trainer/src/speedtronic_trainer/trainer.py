@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -571,10 +573,16 @@ class Trainer:
         state["world_size"] = self.parallel.world_size
         if self.parallel.mode == "fsdp":
             path = manager.sharded_path_for(self.step)
-            save_sharded(path, self.model, self.optimizer)
+            staging = manager.sharded_staging_for(self.step)
+            if self.parallel.is_main:  # what a killed save left; gone before any rank writes
+                shutil.rmtree(staging, ignore_errors=True)
+            self.parallel.barrier()
+            save_sharded(staging, self.model, self.optimizer)
+            publish = partial(manager.publish_sharded, staging, state)
         else:
             path = manager.path_for(self.step)
-        self._on_main_agreed(lambda: manager.write(path, state), f"write checkpoint {path}")
+            publish = partial(manager.write, path, state)
+        self._on_main_agreed(publish, f"write checkpoint {path}")
         self._on_main_agreed(lambda: manager.commit(path), f"point `latest` at {path}")
         return path
 

@@ -248,6 +248,32 @@ def test_more_workers_than_gpus_is_one_line_before_any_worker(monkeypatch, capfd
     )
 
 
+@pytest.mark.parametrize("codes, expected", [({2}, 2), ({2, 1}, None)])
+def test_workers_that_each_refused_a_setting_exit_as_one_process_does(
+    monkeypatch, tmp_path, capfd, codes, expected
+):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    def failed(_):
+        failures = {
+            rank: ProcessFailure(rank, 1000 + rank, code, str(tmp_path / f"error{rank}.json"))
+            for rank, code in enumerate(sorted(codes))
+        }
+        raise ChildFailedError("speedtronic", failures)
+
+    monkeypatch.setattr("torch.distributed.run.run", failed)
+    smoke = str(ROOT / "configs" / "smoke.yaml")
+    argv = ["train", smoke, "--nproc-per-node", "2", "--set", "parallel.data_parallel=ddp"]
+    argv += ["--set", f"run.output_dir={tmp_path / 'run'}"]
+    if expected is not None:  # a resume mismatch on every rank: exit 2, as in one process
+        assert main(argv) == expected
+    else:  # another failure among them: the launcher's own one line, exit 1
+        assert main(argv) == 1
+        assert "data-parallel workers failed: rank 0 (exit code 1), rank 1 (exit code 2)" in (
+            capfd.readouterr().err
+        )
+
+
 def test_a_log_file_that_is_a_folder_is_one_line_before_any_worker(tmp_path, capfd, no_workers):
     smoke = str(ROOT / "configs" / "smoke.yaml")
     out = ["--set", f"run.output_dir={tmp_path / 'run'}", "--set", f"logging.file={tmp_path}"]

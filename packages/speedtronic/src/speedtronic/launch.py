@@ -12,7 +12,7 @@ import signal
 from collections.abc import Sequence
 from typing import Any
 
-from speedtronic.errors import UsageError, signal_exit_code
+from speedtronic.errors import USAGE_ERROR, UsageError, signal_exit_code
 
 # Launcher flag -> whether it takes a value.
 LAUNCH_FLAGS = {"--nproc-per-node": True, "--nnodes": True, "--rdzv-endpoint": True}
@@ -183,8 +183,8 @@ def torchrun_arguments(args: argparse.Namespace, argv: Sequence[str]) -> list[st
 
 def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
     """Check `config` against the launch, then run torchrun with this invocation's workers;
-    return 0, the signal exit code when a signal stopped the group (143 for SIGTERM), or raise
-    when a worker failed.
+    return 0, the signal exit code when a signal stopped the group (143 for SIGTERM), 2 when
+    every failed worker refused a setting, or raise when a worker failed otherwise.
     """
     check_launch_flags(args)
     check_launch(config, args)
@@ -201,6 +201,8 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
         stopped = preempted_exit_code(codes)
         if stopped is not None:  # the workers checkpointed and said how to resume
             return stopped
+        if codes == {USAGE_ERROR}:  # each said which setting to fix; exit as one process does
+            return USAGE_ERROR
         ranks = ", ".join(
             f"rank {rank} (exit code {info.exitcode})" for rank, info in failure.failures.items()
         )

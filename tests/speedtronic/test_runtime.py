@@ -218,6 +218,26 @@ def test_a_rerun_and_a_changed_lr_on_resume_are_each_named_in_one_warning(tmp_pa
     )
 
 
+def test_a_resume_that_moves_the_schedules_horizon_says_so(tmp_path):
+    log = tmp_path / "train.log"
+
+    def config(target: int, **scheduler) -> dict:
+        return small_config(
+            tmp_path, max_steps=target, scheduler=scheduler, logging={"file": str(log)}
+        )
+
+    runtime.train_from_config(config(2))
+    runtime.build_runtime(config(2), resume=True)  # the same horizon: nothing to say
+    assert "WARNING" not in log.read_text()
+    # The horizon follows the step target: a later target stretches the schedule.
+    runtime.build_runtime(config(4), resume=True)
+    (warning,) = [line for line in log.read_text().splitlines() if "WARNING" in line]
+    assert "the cosine schedule's horizon is 4 steps here but 2 in the checkpoint" in warning
+    assert "from step 2" in warning and "set scheduler.max_steps=2" in warning
+    runtime.build_runtime(config(4, max_steps=2), resume=True)  # the advice keeps it quiet
+    assert len([line for line in log.read_text().splitlines() if "WARNING" in line]) == 1
+
+
 def test_a_changed_batch_or_window_on_resume_is_named_in_one_warning_each(tmp_path):
     log = tmp_path / "train.log"
 

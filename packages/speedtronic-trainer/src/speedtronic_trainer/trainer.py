@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
-from speedtronic_config import SpeedtronicConfig
+from speedtronic_config import ConfigError, SpeedtronicConfig
 from speedtronic_systems.compile_choice import resolve_compile
 from speedtronic_systems.cpu_allocator import apply_cpu_allocator
 from speedtronic_systems.parallel import (
@@ -614,6 +614,7 @@ class Trainer:
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
             self._warn_if_lr_kept(state)
+            self._warn_if_horizon_moved(state)
         self._warn_if_data_changed(state)
         if self.scaler is not None and state.get("scaler") is not None:
             self.scaler.load_state_dict(state["scaler"])
@@ -660,6 +661,30 @@ class Trainer:
                     before,
                     now,
                 )
+
+    def _warn_if_horizon_moved(self, state: dict[str, Any]) -> None:
+        """Say so when the schedule's horizon differs from the checkpoint's (an unset
+        scheduler.max_steps follows the step target, which --max-steps moves): the learning rate
+        follows the new horizon from the resumed step, so a schedule that had decayed rises again.
+        """
+        current = self.config.scheduler
+        if not self._config_given or current.name == "constant":
+            return
+        try:
+            saved = SpeedtronicConfig.from_dict(state.get("config") or {}).scheduler.max_steps
+        except (ConfigError, TypeError, ValueError):  # a config this version cannot read
+            return
+        if saved != current.max_steps:
+            self.logger.warning(
+                "the %s schedule's horizon is %d steps here but %d in the checkpoint: the "
+                "learning rate follows the new horizon from step %d (after a decay, it rises "
+                "again); set scheduler.max_steps=%d to keep the checkpoint's schedule",
+                current.name,
+                current.max_steps,
+                saved,
+                int(state.get("step", 0)),
+                saved,
+            )
 
     def _warn_if_data_changed(self, state: dict[str, Any]) -> None:
         """Say so for each data setting that orders or sizes the batches and differs from the

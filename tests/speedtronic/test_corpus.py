@@ -45,3 +45,17 @@ def test_missing_inputs_are_usage_errors(tmp_path):
         prepare_corpus(tmp_path / "out", [tmp_path / "nope.parquet"], 0, 0.1)
     with pytest.raises(UsageError, match="--tokenizer .*gone.json: no such file"):
         prepare_corpus(tmp_path / "out", [], 1000, 0.1, tokenizer=tmp_path / "gone.json")
+
+
+def test_a_tokenizer_is_named_by_its_file_or_the_folder_holding_it(tmp_path, bpe_json):
+    from speedtronic.corpus import tokenizer_file
+
+    assert tokenizer_file(bpe_json) == bpe_json
+    assert tokenizer_file(bpe_json.parent) == bpe_json  # an HF export or a Hub snapshot
+    with pytest.raises(UsageError, match=r"--tokenizer .*empty: a folder without a tokenizer.json"):
+        (tmp_path / "empty").mkdir()
+        tokenizer_file(tmp_path / "empty")
+    with pytest.raises(
+        UsageError, match="gone.json: no such file; pass a tokenizer.json or its folder"
+    ):
+        tokenizer_file(tmp_path / "gone.json")

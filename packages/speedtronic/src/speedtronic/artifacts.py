@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from speedtronic.corpus import tokenizer_file
 from speedtronic.errors import UsageError
 
 PathLike = str | os.PathLike[str]
@@ -145,14 +146,12 @@ def resolve_tokenizer(
 
 
 def _chosen_tokenizer(choice: PathLike) -> Any:
-    """Return the tokenizer --tokenizer names: bytes, or a tokenizer.json file."""
+    """Return the tokenizer --tokenizer names: bytes, or a tokenizer.json file or its folder."""
     from speedtronic_data import CharTokenizer, JsonTokenizer
 
     if str(choice) == "bytes":
         return CharTokenizer()
-    if not Path(choice).is_file():
-        raise UsageError(f"--tokenizer {choice}: no such file; pass bytes or a tokenizer.json")
-    return JsonTokenizer.from_file(choice)
+    return JsonTokenizer.from_file(tokenizer_file(choice))
 
 
 def _check_fits(codec: Any, config: Any, choice: PathLike | None) -> Any:

@@ -46,6 +46,20 @@ class _Progress:
         self.bar.close()
 
 
+def tokenizer_file(choice: str | Path) -> Path:
+    """Return the tokenizer.json `--tokenizer` names: the file, or the one inside a folder (an
+    export, a Hub snapshot); UsageError when there is none.
+    """
+    path = Path(choice)
+    if path.is_dir():
+        if (path / "tokenizer.json").is_file():
+            return path / "tokenizer.json"
+        raise UsageError(f"--tokenizer {choice}: a folder without a tokenizer.json")
+    if not path.is_file():
+        raise UsageError(f"--tokenizer {choice}: no such file; pass a tokenizer.json or its folder")
+    return path
+
+
 def prepare_corpus(
     out_dir: Path,
     inputs: list[Path],
@@ -62,9 +76,7 @@ def prepare_corpus(
     from speedtronic_data import JsonTokenizer, prepare_shards, stdlib_corpus
     from speedtronic_data.tokenizer_record import read_record, record_for
 
-    if tokenizer is not None and not tokenizer.is_file():
-        raise UsageError(f"--tokenizer {tokenizer}: no such file; pass a tokenizer.json")
-    codec = JsonTokenizer.from_file(tokenizer) if tokenizer is not None else None
+    codec = JsonTokenizer.from_file(tokenizer_file(tokenizer)) if tokenizer is not None else None
     if sorted(out_dir.glob("train_*.bin")) and sorted(out_dir.glob("val_*.bin")):
         existing, wanted = read_record(out_dir), record_for(codec)
         if existing.kind == wanted.kind == "bytes" or existing.same_tokenizer(wanted):

@@ -8,24 +8,13 @@ import sys
 import textwrap
 
 import pytest
+from test_runtime import small_config as config
 
 import speedtronic.runtime as runtime
 from speedtronic.run_lock import RunFolderBusy, run_folders
 from speedtronic_config import SpeedtronicConfig
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
-
-
-def config(folder, **extra):
-    return {
-        "device": "cpu",
-        "max_steps": 1,
-        "output_dir": str(folder),
-        "model": {"vocab_size": 64, "max_seq_len": 16, "n_layer": 1, "n_head": 2, "d_model": 16},
-        "data": {"num_tokens": 32, "micro_batch_size": 2, "target_batch_size": 2},
-        "precision": "fp32",
-        **extra,
-    }
 
 
 def hold_lock(folder) -> subprocess.Popen:

@@ -312,3 +312,24 @@ def test_a_data_dataset_shard_glob_is_read_for_its_tokenizer(tmp_path, bpe_json)
     assert (out / "tokenizer.json").read_bytes() == bpe_json.read_bytes()
     bpe = sample_text(checkpoint, "return a", max_new_tokens=8, temperature=0, tokenizer=bpe_json)
     assert sample_text(checkpoint, "return a", max_new_tokens=8, temperature=0) == bpe
+
+
+def test_a_run_with_relative_paths_is_sampled_and_exported_from_another_folder(
+    tmp_path, bpe_json, monkeypatch, capsys
+):
+    prepare(tmp_path / "shards", bpe_json)
+    monkeypatch.chdir(tmp_path)  # the run names its shards relative to where it started
+    config = run_config(Path("run"), Path("shards"))
+    assert config["data"]["shard_path"] == "shards/train_*.bin"
+    checkpoint = (tmp_path / noisy_checkpoint(config)).resolve()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    bpe = sample_text(checkpoint, "return a", max_new_tokens=8, temperature=0, tokenizer=bpe_json)
+    assert sample_text(checkpoint, "return a", max_new_tokens=8, temperature=0) == bpe
+    assert "note:" not in capsys.readouterr().err  # found above the checkpoint, and verified
+    out = export_hf(checkpoint, tmp_path / "hf")
+    assert (out / "tokenizer.json").read_bytes() == bpe_json.read_bytes()
+    # Only a recorded identity makes a shard folder found that way safe to use.
+    legacy = without_tokenizer_record(checkpoint, tmp_path / "legacy")
+    with pytest.raises(UsageError, match="cannot tell which tokenizer the run used"):
+        export_hf(legacy, tmp_path / "hf-legacy")

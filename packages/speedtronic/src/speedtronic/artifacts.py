@@ -105,14 +105,16 @@ def resolve_tokenizer(
     *,
     strict: bool = True,
     recorded: Mapping[str, Any] | None = None,
+    checkpoint: PathLike | None = None,
 ) -> Any:
     """Return the tokenizer a run used: `choice` (bytes or a tokenizer.json path) when given, else
     the one recorded beside its shards. `recorded`, the tokenizer a checkpoint records it trained
     with, must match it: a `choice` that does not is a UsageError; shards that cannot be found or
     hold another tokenizer are a UsageError when strict, else the byte tokenizer with a note on
-    stderr. A checkpoint trained on bytes needs no shards.
+    stderr. A checkpoint trained on bytes needs no shards. A relative shard glob that matches
+    nothing here is also tried from each folder above `checkpoint` (the run started in one).
     """
-    from speedtronic_data import CharTokenizer, DataError, load_tokenizer, run_tokenizer
+    from speedtronic_data import CharTokenizer, DataError, load_tokenizer
     from speedtronic_data.tokenizer_record import record_for, record_from_identity
 
     expected = record_from_identity(recorded) if recorded is not None else None
@@ -129,7 +131,7 @@ def resolve_tokenizer(
         return CharTokenizer()
     hint = "pass --tokenizer bytes or --tokenizer PATH/tokenizer.json"
     try:
-        found = run_tokenizer(config.data)
+        found = _shards_tokenizer(config.data, expected, checkpoint)
         if expected is None or found.encodes_alike(expected):
             return load_tokenizer(found)
         problem = (
@@ -143,6 +145,32 @@ def resolve_tokenizer(
         raise UsageError(f"{problem}; {hint}")
     print(f"note: decoding with the byte tokenizer: {problem}; {hint}", file=sys.stderr)
     return CharTokenizer()
+
+
+def _shards_tokenizer(data: Any, expected: Any, checkpoint: PathLike | None) -> Any:
+    """Return the record beside the run's training shards; when a relative data.shard_path
+    matches nothing from here, the first folder above `checkpoint` where it matches shards of the
+    `expected` tokenizer (only a recorded identity makes such a find safe to use).
+    """
+    import dataclasses
+
+    from speedtronic_data import DataError, run_tokenizer
+
+    try:
+        return run_tokenizer(data)
+    except DataError:
+        pattern = data.shard_path
+        if expected is None or checkpoint is None or pattern is None or Path(pattern).is_absolute():
+            raise
+        for folder in Path(checkpoint).resolve().parents:
+            moved = dataclasses.replace(data, shard_path=str(folder / pattern))
+            try:
+                found = run_tokenizer(moved)
+            except DataError:
+                continue
+            if found.encodes_alike(expected):
+                return found
+        raise
 
 
 def _chosen_tokenizer(choice: PathLike) -> Any:
@@ -193,7 +221,9 @@ def sample_text(
             f"{path}: model {config.model.name!r} has no generate(); sample needs one taking "
             "(input_ids, max_new_tokens, temperature=, top_k=), as the reference model has"
         )
-    codec = resolve_tokenizer(config, tokenizer, strict=False, recorded=state.get("tokenizer"))
+    codec = resolve_tokenizer(
+        config, tokenizer, strict=False, recorded=state.get("tokenizer"), checkpoint=path
+    )
     _check_fits(codec, config, tokenizer)
     prompt_ids = codec.encode(prompt or "\n")
     vocab = config.model.vocab_size
@@ -266,7 +296,7 @@ def export_hf(
     state = read_checkpoint(path)
     model, config = _model_from_state(state)
     llama_config(model)  # a model that does not map fails here, before anything is written
-    codec = resolve_tokenizer(config, tokenizer, recorded=state.get("tokenizer"))
+    codec = resolve_tokenizer(config, tokenizer, recorded=state.get("tokenizer"), checkpoint=path)
     record = _check_fits(codec, config, tokenizer)
     bos, eos = write_hf_tokenizer(out_dir, codec, model_max_length=config.model.max_seq_len)
     save_llama(

@@ -90,3 +90,20 @@ def test_invalid_utf8_names_the_offset(tmp_path):
     path.write_bytes(b"hello world " * 10 + b"\xff\xfe")
     with pytest.raises(DataError, match=r"bad.txt' is not valid UTF-8 near byte 120"):
         list(TextFileTokenDataset(path, 8))
+
+
+@pytest.mark.parametrize(
+    "kind, write", [("gzip", "gzip"), ("bzip2", "bz2"), ("xz", "lzma"), ("zip", None)]
+)
+def test_a_compressed_file_is_named_as_such(tmp_path, kind, write):
+    import importlib
+    import zipfile
+
+    path = tmp_path / "corpus.txt"
+    if write is None:
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr("corpus.txt", "hello world\n" * 100)
+    else:
+        path.write_bytes(importlib.import_module(write).compress(b"hello world\n" * 100))
+    with pytest.raises(DataError, match=rf"corpus.txt' is a {kind} file, not text; decompress it"):
+        list(TextFileTokenDataset(path, 8))

@@ -34,6 +34,16 @@ def check_text_file(path: Path, setting: str = "data.text_path") -> Path:
     return path
 
 
+# Leading bytes of the compressed formats a text corpus often comes in.
+_COMPRESSED = (
+    (b"\x1f\x8b", "gzip"),
+    (b"BZh", "bzip2"),
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+    (b"PK\x03\x04", "zip"),
+)
+
+
 def iter_text_chunks(path: Path) -> Iterator[str]:
     """Yield the file's text in chunks of about CHUNK_BYTES that end on a line break where
     possible.
@@ -48,6 +58,11 @@ def iter_text_chunks(path: Path) -> Iterator[str]:
             try:
                 text = decoder.decode(raw, final=not raw)
             except UnicodeDecodeError as error:
+                packed = next((name for magic, name in _COMPRESSED if raw.startswith(magic)), None)
+                if offset == 0 and packed is not None:  # re-encoding would not help
+                    raise DataError(
+                        f"{str(path)!r} is a {packed} file, not text; decompress it first"
+                    ) from None
                 raise DataError(
                     f"{str(path)!r} is not valid UTF-8 near byte {offset + error.start}; "
                     "re-encode it as UTF-8"

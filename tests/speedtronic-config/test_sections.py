@@ -388,6 +388,15 @@ def test_derived_and_normalized_values():
     assert OptimizerConfig(betas=[0.8, 0.9]).betas == (0.8, 0.9)
 
 
+def test_a_raised_micro_batch_alone_says_which_setting_to_raise_with_it():
+    with pytest.raises(ConfigError) as caught:
+        DataConfig(micro_batch_size=32)
+    assert str(caught.value) == (
+        "data.target_batch_size: must be at least micro_batch_size=32 (got 1); set "
+        "data.target_batch_size to a multiple of it (the sequences per optimizer step)"
+    )
+
+
 def test_quoted_booleans_are_read_as_booleans_in_sections():
     assert CheckpointConfig(enabled="false").enabled is False
     assert DistributedConfig(async_delta_upload="False").async_delta_upload is False

@@ -247,6 +247,8 @@ class DataConfig:
             "data.target_batch_size",
             f"must be at least micro_batch_size={self.micro_batch_size}",
             self.target_batch_size,
+            # The default target (1) trips everyone who raises only the micro-batch.
+            "set data.target_batch_size to a multiple of it (the sequences per optimizer step)",
         )
         _check(
             self.target_batch_size % self.micro_batch_size == 0,

@@ -120,3 +120,18 @@ def test_an_empty_value_is_refused_not_read_as_null(text):
     # An unset shell variable (--set data.shard_path=$SHARDS) must not fall back to synthetic data.
     with pytest.raises(ConfigError, match=r"^data.shard_path: empty value.*data.shard_path=null"):
         parse_override(text)
+
+
+def test_a_mapping_for_a_section_changes_only_the_fields_it_names():
+    raw = {"model": {"n_layer": 2, "d_model": 64}, "optimizer": "muon"}
+    result = apply_overrides(raw, ["model={n_layer: 6}", "optimizer={lr: 0.01}"])
+    assert result["model"] == {"n_layer": 6, "d_model": 64}
+    assert result["optimizer"] == {"name": "muon", "lr": 0.01}
+    # null still resets a section to its defaults, and then a mapping sets it afresh.
+    assert apply_overrides(raw, ["model=null", "model={n_layer: 6}"])["model"] == {"n_layer": 6}
+
+
+def test_a_run_mapping_wins_over_the_top_level_aliases_it_names():
+    result = apply_overrides({"name": "old", "seed": 3}, ["run={name: new}"])
+    assert result == {"seed": 3, "run": {"name": "new"}}
+    assert SpeedtronicConfig.from_dict(result).run.name == "new"

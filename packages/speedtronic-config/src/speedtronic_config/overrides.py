@@ -89,23 +89,35 @@ def _set(tree: dict[str, Any], root: str, name: str | None, value: Any) -> None:
         and not isinstance(value, Mapping)
     ):
         name = SHORTHAND_FIELD[root]  # keep the section's other fields
-    if name is None:
-        tree[root] = value
-        return
-    section = tree.get(root)
-    if section is None:
-        section = {}
-    elif isinstance(section, str) and root in SHORTHAND_FIELD:
-        section = {SHORTHAND_FIELD[root]: section}
-    elif isinstance(section, bool) and root == "compile":
-        section = {"enabled": section}
-    elif not isinstance(section, Mapping):
+    current = _fields(root, tree.get(root))
+    if name is not None and current is None:
         raise ConfigError(
-            root, "cannot set a field: the current value is not a mapping", value=section
+            root, "cannot set a field: the current value is not a mapping", value=tree[root]
         )
-    tree[root] = {**section, name: value}
-    if root == "run" and name in RUN_ALIASES:
-        tree.pop(name, None)  # a top-level alias would otherwise win over this override
+    given = {name: value} if name is not None else value
+    if isinstance(given, Mapping) and current is not None:
+        # `--set model={n_layer: 6}` changes the fields it names, as model.n_layer=6 would;
+        # replacing the section reset every other field to its default, silently.
+        tree[root] = {**current, **given}
+    else:
+        tree[root] = given
+    if root == "run" and isinstance(given, Mapping):
+        for alias in RUN_ALIASES:
+            if alias in given:
+                tree.pop(alias, None)  # a top-level alias would otherwise win over this override
+
+
+def _fields(root: str, section: Any) -> Mapping[str, Any] | None:
+    """Return the fields a section's current value sets (a shorthand expanded); None when it is
+    not a section at all.
+    """
+    if section is None:
+        return {}
+    if isinstance(section, str) and root in SHORTHAND_FIELD:
+        return {SHORTHAND_FIELD[root]: section}
+    if isinstance(section, bool) and root == "compile":
+        return {"enabled": section}
+    return section if isinstance(section, Mapping) else None
 
 
 def apply_overrides(values: Mapping[str, Any] | None, overrides: Iterable[str]) -> dict[str, Any]:

@@ -38,6 +38,18 @@ def test_check_fails_on_a_hand_edited_readme(report, tmp_path: Path) -> None:
     assert any("differs" in problem for problem in report.check(RESULTS, readme=readme))
 
 
+def test_check_fails_on_a_stale_package_readme(report, tmp_path: Path) -> None:
+    packages = tmp_path / "packages"
+    for package in report.PACKAGE_RESULTS:
+        (packages / package).mkdir(parents=True)
+        shutil.copy(ROOT / "packages" / package / "README.md", packages / package)
+    assert report.check(RESULTS, packages=packages) == []
+    readme = packages / "speedtronic-optim" / "README.md"
+    readme.write_text(readme.read_text().replace("**1.", "**0.", 1))
+    (problem,) = report.check(RESULTS, packages=packages)
+    assert "speedtronic-optim" in problem and "--write-readme" in problem
+
+
 def test_check_fails_when_results_change_after_the_report(report, tmp_path: Path) -> None:
     results = tmp_path / "results"
     shutil.copytree(RESULTS, results, ignore=shutil.ignore_patterns("quick", "*.png"))

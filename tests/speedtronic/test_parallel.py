@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from speedtronic import runtime
 
 WORKER = Path(__file__).with_name("parallel_worker.py")
 sys.path.insert(0, str(WORKER.parent))
-from parallel_worker import config, ignore_labels, own_loss_step  # noqa: E402
+from parallel_worker import config, ignore_labels, link_checkpoint, own_loss_step  # noqa: E402
 
 
 def torchrun(*args: str, nproc: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -249,3 +250,17 @@ def test_on_cuda_with_nccl_two_ranks_match_one_process(tmp_path, mode):
     params = torch.load(out / "params_train.pt", map_location="cpu")
     for name, value in reference.items():
         assert (params[name].cpu() - value).abs().max() <= 1e-5, name
+
+
+def test_one_process_resumes_a_sharded_checkpoint_without_torchs_warning(trained, tmp_path):
+    mode, source, _ = trained
+    if mode != "fsdp":
+        pytest.skip("DDP writes single-file checkpoints")
+    values = config(tmp_path, "none", run={"max_steps": 4}, data={"target_batch_size": 16})
+    link_checkpoint(source / "run" / "checkpoints" / "step_3.dcp", tmp_path / "run")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer, _ = runtime.build_runtime(values, resume=True)
+    trainer.close()
+    assert trainer.step == 3
+    assert not [str(w.message) for w in seen if "torch.distributed" in str(w.message)]

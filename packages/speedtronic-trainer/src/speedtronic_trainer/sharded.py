@@ -81,7 +81,6 @@ def load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer 
 
 
 def _load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_state_dict,
@@ -95,10 +94,7 @@ def _load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer
         # A plain model reads every shard in this process, even inside a process group (rank 0's
         # end-of-run sample, its peers gone); an FSDP2 model's ranks load their shards together.
         alone = not any(isinstance(value, DTensor) for value in state["model"].values())
-        with warnings.catch_warnings():
-            # DCP warns that it "assumes" a single process even when asked for one (no_dist).
-            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-            dcp.load(state, checkpoint_id=str(path), no_dist=alone)
+        _dcp_load(state, path, alone=alone)
         set_model_state_dict(model, state["model"])
         return
     optimizers = leaf_optimizers(optimizer)
@@ -106,13 +102,23 @@ def _load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer
     # entry the checkpoint holds has a place to load into.
     model_state, optimizer_state = get_state_dict(model, optimizers)
     state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(state, checkpoint_id=str(path))
+    _dcp_load(state, path, alone=not torch.distributed.is_initialized())  # a one-process resume
     set_state_dict(
         model,
         optimizers,
         model_state_dict=state["model"],
         optim_state_dict=state["optimizer"],
     )
+
+
+def _dcp_load(state: dict[str, Any], path: Path, *, alone: bool) -> None:
+    """dcp.load `state` from `path`; `alone`: in this process only, without a process group."""
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        # DCP warns that it "assumes" a single process even when asked for one (no_dist).
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(state, checkpoint_id=str(path), no_dist=alone)
 
 
 def load_full_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:

@@ -248,7 +248,8 @@ def test_more_workers_than_gpus_is_one_line_before_any_worker(monkeypatch, capfd
     )
 
 
-@pytest.mark.parametrize("codes, expected", [({2}, 2), ({2, 1}, None)])
+# -15: torchrun's SIGTERM to the workers still running when the first one exited.
+@pytest.mark.parametrize("codes, expected", [({2}, 2), ({2, -15}, 2), ({2, 1}, None)])
 def test_workers_that_each_refused_a_setting_exit_as_one_process_does(
     monkeypatch, tmp_path, capfd, codes, expected
 ):
@@ -272,6 +273,36 @@ def test_workers_that_each_refused_a_setting_exit_as_one_process_does(
         assert "data-parallel workers failed: rank 0 (exit code 1), rank 1 (exit code 2)" in (
             capfd.readouterr().err
         )
+
+
+def test_a_worker_prints_what_only_it_hit_and_rank_zero_what_every_rank_did(monkeypatch, capsys):
+    import datetime
+
+    import torch.distributed as dist
+
+    port = free_port()  # the store torchrun's agent keeps for its workers
+    agent = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30))
+    for name, value in [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))]:
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    smoke = str(ROOT / "configs" / "smoke.yaml")
+
+    def worker(rank: int, *extra: str) -> int:
+        monkeypatch.setenv("RANK", str(rank))
+        return main(["train", smoke, *extra])
+
+    # A config every rank reads alike: rank 0 says it once; rank 1 waits for that, then exits.
+    assert worker(0, "--set", "model.n_layer=x") == worker(1, "--set", "model.n_layer=x") == 2
+    # Another line than rank 0's, and what only this rank hit (its node lacks the device): named.
+    assert worker(1, "--set", "model.n_layer=y") == worker(1, "--device", "cuda:7") == 2
+    said = capsys.readouterr().err.splitlines()
+    assert said[:2] == [
+        "speedtronic train: model.n_layer: expected an integer (got 'x')",
+        "speedtronic train: rank 1: model.n_layer: expected an integer (got 'y')",
+    ]
+    assert said[2].startswith("speedtronic train: rank 1: ") and "cuda:7" in said[2], said
+    assert len(said) == 3 and agent.num_keys() >= 1
 
 
 def test_a_log_file_that_is_a_folder_is_one_line_before_any_worker(tmp_path, capfd, no_workers):
@@ -387,6 +418,19 @@ def test_sigterm_stops_every_rank_at_the_same_step_and_exits_143(tmp_path, targe
     assert max(r["step"] for r in records if r["event"] == "train_step") == stopped
     latest = json.loads((out / "checkpoints" / "latest").read_text())
     assert latest["step"] == stopped  # one checkpoint at the stop step, for both ranks
+    if target == "launcher":  # its checkpoint, resumed with another model size
+        refused = out.with_name("refused.log")
+        run = train(
+            out, "--nproc-per-node", "2", "--resume", "--set", "model.n_layer=3", log=refused
+        )
+        assert run.wait(timeout=120) == 2, refused.read_text()[-3000:]
+        # Every rank refused it: one clean line, from rank 0 (the line never runs into another).
+        said = [line for line in refused.read_text().splitlines() if "speedtronic" in line]
+        assert said == [
+            f"speedtronic train: checkpoint {out}/checkpoints/step_{stopped}.pt was written with "
+            "other model settings (model.n_layer: checkpoint 2, this run 3); resume with the "
+            "model settings it was written with, or start a new run in another run.output_dir"
+        ]
 
 
 @pytest.mark.parametrize("kill", [signal.SIGKILL])
@@ -409,5 +453,14 @@ def test_max_restarts_resumes_the_workers_from_the_last_checkpoint(tmp_path, kil
         run,
     )
     run.send_signal(signal.SIGTERM)  # the agent forwards it: the workers stop and checkpoint
-    run.wait(timeout=120)
+    assert run.wait(timeout=120) == 143
     assert latest_step(out) >= resumed + 2
+    first, restarted = log.read_text().split("resumed at step", 1)
+    # While a restart remains, no line tells the user to resume: torchrun does.
+    said = [line for line in first.splitlines() if line.startswith("speedtronic train:")]
+    note = "torchrun restarts the workers from the latest checkpoint (restarts left: 1)"
+    assert said and all(note in line for line in said), said
+    # None remains after the restart, and torchrun itself was stopped: resume by hand.
+    said = [line for line in restarted.splitlines() if line.startswith("speedtronic train:")]
+    assert len(said) == 1 and "; resume with: speedtronic train " in said[0], said
+    assert "torchrun restarts" not in said[0]

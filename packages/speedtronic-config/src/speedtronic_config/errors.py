@@ -1,14 +1,18 @@
-"""The one exception every invalid configuration raises."""
+"""The one exception every invalid configuration raises, and the mark of an error every rank of
+a data-parallel group raises alike (the CLI reports it once, from rank 0).
+"""
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from speedtronic_config.secrets import describe_hidden, is_secret_path
 
 _NO_VALUE = object()
+_EVERY_RANK = "raised_on_every_rank"  # the attribute on_every_rank sets
+_Error = TypeVar("_Error", bound=BaseException)
 
 
 class ConfigError(ValueError):
@@ -68,3 +72,16 @@ def unknown_key(path: str, key: Any, valid: Iterable[str]) -> ConfigError:
     close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(names)}"
     return ConfigError(where, "unknown key", allowed=hint)
+
+
+def on_every_rank(error: _Error) -> _Error:
+    """Mark `error` as raised alike on every rank of a data-parallel group (decided after the
+    ranks agreed, or from what they all read) and return it: rank 0 reports it for the group.
+    """
+    setattr(error, _EVERY_RANK, True)
+    return error
+
+
+def raised_on_every_rank(error: BaseException) -> bool:
+    """Return True for an error marked by on_every_rank."""
+    return getattr(error, _EVERY_RANK, False)

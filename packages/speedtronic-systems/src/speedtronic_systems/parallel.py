@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from speedtronic_config import ConfigError, ParallelConfig, resolve_section
+from speedtronic_config.errors import on_every_rank
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Module containers whose children FSDP2 shards one by one (the transformer blocks).
@@ -198,10 +199,12 @@ def check_world_size(section: Any, world_size: int) -> None:
     """
     section = resolve_section(section, "parallel")
     if section.data_parallel == "none" and world_size > 1:
-        raise ConfigError(
-            "parallel.data_parallel",
-            f"is none, but {world_size} processes are launched: each would train alone",
-            allowed="set parallel.data_parallel: ddp (or fsdp)",
+        raise on_every_rank(
+            ConfigError(
+                "parallel.data_parallel",
+                f"is none, but {world_size} processes are launched: each would train alone",
+                allowed="set parallel.data_parallel: ddp (or fsdp)",
+            )
         )
 
 
@@ -212,17 +215,29 @@ def _restart_store(timeout: datetime.timedelta) -> dict[str, Any]:
     without a per-attempt prefix, so a restarted group would read the dead workers' gloo
     addresses (a connection refused or a hang). A prefix per attempt keeps each round apart.
     """
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
         return {}
-    client = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
-    )
+    store = agent_store(timeout)
+    if store is None:
+        return {}
     return {
-        "store": dist.PrefixStore(f"speedtronic/attempt_{attempt}", client),
+        "store": store,
         "rank": int(os.environ["RANK"]),
         "world_size": int(os.environ["WORLD_SIZE"]),
     }
+
+
+def agent_store(timeout: datetime.timedelta) -> dist.Store | None:
+    """Return this restart round's part of the store torchrun's agent keeps for its workers
+    (None when the workers have none), whether or not a process group exists.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    client = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"speedtronic/attempt_{attempt}", client)
 
 
 def _free_port() -> int:
@@ -258,11 +273,13 @@ def check_batch_split(target_batch_size: int, micro_batch_size: int, world_size:
         if not rest and per_rank:  # the same global batch fits with smaller microbatches
             fits = max(d for d in range(1, micro_batch_size) if per_rank % d == 0)
             allowed += f", or keep it with data.micro_batch_size: {fits} ({per_rank} per rank)"
-        raise ConfigError(
-            "data.target_batch_size",
-            f"{target_batch_size} does not split over {world_size} ranks into whole microbatches "
-            f"of {micro_batch_size}",
-            allowed=allowed,
+        raise on_every_rank(
+            ConfigError(
+                "data.target_batch_size",
+                f"{target_batch_size} does not split over {world_size} ranks into whole "
+                f"microbatches of {micro_batch_size}",
+                allowed=allowed,
+            )
         )
 
 
@@ -380,6 +397,7 @@ __all__ = [
     "SINGLE",
     "ParallelContext",
     "ParallelError",
+    "agent_store",
     "check_batch_split",
     "check_optimizer_after_wrapping",
     "check_world_size",

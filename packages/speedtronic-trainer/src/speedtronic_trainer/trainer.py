@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from speedtronic_config import ConfigError, SpeedtronicConfig
+from speedtronic_config.errors import on_every_rank
 from speedtronic_systems.compile_choice import resolve_compile
 from speedtronic_systems.cpu_allocator import apply_cpu_allocator
 from speedtronic_systems.parallel import (
@@ -762,7 +763,11 @@ class Trainer:
         )
         if error is not None:
             raise error
-        self.resume(state)
+        try:
+            self.resume(state)
+        except CheckpointError as refused:  # the agreed checkpoint against the same settings
+            on_every_rank(refused)  # (DCP's load gathers every rank's failure alike)
+            raise
         return state is not None
 
     def _agree_on_checkpoint(self, found: str, folder: Path) -> None:
@@ -773,10 +778,12 @@ class Trainer:
         split = self.parallel.disagreement(found)
         if split is None:
             return
-        raise CheckpointError(
-            f"the ranks found different checkpoints to resume ({split}); every node must see the "
-            f"same checkpoint folder {folder}: put it on a filesystem all nodes share, or copy it "
-            "to each node"
+        raise on_every_rank(
+            CheckpointError(
+                f"the ranks found different checkpoints to resume ({split}); every node must see "
+                f"the same checkpoint folder {folder}: put it on a filesystem all nodes share, or "
+                "copy it to each node"
+            )
         )
 
     # -------------------------------------------------------------------------------------- fit

@@ -21,6 +21,7 @@ from speedtronic.errors import (
     USAGE_ERROR,
     RunFailed,
     UsageError,
+    print_line,
 )
 from speedtronic.group_exit import exit_process, hold_process_group
 from speedtronic.launch import add_launch_arguments, launch, refuse_launch_flags_alone
@@ -337,7 +338,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
         # This process becomes torchrun's launcher; a bad config fails here, once.
         return launch(args, args.argv, _train_config(args, announce=False)[0])
     announce = os.environ.get("RANK", "0") == "0"  # once per run
-    config, metrics = _train_config(args, announce=announce)
+    from speedtronic_config import ConfigError
+    from speedtronic_config.errors import on_every_rank
+
+    try:
+        config, metrics = _train_config(args, announce=announce)
+    except (ConfigError, UsageError) as error:  # every worker reads the same arguments and files
+        on_every_rank(error)
+        raise
     if announce:
         _warn_synthetic_data(config)
     from speedtronic.runtime import build_runtime
@@ -582,25 +590,75 @@ def _run(argv: Sequence[str] | None) -> int:
     except BrokenPipeError:
         raise  # stdout's reader left: main ends quietly
     except (ConfigError, UsageError) as error:
-        print(f"speedtronic {args.command}: {_one_line(error)}", file=sys.stderr)
+        _report(args.command, _one_line(error), error)
         return USAGE_ERROR
-    except KeyboardInterrupt:
-        print(f"speedtronic {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as error:
+        _report(args.command, "interrupted", error)
         return RUNTIME_ERROR
     except Exception as error:  # a runtime failure: one line unless debugging was asked for
         if _is_usage_error(error):
-            print(f"speedtronic {args.command}: {_one_line(error)}", file=sys.stderr)
+            _report(args.command, _one_line(error), error)
             return USAGE_ERROR
         if os.environ.get("SPEEDTRONIC_DEBUG"):
             raise
         what = _one_line(error)
         if not isinstance(error, RunFailed):
             what = f"{type(error).__name__}: {what}"
-        print(
-            f"speedtronic {args.command}: {what} (set SPEEDTRONIC_DEBUG=1 for the traceback)",
-            file=sys.stderr,
-        )
+        _report(args.command, f"{what} (set SPEEDTRONIC_DEBUG=1 for the traceback)", error)
         return RUNTIME_ERROR
+
+
+def _report(command: str, line: str, error: BaseException) -> None:
+    """Print the error line of `command`. In a torchrun worker of a larger group, an error every
+    rank raised alike is printed by rank 0 alone; any other line names its rank.
+    """
+    from speedtronic_config.errors import raised_on_every_rank
+
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        print_line(f"speedtronic {command}: {line}")
+        return
+    rank = int(os.environ["RANK"])
+    every = raised_on_every_rank(error)
+    if rank == 0 and every:
+        print_line(f"speedtronic {command}: {line}")
+        _tell_the_group(line)
+    elif not (every and _rank_zero_printed(line)):
+        print_line(f"speedtronic {command}: rank {rank}: {line}")
+
+
+# How long a worker waits for rank 0 to print an error every rank raised before printing its own.
+RANK_ZERO_WAIT = 60.0
+_PRINTED = "error_printed"  # the agent store's key for the line rank 0 printed
+
+
+def _tell_the_group(line: str) -> None:
+    """Put the line rank 0 printed in torchrun's agent store, for the ranks waiting on it."""
+    import datetime
+
+    from speedtronic_systems.parallel import agent_store
+
+    with contextlib.suppress(Exception):  # no store: the others print their own after the wait
+        store = agent_store(datetime.timedelta(seconds=RANK_ZERO_WAIT))
+        if store is not None:
+            store.set(_PRINTED, line)
+
+
+def _rank_zero_printed(line: str) -> bool:
+    """Wait until rank 0 has printed its line (a worker exiting first would have torchrun stop
+    the group, rank 0 perhaps before its print); return True when that line is `line`.
+    """
+    import datetime
+
+    from speedtronic_systems.parallel import agent_store
+
+    try:
+        store = agent_store(datetime.timedelta(seconds=RANK_ZERO_WAIT))
+        if store is None:
+            return False
+        store.wait([_PRINTED])
+        return store.get(_PRINTED).decode() == line
+    except Exception:  # rank 0 never said (it failed otherwise): this rank speaks for itself
+        return False
 
 
 def main_entry() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 
 USAGE_ERROR = 2
 RUNTIME_ERROR = 1
@@ -24,6 +25,14 @@ def first_line(error: BaseException) -> str:
     return next((line.strip() for line in str(error).splitlines() if line.strip()), "")
 
 
+def print_line(text: str) -> None:
+    """Print `text` and its newline on stderr in one write: print() writes them apart, and under
+    torchrun the workers share one terminal, where another's line could run into this one.
+    """
+    sys.stderr.write(f"{text}\n")
+    sys.stderr.flush()
+
+
 class UsageError(Exception):
     """A user mistake (a missing file, a bad argument): printed in one line, exit code 2."""
 
@@ -42,5 +51,6 @@ __all__ = [
     "RunFailed",
     "UsageError",
     "first_line",
+    "print_line",
     "signal_exit_code",
 ]

@@ -201,7 +201,8 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
         stopped = preempted_exit_code(codes)
         if stopped is not None:  # the workers checkpointed and said how to resume
             return stopped
-        if codes == {USAGE_ERROR}:  # each said which setting to fix; exit as one process does
+        # Each said which setting to fix (torchrun stops the rest: -15); exit as one process does.
+        if codes - {-signal.SIGTERM} == {USAGE_ERROR}:
             return USAGE_ERROR
         ranks = ", ".join(
             f"rank {rank} (exit code {info.exitcode})" for rank, info in failure.failures.items()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from speedtronic_config import SpeedtronicConfig
+from speedtronic_config.errors import on_every_rank
 
 try:
     import fcntl
@@ -86,7 +87,7 @@ def claim_run_folders(config: SpeedtronicConfig, parallel: Any) -> RunLock:
             busy = str(error)
     busy = parallel.broadcast_object(busy)  # one decision for the whole group
     if busy is not None:
-        raise RunFolderBusy(busy)
+        raise on_every_rank(RunFolderBusy(busy))
     return lock
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
-from speedtronic.errors import RunFailed, first_line, signal_exit_code
+from speedtronic.errors import RunFailed, first_line, print_line, signal_exit_code
 from speedtronic_config.secrets import is_secret_path
 
 
@@ -37,6 +36,18 @@ def resume_command(args: argparse.Namespace) -> str:
     return shlex.join([*words, "--resume"])
 
 
+def restart_note() -> str | None:
+    """Return what follows a torchrun worker's stop or failure while --max-restarts has restarts
+    left (torchrun restarts the group after any worker exits, unless it was stopped itself), else
+    None.
+    """
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    left = restarts - int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if left <= 0:
+        return None
+    return f"torchrun restarts the workers from the latest checkpoint (restarts left: {left})"
+
+
 def report_signal_stop(result: Any, args: argparse.Namespace, *, announce: bool = True) -> int:
     """Say where a signal-stopped run saved its state and how to resume (when `announce`: one
     rank speaks for a data-parallel group); return its exit code.
@@ -48,10 +59,12 @@ def report_signal_stop(result: Any, args: argparse.Namespace, *, announce: bool 
         if result.checkpoint is not None
         else "no checkpoint written (checkpoint.enabled is false)"
     )
-    print(
-        f"speedtronic train: stopped by {result.stopped_by} at step {result.steps}; {saved}; "
-        f"resume with: {resume_command(args)}",
-        file=sys.stderr,
+    then = f"resume with: {resume_command(args)}"
+    # A SIGTERM from torchrun after another worker failed, or from a scheduler that stops it too.
+    if (restart := restart_note()) is not None:
+        then = f"{restart}, unless torchrun itself was stopped: then {then}"
+    print_line(
+        f"speedtronic train: stopped by {result.stopped_by} at step {result.steps}; {saved}; {then}"
     )
     return signal_exit_code(result.stopped_by)
 
@@ -64,6 +77,8 @@ def run_failed(error: Exception, trainer: Any, args: argparse.Namespace) -> RunF
     what = f"{type(error).__name__}: {first}" if first else type(error).__name__
     from speedtronic_trainer import CheckpointError
 
+    if (restart := restart_note()) is not None:  # torchrun restarts the group, not the user
+        return RunFailed(f"{what}; {restart}")
     saved: Path | None = trainer.emergency_checkpoint
     manager = trainer.checkpoint_manager
     latest = manager.latest_path() if manager is not None else None
@@ -79,4 +94,4 @@ def run_failed(error: Exception, trainer: Any, args: argparse.Namespace) -> RunF
     return RunFailed(f"{what}; {where}; fix the cause, then resume with: {resume_command(args)}")
 
 
-__all__ = ["report_signal_stop", "resume_command", "run_failed"]
+__all__ = ["report_signal_stop", "restart_note", "resume_command", "run_failed"]

@@ -1,5 +1,6 @@
-"""The one exception every invalid configuration raises, and the mark of an error every rank of
-a data-parallel group raises alike (the CLI reports it once, from rank 0).
+"""The one exception every invalid configuration raises, and the mark of an every-rank error.
+
+An error every rank of a data-parallel group raises alike is marked, so the CLI prints it once.
 """
 
 from __future__ import annotations

@@ -617,7 +617,7 @@ def _report(command: str, line: str, error: BaseException) -> None:
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         print_line(f"speedtronic {command}: {line}")
         return
-    rank = int(os.environ["RANK"])
+    rank = int(os.environ.get("RANK", "0"))
     every = raised_on_every_rank(error)
     if rank == 0 and every:
         print_line(f"speedtronic {command}: {line}")

@@ -428,3 +428,37 @@ def test_a_rank_resumes_its_own_share(shards):
         torch.equal(a, b) for a, b in zip(again, rest, strict=True)
     )
     assert seen and not any(torch.equal(seen[0], b) for b in again)
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_a_rank_left_without_a_batch_is_named_before_the_first_step(tmp_path, shards, drop_last):
+    from speedtronic_data.rank_shares import check_rank_shares, rank_share_problem
+
+    # 400 + 300 tokens in windows of 16: 24 + 18 = 42 blocks, 21 per rank of 2 (all of a batch
+    # of 21 on each), 10 per rank of 4 (none of a batch of 21 on any).
+    data = section(
+        shard_path=str(shards / "train_*.bin"),
+        block_size=16,
+        micro_batch_size=21,
+        drop_last=drop_last,
+    )
+    assert rank_share_problem(build_dataloader(data, world_size=2), "training") is None
+    loader = build_dataloader(data, world_size=4)
+    problem = rank_share_problem(loader, "training")
+    if not drop_last:  # a short last batch is still a batch
+        assert problem is None
+        return
+    assert problem.startswith(
+        "the training data holds 700 tokens (42 blocks of 16), too few for 4 data-parallel ranks: "
+        "each rank needs at least one batch of 21 x 16 = 336 tokens"
+    )
+    with pytest.raises(DataError, match="too few for 4 data-parallel ranks"):
+        check_rank_shares(loader)
+    # Streamed text deals whole batches in turn: 4 ranks need 4 of them.
+    text = tmp_path / "bytes.txt"
+    text.write_bytes(b"x" * (3 * 21 * 16 + 1))  # 63 blocks: 3 batches
+    streamed = section(text_path=str(text), block_size=16, micro_batch_size=21, drop_last=drop_last)
+    assert "data holds 1,009 tokens (63 blocks" in rank_share_problem(
+        build_dataloader(streamed, world_size=4), "training"
+    )
+    assert rank_share_problem(build_dataloader(streamed, world_size=3), "training") is None

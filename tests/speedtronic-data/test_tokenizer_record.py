@@ -13,6 +13,7 @@ from speedtronic_data import (
     JsonTokenizer,
     TokenShardDataset,
     load_tokenizer,
+    write_hf_tokenizer,
     write_shard,
 )
 from speedtronic_data.tokenizer_record import (
@@ -143,3 +144,23 @@ def test_the_training_tokenizer_of_each_source(tmp_path, bpe_json):
         "tokenizers"
     )
     assert training_tokenizer({"block_size": 16, "synthetic": True}) is None
+
+
+def test_tokenizers_that_map_text_alike_encode_alike_whatever_their_bytes(tmp_path, bpe_json):
+    from tokenizers import Tokenizer
+
+    bpe = write_record(tmp_path / "bpe", JsonTokenizer.from_file(bpe_json))
+    compact = Tokenizer.from_file(str(bpe_json)).to_str(pretty=False)  # other bytes, same rules
+    resaved = write_record(tmp_path / "resaved", JsonTokenizer(compact))
+    assert not resaved.same_tokenizer(bpe) and resaved.encodes_alike(bpe)
+    assert not bpe.encodes_alike(write_record(tmp_path / "bytes", CharTokenizer()))
+    fewer = json.loads(bpe_json.read_text())
+    fewer["model"]["merges"] = fewer["model"]["merges"][:-1]  # one merge short: other ids
+    cut = write_record(tmp_path / "cut", JsonTokenizer(json.dumps(fewer)))
+    assert not cut.encodes_alike(bpe)
+    # A byte tokenizer.json (as export writes) maps text as the byte tokenizer does.
+    write_hf_tokenizer(tmp_path / "hf", CharTokenizer(), model_max_length=32)
+    exported = write_record(
+        tmp_path / "exported", JsonTokenizer.from_file(tmp_path / "hf" / "tokenizer.json")
+    )
+    assert exported.encodes_alike(write_record(tmp_path / "bytes", CharTokenizer()))

@@ -107,6 +107,7 @@ def scenario_train(out: Path, mode: str) -> dict:
     seen["failed_saves"] = failed_saves(out, mode)
     seen["split_precision"] = split_precision(out, mode)
     seen["resume_apart"] = resume_apart(out, mode)
+    seen["empty_shares"] = empty_shares(out, mode)
     seen["compiled"] = compiled_difference(out, mode, params)
     if mode == "ddp":
         seen["own_loss"] = own_loss_step(trainer.parallel)
@@ -359,6 +360,37 @@ def resume_apart(out: Path, mode: str) -> list[str]:
             seen.append("resumed")
         except CheckpointError as error:
             seen.append(str(error))
+    return seen
+
+
+def empty_shares(out: Path, mode: str) -> list[list]:
+    """Return [error, run folder left behind] of build_runtime when the training shards give each
+    rank 1 block of the 2 a batch needs, when only rank 0's copy is that small (no shared
+    filesystem: every rank must still refuse), and when the validation shard holds 1 block for
+    2 ranks.
+    """
+    from speedtronic_data import DataError, write_shard
+
+    small, large = out / "small" / "train_000000.bin", out / "large" / "train_000000.bin"
+    single = out / "single" / "val_000000.bin"
+    if int(os.environ["RANK"]) == 0:
+        write_shard(small, torch.arange(40) % 64)  # (40 - 1) // 16 = 2 blocks
+        write_shard(large, torch.arange(400) % 64)
+        write_shard(single, torch.arange(20) % 64)
+    torch.distributed.barrier()
+    rank_zero_small = small if int(os.environ["RANK"]) == 0 else large
+    cases = {
+        "few": {"shard_path": str(small)},
+        "apart": {"shard_path": str(rank_zero_small)},
+        "validation": {"val_shard_path": str(single)},
+    }
+    seen = []
+    for name, data in cases.items():
+        try:
+            runtime.build_runtime(config(out / f"shares_{name}", mode, data=data))
+            seen.append(["built", None])
+        except DataError as error:
+            seen.append([str(error), (out / f"shares_{name}").exists()])
     return seen
 
 

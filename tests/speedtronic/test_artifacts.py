@@ -333,3 +333,35 @@ def test_a_run_with_relative_paths_is_sampled_and_exported_from_another_folder(
     legacy = without_tokenizer_record(checkpoint, tmp_path / "legacy")
     with pytest.raises(UsageError, match="cannot tell which tokenizer the run used"):
         export_hf(legacy, tmp_path / "hf-legacy")
+
+
+def test_init_from_refuses_weights_trained_with_another_tokenizer(tmp_path, bpe_json, byte_shards):
+    transformers = pytest.importorskip("transformers")
+    from speedtronic import runtime
+    from speedtronic_config import SpeedtronicConfig
+    from speedtronic_data import JsonTokenizer, prepare_shards
+    from speedtronic_model import build_model, save_llama
+
+    bpe_shards = tmp_path / "bpe-shards"
+    text = "def add(a, b):\n    return a + b\n" * 300
+    prepare_shards([], bpe_shards, JsonTokenizer.from_file(bpe_json), texts=[text], progress=None)
+    config = run_config(tmp_path / "run", bpe_shards)
+    hf = tmp_path / "hf"
+    save_llama(build_model(SpeedtronicConfig.from_dict(config).model), hf)
+    # Saved by transformers: another tokenizer.json byte for byte, the same tokenizer.
+    transformers.PreTrainedTokenizerFast(tokenizer_file=str(bpe_json)).save_pretrained(hf)
+    assert (hf / "tokenizer.json").read_bytes() != bpe_json.read_bytes()
+    config["model"]["init_from"] = f"hf:{hf}"
+    trainer, _ = runtime.build_runtime(config)
+    trainer.close()
+    on_bytes = run_config(tmp_path / "bytes-run", byte_shards)
+    on_bytes["model"]["init_from"] = f"hf:{hf}"
+    with pytest.raises(ConfigError) as refused:
+        runtime.build_runtime(on_bytes)
+    assert str(refused.value) == (
+        f"model.init_from: {hf} was trained with {hf / 'tokenizer.json'} (288 ids), but the "
+        f"run's training data ({byte_shards}) holds tokens of the byte tokenizer (256 ids), so the "
+        "weights would learn from ids that mean other text; prepare the data with its tokenizer: "
+        f"speedtronic prepare OUT --tokenizer {hf}"
+    )
+    assert not (tmp_path / "bytes-run").exists()

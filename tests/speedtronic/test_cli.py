@@ -384,6 +384,7 @@ def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path):
         "is 128",
         "set model.vocab_size (and data.vocab_size, if set) to at least 400",
     )
+    assert not (tmp_path / "run").exists()  # refused: no empty run folder left behind
     assert_one_line_error(
         cli(
             "train",
@@ -398,6 +399,7 @@ def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path):
         "model.init_from",
         "has no config.json",
     )
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(

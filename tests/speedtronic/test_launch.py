@@ -268,6 +268,7 @@ def test_workers_that_each_refused_a_setting_exit_as_one_process_does(
     argv += ["--set", f"run.output_dir={tmp_path / 'run'}"]
     if expected is not None:  # a resume mismatch on every rank: exit 2, as in one process
         assert main(argv) == expected
+        assert not (tmp_path / "run").exists()  # made by the launcher's check: removed
     else:  # another failure among them: the launcher's own one line, exit 1
         assert main(argv) == 1
         assert "data-parallel workers failed: rank 0 (exit code 1), rank 1 (exit code 2)" in (
@@ -303,6 +304,22 @@ def test_a_worker_prints_what_only_it_hit_and_rank_zero_what_every_rank_did(monk
     ]
     assert said[2].startswith("speedtronic train: rank 1: ") and "cuda:7" in said[2], said
     assert len(said) == 3 and agent.num_keys() >= 1
+
+
+def test_data_that_leaves_a_rank_without_a_batch_is_one_line_before_any_worker(
+    tmp_path, capfd, no_workers
+):
+    smoke = str(ROOT / "configs" / "smoke.yaml")
+    out = ["--set", f"run.output_dir={tmp_path / 'run'}", "--set", "data.num_tokens=6"]
+    ddp = ["--set", "parallel.data_parallel=ddp"]
+    assert main(["train", smoke, "--nproc-per-node", "2", *ddp, *out]) == 2
+    assert capfd.readouterr().err == (
+        "speedtronic train: the training data holds 6 blocks of 32, too few for 2 data-parallel "
+        "ranks: each rank needs at least one batch of 4 x 32 = 128 tokens (data.micro_batch_size "
+        "x model.max_seq_len); use fewer processes (--nproc-per-node), a smaller "
+        "data.micro_batch_size or model.max_seq_len, or more data\n"
+    )
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_log_file_that_is_a_folder_is_one_line_before_any_worker(tmp_path, capfd, no_workers):

@@ -183,6 +183,22 @@ def test_ranks_that_find_different_checkpoints_refuse_to_resume_together(trained
             )
 
 
+def test_a_split_that_leaves_a_rank_without_a_batch_is_refused_on_every_rank(trained):
+    _, _, (zero, one) = trained
+    need = "each rank needs at least one batch of 2 x 16 = 32 tokens"
+    few, apart, validation = zero["empty_shares"]
+    assert few == [
+        f"the training data holds 40 tokens (2 blocks of 16), too few for 2 data-parallel ranks: "
+        f"{need} (data.micro_batch_size x model.max_seq_len); use fewer processes "
+        "(--nproc-per-node), a smaller data.micro_batch_size or model.max_seq_len, or more data",
+        False,  # nothing left behind
+    ]
+    assert apart == few  # rank 1's own copy is large enough: it refuses with rank 0
+    assert validation[0].startswith("the validation data holds 20 tokens (1 block of 16), ")
+    assert validation[1] is False
+    assert [error for error, _ in one["empty_shares"]] == [few[0], few[0], validation[0]]
+
+
 def test_fsdp_refuses_an_optimizer_built_before_wrapping(trained):
     mode, _, (zero, _) = trained
     if mode != "fsdp":

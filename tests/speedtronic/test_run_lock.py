@@ -11,7 +11,7 @@ import pytest
 from test_runtime import small_config as config
 
 import speedtronic.runtime as runtime
-from speedtronic.run_lock import RunFolderBusy, run_folders
+from speedtronic.run_lock import LOCK_NAME, RunFolderBusy, run_folders
 from speedtronic_config import SpeedtronicConfig
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
@@ -101,3 +101,16 @@ def test_a_checkpoint_folder_outside_the_output_folder_is_claimed_too(tmp_path, 
         runtime.build_runtime(values)
     # The output folder locked before the busy one was let go again.
     runtime.build_runtime(config(tmp_path / "run", checkpoint={"enabled": False}))
+
+
+def test_a_refused_run_removes_what_it_made_but_never_a_live_runs_lock(tmp_path, other_run):
+    from speedtronic.preflight import NewOutputs
+
+    folder = tmp_path / "new" / "run"
+    outputs = NewOutputs(SpeedtronicConfig.from_dict(config(folder)))  # before either run began
+    holder = other_run(folder.resolve())
+    outputs.remove()  # the lock file is new to this run, but another live run holds it
+    assert (folder / LOCK_NAME).is_file()
+    end(holder)
+    outputs.remove()
+    assert not (tmp_path / "new").exists()

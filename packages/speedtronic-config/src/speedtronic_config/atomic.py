@@ -55,19 +55,34 @@ def probe_folder(folder: str | os.PathLike[str]) -> Path:
     return folder
 
 
+def missing_folders(*folders: str | os.PathLike[str]) -> list[Path]:
+    """Return the folders and parents of `folders` that do not exist yet, deepest first."""
+    missing = {
+        path
+        for folder in folders
+        for path in (Path(folder), *Path(folder).parents)
+        if not path.exists()
+    }
+    return sorted(missing, key=lambda path: len(path.parts), reverse=True)
+
+
+def remove_empty_folders(folders: list[Path]) -> None:
+    """Remove each folder that is empty, in order (deepest first: a parent after its children)."""
+    for path in folders:
+        with contextlib.suppress(OSError):  # not empty (or not there): kept
+            path.rmdir()
+
+
 @contextlib.contextmanager
 def new_folders_removed_on_error(folder: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield `folder`; when the body raises, remove it and the parents missing on entry while they
     are still empty, so a command refused after creating its output folder leaves nothing behind.
     """
-    folder = Path(folder)
-    missing = [path for path in (folder, *folder.parents) if not path.exists()]  # deepest first
+    missing = missing_folders(folder)
     try:
-        yield folder
+        yield Path(folder)
     except BaseException:
-        for path in missing:
-            with contextlib.suppress(OSError):  # not empty (or not made here): kept
-                path.rmdir()
+        remove_empty_folders(missing)
         raise
 
 
@@ -250,9 +265,11 @@ __all__ = [
     "atomic_write_text",
     "current_umask",
     "fsync_folder",
+    "missing_folders",
     "new_folders_removed_on_error",
     "probe_folder",
     "publish_private_file",
+    "remove_empty_folders",
     "remove_stale_temp_files",
     "temp_glob",
 ]

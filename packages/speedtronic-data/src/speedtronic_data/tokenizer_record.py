@@ -51,10 +51,18 @@ class TokenizerRecord:
         ) and (self.kind != "custom" or self.name == other.name)
 
     def encodes_alike(self, other: TokenizerRecord) -> bool:
-        """Return True when both map text to the same ids: the same tokenizer, or both the byte
-        tokenizer (whose vocab_size only caps which bytes a folder may hold).
+        """Return True when both map text to the same ids: the same tokenizer, both the byte
+        tokenizer (whose vocab_size only caps which bytes a folder may hold), or two tokenizers at
+        hand (see behaves_alike) that do, such as one tokenizer.json saved twice.
         """
-        return self.same_tokenizer(other) or self.kind == other.kind == "bytes"
+        if self.same_tokenizer(other) or self.kind == other.kind == "bytes":
+            return True
+        return self.at_hand and other.at_hand and behaves_alike(self, other)
+
+    @property
+    def at_hand(self) -> bool:
+        """Return True when the tokenizer itself can be loaded: bytes, or a recorded file."""
+        return self.kind == "bytes" or self.tokenizer_json is not None
 
     def identity(self) -> dict[str, Any]:
         """Return what a checkpoint records of this tokenizer: kind, vocab_size, name, sha256."""
@@ -73,6 +81,36 @@ class TokenizerRecord:
 
 
 BYTES = TokenizerRecord("bytes", BYTE_IDS, "bytes")
+# Text that tells tokenizers apart where their vocabularies agree: whitespace runs, digits, code,
+# accents, CJK, an emoji (byte fallback) and a special-looking token.
+PROBE_TEXT = (
+    "The quick brown fox, 1234567 times!  \n\tdef f(x):\n        return x ** 2  # ok\n"
+    "Cafe\u0301 na\u00efve \u00fcber \u65e5\u672c\u8a9e \u0645\u0631\u062d\u0628\u0627 "
+    "\U0001f680 <|endoftext|> <s></s>"
+)
+
+
+def _merges(tokenizer: Any) -> list[tuple[str, ...]] | None:
+    """Return a BPE tokenizer's merges as pairs (tokenizers writes "a b" strings or [a, b] lists,
+    by version); None for other models.
+    """
+    merges = json.loads(tokenizer.text).get("model", {}).get("merges")
+    if merges is None:
+        return None
+    return [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in merges]
+
+
+def behaves_alike(first: TokenizerRecord, second: TokenizerRecord) -> bool:
+    """Return True when two loadable tokenizers map text to the same ids: one vocabulary (added
+    tokens included) and merges, and the same ids for PROBE_TEXT; a byte tokenizer compares by the
+    probe alone (a tokenizer.json that maps each byte to itself, as export writes, matches it).
+    """
+    a, b = load_tokenizer(first), load_tokenizer(second)
+    if isinstance(a, JsonTokenizer) and isinstance(b, JsonTokenizer):
+        vocab = a.tokenizer.get_vocab(with_added_tokens=True)
+        if vocab != b.tokenizer.get_vocab(with_added_tokens=True) or _merges(a) != _merges(b):
+            return False
+    return a.encode(PROBE_TEXT) == b.encode(PROBE_TEXT)
 
 
 def record_from_identity(identity: Any) -> TokenizerRecord:
@@ -192,6 +230,7 @@ __all__ = [
     "RECORD_NAME",
     "TOKENIZER_JSON",
     "TokenizerRecord",
+    "behaves_alike",
     "check_vocab",
     "load_tokenizer",
     "read_record",

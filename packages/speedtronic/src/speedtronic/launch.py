@@ -96,8 +96,10 @@ def check_launch(config: Any, args: argparse.Namespace) -> None:
     would refuse, at any world size it can have, before a worker starts: one line instead of one
     per worker and a torchrun trace.
     """
-    from speedtronic.preflight import check_output_paths
+    from speedtronic.preflight import check_init_tokenizer, check_output_paths
     from speedtronic_config import ConfigError
+    from speedtronic_data import build_dataloader, build_eval_dataloader
+    from speedtronic_data.rank_shares import check_rank_shares
     from speedtronic_systems.parallel import check_batch_split, check_world_size
 
     for world_size in launch_world_sizes(args):
@@ -112,6 +114,12 @@ def check_launch(config: Any, args: argparse.Namespace) -> None:
             problem = f"{error.problem} (--nnodes {args.nnodes}: {nodes} processes)"
             raise ConfigError(error.path, problem, allowed=error.allowed) from None
     check_worker_device(config, args.nproc_per_node)
+    check_init_tokenizer(config)
+    for world_size in launch_world_sizes(args):  # a rank's share of the data holds a batch
+        shares = {"rank": 0, "world_size": world_size}
+        check_rank_shares(
+            build_dataloader(config.data, **shares), build_eval_dataloader(config.data, **shares)
+        )
     check_output_paths(config)  # as every worker would, before its first step
 
 
@@ -186,8 +194,12 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
     return 0, the signal exit code when a signal stopped the group (143 for SIGTERM), 2 when
     every failed worker refused a setting, or raise when a worker failed otherwise.
     """
+    from speedtronic.preflight import NewOutputs
+
     check_launch_flags(args)
-    check_launch(config, args)
+    outputs = NewOutputs(config)
+    with outputs.removed_on_error():
+        check_launch(config, args)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
@@ -203,6 +215,7 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
             return stopped
         # Each said which setting to fix (torchrun stops the rest: -15); exit as one process does.
         if codes - {-signal.SIGTERM} == {USAGE_ERROR}:
+            outputs.remove()  # each refused before its first step: what check_launch made
             return USAGE_ERROR
         ranks = ", ".join(
             f"rank {rank} (exit code {info.exitcode})" for rank, info in failure.failures.items()

@@ -1,13 +1,18 @@
 """Before the first step: prove every folder a run will write is writable, so a bad path costs
-seconds, not the steps before the first checkpoint.
+seconds, not the steps before the first checkpoint; and leave nothing behind when a run is
+refused after that.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
+from speedtronic.run_lock import LOCK_NAME, RunFolderBusy, remove_unheld_lock, run_folders
 from speedtronic_config import ConfigError, SpeedtronicConfig
-from speedtronic_config.atomic import probe_folder
+from speedtronic_config.atomic import missing_folders, probe_folder, remove_empty_folders
 
 
 def output_files(config: SpeedtronicConfig) -> list[tuple[str, Path]]:
@@ -59,4 +64,75 @@ def check_output_paths(config: SpeedtronicConfig) -> None:
             ) from None
 
 
-__all__ = ["check_output_paths", "output_files", "output_folders"]
+def check_init_tokenizer(config: SpeedtronicConfig) -> None:
+    """Raise ConfigError when model.init_from names a Hugging Face folder whose tokenizer.json
+    maps text to other ids than the tokenizer of the run's training data: the weights would learn
+    from tokens that mean other text. A folder without a tokenizer.json, or data whose tokenizer
+    is unknown (synthetic, a Dataset object), is not checked.
+    """
+    if config.model.init_from is None:
+        return
+    from speedtronic_data import JsonTokenizer, training_tokenizer
+    from speedtronic_data.tokenizer_record import TOKENIZER_JSON, record_for
+    from speedtronic_model.hf_llama import hf_folder
+
+    folder = hf_folder(config.model.init_from)
+    if not (folder / TOKENIZER_JSON).is_file():
+        return
+    data = training_tokenizer(config.data)
+    if data is None:
+        return
+    weights = record_for(JsonTokenizer.from_file(folder / TOKENIZER_JSON))
+    weights = dataclasses.replace(weights, name=str(folder / TOKENIZER_JSON), folder=folder)
+    if weights.encodes_alike(data):
+        return
+    where = f" ({data.folder})" if data.folder is not None else ""
+    raise ConfigError(
+        "model.init_from",
+        f"{folder} was trained with {weights.describe()}, but the run's training data{where} "
+        f"holds tokens of {data.describe()}, so the weights would learn from ids that mean "
+        "other text",
+        allowed="prepare the data with its tokenizer: "
+        f"speedtronic prepare OUT --tokenizer {folder}",
+    )
+
+
+class NewOutputs:
+    """What of a run's outputs does not exist yet, so a refused run can remove what it made."""
+
+    def __init__(self, config: SpeedtronicConfig) -> None:
+        self.files = [path for _, path in output_files(config) if not path.exists()]
+        self.locked = [path for path in run_folders(config) if not (path / LOCK_NAME).exists()]
+        self.folders = missing_folders(*(folder for _, folder in output_folders(config)))
+
+    def remove(self) -> None:
+        """Remove the files made since the snapshot (a refused run's logs and lock, unless a live
+        run holds that lock), then the folders made since that are left empty; call only when
+        nothing was trained.
+        """
+        for path in self.files:
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+        for folder in self.locked:
+            remove_unheld_lock(folder)
+        remove_empty_folders(self.folders)
+
+    @contextlib.contextmanager
+    def removed_on_error(self) -> Iterator[None]:
+        """Run the body; remove() when it raises."""
+        try:
+            yield
+        except RunFolderBusy:
+            raise  # what is there belongs to the live run that holds the folder
+        except BaseException:
+            self.remove()
+            raise
+
+
+__all__ = [
+    "NewOutputs",
+    "check_init_tokenizer",
+    "check_output_paths",
+    "output_files",
+    "output_folders",
+]

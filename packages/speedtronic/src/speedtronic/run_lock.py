@@ -112,4 +112,27 @@ def _lock(folder: Path) -> TextIO:
     return handle
 
 
-__all__ = ["LOCK_NAME", "RunFolderBusy", "RunLock", "claim_run_folders", "run_folders"]
+def remove_unheld_lock(folder: Path) -> None:
+    """Delete the folder's lock file unless a live run holds it (then it is that run's)."""
+    path = folder / LOCK_NAME
+    try:
+        handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed below)
+    except OSError:
+        return
+    with handle:
+        if fcntl is not None:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return
+        path.unlink(missing_ok=True)
+
+
+__all__ = [
+    "LOCK_NAME",
+    "RunFolderBusy",
+    "RunLock",
+    "claim_run_folders",
+    "remove_unheld_lock",
+    "run_folders",
+]

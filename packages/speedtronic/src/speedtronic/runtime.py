@@ -13,11 +13,12 @@ import torch
 
 # 2.0 exposed the same builder here and in speedtronic.optimizers.
 from speedtronic.optimizers import build_v2_optimizer as build_optimizer
-from speedtronic.preflight import check_output_paths
+from speedtronic.preflight import NewOutputs, check_init_tokenizer, check_output_paths
 from speedtronic.run_lock import claim_run_folders
 from speedtronic.trainer import Trainer  # 2.0's Trainer, which also answers to train()
 from speedtronic_config import ConfigError, SpeedtronicConfig
 from speedtronic_data import build_dataloader, build_eval_dataloader, training_tokenizer
+from speedtronic_data.rank_shares import check_rank_shares
 from speedtronic_model import apply_init_from, build_model
 from speedtronic_optim import build_lr_scheduler
 from speedtronic_systems import check_training_memory, resolve_device
@@ -124,13 +125,17 @@ def build_runtime(
         config.data.target_batch_size, config.data.micro_batch_size, parallel.world_size
     )
     check_training_memory(config, resolved)  # before anything is allocated (run.memory_check)
-    check_output_paths(config)  # a bad folder fails now, not at the first checkpoint
-    lock = claim_run_folders(config, parallel)  # before anything of another live run is touched
-    try:
-        trainer, manager = _assemble(config, parallel, resolved, resume, max_steps)
-    except BaseException:
-        lock.release()
-        raise
+    check_init_tokenizer(config)
+    # A run refused from here on (a folder, the data, a checkpoint) leaves no new folder behind.
+    outputs = NewOutputs(config)
+    with outputs.removed_on_error():
+        check_output_paths(config)  # a bad folder fails now, not at the first checkpoint
+        lock = claim_run_folders(config, parallel)  # before anything of another run is touched
+        try:
+            trainer, manager = _assemble(config, parallel, resolved, resume, max_steps)
+        except BaseException:
+            lock.release()
+            raise
     lock.tie_to(trainer)
     return trainer, manager
 
@@ -154,6 +159,7 @@ def _assemble(
     dataloader = build_dataloader(config.data, **shares)  # 5
     # Validation text is tokenized like the training data; other validation shards are refused.
     eval_dataloader = build_eval_dataloader(config.data, **shares)
+    check_rank_shares(dataloader, eval_dataloader, parallel.all_gather_object)
     tokenizer = training_tokenizer(config.data)  # recorded in every checkpoint
     # 6: under DDP or FSDP2, Muon splits its Newton–Schulz over the ranks.
     optimizer = build_optimizer(model, config, resolved, distributed=parallel.mode != "none")

@@ -390,6 +390,7 @@ def empty_shares(out: Path, mode: str) -> list[list]:
             runtime.build_runtime(config(out / f"shares_{name}", mode, data=data))
             seen.append(["built", None])
         except DataError as error:
+            torch.distributed.barrier()  # every rank has cleaned up after itself
             seen.append([str(error), (out / f"shares_{name}").exists()])
     return seen
 

@@ -116,7 +116,7 @@ def remove_unheld_lock(folder: Path) -> None:
     """Delete the folder's lock file unless a live run holds it (then it is that run's)."""
     path = folder / LOCK_NAME
     try:
-        handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed below)
+        handle = open(path, encoding="utf-8")  # noqa: SIM115 (closed below); never creates it
     except OSError:
         return
     with handle:

@@ -128,6 +128,7 @@ def build_runtime(
     check_init_tokenizer(config)
     # A run refused from here on (a folder, the data, a checkpoint) leaves no new folder behind.
     outputs = NewOutputs(config)
+    parallel.barrier()  # every rank sees the folders as new, whichever rank makes them first
     with outputs.removed_on_error():
         check_output_paths(config)  # a bad folder fails now, not at the first checkpoint
         lock = claim_run_folders(config, parallel)  # before anything of another run is touched

@@ -432,6 +432,7 @@ def test_a_rank_resumes_its_own_share(shards):
 
 @pytest.mark.parametrize("drop_last", [True, False])
 def test_a_rank_left_without_a_batch_is_named_before_the_first_step(tmp_path, shards, drop_last):
+    from speedtronic_config.errors import raised_on_every_rank
     from speedtronic_data.rank_shares import check_rank_shares, rank_share_problem
 
     # 400 + 300 tokens in windows of 16: 24 + 18 = 42 blocks, 21 per rank of 2 (all of a batch
@@ -452,8 +453,9 @@ def test_a_rank_left_without_a_batch_is_named_before_the_first_step(tmp_path, sh
         "the training data holds 700 tokens (42 blocks of 16), too few for 4 data-parallel ranks: "
         "each rank needs at least one batch of 21 x 16 = 336 tokens"
     )
-    with pytest.raises(DataError, match="too few for 4 data-parallel ranks"):
+    with pytest.raises(DataError, match="too few for 4 data-parallel ranks") as refused:
         check_rank_shares(loader)
+    assert raised_on_every_rank(refused.value)  # the CLI prints it once, from rank 0
     # Streamed text deals whole batches in turn: 4 ranks need 4 of them.
     text = tmp_path / "bytes.txt"
     text.write_bytes(b"x" * (3 * 21 * 16 + 1))  # 63 blocks: 3 batches

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from speedtronic_config.errors import on_every_rank
 from speedtronic_data.errors import DataError
 from speedtronic_data.loader import ResumableLoader, ResumableSampler
 from speedtronic_data.text import TextFileTokenDataset
@@ -80,7 +81,7 @@ def check_rank_shares(
     # Each rank read the sizes itself: ranks that see different files still decide as one.
     problem = next((found for found in gather(problem) if found is not None), None)
     if problem is not None:
-        raise DataError(problem)
+        raise on_every_rank(DataError(problem))  # gathered: every rank raises this alike
 
 
 __all__ = ["check_rank_shares", "rank_share_problem"]

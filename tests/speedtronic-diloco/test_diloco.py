@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from speedtronic_diloco.diloco import DumbDiLoCoCoordinator
-from speedtronic_diloco.hub import HubClient
+from speedtronic_diloco.hub import HubClient, HubError
 from speedtronic_diloco.tensors import delta_path, from_safetensors_bytes, parse_delta_ref
 from speedtronic_diloco.transport import HfApiTransport, TransportError
 
@@ -324,6 +324,28 @@ def test_install_latest_global_between_boundaries(server, tmp_path):
     assert torch.equal(net.weight.detach(), master.master.snapshot()[1]["weight"])
     worker.stop()
     master.stop()
+
+
+@pytest.mark.parametrize(
+    ("published", "refusal"),
+    [
+        (
+            {"weight": torch.zeros(1, 4), "bias": torch.zeros(1)},
+            r"has entries this model lacks.*bias",
+        ),
+        ({"weight": torch.zeros(2, 4)}, r"has other shapes for \['weight'\]"),
+    ],
+)
+def test_a_global_model_of_another_model_is_refused_at_start(server, tmp_path, published, refusal):
+    # An extra entry used to be installed into the baseline; the first delta then failed with
+    # "current state lacks baseline tensors" mid-training instead of naming the repository.
+    hub = client(server, tmp_path, "other")
+    hub.create_repo()
+    hub.publish_global(published, outer_step=0, consumed=[])
+    worker, net, _ = node(server, tmp_path, "w1")
+    with pytest.raises(HubError, match=f"org/run {refusal}.*different model"):
+        worker.start()
+    assert worker.last_global_step == -1
 
 
 def test_worker_without_a_global_model_trains_but_sends_nothing(server, tmp_path, caplog):

@@ -550,20 +550,29 @@ class DumbDiLoCoCoordinator:
         self._stage(GlobalCandidate(outer_step, state))
 
     def _check_fits(self, candidate: GlobalCandidate) -> None:
-        """Raise HubError unless the global model has every entry of the module, shaped alike."""
+        """Raise HubError unless the global model holds exactly the module's entries, shaped alike.
+
+        An entry the module lacks is refused too: installed, it became part of the baseline and
+        the first delta failed mid-training with a misleading KeyError.
+        """
         shapes = self.group.state_shapes(self.model)
         missing = sorted(set(shapes) - set(candidate.state))
-        if missing:
-            raise HubError(
-                f"global model at outer step {candidate.outer_step} lacks {missing[:5]}: "
-                "the repository belongs to a different model"
-            )
-        wrong = sorted(n for n, s in shapes.items() if tuple(candidate.state[n].shape) != s)
-        if wrong:
-            raise HubError(
-                f"global model at outer step {candidate.outer_step} has other shapes for "
-                f"{wrong[:5]}: the repository belongs to a different model"
-            )
+        extra = sorted(set(candidate.state) - set(shapes))
+        wrong = sorted(
+            n for n, s in shapes.items() if n in candidate.state and candidate.state[n].shape != s
+        )
+        for names, what in (
+            (missing, "lacks"),
+            (extra, "has entries this model lacks:"),
+            (wrong, "has other shapes for"),
+        ):
+            if names:
+                repo = self.hub.repo_id if self.hub is not None else "the repository"
+                raise HubError(
+                    f"global model at outer step {candidate.outer_step} in {repo} {what} "
+                    f"{names[:5]}: it belongs to a different model; give this node the run's "
+                    "model.* settings or its own distributed.repo_id"
+                )
 
     def _install_state(self, candidate: GlobalCandidate | None, outer_step: int) -> None:
         """Load the chosen global model on every rank (candidate None on all but rank 0); rank 0

@@ -163,6 +163,20 @@ def test_rounds_with_master_and_two_workers_apply_every_delta_once(server, tmp_p
         coordinator.stop()
 
 
+def test_a_stopping_master_applies_the_deltas_that_landed_in_a_last_round(server, tmp_path):
+    master, master_net, master_opt = node(server, tmp_path, "master")  # no round of its own
+    worker, net, opt = node(server, tmp_path, "w1", seed=1)
+    master.start()
+    worker.start()
+    train(master, master_net, master_opt, 4, seed=1)
+    train(worker, net, opt, 4, seed=2)
+    worker.stop()
+    sent = set(master.hub.delta_paths())
+    master.stop()
+    assert len(sent) == 2 and master.master.processed_filenames == sent
+    assert master.hub.global_metadata().outer_step == 1 and master.hub.delta_paths() == []
+
+
 def test_synchronous_delta_mode_remains_available(server, tmp_path):
     master, _, _ = node(server, tmp_path, "master")
     master.start()

@@ -590,6 +590,9 @@ def test_master_and_two_workers_train_the_reference_model_through_the_cli(
     assert_outer_steps_advance(cluster, consecutive=True)
     assert_workers_install_newer_globals(cluster)
     assert_exactly_once(cluster)
+    # The master applies its own last deltas too, in a round as it stops (they used to wait for
+    # its next start).
+    assert cluster.uploaded_deltas() <= set(cluster.ledger())
     assert_global_loss_falls(cluster)
     assert "metric hook failed" not in "".join(node.output() for node in cluster.all)
 
@@ -725,5 +728,7 @@ def test_example_master_config_validates_and_runs_against_the_loopback_hub(
     )  # alone: publishes, trains, sends its own deltas
     assert master.wait() == 0, master.output()[-3000:]
     assert cluster.read_json("global/step_count.json")["outer_step"] >= 0
-    assert {e["path"] for e in master.events("diloco/upload")} <= cluster.uploaded_deltas()
+    sent = {e["path"] for e in master.events("diloco/upload")}
+    assert sent <= cluster.uploaded_deltas()
+    assert sent <= set(cluster.read_json("global/manifest.json")["processed"])  # its last round
     assert master.events("diloco/upload") and "trained 40 steps" in master.output()

@@ -273,8 +273,8 @@ class DumbDiLoCoCoordinator:
                 return  # kept again (at the end); the next boundary or wait retries
 
     def stop(self) -> None:
-        """Stop the lanes (waiting up to delta_upload_shutdown_timeout for a queued upload) and the
-        master.
+        """Stop the lanes (waiting up to delta_upload_shutdown_timeout for a queued upload), then
+        the master, after a last outer round over the deltas that landed.
         """
         if not self._started:
             return
@@ -307,7 +307,7 @@ class DumbDiLoCoCoordinator:
         self._threads = [t for t in self._threads if t.is_alive()]
         self._collect_upload_results()
         if self.master is not None:
-            self.master.stop()
+            self.master.finish()
         self._started = False
 
     # -- the training-thread callback --------------------------------------------------------

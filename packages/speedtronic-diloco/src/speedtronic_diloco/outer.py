@@ -464,6 +464,20 @@ class MasterOuterLoop:
             self._thread.join(timeout)
             self._thread = None
 
+    def finish(self, timeout: float | None = 30.0) -> None:
+        """Stop the polling thread, then apply in one last round every delta that has landed.
+
+        Without it the deltas sent since the last round (the master's own final one always among
+        them) stayed out of the published model until the master was started again.
+        """
+        self.stop(timeout)
+        try:
+            self.sync_once()
+        except Exception as exc:  # stopping must not fail: the next start applies what is left
+            self.logger.warning(
+                "final outer round failed, its deltas are applied when the master resumes: %s", exc
+            )
+
     def state_dict(self) -> dict[str, Any]:
         """Return the small part of the master state a trainer checkpoint carries (no tensors)."""
         with self._lock:

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from speedtronic_diloco.diloco import DumbDiLoCoCoordinator
-from speedtronic_diloco.hub import HubClient, HubError
+from speedtronic_diloco.hub import HubClient, HubError, HubRefused
 from speedtronic_diloco.tensors import delta_path, from_safetensors_bytes, parse_delta_ref
+from speedtronic_diloco.testing.hub_server import HubServer
 from speedtronic_diloco.transport import HfApiTransport, TransportError
 
 TRUE_W = torch.tensor([[1.5, -2.0, 0.5, 3.0]])
@@ -595,6 +596,34 @@ def test_a_metric_logger_passed_as_logger_gets_the_events(server, tmp_path):
         and coordinator.logger.name == "speedtronic_diloco.diloco"
     )
     coordinator.stop()
+
+
+def test_a_refused_token_stops_the_node_with_the_fix_instead_of_training_alone(tmp_path):
+    # A wrong token made a worker wait out global_wait_timeout and train without the run; a
+    # read-only one kept every refused delta for retry, in memory and checkpoints, without end.
+    with HubServer(tokens={"hf_write": "write", "hf_read": "read"}) as server:
+
+        def joined(name, token, **overrides):
+            transport = HfApiTransport(
+                "org/run", token=token, endpoint=server.url, cache_dir=tmp_path / name
+            )
+            hub = HubClient("org/run", transport=transport, sleeper=lambda s: None)
+            coordinator = DumbDiLoCoCoordinator(
+                section(node_id=name, **overrides), model(), hub=hub, state_dir=tmp_path / name
+            )
+            return coordinator
+
+        master = joined("master", "hf_write", role="master")
+        master.start()
+        with pytest.raises(HubRefused, match="401.*token with write access to org/run"):
+            joined("w1", "hf_wrong", global_wait_timeout=5.0).start()
+        reader = joined("w2", "hf_read")
+        reader.start()
+        net = reader.model
+        with pytest.raises(HubRefused, match="upload deltas/w2/step-0000000004.*403"):
+            train(reader, net, torch.optim.AdamW(net.parameters()), 4, seed=1)
+        assert [job["step"] for job in reader.state_dict()["pending_uploads"]] == [4]
+        master.stop()
 
 
 def test_token_never_in_logs_or_state(server, tmp_path, caplog):

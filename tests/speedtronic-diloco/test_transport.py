@@ -10,6 +10,7 @@ import pytest
 from speedtronic_diloco.transport import (
     FilesystemTransport,
     NotFound,
+    Refused,
     StaleParent,
     TransportError,
     _classify_http,
@@ -87,7 +88,8 @@ def test_corrupt_object_is_detected(repo):
         (503, TransportError, True),
         (500, TransportError, True),
         (400, TransportError, False),
-        (403, TransportError, False),
+        (401, Refused, False),
+        (403, Refused, False),
     ],
 )
 def test_http_errors_are_classified(status, kind, transient):

@@ -19,6 +19,7 @@ _EXPORTS = {
     "GlobalMetadata": "hub",
     "HubClient": "hub",
     "HubError": "hub",
+    "HubRefused": "hub",
     "HubUnavailable": "hub",
     "build_hub_client": "hub",
     "MasterOuterLoop": "outer",

@@ -24,7 +24,13 @@ import torch
 
 from speedtronic_config import resolve_section
 from speedtronic_diloco.group import NodeGroup
-from speedtronic_diloco.hub import GlobalMetadata, HubClient, HubError, build_hub_client
+from speedtronic_diloco.hub import (
+    GlobalMetadata,
+    HubClient,
+    HubError,
+    HubRefused,
+    build_hub_client,
+)
 from speedtronic_diloco.identity import resolve_identity
 from speedtronic_diloco.outer import MasterOuterLoop
 from speedtronic_diloco.tensors import compute_pseudo_gradient, cpu_state_dict
@@ -132,6 +138,9 @@ class DumbDiLoCoCoordinator:
         self._stop_event = threading.Event()
         self._last_poll = 0.0
         self._started = False
+        # Set by any lane when the Hub refuses the token; the training thread raises it, since no
+        # retry or wait can help (a read-only token kept every delta for retry, forever).
+        self._refused: HubRefused | None = None
 
     # -- read-only views ---------------------------------------------------------------------
     @property
@@ -256,6 +265,7 @@ class DumbDiLoCoCoordinator:
             candidate = self._take_candidate() or (
                 None if lane_polls else self._fetch_global_candidate()
             )
+            self._raise_if_refused()
             if candidate is not None or time.monotonic() >= deadline:
                 return candidate
             if self._started:
@@ -358,6 +368,7 @@ class DumbDiLoCoCoordinator:
 
         def lead() -> tuple[T, int | None]:
             answer, candidate = decide()
+            self._raise_if_refused()
             if candidate is not None:
                 self._check_fits(candidate)  # before the broadcast: a failed load would hang
             chosen[0] = candidate
@@ -466,6 +477,8 @@ class DumbDiLoCoCoordinator:
             ok = True
         except HubError as exc:
             self.logger.warning("delta upload for local step %d failed: %s", job.step, exc)
+            if isinstance(exc, HubRefused):
+                self._refused = exc
             ok, path = False, None
         if self._uploads is not None:
             self._results.put((job, ok))
@@ -526,9 +539,17 @@ class DumbDiLoCoCoordinator:
             if metadata is None or metadata.outer_step <= known:
                 return None
             return GlobalCandidate(metadata.outer_step, self.hub.download_global_state(metadata))
+        except HubRefused as exc:
+            self._refused = exc  # raised on the training thread; it does not train on
+            return None
         except HubError as exc:
             self.logger.warning("global poll failed, training continues: %s", exc)
             return None
+
+    def _raise_if_refused(self) -> None:
+        """Raise the Hub's refusal of this node's token on the training thread."""
+        if self._refused is not None:
+            raise self._refused
 
     def _stage(self, candidate: GlobalCandidate | None) -> None:
         if candidate is None:

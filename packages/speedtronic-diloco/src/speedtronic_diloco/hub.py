@@ -35,6 +35,7 @@ from speedtronic_diloco.transport import (
     FilesystemTransport,
     HfApiTransport,
     NotFound,
+    Refused,
     StaleParent,
     Transport,
     TransportError,
@@ -61,6 +62,10 @@ COLLABORATOR_WARNING = (
 
 class HubError(RuntimeError):
     """A Hub operation failed permanently (bad request, conflict, corrupt data)."""
+
+
+class HubRefused(HubError):
+    """The Hub refused this node's token (wrong, expired or read-only): no retry can help."""
 
 
 class HubUnavailable(HubError):
@@ -202,6 +207,11 @@ class HubClient:
         """
         try:
             return self._retry(operation, callback)
+        except Refused as exc:
+            raise HubRefused(
+                f"{operation} on {self.repo_id} was refused ({exc}): give this node a token with "
+                f"write access to {self.repo_id} (HF_TOKEN or `huggingface-cli login`)"
+            ) from None
         except TransportError as exc:
             raise HubError(f"{operation} on {self.repo_id} failed: {exc}") from None
 
@@ -522,6 +532,7 @@ __all__ = [
     "GlobalMetadata",
     "HubClient",
     "HubError",
+    "HubRefused",
     "HubUnavailable",
     "build_hub_client",
     "check_repo_path",

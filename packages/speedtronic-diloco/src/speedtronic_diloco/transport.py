@@ -42,6 +42,13 @@ class StaleParent(TransportError):
         super().__init__(message, transient=False)
 
 
+class Refused(TransportError):
+    """The server refused the credentials (HTTP 401) or the permission (403)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=False)
+
+
 class Transport(Protocol):
     """What HubClient needs from a storage backend."""
 
@@ -60,7 +67,7 @@ class Transport(Protocol):
 
 
 def _classify_http(exc: Exception) -> TransportError:
-    """Map a huggingface_hub / HTTP-library exception onto NotFound, StaleParent or
+    """Map a huggingface_hub / HTTP-library exception onto NotFound, StaleParent, Refused or
     TransportError.
     """
     response = getattr(exc, "response", None)
@@ -76,6 +83,8 @@ def _classify_http(exc: Exception) -> TransportError:
         "RemoteEntryNotFoundError",
     }:
         return NotFound(text)
+    if status in {401, 403}:
+        return Refused(text)
     if status is not None:
         return TransportError(text, transient=status in {408, 425, 429} or status >= 500)
     # No response at all: connection refused/reset/dropped, timeouts, protocol errors.
@@ -305,6 +314,7 @@ __all__ = [
     "FilesystemTransport",
     "HfApiTransport",
     "NotFound",
+    "Refused",
     "StaleParent",
     "Transport",
     "TransportError",

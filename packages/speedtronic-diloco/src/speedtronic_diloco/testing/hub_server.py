@@ -4,9 +4,12 @@ It stores repositories in memory as chains of commits with 40-hex oids, honours 
 (412 when it is not the head), answers "regular" upload mode so contents travel inline, and
 injects faults on request: 5xx, 429, dropped connections (request not applied), lost responses
 (request applied, answer never sent) and stale parents (another writer commits first). A README.md
-upload is preceded by POST /api/validate-yaml, answered here for a closed metadata block.
+upload is preceded by POST /api/validate-yaml, answered here for a closed metadata block. Given
+tokens, it answers an unknown one with 401 and a commit or repository creation with a read-only
+one with 403, as the Hub does.
 
     python -m speedtronic_diloco.testing.hub_server --port 8765 [--fault-rate 0.3 --seed 1]
+        [--token hf_write --token hf_read:read]
 
 Test hooks (never faulted): POST /_test/faults {"rate", "kinds", "seed"} or {"script": [...]},
 GET /_test/log (every commit: repo, oid, added and deleted paths, request bytes), GET /_test/stats.
@@ -220,6 +223,10 @@ class _Handler(BaseHTTPRequestHandler):
         mutating = self.command == "POST" and (
             "commit" in parts or parts[:3] == ["api", "repos", "create"]
         )
+        refusal = self._refusal(mutating)
+        if refusal is not None:
+            status, message = refusal
+            return self._json(status, {"error": message}, {"X-Error-Message": message})
         fault = self.server.faults.pick(self.command, url.path, mutating=mutating)
         if fault == "drop":
             return self._hang_up()
@@ -237,6 +244,19 @@ class _Handler(BaseHTTPRequestHandler):
         if fault == "lost":
             return self._hang_up()
         reply()
+
+    def _refusal(self, mutating: bool) -> tuple[int, str] | None:
+        """Return (status, message) when the request's token may not do this, else None."""
+        tokens = self.server.tokens
+        if tokens is None:
+            return None
+        bearer = self.headers.get("Authorization", "").removeprefix("Bearer ")
+        access = tokens.get(bearer)
+        if access is None:
+            return 401, "Invalid credentials in Authorization header"
+        if mutating and access != "write":
+            return 403, "You don't have the rights to create a commit in this repository"
+        return None
 
     # -- the Hub API ---------------------------------------------------------------------------
     def _repo(self, repo_type: str, repo_id: str) -> Repo:
@@ -438,9 +458,15 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], store: HubStore, faults: FaultPlan) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        store: HubStore,
+        faults: FaultPlan,
+        tokens: dict[str, str] | None,
+    ) -> None:
         super().__init__(address, _Handler)
-        self.store, self.faults = store, faults
+        self.store, self.faults, self.tokens = store, faults, tokens
 
     @property
     def base_url(self) -> str:
@@ -449,14 +475,22 @@ class _Server(ThreadingHTTPServer):
 
 
 class HubServer:
-    """The loopback Hub on a background thread; use as a context manager or start()/stop()."""
+    """The loopback Hub on a background thread; use as a context manager or start()/stop().
+
+    `tokens` maps each accepted token to "write" or "read"; None (the default) accepts anything.
+    """
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, *, faults: FaultPlan | None = None
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        faults: FaultPlan | None = None,
+        tokens: dict[str, str] | None = None,
     ) -> None:
         self.store = HubStore()
         self.faults = faults or FaultPlan()
-        self._server = _Server((host, port), self.store, self.faults)
+        self._server = _Server((host, port), self.store, self.faults, tokens)
         self._thread: threading.Thread | None = None
 
     @property
@@ -502,11 +536,19 @@ def main(argv: list[str] | None = None) -> None:
         "--fault-kinds", default=",".join(FAULT_KINDS), help=f"comma-separated from {FAULT_KINDS}"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--token",
+        action="append",
+        help="accept only these tokens (repeatable); TOKEN:read may read but not write",
+    )
     args = parser.parse_args(argv)
     faults = FaultPlan(
         args.fault_rate, tuple(k for k in args.fault_kinds.split(",") if k), args.seed
     )
-    server = HubServer(args.host, args.port, faults=faults)
+    tokens = None
+    if args.token:
+        tokens = dict((t.split(":", 1) + ["write"])[:2] for t in args.token)
+    server = HubServer(args.host, args.port, faults=faults, tokens=tokens)
     print(f"hub server listening on {server.url}", flush=True)
     try:
         server._server.serve_forever()

@@ -76,11 +76,12 @@ def test_signal_saves_a_checkpoint_and_stops_cleanly(tmp_path, signum):
 
 def test_stop_signal_restores_previous_handlers():
     before = signal.getsignal(signal.SIGTERM)
-    with StopSignal() as stop:
+    calls = []  # on_signal: how a waiting DiLoCo coordinator learns of the stop
+    with StopSignal(on_signal=lambda: calls.append(stop.received)) as stop:
         assert signal.getsignal(signal.SIGTERM) == stop._handle
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.01)
-        assert stop.received == "SIGTERM"
+        assert stop.received == "SIGTERM" and calls == ["SIGTERM"]
     assert signal.getsignal(signal.SIGTERM) == before
 
 

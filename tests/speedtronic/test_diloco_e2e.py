@@ -707,6 +707,26 @@ def test_a_two_rank_master_node_with_faults_and_a_killed_rank_resumes_exactly_on
     assert_global_loss_falls(cluster)
 
 
+def test_sigterm_ends_a_wait_for_a_global_model_that_never_comes(tmp_path, hub_url, corpus):
+    """A worker waiting at its boundary (max_local_rounds) for a master that has stopped checkpoints
+    and exits on SIGTERM, instead of first waiting out global_wait_timeout (here DEADLINE).
+    """
+    set_faults(hub_url, 0.0)
+    cluster = Cluster(tmp_path, hub_url, "user/e2e-wait", corpus, workers=("worker-1",))
+    assert cluster.launch("master", INNER_STEPS).wait() == 0  # publishes, then stops for good
+    worker = cluster.launch("worker-1", UNTIL_STOPPED)
+    boundary = 4 * INNER_STEPS  # configs/diloco.yaml: max_local_rounds 4
+    # Its upload is dispatched just before the wait; the wait is the only thing left to end.
+    _wait_for(
+        lambda: any(e["local_step"] == boundary for e in worker.events("diloco/upload")),
+        f"worker-1 to send its delta of step {boundary}",
+        nodes=[worker],
+    )
+    worker.process.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=DEADLINE / 3) == STOPPED_BY_SIGTERM, worker.output()[-3000:]
+    assert f"stopped by SIGTERM at step {boundary}" in worker.output()
+
+
 def test_example_master_config_validates_and_runs_against_the_loopback_hub(
     tmp_path, hub_url, corpus
 ):

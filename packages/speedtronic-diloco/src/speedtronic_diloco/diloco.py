@@ -141,6 +141,9 @@ class DumbDiLoCoCoordinator:
         # Set by any lane when the Hub refuses the token; the training thread raises it, since no
         # retry or wait can help (a read-only token kept every delta for retry, forever).
         self._refused: HubRefused | None = None
+        # Set from a signal handler (interrupt), so a plain flag: an Event's lock could be held by
+        # the very code the handler interrupted.
+        self._interrupted = False
 
     # -- read-only views ---------------------------------------------------------------------
     @property
@@ -175,6 +178,7 @@ class DumbDiLoCoCoordinator:
         """
         if self._started:
             return
+        self._interrupted = False  # a stop requested during an earlier fit() is over
         self._apply_prepared_state()
         read_state = self.group.state_reader(self.model)
         self._agree(lambda: (None, self._connect(read_state)))
@@ -266,13 +270,20 @@ class DumbDiLoCoCoordinator:
                 None if lane_polls else self._fetch_global_candidate()
             )
             self._raise_if_refused()
-            if candidate is not None or time.monotonic() >= deadline:
+            if candidate is not None or time.monotonic() >= deadline or self._interrupted:
                 return candidate
             if self._started:
                 self._collect_upload_results()
                 self._resend_retries()
             self._staged.wait(min(self.settings.poll_interval, 1.0))
             self._staged.clear()
+
+    def interrupt(self) -> None:
+        """End a wait for a global model within a second (signal-handler safe): the trainer calls
+        it on SIGTERM/SIGINT, so the node checkpoints and stops instead of waiting out
+        global_wait_timeout.
+        """
+        self._interrupted = True
 
     def _resend_retries(self) -> None:
         """Re-send undelivered uploads, oldest first, while the upload lane is idle."""
@@ -395,7 +406,7 @@ class DumbDiLoCoCoordinator:
                 "installed": candidate is not None,
             },
         )
-        if candidate is None:
+        if candidate is None and not self._interrupted:
             self._rounds_on_global = 0  # train another max_local_rounds before waiting again
             self.logger.warning(
                 "local step %d: no global model newer than outer step %d after %.0fs; training on "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -11,10 +12,15 @@ _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class StopSignal:
-    """Context manager that records a termination signal instead of dying mid-step."""
+    """Context manager that records a termination signal instead of dying mid-step.
 
-    def __init__(self, enabled: bool = True) -> None:
+    `on_signal` runs in the handler after the first signal is recorded: it may only set flags
+    (taking a lock the interrupted code holds would deadlock).
+    """
+
+    def __init__(self, enabled: bool = True, on_signal: Callable[[], None] | None = None) -> None:
         self.enabled = enabled
+        self.on_signal = on_signal
         self.received: str | None = None
         self._previous: dict[int, Any] = {}
 
@@ -25,6 +31,8 @@ class StopSignal:
             signal.raise_signal(signum)
             return
         self.received = signal.Signals(signum).name
+        if self.on_signal is not None:
+            self.on_signal()
 
     def __enter__(self) -> StopSignal:
         # Handlers can only be installed from the main thread; elsewhere signals keep their default.

@@ -91,6 +91,11 @@ class NonFiniteLossError(RuntimeError):
 
 
 class SyncCoordinator(Protocol):
+    """What the trainer calls around each optimizer step. A coordinator that may block at a
+    boundary (DiLoCo's wait for a global model) can also define `interrupt()`: the signal handler
+    calls it on SIGTERM/SIGINT, so the step ends and the run checkpoints and stops.
+    """
+
     def start(self) -> None: ...
     def after_optimizer_step(self, model: Any, step: int) -> bool | None: ...
     def stop(self) -> None: ...
@@ -824,7 +829,10 @@ class Trainer:
         try:
             # save_on_signal: false leaves the signals alone, as 2.0 did (KeyboardInterrupt,
             # or death by SIGTERM): a graceful stop exists to write the checkpoint.
-            with StopSignal(enabled=self.config.checkpoint.save_on_signal) as stop:
+            with StopSignal(
+                enabled=self.config.checkpoint.save_on_signal,
+                on_signal=getattr(self.coordinator, "interrupt", None),
+            ) as stop:
                 while self.step < target and progress.stopped_by is None:
                     outcome = self._run_step(progress, bar, lambda: stop.received)
                     progress.stopped_by = self._stop_reason(stop.received, outcome)

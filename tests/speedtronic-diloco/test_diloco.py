@@ -363,6 +363,17 @@ def test_a_global_model_of_another_model_is_refused_at_start(server, tmp_path, p
     assert worker.last_global_step == -1
 
 
+def test_a_worker_started_before_its_master_waits_for_the_repository_quietly(
+    server, tmp_path, caplog
+):
+    # Each poll of the missing repository used to log "global poll failed ... 404", once a second.
+    worker, _, _ = node(server, tmp_path, "w1", global_wait_timeout=1.0)
+    worker.start()
+    assert worker.last_global_step == -1 and "global poll failed" not in caplog.text
+    assert "no global model in org/run after 1s (is its master running" in caplog.text
+    worker.stop()
+
+
 def test_worker_without_a_global_model_trains_but_sends_nothing(server, tmp_path, caplog):
     worker, net, opt = node(server, tmp_path, "w1")
     worker.hub.create_repo()

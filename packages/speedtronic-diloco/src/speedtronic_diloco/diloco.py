@@ -248,7 +248,8 @@ class DumbDiLoCoCoordinator:
         if candidate is not None:
             return candidate
         self.logger.warning(
-            "no global model in %s after %.0fs; training locally and uploading no deltas until "
+            "no global model in %s after %.0fs (is its master running, with the same "
+            "distributed.repo_id and endpoint?); training locally and uploading no deltas until "
             "one is installed",
             self.hub.repo_id if self.hub else "?",
             self.settings.global_wait_timeout,

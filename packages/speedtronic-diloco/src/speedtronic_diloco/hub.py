@@ -345,9 +345,17 @@ class HubClient:
     # -- DiLoCo layout ------------------------------------------------------------------------
     def global_metadata(self) -> GlobalMetadata | None:
         """Return the published metadata with the revision it was read at, or None before the first
-        publish.
+        publish (also before the master created the repository: a worker started first waits).
         """
-        return self._call("global_metadata", lambda: self._metadata_at(self._head()))
+
+        def read() -> GlobalMetadata | None:
+            try:
+                head = self._head()
+            except NotFound:
+                return None
+            return self._metadata_at(head)
+
+        return self._call("global_metadata", read)
 
     def read_manifest(self, metadata: GlobalMetadata) -> dict[str, Any]:
         """Return global/manifest.json at the metadata's revision (empty when absent)."""

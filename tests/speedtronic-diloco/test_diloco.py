@@ -631,10 +631,30 @@ def test_a_refused_token_stops_the_node_with_the_fix_instead_of_training_alone(t
         reader = joined("w2", "hf_read")
         reader.start()
         net = reader.model
-        with pytest.raises(HubRefused, match="upload deltas/w2/step-0000000004.*403"):
+        with pytest.raises(HubRefused, match="upload nodes/w2.json on org/run was refused.*403"):
             train(reader, net, torch.optim.AdamW(net.parameters()), 4, seed=1)
         assert [job["step"] for job in reader.state_dict()["pending_uploads"]] == [4]
         master.stop()
+
+
+def test_a_node_id_claimed_by_another_process_stops_the_first_one(server, tmp_path):
+    # Deltas are named by node id and step: two workers left at one default node id overwrote
+    # each other's deltas, and the master applied whichever landed last, without a word.
+    master, _, _ = node(server, tmp_path, "master")
+    master.start()
+    first, net, opt = node(server, tmp_path, "w1", seed=1)
+    first.start()
+    train(first, net, opt, 4, seed=1)  # its first delta claims w1
+    second, net2, opt2 = node(server, tmp_path / "second", "w1", seed=2)
+    second.start()
+    train(second, net2, opt2, 4, seed=2)
+    with pytest.raises(
+        HubError, match="another process now runs node 'w1'.*own distributed.node_id"
+    ):
+        train(first, net, opt, 4, seed=3)
+    train(second, net2, opt2, 4, seed=4)  # the newer claim trains on
+    for coordinator in (first, second, master):
+        coordinator.stop()
 
 
 def test_token_never_in_logs_or_state(server, tmp_path, caplog):

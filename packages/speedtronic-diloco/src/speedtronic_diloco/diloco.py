@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -138,9 +139,14 @@ class DumbDiLoCoCoordinator:
         self._stop_event = threading.Event()
         self._last_poll = 0.0
         self._started = False
-        # Set by any lane when the Hub refuses the token; the training thread raises it, since no
-        # retry or wait can help (a read-only token kept every delta for retry, forever).
-        self._refused: HubRefused | None = None
+        # Set by a lane when no retry or wait can help (a refused token: a read-only one kept every
+        # delta for retry, forever; another process with this node id); the training thread raises.
+        self._fatal: HubError | None = None
+        # Deltas are named by node id and step, so two processes with one node id overwrote each
+        # other's deltas unnoticed. Each claims the id (nodes/<id>.json) before its first upload;
+        # the poll lane checks the claim is still its own.
+        self._session = uuid.uuid4().hex
+        self._claimed = False
         # Set from a signal handler (interrupt), so a plain flag: an Event's lock could be held by
         # the very code the handler interrupted.
         self._interrupted = False
@@ -270,7 +276,7 @@ class DumbDiLoCoCoordinator:
             candidate = self._take_candidate() or (
                 None if lane_polls else self._fetch_global_candidate()
             )
-            self._raise_if_refused()
+            self._raise_fatal()
             if candidate is not None or time.monotonic() >= deadline or self._interrupted:
                 return candidate
             if self._started:
@@ -380,7 +386,7 @@ class DumbDiLoCoCoordinator:
 
         def lead() -> tuple[T, int | None]:
             answer, candidate = decide()
-            self._raise_if_refused()
+            self._raise_fatal()
             if candidate is not None:
                 self._check_fits(candidate)  # before the broadcast: a failed load would hang
             chosen[0] = candidate
@@ -479,19 +485,25 @@ class DumbDiLoCoCoordinator:
     def _upload(self, job: DeltaUploadJob) -> bool:
         """Upload one job (any thread); report the outcome to the training thread."""
         assert self.hub is not None
+        ok, path = False, None
         try:
-            path = self.hub.upload_delta(
-                job.delta,
-                node_id=self.identity.node_id,
-                local_step=job.step,
-                base_outer_step=job.base_outer_step,
-            )
-            ok = True
+            # Once the node must stop nothing leaves: a node that lost its id's claim would
+            # overwrite the other process's deltas. The job stays pending in the checkpoint.
+            if self._fatal is None:
+                if not self._claimed:
+                    self.hub.claim_node(self.identity.node_id, self._session)
+                    self._claimed = True
+                path = self.hub.upload_delta(
+                    job.delta,
+                    node_id=self.identity.node_id,
+                    local_step=job.step,
+                    base_outer_step=job.base_outer_step,
+                )
+                ok = True
         except HubError as exc:
             self.logger.warning("delta upload for local step %d failed: %s", job.step, exc)
             if isinstance(exc, HubRefused):
-                self._refused = exc
-            ok, path = False, None
+                self._fatal = exc
         if self._uploads is not None:
             self._results.put((job, ok))
         else:
@@ -544,6 +556,7 @@ class DumbDiLoCoCoordinator:
         if self.hub is None:
             return None
         try:
+            self._check_claim()
             metadata: GlobalMetadata | None = self.hub.global_metadata()
             known = max(
                 self._last_global_step, self._candidate.outer_step if self._candidate else -1
@@ -552,16 +565,26 @@ class DumbDiLoCoCoordinator:
                 return None
             return GlobalCandidate(metadata.outer_step, self.hub.download_global_state(metadata))
         except HubRefused as exc:
-            self._refused = exc  # raised on the training thread; it does not train on
+            self._fatal = exc  # raised on the training thread; it does not train on
             return None
         except HubError as exc:
             self.logger.warning("global poll failed, training continues: %s", exc)
             return None
 
-    def _raise_if_refused(self) -> None:
+    def _check_claim(self) -> None:
+        """Note a fatal error when another process claimed this node id after this one did."""
+        if not self._claimed or self.hub.node_session(self.identity.node_id) == self._session:
+            return
+        self._fatal = HubError(
+            f"another process now runs node {self.identity.node_id!r} in {self.hub.repo_id} (its "
+            "deltas have the same names and overwrite this one's): give every node its own "
+            "distributed.node_id"
+        )
+
+    def _raise_fatal(self) -> None:
         """Raise the Hub's refusal of this node's token on the training thread."""
-        if self._refused is not None:
-            raise self._refused
+        if self._fatal is not None:
+            raise self._fatal
 
     def _stage(self, candidate: GlobalCandidate | None) -> None:
         if candidate is None:

@@ -2,7 +2,8 @@
 commits.
 
 Repository layout: global/model.safetensors, global/step_count.json and global/manifest.json are
-always written in one commit; deltas/<node>/step-<n>-base-<b>.safetensors are one commit each.
+always written in one commit; deltas/<node>/step-<n>-base-<b>.safetensors are one commit each;
+nodes/<node>.json names the process that last claimed a node id.
 """
 
 from __future__ import annotations
@@ -483,6 +484,15 @@ class HubClient:
             to_safetensors_bytes(state, metadata={**(metadata or {}), **header}), path
         )
         return path
+
+    def claim_node(self, node_id: str, session: str) -> None:
+        """Record that process `session` now runs node_id (nodes/<node_id>.json)."""
+        self.write_json(f"nodes/{node_id}.json", {"session": session, "claimed_at": _utc_now()})
+
+    def node_session(self, node_id: str) -> str | None:
+        """Return the session that last claimed node_id, or None when none did."""
+        claim = self.read_json(f"nodes/{node_id}.json")
+        return None if claim is None else claim.get("session")
 
     def delta_paths(self) -> list[str]:
         """Return every delta path at the head."""

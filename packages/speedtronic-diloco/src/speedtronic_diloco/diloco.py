@@ -582,7 +582,7 @@ class DumbDiLoCoCoordinator:
         )
 
     def _raise_fatal(self) -> None:
-        """Raise the Hub's refusal of this node's token on the training thread."""
+        """Raise, on the training thread, the error a lane found no retry or wait can cure."""
         if self._fatal is not None:
             raise self._fatal
 

@@ -716,10 +716,14 @@ def test_sigterm_ends_a_wait_for_a_global_model_that_never_comes(tmp_path, hub_u
     assert cluster.launch("master", INNER_STEPS).wait() == 0  # publishes, then stops for good
     worker = cluster.launch("worker-1", UNTIL_STOPPED)
     boundary = 4 * INNER_STEPS  # configs/diloco.yaml: max_local_rounds 4
-    # Its upload is dispatched just before the wait; the wait is the only thing left to end.
+    # Its delta is dispatched just before the wait (sent, or skipped when the upload lane is still
+    # busy with the previous one); the wait is the only thing left to end.
     _wait_for(
-        lambda: any(e["local_step"] == boundary for e in worker.events("diloco/upload")),
-        f"worker-1 to send its delta of step {boundary}",
+        lambda: any(
+            e["event"] in ("diloco/upload", "diloco/upload_skipped") and e["local_step"] == boundary
+            for e in worker.events()
+        ),
+        f"worker-1 to dispatch its delta of step {boundary}",
         nodes=[worker],
     )
     worker.process.send_signal(signal.SIGTERM)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from speedtronic_config.atomic import atomic_write_text
+from speedtronic_config.tokenizer_identity import describe_tokenizer, encode_alike
 from speedtronic_data.errors import DataError
 from speedtronic_data.tokenizer import CharTokenizer, JsonTokenizer, as_json_tokenizer
 
@@ -55,7 +56,7 @@ class TokenizerRecord:
         tokenizer (whose vocab_size only caps which bytes a folder may hold), or two tokenizers at
         hand (see behaves_alike) that do, such as one tokenizer.json saved twice.
         """
-        if self.same_tokenizer(other) or self.kind == other.kind == "bytes":
+        if encode_alike(self.identity(), other.identity()):
             return True
         return self.at_hand and other.at_hand and behaves_alike(self, other)
 
@@ -75,9 +76,7 @@ class TokenizerRecord:
 
     def describe(self) -> str:
         """Return a short human description, e.g. `tokenizer.json (50,257 ids)`."""
-        size = f"{self.vocab_size:,} ids" if self.vocab_size is not None else "vocabulary unknown"
-        label = "the byte tokenizer" if self.kind == "bytes" else self.name
-        return f"{label} ({size})"
+        return describe_tokenizer(self.identity())
 
 
 BYTES = TokenizerRecord("bytes", BYTE_IDS, "bytes")

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from speedtronic_config import ModelConfig
+from speedtronic_config.tokenizer_identity import describe_tokenizer, encode_alike
 
 # 2.0 pickled NumPy's RNG state (a tuple holding a uint32 ndarray). weights_only loading stays on;
 # it admits exactly the types that array needs, under the names NumPy 1 and NumPy 2 pickle them.
@@ -227,24 +228,6 @@ def _check_optimizer_name(state: Mapping[str, Any], config: Any) -> None:
         )
 
 
-def _encodes_as(identity: Mapping[str, Any]) -> tuple[Any, ...]:
-    """Return what decides a tokenizer's ids: every byte tokenizer maps text alike (its vocab_size
-    only caps the bytes it may meet); a custom one is known by its class name alone.
-    """
-    kind = identity.get("kind")
-    if kind == "bytes":
-        return (kind,)
-    name = identity.get("name") if kind == "custom" else None
-    return kind, identity.get("vocab_size"), identity.get("sha256"), name
-
-
-def _describe_tokenizer(identity: Mapping[str, Any]) -> str:
-    size = identity.get("vocab_size")
-    ids = f"{size:,} ids" if isinstance(size, int) else "vocabulary unknown"
-    label = "the byte tokenizer" if identity.get("kind") == "bytes" else identity.get("name")
-    return f"{label} ({ids})"
-
-
 def check_tokenizer(state: Mapping[str, Any], identity: Mapping[str, Any] | None) -> None:
     """Raise CheckpointMismatch when the checkpoint was trained on tokens of another tokenizer
     than this run's data (`identity`, as the checkpoint records it); a checkpoint that records
@@ -253,11 +236,11 @@ def check_tokenizer(state: Mapping[str, Any], identity: Mapping[str, Any] | None
     saved = state.get("tokenizer")
     if not isinstance(saved, Mapping) or identity is None:
         return
-    if _encodes_as(saved) == _encodes_as(identity):
+    if encode_alike(saved, identity):
         return
     raise CheckpointMismatch(
-        f"checkpoint {_where(state)} was trained on tokens of {_describe_tokenizer(saved)}, but "
-        f"this run's data holds tokens of {_describe_tokenizer(identity)}; prepare the data with "
+        f"checkpoint {_where(state)} was trained on tokens of {describe_tokenizer(saved)}, but "
+        f"this run's data holds tokens of {describe_tokenizer(identity)}; prepare the data with "
         "the checkpoint's tokenizer, or start a new run in another run.output_dir (to keep these "
         "weights: export them with --format hf and set model.init_from: hf:DIR)"
     )

@@ -79,7 +79,7 @@ def prepare_corpus(
     codec = JsonTokenizer.from_file(tokenizer_file(tokenizer)) if tokenizer is not None else None
     if sorted(out_dir.glob("train_*.bin")) and sorted(out_dir.glob("val_*.bin")):
         existing, wanted = read_record(out_dir), record_for(codec)
-        if existing.kind == wanted.kind == "bytes" or existing.same_tokenizer(wanted):
+        if existing.encodes_alike(wanted):
             print(f"prepare: shards already in {out_dir}; delete the folder to rebuild them")
             return None
         raise UsageError(

@@ -444,6 +444,12 @@ def test_a_rank_left_without_a_batch_is_named_before_the_first_step(tmp_path, sh
         drop_last=drop_last,
     )
     assert rank_share_problem(build_dataloader(data, world_size=2), "training") is None
+    one = section(shard_path=str(shards / "train_*.bin"), block_size=16, micro_batch_size=43)
+    assert rank_share_problem(build_dataloader(one), "training") == (
+        "the training data holds 700 tokens (42 blocks of 16), too few for one batch of 43 x 16 "
+        "= 688 tokens (data.micro_batch_size x model.max_seq_len); use a smaller "
+        "data.micro_batch_size or model.max_seq_len, or more data"
+    )
     loader = build_dataloader(data, world_size=4)
     problem = rank_share_problem(loader, "training")
     if not drop_last:  # a short last batch is still a batch

@@ -400,6 +400,13 @@ def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path):
         "has no config.json",
     )
     assert not (tmp_path / "run").exists()
+    batch = ["--set", "data.micro_batch_size=4096", "--set", "data.target_batch_size=4096"]
+    assert_one_line_error(  # one process, data short of one batch: refused before the first step
+        cli("train", str(config), "--set", "model.vocab_size=400", *batch, cwd=tmp_path),
+        2,
+        "too few for one batch of 4096 x",
+    )
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(

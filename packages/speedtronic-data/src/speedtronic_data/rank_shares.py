@@ -1,4 +1,4 @@
-"""Before the first step: refuse a data-parallel split that leaves some rank without a batch.
+"""Before the first step: refuse data that leaves some rank (or the one process) without a batch.
 
 The answer depends only on the data's size, the batch and the world size, so every rank (and the
 launcher, before any worker starts) reaches it alike, instead of one rank failing or waiting at
@@ -47,7 +47,7 @@ def rank_share_problem(loader: Any, what: str) -> str | None:
     """Return one line saying why some rank of the loader's world gets no batch of `what`
     (training or validation) data, or None when every rank gets one (or it cannot be told).
     """
-    if not isinstance(loader, ResumableLoader) or loader.world_size < 2:
+    if not isinstance(loader, ResumableLoader):
         return None
     known = _blocks_and_tokens(loader)
     if known is None:
@@ -61,6 +61,12 @@ def rank_share_problem(loader: Any, what: str) -> str | None:
     held = f"{blocks:,} block{'s' if blocks != 1 else ''}" + (f" of {block}" if block else "")
     held = f"{tokens:,} tokens ({held})" if tokens is not None else held
     step = f"{batch} x {block} = {batch * block:,} tokens" if block else f"{batch} blocks"
+    if world == 1:
+        return (
+            f"the {what} data holds {held}, too few for one batch of {step} "
+            "(data.micro_batch_size x model.max_seq_len); use a smaller data.micro_batch_size or "
+            "model.max_seq_len, or more data"
+        )
     return (
         f"the {what} data holds {held}, too few for {world} data-parallel ranks: each rank needs "
         f"at least one batch of {step} (data.micro_batch_size x model.max_seq_len); use fewer "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,9 +69,10 @@ def check_init_tokenizer(config: SpeedtronicConfig) -> None:
     """Raise ConfigError when model.init_from names a Hugging Face folder whose tokenizer.json
     maps text to other ids than the tokenizer of the run's training data: the weights would learn
     from tokens that mean other text. A folder without a tokenizer.json, or data whose tokenizer
-    is unknown (synthetic, a Dataset object), is not checked.
+    is unknown (synthetic, a Dataset object), is not checked; nor without the tokenizers package,
+    which reading a tokenizer.json needs (init_from itself does not).
     """
-    if config.model.init_from is None:
+    if config.model.init_from is None or importlib.util.find_spec("tokenizers") is None:
         return
     from speedtronic_data import JsonTokenizer, training_tokenizer
     from speedtronic_data.tokenizer_record import TOKENIZER_JSON, record_for

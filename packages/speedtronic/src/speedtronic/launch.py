@@ -115,11 +115,12 @@ def check_launch(config: Any, args: argparse.Namespace) -> None:
             raise ConfigError(error.path, problem, allowed=error.allowed) from None
     check_worker_device(config, args.nproc_per_node)
     check_init_tokenizer(config)
-    for world_size in launch_world_sizes(args):  # a rank's share of the data holds a batch
-        shares = {"rank": 0, "world_size": world_size}
-        check_rank_shares(
-            build_dataloader(config.data, **shares), build_eval_dataloader(config.data, **shares)
-        )
+    # A rank's share of the data holds a batch: it shrinks as the world grows, so the largest
+    # world size this launch can have decides (one build of the loaders, not one per size).
+    shares = {"rank": 0, "world_size": max(launch_world_sizes(args))}
+    check_rank_shares(
+        build_dataloader(config.data, **shares), build_eval_dataloader(config.data, **shares)
+    )
     check_output_paths(config)  # as every worker would, before its first step
 
 

@@ -631,14 +631,21 @@ RANK_ZERO_WAIT = 60.0
 _PRINTED = "error_printed"  # the agent store's key for the line rank 0 printed
 
 
-def _tell_the_group(line: str) -> None:
-    """Put the line rank 0 printed in torchrun's agent store, for the ranks waiting on it."""
+def _group_store() -> Any:
+    """Return torchrun's agent store for this restart round (None without one), waiting at most
+    RANK_ZERO_WAIT on any of its calls.
+    """
     import datetime
 
     from speedtronic_systems.parallel import agent_store
 
+    return agent_store(datetime.timedelta(seconds=RANK_ZERO_WAIT))
+
+
+def _tell_the_group(line: str) -> None:
+    """Put the line rank 0 printed in torchrun's agent store, for the ranks waiting on it."""
     with contextlib.suppress(Exception):  # no store: the others print their own after the wait
-        store = agent_store(datetime.timedelta(seconds=RANK_ZERO_WAIT))
+        store = _group_store()
         if store is not None:
             store.set(_PRINTED, line)
 
@@ -647,12 +654,8 @@ def _rank_zero_printed(line: str) -> bool:
     """Wait until rank 0 has printed its line (a worker exiting first would have torchrun stop
     the group, rank 0 perhaps before its print); return True when that line is `line`.
     """
-    import datetime
-
-    from speedtronic_systems.parallel import agent_store
-
     try:
-        store = agent_store(datetime.timedelta(seconds=RANK_ZERO_WAIT))
+        store = _group_store()
         if store is None:
             return False
         store.wait([_PRINTED])

@@ -28,12 +28,15 @@ def group_deltas(server) -> dict[str, bytes]:
     return {p: b for p, b in files.items() if (r := parse_delta_ref(p)) and r.node_id == "group"}
 
 
-def wait_for(probe, what: str, process: subprocess.Popen, timeout: float = 240.0):
-    """Poll probe until truthy; fail when the node exits first or the time is up."""
+def wait_for(probe, what: str, process: subprocess.Popen, log: Path, timeout: float = 240.0):
+    """Poll probe until truthy; fail (with the end of the node's log) when the node exits first
+    or the time is up.
+    """
     deadline = time.monotonic() + timeout
     while not (value := probe()):
         if process.poll() is not None:
-            pytest.fail(f"the node exited ({process.returncode}) before {what}")
+            tail = log.read_text(errors="replace")[-3000:]
+            pytest.fail(f"the node exited ({process.returncode}) before {what}:\n{tail}")
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         threading.Event().wait(0.05)
@@ -66,7 +69,9 @@ def test_a_two_rank_node_follows_rank_0_and_sends_one_delta_in_the_hub_format(
     node = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         # The node waits at its boundary for a newer global: this round is the one it waits for.
-        ((path, data),) = wait_for(lambda: group_deltas(server), "the node's delta", node).items()
+        ((path, data),) = wait_for(
+            lambda: group_deltas(server), "the node's delta", node, tmp_path / "node.log"
+        ).items()
         assert master.master.sync_once() == 1
         assert node.wait(timeout=240) == 0, (tmp_path / "node.log").read_text()[-3000:]
     finally:

@@ -66,7 +66,7 @@ def closure(name: str, packages: dict[str, Path]) -> set[str]:
 
 def test_package(
     name: str, packages: dict[str, Path], wheelhouse: Path
-) -> tuple[int, dict[str, int]]:
+) -> tuple[int, dict[str, int], list[str]]:
     env_dir = CACHE / "envs" / name
     venv.EnvBuilder(clear=True, with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
@@ -90,14 +90,16 @@ def test_package(
     tests = ROOT / "tests" / name
     if not any(tests.glob("test_*.py")):
         print(f"[{name}] no tests", flush=True)
-        return 0, {}
+        return 0, {}, []
     proc = subprocess.run(
         [str(python), "-m", "pytest", str(tests)], cwd=CACHE, capture_output=True, text=True
     )
     print(proc.stdout[-4000:], proc.stderr[-2000:], sep="", flush=True)
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     counts = {kind.rstrip("s"): int(n) for n, kind in SUMMARY.findall(last)}
-    return proc.returncode, counts
+    # pytest's short summary lines, repeated at the very end where a CI log's tail shows them.
+    failures = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    return proc.returncode, counts, failures
 
 
 def main(argv: list[str]) -> int:
@@ -112,13 +114,17 @@ def main(argv: list[str]) -> int:
     wheelhouse = build_wheels(list(packages.values()))
     totals = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
     failed: list[str] = []
+    failures: list[str] = []
     for name in selected:
         print(f"=== {name}: isolated environment ===", flush=True)
-        code, counts = test_package(name, packages, wheelhouse)
+        code, counts, package_failures = test_package(name, packages, wheelhouse)
         for kind, n in counts.items():
             totals[kind] = totals.get(kind, 0) + n
         if code not in (0, 5):
             failed.append(name)
+            failures += [f"[{name}] {line}" for line in package_failures]
+    if failures:
+        print(*failures, sep="\n")
     print(
         f"isolated packages: {len(selected) - len(failed)}/{len(selected)} green"
         + (f"; failing: {', '.join(failed)}" if failed else "")

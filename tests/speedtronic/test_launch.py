@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -251,7 +252,7 @@ def test_more_workers_than_gpus_is_one_line_before_any_worker(monkeypatch, capfd
 # -15: torchrun's SIGTERM to the workers still running when the first one exited.
 @pytest.mark.parametrize("codes, expected", [({2}, 2), ({2, -15}, 2), ({2, 1}, None)])
 def test_workers_that_each_refused_a_setting_exit_as_one_process_does(
-    monkeypatch, tmp_path, capfd, codes, expected
+    monkeypatch, tmp_path, capfd, caplog, codes, expected
 ):
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
@@ -260,6 +261,13 @@ def test_workers_that_each_refused_a_setting_exit_as_one_process_does(
             rank: ProcessFailure(rank, 1000 + rank, code, str(tmp_path / f"error{rank}.json"))
             for rank, code in enumerate(sorted(codes))
         }
+        # What torchrun's agent logs then (torch/distributed/elastic/multiprocessing/api.py).
+        agent = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+        agent.warning("Sending process %s closing signal %s", 1001, "SIGTERM")
+        for rank, failure in failures.items():
+            if failure.exitcode != -signal.SIGTERM:
+                line = "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s"
+                agent.error(line, failure.exitcode, rank, failure.pid, "x")
         raise ChildFailedError("speedtronic", failures)
 
     monkeypatch.setattr("torch.distributed.run.run", failed)
@@ -274,6 +282,10 @@ def test_workers_that_each_refused_a_setting_exit_as_one_process_does(
         assert "data-parallel workers failed: rank 0 (exit code 1), rank 1 (exit code 2)" in (
             capfd.readouterr().err
         )
+    # torchrun's line on a worker that exited unexplained stays; its SIGTERMs to the rest do not.
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("torch.distributed")]
+    kept = ["failed (exitcode: 1) local_rank: 0 (pid: 1000) of binary: x"]
+    assert said == ([] if expected is not None else kept)
 
 
 def test_a_worker_prints_what_only_it_hit_and_rank_zero_what_every_rank_did(monkeypatch, capsys):
@@ -429,6 +441,8 @@ def test_sigterm_stops_every_rank_at_the_same_step_and_exits_143(tmp_path, targe
     log = out.with_suffix(".log").read_text()
     assert code == 143, log[-3000:]  # preempted, as a scheduler must be able to tell
     assert log.count("speedtronic train: stopped by SIGTERM at step") == 1, log[-3000:]
+    # torchrun's lines on the exits the workers explained (pids, exit codes) are left out.
+    assert "failed (exitcode" not in log and "closing signal" not in log, log[-3000:]
     assert "--nproc-per-node 2" in log.split("resume with: ")[1].splitlines()[0]
     stopped = int(log.split("SIGTERM received: stopped at step ")[1].split()[0])
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -441,8 +455,11 @@ def test_sigterm_stops_every_rank_at_the_same_step_and_exits_143(tmp_path, targe
             out, "--nproc-per-node", "2", "--resume", "--set", "model.n_layer=3", log=refused
         )
         assert run.wait(timeout=120) == 2, refused.read_text()[-3000:]
-        # Every rank refused it: one clean line, from rank 0 (the line never runs into another).
+        # Every rank refused it: one clean line, from rank 0 (the line never runs into another),
+        # and no torchrun line on it.
         said = [line for line in refused.read_text().splitlines() if line.startswith("speedtr")]
+        assert "failed (exitcode" not in refused.read_text(), refused.read_text()[-3000:]
+        assert "closing signal" not in refused.read_text(), refused.read_text()[-3000:]
         assert said == [
             f"speedtronic train: checkpoint {out}/checkpoints/step_{stopped}.pt was written with "
             "other model settings (model.n_layer: checkpoint 2, this run 3); resume with the "

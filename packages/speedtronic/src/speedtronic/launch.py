@@ -8,8 +8,10 @@ same arguments minus these launcher flags.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from speedtronic.errors import USAGE_ERROR, UsageError, signal_exit_code
@@ -206,7 +208,8 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
     from torch.distributed.run import parse_args, run
 
     try:
-        run(parse_args(torchrun_arguments(args, argv)))
+        with _quiet_agent_lines():
+            run(parse_args(torchrun_arguments(args, argv)))
     except SignalException as stop:  # the launcher was signalled; torchrun passed it on
         return signal_exit_code(signal.Signals(stop.sigval).name)
     except ChildFailedError as failure:
@@ -225,6 +228,33 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
             f"data-parallel workers failed: {ranks}; see their errors above"
         ) from None
     return 0
+
+
+class _ExplainedWorkerExits(logging.Filter):
+    """Drop torchrun's lines on what the workers' own lines already say: a worker that exited
+    refusing a setting or stopped by a signal (it printed why and how to resume), and the SIGTERM
+    torchrun then sends the rest. Any other exit keeps torchrun's line.
+    """
+
+    EXPLAINED = {USAGE_ERROR, signal_exit_code("SIGTERM"), signal_exit_code("SIGINT")}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "Sending process %s closing signal %s":
+            return False
+        exited = str(record.msg).startswith("failed (exitcode: %s)")
+        return not (exited and isinstance(record.args, tuple) and record.args[0] in self.EXPLAINED)
+
+
+@contextlib.contextmanager
+def _quiet_agent_lines() -> Iterator[None]:
+    """While torchrun runs, keep its worker-exit lines to those no worker explained."""
+    agent = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    quiet = _ExplainedWorkerExits()
+    agent.addFilter(quiet)
+    try:
+        yield
+    finally:
+        agent.removeFilter(quiet)
 
 
 def preempted_exit_code(codes: set[int]) -> int | None:

@@ -137,6 +137,7 @@ DEFAULTS = {
         staleness_limit=None,  # opt-in: 2.0 applied every delta
         max_local_rounds=None,  # opt-in: 2.0 never blocked a boundary
         global_wait_timeout=0.0,  # opt-in: 2.0 never waited
+        prune_after=3600.0,  # the filesystem transport (new in 2.1) keeps an hour of versions
     ),
 }
 
@@ -249,6 +250,7 @@ REJECTED = [
     ),
     (DistributedConfig, {"staleness_limit": -1}, "distributed.staleness_limit"),
     (DistributedConfig, {"global_wait_timeout": -1}, "distributed.global_wait_timeout"),
+    (DistributedConfig, {"prune_after": 0}, "distributed.prune_after"),
     (DistributedConfig, {"max_local_rounds": 0}, "distributed.max_local_rounds"),
     (DistributedConfig, {"enabled": True}, "distributed.repo_id"),
     (
@@ -277,6 +279,7 @@ REJECTED = [
     (ShapeValidationConfig, {"alignment": 2**30}, "shape_validation.alignment"),
     (DistributedConfig, {"retry_attempts": 10**6}, "distributed.retry_attempts"),
     (DistributedConfig, {"global_wait_timeout": 1e300}, "distributed.global_wait_timeout"),
+    (DistributedConfig, {"prune_after": 1e300}, "distributed.prune_after"),
     (DistributedConfig, {"delta_upload_queue_size": 10**9}, "distributed.delta_upload_queue_size"),
     # empty, blank or NUL names and paths
     (RunConfig, {"name": " "}, "run.name"),
@@ -361,6 +364,7 @@ ACCEPTED = [
     (DistributedConfig, {"enabled": True, "mode": "disabled"}),
     (DistributedConfig, {"staleness_limit": 2, "max_local_rounds": 4, "global_wait_timeout": 300}),
     (DistributedConfig, {"staleness_limit": 0, "retry_initial": 2.0, "retry_max": 2.0}),
+    (DistributedConfig, {"transport": "filesystem", "prune_after": None}),
     # the upper bounds themselves
     (RunConfig, {"max_steps": 10**12}),
     (ModelConfig, {"n_layer": 2**16, "vocab_size": 2**32, "max_seq_len": 2**24}),

@@ -666,7 +666,7 @@ def test_token_never_in_logs_or_state(server, tmp_path, caplog):
     master.stop()
 
 
-def test_shared_folder_transport_from_config(tmp_path):
+def test_shared_folder_transport_from_config(tmp_path, caplog):
     shared = tmp_path / "nfs"
     nodes = []
     for name, seed in [("master", 0), ("w1", 1)]:
@@ -678,6 +678,7 @@ def test_shared_folder_transport_from_config(tmp_path):
                 node_id=name,
                 transport="filesystem",
                 endpoint=str(shared),
+                prune_after=1e-6,  # every version the latest files no longer use is old
             ),
         )
         coordinator = DumbDiLoCoCoordinator(cfg, net)
@@ -695,7 +696,16 @@ def test_shared_folder_transport_from_config(tmp_path):
         / "outer_state.safetensors"
     ).exists()
     train(worker, net, opt, 4, seed=1)
+    objects = shared / "org" / "run" / "objects"
+    before = {p.name for p in objects.iterdir()}
+    caplog.set_level("INFO")
     assert master.master.sync_once() == 1
+    # The master pruned after its round: outer step 0's model, metadata and manifest and the
+    # consumed delta are gone; what the latest files use stays.
+    transport = master.hub.transport
+    latest = set(transport._tree(transport.head()).values())
+    assert {p.name for p in objects.iterdir()} == latest and len(before - latest) == 4
+    assert "pruned 4 old objects" in caplog.text
     train(worker, net, opt, 4, seed=2)
     assert worker.last_global_step == 1
     for coordinator, _, _ in nodes:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -129,3 +132,106 @@ def test_a_hub_that_never_answers_times_out_as_a_transient_error():
     finally:
         _http.set_client_factory(previous)
         listener.close()
+
+
+def _age(*paths, seconds: float = 120.0) -> None:
+    """Date files back as if written `seconds` ago."""
+    then = time.time() - seconds
+    for path in paths:
+        os.utime(path, (then, then))
+
+
+def _object(repo, data: bytes):
+    return repo.root / "objects" / hashlib.sha256(data).hexdigest()
+
+
+def _ref(repo, revision: str):
+    return next(r for r in (repo.root / "refs").iterdir() if r.read_text().strip() == revision)
+
+
+@pytest.fixture
+def pruned_repo(tmp_path):
+    transport = FilesystemTransport(tmp_path / "repo", prune_after=60.0)
+    transport.create_repo(private=True)
+    return transport
+
+
+def test_prune_deletes_old_versions_that_nothing_recent_or_current_uses(pruned_repo):
+    repo = pruned_repo
+    old = repo.commit({"global/model": b"v1", "deltas/a": b"delta a"}, [], message="old")
+    recent = repo.commit({"global/model": b"v2"}, ["deltas/a"], message="recent")
+    head = repo.commit({"global/model": b"v3", "deltas/b": b"delta b"}, [], message="head")
+    _age(*(repo.root / "objects").iterdir(), *(repo.root / "refs").iterdir())
+    _age(_ref(repo, recent), seconds=30.0)  # a commit of the last 60 s keeps what it uses
+    _age(_ref(repo, head), seconds=600.0)  # the head keeps what it uses at any age
+    (repo.root / "objects" / ("f" * 64)).write_bytes(b"being written")  # no commit yet: kept
+    assert repo.prune() == (2, len(b"v1") + len(b"delta a"))
+    assert not _object(repo, b"v1").exists() and not _object(repo, b"delta a").exists()
+    assert repo.read("global/model", recent) == b"v2"
+    assert (
+        repo.read("deltas/b", head) == b"delta b" and (repo.root / "objects" / ("f" * 64)).exists()
+    )
+    with pytest.raises(TransportError, match="pruned; read it at a newer revision") as error:
+        repo.read("global/model", old)
+    assert error.value.transient
+    assert repo.prune() == (0, 0)  # nothing more to delete; the history stays listable
+    assert repo.list_files(old) == ["deltas/a", "global/model"]
+
+
+def test_without_prune_after_every_version_stays(repo):
+    repo.commit({"global/model": b"v1"}, [], message="one")
+    repo.commit({"global/model": b"v2"}, [], message="two")
+    _age(*(repo.root / "objects").iterdir(), *(repo.root / "refs").iterdir(), seconds=1e6)
+    assert repo.prune() == (0, 0) and _object(repo, b"v1").exists()
+
+
+@pytest.mark.parametrize("prune_at", ["after the refresh", "between the refresh and the link"])
+def test_a_commit_reusing_an_old_object_keeps_it_through_a_concurrent_prune(
+    pruned_repo, monkeypatch, prune_at
+):
+    repo = pruned_repo
+    repo.commit({"global/model": b"same"}, [], message="first")
+    repo.commit({"global/model": b"other"}, [], message="second")
+    _age(*(repo.root / "objects").iterdir(), *(repo.root / "refs").iterdir())
+    link = repo._link_ref
+
+    def prune_then_link(sequence, oid):
+        if prune_at == "after the refresh":  # the reused object's time is new: prune keeps it
+            assert repo.prune() == (0, 0) and _object(repo, b"same").exists()
+        else:  # a prune that read the object's time before the commit refreshed it
+            _object(repo, b"same").unlink()
+        return link(sequence, oid)
+
+    monkeypatch.setattr(repo, "_link_ref", prune_then_link)
+    third = repo.commit({"global/model": b"same"}, [], message="third, reusing first's object")
+    assert repo.read("global/model", third) == b"same"
+
+
+def test_prune_puts_back_what_an_interrupted_prune_set_aside(pruned_repo):
+    repo = pruned_repo
+    head = repo.commit({"global/model": b"kept"}, [], message="head")
+    repo.commit({"x": b"1"}, [], message="unrelated")
+    used, unused = _object(repo, b"kept"), repo.root / "objects" / ("e" * 64 + ".pruning")
+    used.rename(used.with_name(used.name + ".pruning"))  # set aside, then the pruner died
+    unused.write_bytes(b"old and unused")
+    _age(unused)
+    assert repo.prune() == (1, len(b"old and unused"))
+    assert repo.read("global/model", head) == b"kept" and not unused.exists()
+
+
+def test_an_object_refreshed_while_prune_sets_it_aside_goes_back(pruned_repo, monkeypatch):
+    repo = pruned_repo
+    repo.commit({"global/model": b"reused"}, [], message="one")
+    repo.commit({"global/model": b"head"}, [], message="two")
+    _age(*(repo.root / "objects").iterdir(), *(repo.root / "refs").iterdir())
+    move = os.replace
+
+    def refreshed_first(source, target):  # a commit reusing it refreshes it just before the move
+        if str(source).endswith(hashlib.sha256(b"reused").hexdigest()):
+            os.utime(source)
+        move(source, target)
+
+    monkeypatch.setattr("speedtronic_diloco.transport.os.replace", refreshed_first)
+    assert repo.prune() == (0, 0)
+    assert _object(repo, b"reused").read_bytes() == b"reused"
+    assert not list((repo.root / "objects").glob("*.pruning"))

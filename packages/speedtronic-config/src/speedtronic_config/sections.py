@@ -559,6 +559,8 @@ class DistributedConfig:
     staleness_limit: int | None = None
     max_local_rounds: int | None = None
     global_wait_timeout: float = 0.0
+    # A shared folder keeps every version otherwise (transport: filesystem only).
+    prune_after: float | None = 3600.0
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
@@ -583,6 +585,7 @@ class DistributedConfig:
             "retry_initial",
             "retry_attempts",
             "delta_upload_queue_size",
+            "prune_after",
         )
         _at_most(self, MAX_STEPS, "inner_steps", "staleness_limit", "max_local_rounds")
         _at_most(self, 1000, "retry_attempts")
@@ -595,6 +598,7 @@ class DistributedConfig:
             "retry_max",
             "delta_upload_shutdown_timeout",
             "global_wait_timeout",
+            "prune_after",
         )
         _not_blank(self, "endpoint", "cache_dir", "state_dir")
         if self.repo_id is not None:

@@ -485,6 +485,23 @@ class HubClient:
         )
         return path
 
+    def prune(self) -> None:
+        """Delete what the transport keeps but no longer needs (a shared folder's old objects,
+        with distributed.prune_after); log what went. A failure only logs: nothing depends on it.
+        """
+        prune = getattr(self.transport, "prune", None)
+        if prune is None:
+            return
+        try:
+            files, size = prune()
+        except (OSError, TransportError) as exc:
+            self.logger.warning("pruning old versions of %s failed: %s", self.repo_id, exc)
+            return
+        if files:
+            self.logger.info(
+                "pruned %d old objects (%.1f MB) from %s", files, size / 1e6, self.repo_id
+            )
+
     def claim_node(self, node_id: str, session: str) -> None:
         """Record that process `session` now runs node_id (nodes/<node_id>.json)."""
         self.write_json(f"nodes/{node_id}.json", {"session": session, "claimed_at": _utc_now()})
@@ -522,7 +539,9 @@ def build_hub_client(
             raise ConfigError(
                 "distributed.endpoint", "must name a shared folder when transport is filesystem"
             )
-        transport: Transport = FilesystemTransport(Path(section.endpoint) / section.repo_id)
+        transport: Transport = FilesystemTransport(
+            Path(section.endpoint) / section.repo_id, prune_after=section.prune_after
+        )
     else:
         transport = HfApiTransport(
             section.repo_id,

@@ -393,6 +393,7 @@ class MasterOuterLoop:
                 self._save_local_state()
             if self.on_global_update is not None:
                 self.on_global_update(state, step)
+            self.hub.prune()  # one pruner per repository: the master, after each round
             return True
 
     def recover(self) -> None:

@@ -7,6 +7,7 @@ is still `parent` (compare-and-swap).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -209,16 +210,25 @@ class HfApiTransport:
 _REF_RE = re.compile(r"^\d{12}$")
 
 
+_OBJECT_RE = re.compile(r"^[0-9a-f]{64}$")
+_PRUNING = ".pruning"  # an object set aside by prune(), deleted once its time is read again
+
+
 class FilesystemTransport:
     """A versioned file tree in a shared folder (NFS, Lustre, local disk) with atomic commits.
 
     Layout under root: objects/<sha256> (file contents), commits/<oid>.json (a full path -> object
     map), refs/<sequence> (one file per commit, created with os.link so exactly one writer wins a
     sequence number even on NFS). The head is the highest sequence number.
+
+    With prune_after (seconds), prune() deletes the objects that neither the head nor any commit
+    of the last prune_after seconds references and that were written before then; None keeps
+    every version.
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, prune_after: float | None = None) -> None:
         self.root = Path(root)
+        self.prune_after = prune_after
 
     def __repr__(self) -> str:
         return f"FilesystemTransport({str(self.root)!r})"
@@ -256,7 +266,13 @@ class FilesystemTransport:
         tree = self._tree(revision)
         if path not in tree:
             raise NotFound(f"{path} not found at revision {revision}")
-        data = (self.root / "objects" / tree[path]).read_bytes()
+        try:
+            data = (self.root / "objects" / tree[path]).read_bytes()
+        except FileNotFoundError:  # pruned: this revision is older than prune_after
+            raise TransportError(
+                f"{path} at revision {revision} was pruned; read it at a newer revision",
+                transient=True,
+            ) from None
         if hashlib.sha256(data).hexdigest() != tree[path]:
             raise TransportError(f"object for {path} is corrupt on disk", transient=True)
         return data
@@ -268,6 +284,73 @@ class FilesystemTransport:
             json.dumps({"tree": tree, "parent": parent, "message": message}).encode(),
         )
         return oid
+
+    def _write_objects(self, files: Mapping[str, bytes], *, reuse: bool = True) -> None:
+        """Write each file's object unless it is there; refresh a reused one's time (a prune
+        keeps recently written objects). With reuse=False, only write the missing ones.
+        """
+        for data in files.values():
+            target = self.root / "objects" / hashlib.sha256(data).hexdigest()
+            try:
+                if reuse:
+                    os.utime(target)
+                elif not target.exists():
+                    raise FileNotFoundError(target)
+            except FileNotFoundError:
+                atomic_write_bytes(target, data)
+
+    def prune(self) -> tuple[int, int]:
+        """Delete the objects no commit of the last prune_after seconds (nor the head) references
+        and written before then; return how many files and bytes went.
+        """
+        if self.prune_after is None:
+            return 0, 0
+        # The shared folder's clock, not this node's: a file written now carries the server's time.
+        clock = self.root / ".prune-clock"
+        atomic_write_bytes(clock, b"")
+        before = clock.stat().st_mtime - self.prune_after
+        refs = self._refs()
+        kept: set[str] = set()
+        for index, name in enumerate(reversed(refs)):
+            ref = self.root / "refs" / name
+            with contextlib.suppress(FileNotFoundError):
+                if index == 0 or ref.stat().st_mtime >= before:
+                    kept.update(self._tree(ref.read_text().strip()).values())
+        files = size = 0
+        for entry in os.scandir(self.root / "objects"):
+            name = entry.name.removesuffix(_PRUNING)
+            if _OBJECT_RE.match(name) and name not in kept:
+                with contextlib.suppress(FileNotFoundError):  # another pruner took it
+                    gone = self._prune_object(Path(entry.path), before)
+                    if gone is not None:
+                        files, size = files + 1, size + gone
+            elif entry.name.endswith(_PRUNING) and _OBJECT_RE.match(name):
+                # A prune that stopped midway set aside an object a kept commit references.
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(entry.path, self.root / "objects" / name)
+        return files, size
+
+    @staticmethod
+    def _prune_object(path: Path, before: float) -> int | None:
+        """Delete an unreferenced object written before `before`; return its size, or None when
+        it stays.
+
+        A commit reusing an object refreshes its time before linking its ref and checks the object
+        is there after. So the object is first set aside and its time read again: a refresh from
+        before the move shows, and the object goes back.
+        """
+        name = path.name.removesuffix(_PRUNING)
+        aside = path.with_name(name + _PRUNING)
+        if path != aside:
+            if path.stat().st_mtime >= before:
+                return None
+            os.replace(path, aside)
+        stat = aside.stat()
+        if stat.st_mtime >= before:
+            os.replace(aside, path.with_name(name))
+            return None
+        aside.unlink()
+        return stat.st_size
 
     def _link_ref(self, sequence: int, oid: str) -> bool:
         """Claim refs/<sequence> for oid; return False when another writer claimed it first."""
@@ -289,11 +372,7 @@ class FilesystemTransport:
         message: str,
         parent: str | None = None,
     ) -> str:
-        for data in files.values():
-            digest = hashlib.sha256(data).hexdigest()
-            target = self.root / "objects" / digest
-            if not target.exists():
-                atomic_write_bytes(target, data)
+        self._write_objects(files)
         while True:
             refs = self._refs()
             head = (self.root / "refs" / refs[-1]).read_text().strip()
@@ -305,6 +384,8 @@ class FilesystemTransport:
             tree.update({p: hashlib.sha256(d).hexdigest() for p, d in files.items()})
             oid = self._write_commit(tree, parent=head, message=message)
             if self._link_ref(int(refs[-1]) + 1, oid):
+                # A prune that began before the refresh above may have deleted a reused object.
+                self._write_objects(files, reuse=False)
                 return oid
             # Lost the race for the sequence number: rebase onto the new head (or fail the CAS).
             (self.root / "commits" / f"{oid}.json").unlink(missing_ok=True)

@@ -285,12 +285,12 @@ class FilesystemTransport:
         )
         return oid
 
-    def _write_objects(self, files: Mapping[str, bytes], *, reuse: bool = True) -> None:
-        """Write each file's object unless it is there; refresh a reused one's time (a prune
+    def _write_objects(self, objects: Mapping[str, bytes], *, reuse: bool = True) -> None:
+        """Write each digest's object unless it is there; refresh a reused one's time (a prune
         keeps recently written objects). With reuse=False, only write the missing ones.
         """
-        for data in files.values():
-            target = self.root / "objects" / hashlib.sha256(data).hexdigest()
+        for digest, data in objects.items():
+            target = self.root / "objects" / digest
             try:
                 if reuse:
                     os.utime(target)
@@ -372,7 +372,9 @@ class FilesystemTransport:
         message: str,
         parent: str | None = None,
     ) -> str:
-        self._write_objects(files)
+        digests = {path: hashlib.sha256(data).hexdigest() for path, data in files.items()}
+        objects = {digests[path]: data for path, data in files.items()}
+        self._write_objects(objects)
         while True:
             refs = self._refs()
             head = (self.root / "refs" / refs[-1]).read_text().strip()
@@ -381,11 +383,11 @@ class FilesystemTransport:
             tree = dict(self._tree(head))
             for path in deletions:
                 tree.pop(path, None)
-            tree.update({p: hashlib.sha256(d).hexdigest() for p, d in files.items()})
+            tree.update(digests)
             oid = self._write_commit(tree, parent=head, message=message)
             if self._link_ref(int(refs[-1]) + 1, oid):
                 # A prune that began before the refresh above may have deleted a reused object.
-                self._write_objects(files, reuse=False)
+                self._write_objects(objects, reuse=False)
                 return oid
             # Lost the race for the sequence number: rebase onto the new head (or fail the CAS).
             (self.root / "commits" / f"{oid}.json").unlink(missing_ok=True)

@@ -657,6 +657,33 @@ def test_a_node_id_claimed_by_another_process_stops_the_first_one(server, tmp_pa
         coordinator.stop()
 
 
+def test_a_second_master_takes_over_and_the_first_publishes_nothing_more(server, tmp_path, caplog):
+    # A requeued master job can start while the old one still runs: two masters publishing
+    # forked the global model. The newer one claims the id at start; the older one stops.
+    first, net, opt = node(server, tmp_path, "master")
+    first.start()
+    worker, wnet, wopt = node(server, tmp_path, "w1", seed=1)
+    worker.start()
+    train(worker, wnet, wopt, 4, seed=1)  # a delta for the next round
+    second, net2, opt2 = node(server, tmp_path / "second", "master", seed=2)
+    second.start()  # adopts outer step 0 and claims the id
+    published = first.hub.global_metadata()
+    assert published.outer_step == 0
+    assert first.master.sync_once() == 1  # it applies the delta locally, but publishes nothing
+    assert first.hub.global_metadata() == published and first.master.counters["publish_failures"]
+    assert "another process now runs node 'master'" in caplog.text
+    with pytest.raises(HubError, match="another process now runs node 'master'"):
+        train(first, net, opt, 4, seed=3)
+    first.stop()  # nor does its last round on the way out
+    assert first.hub.global_metadata() == published
+    assert second.master.sync_once() == 1  # the delta the first one did not consume
+    assert second.hub.global_metadata().outer_step == 1
+    train(worker, wnet, wopt, 4, seed=2)
+    assert worker.last_global_step == 1
+    for coordinator in (worker, second):
+        coordinator.stop()
+
+
 def test_token_never_in_logs_or_state(server, tmp_path, caplog):
     caplog.set_level("DEBUG")
     master, net, opt = node(server, tmp_path, "master")

@@ -143,8 +143,9 @@ class DumbDiLoCoCoordinator:
         # delta for retry, forever; another process with this node id); the training thread raises.
         self._fatal: HubError | None = None
         # Deltas are named by node id and step, so two processes with one node id overwrote each
-        # other's deltas unnoticed. Each claims the id (nodes/<id>.json) before its first upload;
-        # the poll lane checks the claim is still its own.
+        # other's deltas unnoticed. Each claims the id (nodes/<id>.json) before its first upload,
+        # a master before its first publish; the poll lane, and a master before each publish,
+        # check the claim is still its own.
         self._session = uuid.uuid4().hex
         self._claimed = False
         # Set from a signal handler (interrupt), so a plain flag: an Event's lock could be held by
@@ -232,6 +233,9 @@ class DumbDiLoCoCoordinator:
         self.hub.create_repo(private=True)
         for user in self.settings.collaborators:
             self.hub.add_collaborator(user)
+        # A master started while another still runs (a requeued job, say) takes over: the
+        # first one publishes nothing more once it sees this claim.
+        self._claim()
         if self.master is None:
             self.master = MasterOuterLoop(
                 self.hub,
@@ -244,6 +248,7 @@ class DumbDiLoCoCoordinator:
                 on_global_update=self._on_outer_update,
                 events=self._emit_event,
                 logger=self.logger,
+                check_owner=self._check_owner,
             )
         self.master.recover()
         self.master.start()
@@ -490,9 +495,7 @@ class DumbDiLoCoCoordinator:
             # Once the node must stop nothing leaves: a node that lost its id's claim would
             # overwrite the other process's deltas. The job stays pending in the checkpoint.
             if self._fatal is None:
-                if not self._claimed:
-                    self.hub.claim_node(self.identity.node_id, self._session)
-                    self._claimed = True
+                self._claim()
                 path = self.hub.upload_delta(
                     job.delta,
                     node_id=self.identity.node_id,
@@ -571,9 +574,25 @@ class DumbDiLoCoCoordinator:
             self.logger.warning("global poll failed, training continues: %s", exc)
             return None
 
+    def _claim(self) -> None:
+        """Claim this node id in the repository, once per process."""
+        if not self._claimed:
+            self.hub.claim_node(self.identity.node_id, self._session)
+            self._claimed = True
+
+    def _check_owner(self) -> None:
+        """Raise when this node may no longer write: another process claimed its id (or a lane
+        found another fatal error). The master calls it before each publish.
+        """
+        self._check_claim()
+        self._raise_fatal()
+
     def _check_claim(self) -> None:
         """Note a fatal error when another process claimed this node id after this one did."""
-        if not self._claimed or self.hub.node_session(self.identity.node_id) == self._session:
+        if not self._claimed or self.hub.node_session(self.identity.node_id) in (
+            None,  # the claim not readable (yet): only another process's claim stops this one
+            self._session,
+        ):
             return
         self._fatal = HubError(
             f"another process now runs node {self.identity.node_id!r} in {self.hub.repo_id} (its "

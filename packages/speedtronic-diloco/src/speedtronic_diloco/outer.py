@@ -123,6 +123,8 @@ class MasterOuterLoop:
         on_global_update: Callable[[dict[str, torch.Tensor], int], None] | None = None,
         events: EventSink | None = None,
         logger: logging.Logger | None = None,
+        # Raises HubError when this process may no longer publish (another master took over).
+        check_owner: Callable[[], None] | None = None,
     ) -> None:
         if staleness_limit is not None and staleness_limit < 0:
             raise ValueError(
@@ -135,6 +137,7 @@ class MasterOuterLoop:
         self.poll_interval = float(poll_interval)
         self.staleness_limit = staleness_limit
         self.on_global_update = on_global_update
+        self.check_owner = check_owner
         self.events = events
         self.logger = logger or LOGGER
         self.optimizer = NesterovOuterOptimizer(state, outer_lr, outer_momentum)
@@ -379,6 +382,8 @@ class MasterOuterLoop:
                 state = cpu_state_dict(self._state.global_state)
                 ledger = dict(self._state.processed_deltas)
             try:
+                if self.check_owner is not None:
+                    self.check_owner()
                 self.hub.publish_global(state, outer_step=step, consumed=sorted(ledger))
             except HubError as exc:
                 self.counters["publish_failures"] += 1

@@ -693,9 +693,9 @@ def test_token_never_in_logs_or_state(server, tmp_path, caplog):
     master.stop()
 
 
-def test_shared_folder_transport_from_config(tmp_path, caplog):
+def test_shared_folder_transport_from_config(tmp_path):
     shared = tmp_path / "nfs"
-    nodes = []
+    nodes, events = [], []
     for name, seed in [("master", 0), ("w1", 1)]:
         net = model(seed)
         cfg = SimpleNamespace(
@@ -708,7 +708,7 @@ def test_shared_folder_transport_from_config(tmp_path, caplog):
                 prune_after=1e-6,  # every version the latest files no longer use is old
             ),
         )
-        coordinator = DumbDiLoCoCoordinator(cfg, net)
+        coordinator = DumbDiLoCoCoordinator(cfg, net, events=lambda *event: events.append(event))
         coordinator.start()
         nodes.append((coordinator, net, torch.optim.AdamW(net.parameters(), lr=0.05)))
     (master, _, _), (worker, net, opt) = nodes
@@ -725,14 +725,14 @@ def test_shared_folder_transport_from_config(tmp_path, caplog):
     train(worker, net, opt, 4, seed=1)
     objects = shared / "org" / "run" / "objects"
     before = {p.name for p in objects.iterdir()}
-    caplog.set_level("INFO")
     assert master.master.sync_once() == 1
     # The master pruned after its round: outer step 0's model, metadata and manifest and the
     # consumed delta are gone; what the latest files use stays.
     transport = master.hub.transport
     latest = set(transport._tree(transport.head()).values())
     assert {p.name for p in objects.iterdir()} == latest and len(before - latest) == 4
-    assert "pruned 4 old objects" in caplog.text
+    ((_, pruned),) = [event for event in events if event[0] == "diloco/pruned"]
+    assert pruned["outer_step"] == 1 and pruned["files"] == 4 and pruned["bytes"] > 0
     train(worker, net, opt, 4, seed=2)
     assert worker.last_global_step == 1
     for coordinator, _, _ in nodes:

@@ -485,22 +485,19 @@ class HubClient:
         )
         return path
 
-    def prune(self) -> None:
+    def prune(self) -> tuple[int, int]:
         """Delete what the transport keeps but no longer needs (a shared folder's old objects,
-        with distributed.prune_after); log what went. A failure only logs: nothing depends on it.
+        with distributed.prune_after); return the files and bytes deleted. A failure only warns:
+        nothing depends on it.
         """
         prune = getattr(self.transport, "prune", None)
         if prune is None:
-            return
+            return 0, 0
         try:
-            files, size = prune()
+            return prune()
         except (OSError, TransportError) as exc:
             self.logger.warning("pruning old versions of %s failed: %s", self.repo_id, exc)
-            return
-        if files:
-            self.logger.info(
-                "pruned %d old objects (%.1f MB) from %s", files, size / 1e6, self.repo_id
-            )
+            return 0, 0
 
     def claim_node(self, node_id: str, session: str) -> None:
         """Record that process `session` now runs node_id (nodes/<node_id>.json)."""

@@ -398,7 +398,10 @@ class MasterOuterLoop:
                 self._save_local_state()
             if self.on_global_update is not None:
                 self.on_global_update(state, step)
-            self.hub.prune()  # one pruner per repository: the master, after each round
+            # One pruner per repository: the master, after each publish.
+            files, size = self.hub.prune()
+            if files:
+                self._emit("diloco/pruned", {"outer_step": step, "files": files, "bytes": size})
             return True
 
     def recover(self) -> None:

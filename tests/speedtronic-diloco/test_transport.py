@@ -161,9 +161,10 @@ def test_prune_deletes_old_versions_that_nothing_recent_or_current_uses(pruned_r
     old = repo.commit({"global/model": b"v1", "deltas/a": b"delta a"}, [], message="old")
     recent = repo.commit({"global/model": b"v2"}, ["deltas/a"], message="recent")
     head = repo.commit({"global/model": b"v3", "deltas/b": b"delta b"}, [], message="head")
-    _age(*(repo.root / "objects").iterdir(), *(repo.root / "refs").iterdir())
-    _age(_ref(repo, recent), seconds=30.0)  # a commit of the last 60 s keeps what it uses
-    _age(_ref(repo, head), seconds=600.0)  # the head keeps what it uses at any age
+    _age(*(repo.root / "objects").iterdir(), *(repo.root / "refs").iterdir(), seconds=600.0)
+    _age(_ref(repo, recent), seconds=300.0)  # `old` stopped being the head 300 s ago
+    _age(_ref(repo, head), seconds=30.0)  # `recent` was the head until 30 s ago: a reader may
+    # still read it (prune_after is 60 s)
     (repo.root / "objects" / ("f" * 64)).write_bytes(b"being written")  # no commit yet: kept
     assert repo.prune() == (2, len(b"v1") + len(b"delta a"))
     assert not _object(repo, b"v1").exists() and not _object(repo, b"delta a").exists()
@@ -176,6 +177,8 @@ def test_prune_deletes_old_versions_that_nothing_recent_or_current_uses(pruned_r
     assert error.value.transient
     assert repo.prune() == (0, 0)  # nothing more to delete; the history stays listable
     assert repo.list_files(old) == ["deltas/a", "global/model"]
+    _age(_ref(repo, head), seconds=1e4)  # long the head: what it uses stays, `recent` goes
+    assert repo.prune() == (1, len(b"v2")) and repo.read("global/model", head) == b"v3"
 
 
 def test_without_prune_after_every_version_stays(repo):

@@ -221,9 +221,9 @@ class FilesystemTransport:
     map), refs/<sequence> (one file per commit, created with os.link so exactly one writer wins a
     sequence number even on NFS). The head is the highest sequence number.
 
-    With prune_after (seconds), prune() deletes the objects that neither the head nor any commit
-    of the last prune_after seconds references and that were written before then; None keeps
-    every version.
+    With prune_after (seconds), prune() deletes the objects that no revision that was the head in
+    the last prune_after seconds uses and that were written before then; None keeps every
+    version.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, prune_after: float | None = None) -> None:
@@ -300,8 +300,8 @@ class FilesystemTransport:
                 atomic_write_bytes(target, data)
 
     def prune(self) -> tuple[int, int]:
-        """Delete the objects no commit of the last prune_after seconds (nor the head) references
-        and written before then; return how many files and bytes went.
+        """Delete the objects that no revision that was the head in the last prune_after seconds
+        uses and that were written before then; return how many files and bytes went.
         """
         if self.prune_after is None:
             return 0, 0
@@ -309,13 +309,17 @@ class FilesystemTransport:
         clock = self.root / ".prune-clock"
         atomic_write_bytes(clock, b"")
         before = clock.stat().st_mtime - self.prune_after
-        refs = self._refs()
+        # A reader pins a revision while it is the head: keep every revision that was the head
+        # since `before`, i.e. the head and each one whose successor came after `before`.
         kept: set[str] = set()
-        for index, name in enumerate(reversed(refs)):
+        succeeded_at = None  # when the newer ref was made: the end of this one's time as head
+        for name in reversed(self._refs()):
+            if succeeded_at is not None and succeeded_at < before:
+                break
             ref = self.root / "refs" / name
             with contextlib.suppress(FileNotFoundError):
-                if index == 0 or ref.stat().st_mtime >= before:
-                    kept.update(self._tree(ref.read_text().strip()).values())
+                kept.update(self._tree(ref.read_text().strip()).values())
+                succeeded_at = ref.stat().st_mtime
         files = size = 0
         for entry in os.scandir(self.root / "objects"):
             name = entry.name.removesuffix(_PRUNING)

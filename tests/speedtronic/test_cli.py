@@ -453,6 +453,17 @@ def test_prepare_refuses_before_creating_its_folder(tmp_path, monkeypatch, capsy
     assert not (tmp_path / "data").exists()
 
 
+def test_ctrl_c_outside_the_training_loop_exits_130_in_one_line(monkeypatch, capsys):
+    from speedtronic.cli import main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("speedtronic.corpus.prepare_corpus", interrupted)
+    assert main(["prepare", "data/out"]) == 130  # 128 + SIGINT, as a shell (and 2.0) reported
+    assert capsys.readouterr().err == "speedtronic prepare: interrupted\n"
+
+
 def test_version_names_the_meta_package_and_every_part(capsys):
     import importlib.metadata
 

@@ -22,6 +22,7 @@ from speedtronic.errors import (
     RunFailed,
     UsageError,
     print_line,
+    signal_exit_code,
 )
 from speedtronic.group_exit import exit_process, hold_process_group
 from speedtronic.launch import add_launch_arguments, launch, refuse_launch_flags_alone
@@ -557,8 +558,8 @@ def _one_line(error: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit code (0 ok, 1 runtime failure, 2 usage or config error,
-    128 + N when signal N stopped a training run after checkpointing it, 141 when stdout's
-    reader left early, as in `validate CONFIG | head`).
+    128 + N when signal N stopped a training run after checkpointing it, 130 after Ctrl-C
+    anywhere else, 141 when stdout's reader left early, as in `validate CONFIG | head`).
     """
     try:
         try:
@@ -592,9 +593,9 @@ def _run(argv: Sequence[str] | None) -> int:
     except (ConfigError, UsageError) as error:
         _report(args.command, _one_line(error), error)
         return USAGE_ERROR
-    except KeyboardInterrupt as error:
+    except KeyboardInterrupt as error:  # Ctrl-C outside the training loop (which checkpoints)
         _report(args.command, "interrupted", error)
-        return RUNTIME_ERROR
+        return signal_exit_code("SIGINT")  # as a shell reports it, and as 2.0 exited
     except Exception as error:  # a runtime failure: one line unless debugging was asked for
         if _is_usage_error(error):
             _report(args.command, _one_line(error), error)

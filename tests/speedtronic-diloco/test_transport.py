@@ -238,3 +238,14 @@ def test_an_object_refreshed_while_prune_sets_it_aside_goes_back(pruned_repo, mo
     assert repo.prune() == (0, 0)
     assert _object(repo, b"reused").read_bytes() == b"reused"
     assert not list((repo.root / "objects").glob("*.pruning"))
+
+
+def test_prune_deletes_what_a_dead_writer_left_half_written(pruned_repo):
+    repo = pruned_repo
+    repo.commit({"global/model": b"v1"}, [], message="one")
+    dead, live = (repo.root / "objects" / f".{c * 64}.0a1b2c.tmp" for c in "ab")
+    dead.write_bytes(b"half a model")
+    live.write_bytes(b"being written")
+    _age(dead)
+    assert repo.prune() == (1, len(b"half a model"))
+    assert not dead.exists() and live.exists() and repo.read("global/model", repo.head()) == b"v1"

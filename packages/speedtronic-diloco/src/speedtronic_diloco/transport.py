@@ -211,6 +211,7 @@ _REF_RE = re.compile(r"^\d{12}$")
 
 
 _OBJECT_RE = re.compile(r"^[0-9a-f]{64}$")
+_OBJECT_TEMP_RE = re.compile(r"^\.[0-9a-f]{64}\.[0-9a-f]+\.tmp$")  # an atomic write's way there
 _PRUNING = ".pruning"  # an object set aside by prune(), deleted once its time is read again
 
 
@@ -332,6 +333,13 @@ class FilesystemTransport:
                 # A prune that stopped midway set aside an object a kept commit references.
                 with contextlib.suppress(FileNotFoundError):
                     os.replace(entry.path, self.root / "objects" / name)
+            elif _OBJECT_TEMP_RE.match(entry.name):
+                # Left by a writer that died mid-write: a live one wrote to it since `before`.
+                with contextlib.suppress(FileNotFoundError):
+                    stat = entry.stat()
+                    if stat.st_mtime < before:
+                        os.unlink(entry.path)
+                        files, size = files + 1, size + stat.st_size
         return files, size
 
     @staticmethod

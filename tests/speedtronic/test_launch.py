@@ -318,6 +318,41 @@ def test_a_worker_prints_what_only_it_hit_and_rank_zero_what_every_rank_did(monk
     assert len(said) == 3 and agent.num_keys() >= 1
 
 
+def test_ctrl_c_under_torchrun_is_one_line_from_rank_zero(monkeypatch, capsys):
+    import datetime
+
+    import torch.distributed as dist
+
+    import speedtronic.cli
+
+    port = free_port()  # the store torchrun's agent keeps for its workers
+    agent = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30))
+    for name, value in [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))]:
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(speedtronic.cli, "INTERRUPT_WAIT", 0.5)
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(speedtronic.cli.COMMANDS, "prepare", interrupted)
+
+    def worker(rank: int) -> int:
+        monkeypatch.setenv("RANK", str(rank))
+        return main(["prepare", "out"])
+
+    # torchrun passed the launcher's SIGINT to every worker: rank 0 says it, rank 1 stays quiet.
+    assert worker(0) == worker(1) == 130
+    assert capsys.readouterr().err.splitlines() == ["speedtronic prepare: interrupted"]
+    assert agent.get("speedtronic/attempt_0/error_printed") == b"interrupted"
+    # A SIGINT sent to rank 1 alone (in the next restart round): rank 0 says nothing, so rank 1
+    # speaks after a short wait.
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert worker(1) == 130
+    assert capsys.readouterr().err.splitlines() == ["speedtronic prepare: rank 1: interrupted"]
+
+
 def test_data_that_leaves_a_rank_without_a_batch_is_one_line_before_any_worker(
     tmp_path, capfd, no_workers
 ):

@@ -619,28 +619,34 @@ def _report(command: str, line: str, error: BaseException) -> None:
         print_line(f"speedtronic {command}: {line}")
         return
     rank = int(os.environ.get("RANK", "0"))
-    every = raised_on_every_rank(error)
+    # Ctrl-C reaches every worker (torchrun passes its SIGINT on), but a SIGINT sent to one worker
+    # reaches that one alone: it waits for rank 0's line only briefly.
+    interrupted = isinstance(error, KeyboardInterrupt)
+    every = raised_on_every_rank(error) or interrupted
     if rank == 0 and every:
         print_line(f"speedtronic {command}: {line}")
         _tell_the_group(line)
-    elif not (every and _rank_zero_printed(line)):
+    elif not (
+        every and _rank_zero_printed(line, INTERRUPT_WAIT if interrupted else RANK_ZERO_WAIT)
+    ):
         print_line(f"speedtronic {command}: rank {rank}: {line}")
 
 
 # How long a worker waits for rank 0 to print an error every rank raised before printing its own.
 RANK_ZERO_WAIT = 60.0
+INTERRUPT_WAIT = 5.0
 _PRINTED = "error_printed"  # the agent store's key for the line rank 0 printed
 
 
-def _group_store() -> Any:
+def _group_store(wait: float = RANK_ZERO_WAIT) -> Any:
     """Return torchrun's agent store for this restart round (None without one), waiting at most
-    RANK_ZERO_WAIT on any of its calls.
+    `wait` seconds on any of its calls.
     """
     import datetime
 
     from speedtronic_systems.parallel import agent_store
 
-    return agent_store(datetime.timedelta(seconds=RANK_ZERO_WAIT))
+    return agent_store(datetime.timedelta(seconds=wait))
 
 
 def _tell_the_group(line: str) -> None:
@@ -651,12 +657,13 @@ def _tell_the_group(line: str) -> None:
             store.set(_PRINTED, line)
 
 
-def _rank_zero_printed(line: str) -> bool:
-    """Wait until rank 0 has printed its line (a worker exiting first would have torchrun stop
-    the group, rank 0 perhaps before its print); return True when that line is `line`.
+def _rank_zero_printed(line: str, wait: float) -> bool:
+    """Wait up to `wait` seconds until rank 0 has printed its line (a worker exiting first would
+    have torchrun stop the group, rank 0 perhaps before its print); return True when that line is
+    `line`.
     """
     try:
-        store = _group_store()
+        store = _group_store(wait)
         if store is None:
             return False
         store.wait([_PRINTED])

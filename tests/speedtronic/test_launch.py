@@ -288,17 +288,27 @@ def test_workers_that_each_refused_a_setting_exit_as_one_process_does(
     assert said == ([] if expected is not None else kept)
 
 
-def test_a_worker_prints_what_only_it_hit_and_rank_zero_what_every_rank_did(monkeypatch, capsys):
+@pytest.fixture
+def agent(monkeypatch):
+    """The store torchrun's agent keeps for its workers, and a worker's environment (rank unset)
+    in a 2-rank group.
+    """
     import datetime
 
     import torch.distributed as dist
 
-    port = free_port()  # the store torchrun's agent keeps for its workers
-    agent = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30))
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30))
     for name, value in [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))]:
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     monkeypatch.setenv("WORLD_SIZE", "2")
+    return store
+
+
+def test_a_worker_prints_what_only_it_hit_and_rank_zero_what_every_rank_did(
+    agent, monkeypatch, capsys
+):
     smoke = str(ROOT / "configs" / "smoke.yaml")
 
     def worker(rank: int, *extra: str) -> int:
@@ -318,19 +328,9 @@ def test_a_worker_prints_what_only_it_hit_and_rank_zero_what_every_rank_did(monk
     assert len(said) == 3 and agent.num_keys() >= 1
 
 
-def test_ctrl_c_under_torchrun_is_one_line_from_rank_zero(monkeypatch, capsys):
-    import datetime
-
-    import torch.distributed as dist
-
+def test_ctrl_c_under_torchrun_is_one_line_from_rank_zero(agent, monkeypatch, capsys):
     import speedtronic.cli
 
-    port = free_port()  # the store torchrun's agent keeps for its workers
-    agent = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30))
-    for name, value in [("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))]:
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
-    monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setattr(speedtronic.cli, "INTERRUPT_WAIT", 0.5)
 
     def interrupted(args):

@@ -125,3 +125,45 @@ def test_save_on_signal_false_leaves_sigint_to_python_as_20_did(tmp_path, save_o
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("under_torchrun", [False, True])
+def test_a_repeated_signal_exits_at_once_except_in_a_torchrun_worker(
+    tmp_path, monkeypatch, under_torchrun
+):
+    # A scheduler signals every process; torchrun passes its own signal on: a worker hears it twice.
+    if under_torchrun:
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    else:
+        monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+
+    def interrupt_twice_at_step_2(event, payload):
+        if event == "train_step" and payload["step"] == 2:
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+
+    model = TinyLM()
+    trainer = Trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        make_loader(),
+        device="cpu",
+        logger=MetricLogger(stream=io.StringIO(), hooks=[interrupt_twice_at_step_2]),
+        checkpoint_manager=CheckpointManager(tmp_path, every_steps=1000),
+    )
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_term = signal.getsignal(signal.SIGTERM)
+    try:
+        if under_torchrun:  # the same stop: checkpoint and return
+            result = trainer.fit(1_000)
+            assert result.stopped_by == "SIGINT" and result.checkpoint == tmp_path / "step_2.pt"
+            # The repeat may also land after fit(), while the worker reports and exits.
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        else:  # the user really wants out: Python's own handler, at once
+            with pytest.raises(KeyboardInterrupt):
+                trainer.fit(1_000)
+            assert trainer.step == 2 and not list(tmp_path.iterdir())
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)

@@ -240,6 +240,11 @@ def agent_store(timeout: datetime.timedelta) -> dist.Store | None:
     return dist.PrefixStore(f"speedtronic/attempt_{attempt}", client)
 
 
+def torchrun_worker() -> bool:
+    """Return True in a worker torchrun's agent started: the agent passes its signals on to it."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
 def _free_port() -> int:
     import socket
 
@@ -408,6 +413,7 @@ __all__ = [
     "resolve_backend",
     "shutdown_parallel",
     "syncs_every_microbatch",
+    "torchrun_worker",
     "total_norm",
     "transformer_blocks",
     "unwrap_model",

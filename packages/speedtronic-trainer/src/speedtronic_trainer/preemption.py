@@ -15,17 +15,29 @@ class StopSignal:
     """Context manager that records a termination signal instead of dying mid-step.
 
     `on_signal` runs in the handler after the first signal is recorded: it may only set flags
-    (taking a lock the interrupted code holds would deadlock).
+    (taking a lock the interrupted code holds would deadlock). A second signal ends the process
+    at once unless `repeat_exits` is False: a torchrun worker hears a scheduler's signal twice
+    (sent to every process, then passed on by torchrun), and torchrun kills it itself if it does
+    not stop. Such a worker, once stopped, then ignores both signals until it exits: the repeat
+    may land after the loop, while the checkpointed run still reports and leaves.
     """
 
-    def __init__(self, enabled: bool = True, on_signal: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        enabled: bool = True,
+        on_signal: Callable[[], None] | None = None,
+        repeat_exits: bool = True,
+    ) -> None:
         self.enabled = enabled
         self.on_signal = on_signal
+        self.repeat_exits = repeat_exits
         self.received: str | None = None
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is not None:
+            if not self.repeat_exits:
+                return
             # A second signal means the user really wants out now.
             signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
             signal.raise_signal(signum)
@@ -42,8 +54,9 @@ class StopSignal:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        stopping = self.received is not None and not self.repeat_exits
         for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, signal.SIG_IGN if stopping else handler)
         self._previous.clear()
 
 

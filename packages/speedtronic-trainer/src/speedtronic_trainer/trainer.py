@@ -25,6 +25,7 @@ from speedtronic_systems.parallel import (
     check_optimizer_after_wrapping,
     gradient_sync,
     syncs_every_microbatch,
+    torchrun_worker,
     total_norm,
     unwrap_model,
 )
@@ -832,6 +833,7 @@ class Trainer:
             with StopSignal(
                 enabled=self.config.checkpoint.save_on_signal,
                 on_signal=getattr(self.coordinator, "interrupt", None),
+                repeat_exits=not torchrun_worker(),
             ) as stop:
                 while self.step < target and progress.stopped_by is None:
                     outcome = self._run_step(progress, bar, lambda: stop.received)

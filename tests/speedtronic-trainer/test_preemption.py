@@ -91,6 +91,20 @@ def test_disabled_stop_signal_installs_nothing():
         assert signal.getsignal(signal.SIGINT) == before
 
 
+def signalled_trainer(tmp_path, hook, config=None) -> Trainer:
+    """Return a trainer whose metrics `hook` sends the signals, checkpointing under tmp_path."""
+    model = TinyLM()
+    return Trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        make_loader(),
+        device="cpu",
+        config=config,
+        logger=MetricLogger(stream=io.StringIO(), hooks=[hook]),
+        checkpoint_manager=CheckpointManager(tmp_path, every_steps=1000),
+    )
+
+
 @pytest.mark.parametrize("save_on_signal", [True, False])
 def test_save_on_signal_false_leaves_sigint_to_python_as_20_did(tmp_path, save_on_signal):
     seen = []  # the SIGINT handler in force during the run
@@ -100,16 +114,8 @@ def test_save_on_signal_false_leaves_sigint_to_python_as_20_did(tmp_path, save_o
             seen.append(signal.getsignal(signal.SIGINT))
             signal.raise_signal(signal.SIGINT)  # to this thread: handled before the hook returns
 
-    model = TinyLM()
-    trainer = Trainer(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        make_loader(),
-        device="cpu",
-        config=make_config(checkpoint={"save_on_signal": save_on_signal}),
-        logger=MetricLogger(stream=io.StringIO(), hooks=[interrupt_at_step_2]),
-        checkpoint_manager=CheckpointManager(tmp_path, every_steps=1000),
-    )
+    config = make_config(checkpoint={"save_on_signal": save_on_signal})
+    trainer = signalled_trainer(tmp_path, interrupt_at_step_2, config)
     # Python's own handler, as a plain script has it (a library earlier in this process may not).
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -142,15 +148,7 @@ def test_a_repeated_signal_exits_at_once_except_in_a_torchrun_worker(
             signal.raise_signal(signal.SIGINT)
             signal.raise_signal(signal.SIGINT)
 
-    model = TinyLM()
-    trainer = Trainer(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        make_loader(),
-        device="cpu",
-        logger=MetricLogger(stream=io.StringIO(), hooks=[interrupt_twice_at_step_2]),
-        checkpoint_manager=CheckpointManager(tmp_path, every_steps=1000),
-    )
+    trainer = signalled_trainer(tmp_path, interrupt_twice_at_step_2)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     previous_term = signal.getsignal(signal.SIGTERM)
     try:

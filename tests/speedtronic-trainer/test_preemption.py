@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_testkit import TinyLM, make_config, make_loader
+from trainer_testkit import RecordingHook, TinyLM, TokenDataset, make_config, make_loader
 
 from speedtronic_trainer import CheckpointManager, MetricLogger, Trainer
 from speedtronic_trainer.preemption import StopSignal
@@ -91,7 +91,7 @@ def test_disabled_stop_signal_installs_nothing():
         assert signal.getsignal(signal.SIGINT) == before
 
 
-def signalled_trainer(tmp_path, hook, config=None) -> Trainer:
+def signalled_trainer(tmp_path, hook, config=None, eval_dataloader=None) -> Trainer:
     """Return a trainer whose metrics `hook` sends the signals, checkpointing under tmp_path."""
     model = TinyLM()
     return Trainer(
@@ -102,6 +102,7 @@ def signalled_trainer(tmp_path, hook, config=None) -> Trainer:
         config=config,
         logger=MetricLogger(stream=io.StringIO(), hooks=[hook]),
         checkpoint_manager=CheckpointManager(tmp_path, every_steps=1000),
+        eval_dataloader=eval_dataloader,
     )
 
 
@@ -165,3 +166,30 @@ def test_a_repeated_signal_exits_at_once_except_in_a_torchrun_worker(
     finally:
         signal.signal(signal.SIGINT, previous)
         signal.signal(signal.SIGTERM, previous_term)
+
+
+class SignallingEval:
+    """Six validation batches; this process receives `signum` as the second is dealt."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum, self.dealt = signum, 0
+
+    def __iter__(self):
+        for batch in make_loader(TokenDataset(n=12)):
+            self.dealt += 1
+            if self.dealt == 2:
+                signal.raise_signal(self.signum)
+            yield batch
+
+
+def test_a_signal_during_evaluation_cuts_it_short_and_stops_at_that_step(tmp_path):
+    # A scheduler's grace period (30 s by default in Slurm and Kubernetes) may not outlast a
+    # whole validation pass.
+    evaluation, events = SignallingEval(signal.SIGTERM), RecordingHook()
+    config = make_config(data={"eval_every": 2, "eval_steps": None})
+    trainer = signalled_trainer(tmp_path, events.on_event, config, eval_dataloader=evaluation)
+    result = trainer.fit(1_000)
+    assert result.stopped_by == "SIGTERM" and result.steps == 2
+    assert result.checkpoint == tmp_path / "step_2.pt"
+    assert evaluation.dealt == 2  # of 6
+    assert events.values("eval", "val_loss") == []  # a partial window's loss compares with none

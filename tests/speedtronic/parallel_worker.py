@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -104,6 +105,7 @@ def scenario_train(out: Path, mode: str) -> dict:
     seen.update(skipped=skipped.skipped_steps, skip_steps=skipped.steps)
     seen["ignored_loss"] = ignored_microbatch(out, mode)
     seen["eval_loss"] = evaluate_shares(out, mode)
+    seen["eval_stop"] = stop_during_evaluation(out, mode)
     seen["failed_saves"] = failed_saves(out, mode)
     seen["split_precision"] = split_precision(out, mode)
     seen["resume_apart"] = resume_apart(out, mode)
@@ -321,6 +323,42 @@ def evaluate_shares(out: Path, mode: str) -> list[float | None]:
         batches[0] = {**batches[0], "labels": torch.full_like(batches[0]["labels"], -100)}
     trainer.eval_dataloader = batches
     return [whole, trainer.evaluate(), uneven, even]
+
+
+class SignalOnSecondBatch:
+    """An eval loader that has this process receive SIGTERM as it deals its second batch (when
+    `send`), counting the batches it dealt.
+    """
+
+    def __init__(self, loader, send: bool) -> None:
+        self.loader, self.send, self.dealt = loader, send, 0
+
+    def __iter__(self):
+        for batch in self.loader:
+            self.dealt += 1
+            if self.send and self.dealt == 2:
+                signal.raise_signal(signal.SIGTERM)
+            yield batch
+
+
+def stop_during_evaluation(out: Path, mode: str) -> dict:
+    """Train with a whole-split validation pass at step 2, in which rank 1 alone receives
+    SIGTERM; return where this rank stopped and how many validation batches it drew.
+    """
+    sections = {"val_shard_path": str(out / "val_000000.bin"), "eval_every": 2, "eval_steps": None}
+    values = config(out / "eval_stop", mode, data=sections, run={"max_steps": 100})
+    trainer, _ = runtime.build_runtime(values)
+    evaluation = SignalOnSecondBatch(trainer.eval_dataloader, send=trainer.parallel.rank == 1)
+    trainer.eval_dataloader = evaluation
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        result = trainer.fit()
+    finally:  # a stopped torchrun worker ignores both until it exits: not this one's later work
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    checkpoint = Path(result.checkpoint).name if result.checkpoint else None
+    return {"stopped_by": result.stopped_by, "steps": result.steps, "checkpoint": checkpoint,
+            "dealt": evaluation.dealt}  # fmt: skip
 
 
 def split_precision(out: Path, mode: str) -> list[str]:

@@ -148,6 +148,13 @@ def test_evaluation_sums_every_ranks_share_and_only_rank_zero_logs(trained):
     assert steps == [1, 2, 3]  # rank 0's records only
 
 
+def test_a_signal_during_evaluation_on_one_rank_stops_every_rank_at_that_step(trained):
+    mode, _, (zero, one) = trained
+    suffix = ".pt" if mode == "ddp" else ".dcp"
+    stopped = {"stopped_by": "SIGTERM", "steps": 2, "checkpoint": f"step_2{suffix}", "dealt": 2}
+    assert zero["eval_stop"] == one["eval_stop"] == stopped  # of 6 batches a rank
+
+
 def test_a_checkpoint_rank_zero_fails_to_write_fails_on_every_rank(trained):
     _, _, (zero, one) = trained
     assert [e.split(" (")[0] for e in zero["failed_saves"]] == [

@@ -7,7 +7,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -120,6 +120,13 @@ class TrainResult:
     skipped_steps: int = 0
     stopped_by: str | None = None  # the signal name when SIGTERM/SIGINT ended the run early
     checkpoint: Path | None = None  # the last checkpoint this fit wrote
+
+
+def _agreed_signal(terms: float, interrupts: float) -> str | None:
+    """Return the signal every rank stops for, from the ranks' counts of each (SIGTERM over
+    SIGINT): every rank names the same one, so every rank exits alike.
+    """
+    return "SIGTERM" if terms > 0 else "SIGINT" if interrupts > 0 else None
 
 
 @dataclass
@@ -414,8 +421,7 @@ class Trainer:
         elif applied:
             self.optimizer.step()
         seconds = time.perf_counter() - started
-        # Every rank names the same signal (SIGTERM over SIGINT), so every rank exits alike.
-        stop = "SIGTERM" if terms > 0 else "SIGINT" if interrupts > 0 else None
+        stop = _agreed_signal(terms, interrupts)
         return StepOutcome(loss, grad_norm, int(samples), int(tokens), applied, seconds, stop)
 
     def _clip_gradients(self) -> float | None:
@@ -476,25 +482,43 @@ class Trainer:
 
     # -------------------------------------------------------------------------------- evaluation
 
-    @torch.no_grad()
     def evaluate(self, max_batches: int | None = None) -> float | None:
         """Return the validation loss (mean over valid labels) over up to max_batches eval
         batches per rank, summed over every rank's batches; every rank stops at the shortest
         rank's share.
         """
+        return self._evaluate(max_batches)[0]
+
+    @torch.no_grad()
+    def _evaluate(
+        self,
+        max_batches: int | None = None,
+        stop_requested: Callable[[], str | None] = lambda: None,
+    ) -> tuple[float | None, str | None]:
+        """Return evaluate()'s loss and None, or None and the signal a rank received mid-window:
+        then every rank ends the window at once (a scheduler's grace period may not outlast a
+        whole validation pass, and a partial window's loss compares with no other).
+        """
         if self.eval_dataloader is None:
-            return None
+            return None, None
         limit = max_batches if max_batches is not None else self.config.data.eval_steps
         was_training = self.model.training
         self.model.eval()
         total = weight = 0.0
+        stop = None
         batches = iter(self.eval_dataloader)
         try:
             for _ in itertools.count() if limit is None else range(limit):
                 batch = next(batches, None)
-                # A streamed split deals its last batch to one rank only: a forward there alone
-                # would wait on peers already summing (FSDP2 gathers, DDP buffer broadcasts).
-                if self.parallel.any(batch is None):
+                received = stop_requested()
+                # One collective a batch agrees on both ends. A streamed split deals its last
+                # batch to one rank only: a forward there alone would wait on peers already
+                # summing (FSDP2 gathers, DDP buffer broadcasts).
+                ended, terms, interrupts = self.parallel.all_reduce_sum(
+                    [batch is None, received == "SIGTERM", received == "SIGINT"]
+                )
+                stop = _agreed_signal(terms, interrupts)
+                if ended or stop is not None:
                     break
                 count = valid_label_count(batch)
                 if count == 0 and self.parallel.world_size == 1:
@@ -510,20 +534,33 @@ class Trainer:
                 total, weight = total + loss * share, weight + share
         finally:
             self.model.train(was_training)
+        if stop is not None:
+            return None, stop
         total, weight = self.parallel.all_reduce_sum([total, weight])
-        return total / weight if weight else None
+        return (total / weight if weight else None), None
 
-    def _maybe_evaluate(self) -> float | None:
+    def _maybe_evaluate(
+        self, stop_requested: Callable[[], str | None]
+    ) -> tuple[float | None, str | None]:
         every = self.config.data.eval_every
         if self.eval_dataloader is None or every is None or self.step % every != 0:
-            return None
-        return self._evaluate_now()
+            return None, None
+        return self._evaluate_now(stop_requested)
 
-    def _evaluate_now(self) -> float | None:
-        val_loss = self.evaluate()
-        if val_loss is not None:
+    def _evaluate_now(
+        self, stop_requested: Callable[[], str | None] = lambda: None
+    ) -> tuple[float | None, str | None]:
+        """Evaluate and log the loss; return it and the signal that cut the evaluation short."""
+        val_loss, stop = self._evaluate(stop_requested=stop_requested)
+        if stop is not None:
+            self.logger.warning(
+                "%s received during the evaluation at step %d: cut short, no val_loss",
+                stop,
+                self.step,
+            )
+        elif val_loss is not None:
             self.logger.emit("eval", {"step": self.step, "val_loss": val_loss})
-        return val_loss
+        return val_loss, stop
 
     # ------------------------------------------------------------------------------ checkpoints
 
@@ -871,8 +908,10 @@ class Trainer:
         self._log_step(outcome)
         tokens_per_s = outcome.tokens / outcome.seconds if outcome.seconds > 0 else 0.0
         bar.update(self.step, outcome.loss, tokens_per_s)
-        evaluated = self._maybe_evaluate()
+        evaluated, stop = self._maybe_evaluate(stop_requested)
         progress.val_loss = evaluated if evaluated is not None else progress.val_loss
+        if stop is not None:  # every rank stops now, not after another step
+            outcome = replace(outcome, stop=stop)
         written = self._checkpoint()
         if written is not None:
             progress.checkpoint, progress.checkpoint_step = written, self.step
@@ -961,7 +1000,7 @@ class Trainer:
         every = self.config.data.eval_every
         if self.eval_dataloader is not None and every is not None and self.step % every:
             # The run's summary reports the validation loss of the weights it ends with.
-            progress.val_loss = self._evaluate_now()
+            progress.val_loss = self._evaluate_now()[0]
         if self.config.checkpoint.save_final and self.step > first_step and not written_now:
             progress.checkpoint = self._checkpoint(force=True) or progress.checkpoint
 

@@ -169,15 +169,17 @@ def test_a_repeated_signal_exits_at_once_except_in_a_torchrun_worker(
 
 
 class SignallingEval:
-    """Six validation batches; this process receives `signum` as the second is dealt."""
+    """Six validation batches a pass; this process receives `signum` as the `at`-th batch of the
+    run is dealt.
+    """
 
-    def __init__(self, signum: int) -> None:
-        self.signum, self.dealt = signum, 0
+    def __init__(self, signum: int, at: int) -> None:
+        self.signum, self.at, self.dealt = signum, at, 0
 
     def __iter__(self):
         for batch in make_loader(TokenDataset(n=12)):
             self.dealt += 1
-            if self.dealt == 2:
+            if self.dealt == self.at:
                 signal.raise_signal(self.signum)
             yield batch
 
@@ -185,7 +187,7 @@ class SignallingEval:
 def test_a_signal_during_evaluation_cuts_it_short_and_stops_at_that_step(tmp_path):
     # A scheduler's grace period (30 s by default in Slurm and Kubernetes) may not outlast a
     # whole validation pass.
-    evaluation, events = SignallingEval(signal.SIGTERM), RecordingHook()
+    evaluation, events = SignallingEval(signal.SIGTERM, at=2), RecordingHook()
     config = make_config(data={"eval_every": 2, "eval_steps": None})
     trainer = signalled_trainer(tmp_path, events.on_event, config, eval_dataloader=evaluation)
     result = trainer.fit(1_000)
@@ -193,3 +195,19 @@ def test_a_signal_during_evaluation_cuts_it_short_and_stops_at_that_step(tmp_pat
     assert result.checkpoint == tmp_path / "step_2.pt"
     assert evaluation.dealt == 2  # of 6
     assert events.values("eval", "val_loss") == []  # a partial window's loss compares with none
+
+
+def test_a_signal_during_the_last_evaluation_still_saves_the_last_step(tmp_path):
+    # Ctrl-C to skip a long final pass kept nothing since the last periodic checkpoint.
+    evaluation, events = SignallingEval(signal.SIGINT, at=8), RecordingHook()  # 2nd of pass 2
+    config = make_config(data={"eval_every": 3, "eval_steps": None})
+    trainer = signalled_trainer(tmp_path, events.on_event, config, eval_dataloader=evaluation)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        result = trainer.fit(4)  # evaluates at step 3, and at 4 as the run ends
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert result.stopped_by == "SIGINT" and result.steps == 4
+    assert result.checkpoint == tmp_path / "step_4.pt"
+    assert evaluation.dealt == 8
+    assert events.values("eval", "step") == [3]

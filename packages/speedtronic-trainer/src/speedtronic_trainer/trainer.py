@@ -875,7 +875,9 @@ class Trainer:
                 while self.step < target and progress.stopped_by is None:
                     outcome = self._run_step(progress, bar, lambda: stop.received)
                     progress.stopped_by = self._stop_reason(stop.received, outcome)
-            self._finish(progress, first_step=first[0])
+                # Still under the handlers: a signal during the last evaluation ends it, and one
+                # during the last save lets it finish.
+                self._finish(progress, lambda: stop.received, first_step=first[0])
         except Exception as error:
             self._save_emergency(error, started_at=first[0])
             raise
@@ -987,20 +989,28 @@ class Trainer:
         )
         self.logger.emit("train_step", record)
 
-    def _finish(self, progress: _FitProgress, *, first_step: int) -> None:
-        """After the loop: the on-signal checkpoint, or a last evaluation and the final checkpoint,
-        each when due and not yet done at this step.
+    def _finish(
+        self,
+        progress: _FitProgress,
+        stop_requested: Callable[[], str | None],
+        *,
+        first_step: int,
+    ) -> None:
+        """After the loop: a last evaluation when due (a signal cuts it short and stops the run),
+        then the on-signal checkpoint or the final one, unless this step was just saved.
         """
         written_now = progress.checkpoint_step == self.step
+        every = self.config.data.eval_every
+        last_evaluation = self.eval_dataloader is not None and every is not None
+        if progress.stopped_by is None and last_evaluation and self.step % every:
+            # The run's summary reports the validation loss of the weights it ends with.
+            val_loss, progress.stopped_by = self._evaluate_now(stop_requested)
+            progress.val_loss = val_loss if val_loss is not None else progress.val_loss
         if progress.stopped_by is not None:
             if not written_now:
                 progress.checkpoint = self._checkpoint(force=True) or progress.checkpoint
             self.logger.warning("%s received: stopped at step %d", progress.stopped_by, self.step)
             return
-        every = self.config.data.eval_every
-        if self.eval_dataloader is not None and every is not None and self.step % every:
-            # The run's summary reports the validation loss of the weights it ends with.
-            progress.val_loss = self._evaluate_now()[0]
         if self.config.checkpoint.save_final and self.step > first_step and not written_now:
             progress.checkpoint = self._checkpoint(force=True) or progress.checkpoint
 

@@ -339,13 +339,13 @@ def cases() -> list[Case]:
         Case(
             "--resume with another model size",
             ["train", "{bigger}", "--resume"],
-            1,
-            ("does not fit this model", "model.d_model"),
+            2,
+            ("was written with other model settings", "model.d_model: checkpoint 32, this run 64"),
         ),
         Case(
             "--resume with another optimizer",
             ["train", "{adamw}", "--resume"],
-            1,
+            2,
             ("optimizer.name: muon", "--set optimizer.name=muon"),
         ),
         Case(
@@ -454,7 +454,12 @@ def cases() -> list[Case]:
             2,
             ("not a Speedtronic trainer checkpoint",),
         ),
-        Case("sample: a folder", ["sample", "{empty_dir}"], 2, ("is a folder, not a checkpoint",)),
+        Case(
+            "sample: a folder without checkpoints",
+            ["sample", "{empty_dir}"],
+            2,
+            ("no step_<n>.pt or step_<n>.dcp checkpoint in", "pass a run's checkpoints folder"),
+        ),
         Case(
             "sample: --max-new-tokens -5",
             ["sample", "{evil}", "--max-new-tokens", "-5"],  # refused before the file is read
@@ -493,7 +498,7 @@ def cases() -> list[Case]:
             "export: --tokenizer without hf",
             ["export", "{ckpt}", "{root}/ex-e", "--tokenizer", "bytes"],
             2,
-            ("need --format hf",),
+            ("--tokenizer needs --format hf",),
         ),
         Case(
             "export: --private without push",

@@ -178,10 +178,14 @@ def one_line_error(result: Any, code: int, *fragments: str) -> str | None:
 
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int, str]]:
-    """Return every file under folder as (size, mtime_ns, sha256)."""
+    """Return every file under folder as (size, mtime_ns, sha256), but the run lock: each run
+    that starts in a folder writes its own pid into it (it holds no data).
+    """
+    from speedtronic.run_lock import LOCK_NAME
+
     found = {}
     for path in sorted(folder.rglob("*")) if folder.exists() else []:
-        if path.is_file():
+        if path.is_file() and path.name != LOCK_NAME:
             data = path.read_bytes()
             stat = path.stat()
             found[str(path)] = (stat.st_size, stat.st_mtime_ns, hashlib.sha256(data).hexdigest())

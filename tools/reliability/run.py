@@ -1,7 +1,7 @@
 """Run the reliability probes and write a JSON and a Markdown report.
 
 Usage: python tools/reliability/run.py [--quick] [--only NAME ...] [--seed N] [--out DIR]
-(`hatch run reliability [--quick]`). Full: 20 SIGKILL trials, 6 signal stops, the whole bad-input
+(`hatch run reliability [--quick]`). Full: 20 SIGKILL trials, 9 signal stops, the whole bad-input
 corpus, 1,000 + 1,000 fuzzed configs, every disk fault, a secret scan of everything the suite
 wrote. Quick: a few of each (what the default tests run). Exit 0 when every probe met its goal.
 Results: tools/reliability/results/reliability[-quick].{json,md}.

@@ -335,9 +335,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from speedtronic.report import print_run_summary
 
     refuse_launch_flags_alone(args)
-    if args.nproc_per_node is not None and "LOCAL_RANK" not in os.environ:
-        # This process becomes torchrun's launcher; a bad config fails here, once.
-        return launch(args, args.argv, _train_config(args, announce=False)[0])
+    if args.nproc_per_node is not None:
+        from speedtronic_systems.parallel import torchrun_worker
+
+        if not torchrun_worker():
+            # This process becomes torchrun's launcher; a bad config fails here, once.
+            return launch(args, args.argv, _train_config(args, announce=False)[0])
     announce = os.environ.get("RANK", "0") == "0"  # once per run
     from speedtronic_config import ConfigError
     from speedtronic_config.errors import on_every_rank

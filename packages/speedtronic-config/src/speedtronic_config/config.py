@@ -88,9 +88,10 @@ class SpeedtronicConfig:
             self.distributed.role = "master"  # an enabled run needs a repository owner
         if self.data.block_size is None:
             self.data.block_size = self.model.max_seq_len
+        # Else the first step fails: the reference model has no positions past max_seq_len.
         elif self.model.name == "reference_transformer" and (
             self.data.block_size > self.model.max_seq_len
-        ):  # else the first step fails: the model has no positions past max_seq_len
+        ):
             raise ConfigError(
                 "data.block_size",
                 f"is longer than model.max_seq_len ({self.model.max_seq_len}), the reference "
@@ -100,9 +101,10 @@ class SpeedtronicConfig:
             )
         if self.data.vocab_size is None:
             self.data.vocab_size = self.model.vocab_size
+        # Else an id past the embedding fails mid-run as a bare IndexError.
         elif self.model.name == "reference_transformer" and (
             self.data.vocab_size > self.model.vocab_size
-        ):  # else an id past the embedding fails mid-run as a bare IndexError
+        ):
             raise ConfigError(
                 "data.vocab_size",
                 f"is larger than model.vocab_size ({self.model.vocab_size}), the reference "

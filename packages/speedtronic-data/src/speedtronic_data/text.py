@@ -83,9 +83,8 @@ def iter_token_chunks(path: Path, tokenizer: Any, vocab_size: int) -> Iterator[n
         else:
             ids = np.asarray(encode_text(tokenizer, text), dtype=np.int64)
         if ids.size:
-            if (
-                ids.dtype != np.uint8 or vocab_size < 256
-            ):  # bytes always fit a vocabulary of 256 or more
+            # Bytes always fit a vocabulary of 256 or more.
+            if ids.dtype != np.uint8 or vocab_size < 256:
                 check_ids(ids, vocab_size, str(path))
             yield ids
 

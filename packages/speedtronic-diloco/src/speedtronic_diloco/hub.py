@@ -453,9 +453,8 @@ class HubClient:
                         message=f"outer step {outer_step}",
                         parent=head if rebase < CAS_ATTEMPTS else None,
                     )
-                except (
-                    StaleParent
-                ):  # mostly a worker's delta landed meanwhile: check global/ again, retry
+                # Mostly a worker's delta landed meanwhile: check global/ again, retry.
+                except StaleParent:
                     head = self._head()
             raise AssertionError("unreachable: the last attempt commits without a parent")
 

@@ -300,9 +300,8 @@ class MasterOuterLoop:
             ref for ref in sorted(self.hub.delta_refs(revision)) if ref.path not in processed
         ]
         for ref, (delta, reason) in self._fetch_deltas(pending, outer_step, revision):
-            if isinstance(
-                reason, HubError
-            ):  # transient: the delta stays unprocessed and is retried next round
+            # Transient: the delta stays unprocessed and is retried next round.
+            if isinstance(reason, HubError):
                 self.logger.warning(
                     "could not download %s, retrying next round: %s", ref.path, reason
                 )

@@ -400,9 +400,8 @@ def device_peak_flops(
         return peak
     try:
         return measured_matmul_flops(str(device), resolved)
-    except (
-        Exception
-    ) as exc:  # MFU is reporting only; a device that cannot run the probe reports none
+    # MFU is reporting only: a device that cannot run the probe reports none.
+    except Exception as exc:
         logger.warning(
             "peak FLOPs probe on %s (%s) failed: %s; MFU will not be reported",
             device,

@@ -548,7 +548,7 @@ class Trainer:
         return self._evaluate_now(stop_requested)
 
     def _evaluate_now(
-        self, stop_requested: Callable[[], str | None] = lambda: None
+        self, stop_requested: Callable[[], str | None]
     ) -> tuple[float | None, str | None]:
         """Evaluate and log the loss; return it and the signal that cut the evaluation short."""
         val_loss, stop = self._evaluate(stop_requested=stop_requested)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -692,3 +693,39 @@ def test_train_export_and_sample_keep_to_the_checkpoints_tokenizer(tmp_path, cap
     assert not (tmp_path / "hf2").exists()
     assert main(["sample", checkpoint, "--max-new-tokens", "2", "--tokenizer", "bytes"]) == 2
     assert "--tokenizer bytes is the byte tokenizer" in capsys.readouterr().err
+
+
+def test_a_stop_in_the_last_evaluation_saves_the_last_step_with_nothing_to_resume(tmp_path):
+    from speedtronic_data import write_shard
+
+    shard = tmp_path / "val_000000.bin"
+    write_shard(shard, [i % 128 for i in range(3_000_000)])  # about 20,000 batches: many seconds
+    write_shard(tmp_path / "train_000000.bin", [i % 128 for i in range(2_000)])
+    config = tiny_config(
+        tmp_path,
+        data=f"{{shard_path: {tmp_path / 'train_*.bin'}, micro_batch_size: 4, target_batch_size: "
+        f"8, val_shard_path: {shard}, eval_every: 100, eval_steps: null}}",
+        logging=f"{{every_steps: 1, json_file: {tmp_path / 'run' / 'metrics.jsonl'}}}",
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-m", "speedtronic", "train", str(config), "--max-steps", "3"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # The last evaluation follows step 3's line (the step target: eval_every is 100).
+        assert any(" train_step step=3 " in line for line in run.stdout), run.stderr.read()
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=120)
+    finally:
+        run.kill()
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_3.pt"
+    assert run.returncode == 130, err
+    assert err.splitlines() == [
+        f"speedtronic train: stopped by SIGINT at step 3; checkpoint {checkpoint}; that is the "
+        "step target: nothing is left to resume"
+    ]
+    assert checkpoint.is_file()

@@ -371,7 +371,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     finally:
         trainer.close()
     if result.stopped_by is not None:  # preempted: no slow report, a distinct exit code
-        return report_signal_stop(result, args, announce=trainer.parallel.is_main)
+        return report_signal_stop(
+            result, args, announce=trainer.parallel.is_main, target=trainer.max_steps
+        )
     if trainer.parallel.is_main:  # one summary for the whole group
         print_run_summary(config, result, manager.latest_path())
     return 0

@@ -48,9 +48,12 @@ def restart_note() -> str | None:
     return f"torchrun restarts the workers from the latest checkpoint (restarts left: {left})"
 
 
-def report_signal_stop(result: Any, args: argparse.Namespace, *, announce: bool = True) -> int:
+def report_signal_stop(
+    result: Any, args: argparse.Namespace, *, announce: bool = True, target: int | None = None
+) -> int:
     """Say where a signal-stopped run saved its state and how to resume (when `announce`: one
-    rank speaks for a data-parallel group); return its exit code.
+    rank speaks for a data-parallel group); return its exit code. A run stopped at its step
+    `target` (in its last step or its last evaluation) has nothing left to resume.
     """
     if not announce:
         return signal_exit_code(result.stopped_by)
@@ -60,8 +63,10 @@ def report_signal_stop(result: Any, args: argparse.Namespace, *, announce: bool 
         else "no checkpoint written (checkpoint.enabled is false)"
     )
     then = f"resume with: {resume_command(args)}"
+    if target is not None and result.steps >= target:
+        then = "that is the step target: nothing is left to resume"
     # A SIGTERM from torchrun after another worker failed, or from a scheduler that stops it too.
-    if (restart := restart_note()) is not None:
+    elif (restart := restart_note()) is not None:
         then = f"{restart}, unless torchrun itself was stopped: then {then}"
     print_line(
         f"speedtronic train: stopped by {result.stopped_by} at step {result.steps}; {saved}; {then}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -18,9 +19,12 @@ import pytest
 from speedtronic.cli import main
 from speedtronic.group_exit import exit_process
 from speedtronic.launch import (
+    STOP_GRACE_S,
     check_rdzv_endpoint,
     preempted_exit_code,
+    shutdown_timeout,
     torchrun_arguments,
+    torchrun_has_shutdown_timeout,
     worker_arguments,
 )
 
@@ -112,14 +116,16 @@ def workers(agent: int) -> dict[int, int]:
 
 def test_launcher_arguments_go_to_torchrun_and_never_to_the_workers():
     argv = ["train", "c.yaml", "--nproc-per-node", "2", "--max-restarts=1", "--set", "a.b=1"]
+    argv += ["--shutdown-timeout", "45"]
 
     class Args:
-        nproc_per_node, nnodes, rdzv_endpoint, max_restarts = 2, "1", None, 1
+        nproc_per_node, nnodes, rdzv_endpoint, max_restarts, shutdown_timeout = 2, "1", None, 1, 45
 
     assert worker_arguments(argv) == ["train", "c.yaml", "--set", "a.b=1"]
     assert torchrun_arguments(Args, argv) == [
         "--nproc-per-node=2",
         "--max-restarts=1",
+        "--shutdown-timeout=45",
         "--standalone",
         "-m",
         "speedtronic",
@@ -164,6 +170,20 @@ def test_the_launcher_refuses_a_bad_run_in_one_line_before_any_worker(capsys, ex
     assert capsys.readouterr().err == f"speedtronic train: {line}\n"
 
 
+def test_workers_get_longer_than_torchruns_30_s_to_stop_and_a_diloco_node_its_lanes_wait():
+    from speedtronic_config import SpeedtronicConfig
+
+    smoke = SpeedtronicConfig.from_yaml(ROOT / "configs" / "smoke.yaml")
+    diloco = SpeedtronicConfig.from_yaml(ROOT / "configs" / "diloco.yaml")
+    lanes = diloco.distributed.delta_upload_shutdown_timeout
+    assert diloco.distributed.enabled and lanes > 0
+    assert shutdown_timeout(smoke, None) == STOP_GRACE_S > 30
+    assert shutdown_timeout(diloco, None) == STOP_GRACE_S + math.ceil(lanes)
+    assert shutdown_timeout(diloco, 7) == 7  # --shutdown-timeout decides
+    # The torch this suite runs (CI's) has the flag: the launcher passes it.
+    assert torchrun_has_shutdown_timeout()
+
+
 @pytest.fixture
 def no_workers(monkeypatch):
     """Fail the test if the launcher hands over to torchrun (a worker would start)."""
@@ -188,6 +208,7 @@ def no_workers(monkeypatch):
             "every node",
         ),
         (["--nnodes", "0"], "--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got 0"),
+        (["--shutdown-timeout", "-1"], "--shutdown-timeout must be >= 0, got -1"),
     ],
 )
 def test_bad_launch_flags_are_one_line_before_any_worker(capfd, no_workers, extra, line):
@@ -387,6 +408,7 @@ def test_a_log_file_that_is_a_folder_is_one_line_before_any_worker(tmp_path, cap
     [
         (["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:9"], "--nnodes, --rdzv-endpoint"),
         (["--max-restarts", "3"], "--max-restarts"),
+        (["--shutdown-timeout", "60"], "--shutdown-timeout"),
     ],
 )
 def test_launcher_flags_without_nproc_per_node_are_refused(capsys, extra, named):
@@ -509,6 +531,39 @@ def test_sigterm_stops_every_rank_at_the_same_step_and_exits_143(tmp_path, targe
             "other model settings (model.n_layer: checkpoint 2, this run 3); resume with the "
             "model settings it was written with, or start a new run in another run.output_dir"
         ]
+
+
+def test_workers_still_stopping_at_the_shutdown_timeout_are_killed_and_the_launcher_says_so(
+    tmp_path,
+):
+    out = tmp_path / "run"
+    run = train(
+        out, "--nproc-per-node", "2", "--max-steps", "100000", "--shutdown-timeout", "0",
+        "--set", "checkpoint.every_steps=2",
+    )  # fmt: skip
+    wait_for(lambda: latest_step(out) >= 2, "a committed step-2 checkpoint", run)
+    run.send_signal(signal.SIGTERM)  # no worker stops within 0 s: torchrun kills both
+    code = run.wait(timeout=120)
+    log = out.with_suffix(".log").read_text()
+    assert code == 143, log[-3000:]
+    said = [line for line in log.splitlines() if line.startswith("speedtronic train:")]
+    assert said == [
+        "speedtronic train: torchrun killed 2 worker(s) still stopping 0 s after the SIGTERM, "
+        "perhaps mid-checkpoint (the one before stays intact); give them longer with "
+        "--shutdown-timeout SECONDS; resume with: speedtronic train "
+        f"{ROOT / 'configs' / 'smoke.yaml'} --nproc-per-node 2 --set parallel.data_parallel=ddp "
+        f"--set run.output_dir={out} --set logging.json_file={out / 'metrics.jsonl'} "
+        "--set checkpoint.every_steps=2 --max-steps 100000 --resume"
+    ], log[-3000:]
+    assert "Unable to shutdown" not in log  # torchrun's own line on it: ours says more
+    # What the line promises: the run resumes from a committed checkpoint.
+    saved = latest_step(out)
+    resumed = out.with_name("resumed.log")
+    run = train(
+        out, "--nproc-per-node", "2", "--max-steps", str(saved + 2), "--resume", log=resumed
+    )
+    assert run.wait(timeout=120) == 0, resumed.read_text()[-3000:]
+    assert f"resumed at step {saved}" in resumed.read_text()
 
 
 @pytest.mark.parametrize("kill", [signal.SIGKILL])

@@ -10,15 +10,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import signal
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from speedtronic.errors import USAGE_ERROR, UsageError, signal_exit_code
+from speedtronic.errors import USAGE_ERROR, UsageError, print_line, signal_exit_code
 
 # Launcher flag -> whether it takes a value.
 LAUNCH_FLAGS = {"--nproc-per-node": True, "--nnodes": True, "--rdzv-endpoint": True}
 LAUNCH_FLAGS["--max-restarts"] = True
+LAUNCH_FLAGS["--shutdown-timeout"] = True
+# Seconds torchrun gives the workers to stop after passing a signal on, before it kills them: its
+# own 30 s cut off a DiLoCo master's last outer round under a flaky Hub, and a large model's
+# checkpoint can outlast it too. A DiLoCo node adds the time its upload lanes may take to empty.
+STOP_GRACE_S = 120
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +49,13 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         help="restart the workers up to K times after a failure; they resume from the last "
         "checkpoint",
     )
+    group.add_argument(
+        "--shutdown-timeout",
+        type=int,
+        metavar="SECONDS",
+        help=f"after a signal, kill the workers still stopping this long after it (default "
+        f"{STOP_GRACE_S}, plus distributed.delta_upload_shutdown_timeout on a DiLoCo node)",
+    )
 
 
 def refuse_launch_flags_alone(args: argparse.Namespace) -> None:
@@ -53,6 +66,7 @@ def refuse_launch_flags_alone(args: argparse.Namespace) -> None:
             ("--nnodes", args.nnodes != "1"),
             ("--rdzv-endpoint", args.rdzv_endpoint),
             ("--max-restarts", args.max_restarts),
+            ("--shutdown-timeout", args.shutdown_timeout is not None),
         ]
         if value
     ]
@@ -167,6 +181,16 @@ def check_launch_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.shutdown_timeout is not None:
+        if args.shutdown_timeout < 0:
+            raise UsageError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+        if not torchrun_has_shutdown_timeout():
+            import torch
+
+            raise UsageError(
+                f"--shutdown-timeout needs a newer torch: torchrun in torch {torch.__version__} "
+                "always kills the workers 30 s after a signal"
+            )
     launch_world_sizes(args)  # a bad --nnodes, before what it needs
     if args.rdzv_endpoint:
         check_rdzv_endpoint(args.rdzv_endpoint)
@@ -176,11 +200,32 @@ def check_launch_flags(args: argparse.Namespace) -> None:
         )
 
 
+def torchrun_has_shutdown_timeout() -> bool:
+    """Return whether this torch's torchrun takes --shutdown-timeout (older ones wait 30 s)."""
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return any(field.name == "shutdown_timeout" for field in dataclasses.fields(LaunchConfig))
+
+
+def shutdown_timeout(config: Any, requested: int | None) -> int:
+    """Return the seconds torchrun lets the workers stop after a signal: `requested`
+    (--shutdown-timeout), else STOP_GRACE_S and a DiLoCo node's upload-lane wait.
+    """
+    if requested is not None:
+        return requested
+    lanes = config.distributed.delta_upload_shutdown_timeout if config.distributed.enabled else 0
+    return STOP_GRACE_S + math.ceil(lanes)
+
+
 def torchrun_arguments(args: argparse.Namespace, argv: Sequence[str]) -> list[str]:
     """Return torchrun's command line for this train invocation (flags checked by
-    check_launch_flags).
+    check_launch_flags; args.shutdown_timeout resolved, or None to keep torchrun's 30 s).
     """
     launcher = [f"--nproc-per-node={args.nproc_per_node}", f"--max-restarts={args.max_restarts}"]
+    if args.shutdown_timeout is not None:
+        launcher.append(f"--shutdown-timeout={args.shutdown_timeout}")
     if args.rdzv_endpoint:
         launcher += [
             f"--nnodes={args.nnodes}",
@@ -207,11 +252,17 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    if torchrun_has_shutdown_timeout():
+        args.shutdown_timeout = shutdown_timeout(config, args.shutdown_timeout)
+    agent_lines = _ExplainedWorkerExits()
     try:
-        with _quiet_agent_lines():
+        with _quiet_agent_lines(agent_lines):
             run(parse_args(torchrun_arguments(args, argv)))
     except SignalException as stop:  # the launcher was signalled; torchrun passed it on
-        return signal_exit_code(signal.Signals(stop.sigval).name)
+        name = signal.Signals(stop.sigval).name
+        if agent_lines.killed:
+            print_line(killed_line(args, name, agent_lines.killed))
+        return signal_exit_code(name)
     except ChildFailedError as failure:
         codes = {info.exitcode for info in failure.failures.values()}
         stopped = preempted_exit_code(codes)
@@ -230,26 +281,52 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
     return 0
 
 
+def killed_line(args: argparse.Namespace, signal_name: str, killed: int) -> str:
+    """Return the launcher's line on `killed` workers torchrun ended with SIGKILL because they
+    were still stopping when the shutdown timeout ran out (rank 0 may not have said anything).
+    """
+    if args.shutdown_timeout is None:  # a torch without the flag: its fixed 30 s
+        longer = "a newer torch's torchrun takes --shutdown-timeout SECONDS"
+        waited = 30
+    else:
+        longer = "give them longer with --shutdown-timeout SECONDS"
+        waited = args.shutdown_timeout
+    from speedtronic.train_end import resume_command
+
+    return (
+        f"speedtronic train: torchrun killed {killed} worker(s) still stopping {waited} s after "
+        f"the {signal_name}, perhaps mid-checkpoint (the one before stays intact); {longer}; "
+        f"resume with: {resume_command(args)}"
+    )
+
+
 class _ExplainedWorkerExits(logging.Filter):
     """Drop torchrun's lines on what the workers' own lines already say: a worker that exited
     refusing a setting or stopped by a signal (it printed why and how to resume), and the SIGTERM
-    torchrun then sends the rest. Any other exit keeps torchrun's line.
+    torchrun then sends the rest. Any other exit keeps torchrun's line. A worker killed for
+    outlasting the shutdown timeout is counted in `killed`, for the launcher's own line.
     """
 
     EXPLAINED = {USAGE_ERROR, signal_exit_code("SIGTERM"), signal_exit_code("SIGINT")}
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.killed = 0
+
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg == "Sending process %s closing signal %s":
+            return False
+        if str(record.msg).startswith("Unable to shutdown process %s via %s"):
+            self.killed += 1
             return False
         exited = str(record.msg).startswith("failed (exitcode: %s)")
         return not (exited and isinstance(record.args, tuple) and record.args[0] in self.EXPLAINED)
 
 
 @contextlib.contextmanager
-def _quiet_agent_lines() -> Iterator[None]:
+def _quiet_agent_lines(quiet: _ExplainedWorkerExits) -> Iterator[None]:
     """While torchrun runs, keep its worker-exit lines to those no worker explained."""
     agent = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
-    quiet = _ExplainedWorkerExits()
     agent.addFilter(quiet)
     try:
         yield
@@ -273,9 +350,12 @@ __all__ = [
     "check_launch_flags",
     "check_rdzv_endpoint",
     "check_worker_device",
+    "killed_line",
     "launch",
     "launch_world_sizes",
     "preempted_exit_code",
+    "shutdown_timeout",
     "torchrun_arguments",
+    "torchrun_has_shutdown_timeout",
     "worker_arguments",
 ]

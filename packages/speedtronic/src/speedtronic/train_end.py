@@ -19,7 +19,11 @@ def resume_command(args: argparse.Namespace) -> str:
     override is shown as a placeholder, never its value.
     """
     words = ["speedtronic", "train", args.config]
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a torchrun worker: relaunch the group
+    if getattr(args, "nproc_per_node", None) is not None:  # torchrun's launcher: launch again
+        words += ["--nproc-per-node", str(args.nproc_per_node)]
+        if args.rdzv_endpoint:
+            words += ["--nnodes", args.nnodes, "--rdzv-endpoint", args.rdzv_endpoint]
+    elif int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a torchrun worker: relaunch the group
         words += ["--nproc-per-node", os.environ.get("LOCAL_WORLD_SIZE", "1")]
         if os.environ["WORLD_SIZE"] != os.environ.get("LOCAL_WORLD_SIZE"):
             words += ["--nnodes", "M", "--rdzv-endpoint", "HOST:PORT"]  # the same on every node

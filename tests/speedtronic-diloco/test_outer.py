@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import logging
+import threading
+
 import pytest
 import torch
 
@@ -242,6 +245,55 @@ def test_thread_runs_rounds_and_restarts(tmp_path):
             __import__("time").sleep(0.01)
         loop.stop()
     assert rounds == [0, 1, 2]
+
+
+def test_finish_waits_for_the_round_in_progress_then_runs_its_last_round(tmp_path):
+    """A round still retrying the Hub when the master stops is waited for, not run beside (the
+    process would exit in its middle: its ledger saved, its event never logged).
+    """
+    fetching, release, warned = threading.Event(), threading.Event(), threading.Event()
+
+    class Warned(logging.Handler):
+        def emit(self, record):
+            if "still retrying the Hub" in record.getMessage():
+                warned.set()
+
+    logger = logging.getLogger("test-finish")
+    logger.addHandler(Warned())
+    rounds = []
+    hub, loop = _master(
+        tmp_path,
+        {"w": torch.zeros(2)},
+        outer_lr=1.0,
+        outer_momentum=0.0,
+        poll_interval=0.01,
+        logger=logger,
+        events=lambda e, p: rounds.append(p) if e == "diloco/outer_round" else None,
+    )
+    loop.recover()
+    hub.upload_delta({"w": torch.ones(2)}, node_id="a", local_step=1, base_outer_step=0)
+    reads = []
+    read = hub.read_bytes
+
+    def slow_read(*args, **kwargs):  # the thread's download, held until the test lets it go
+        reads.append(args[0])
+        fetching.set()
+        assert release.wait(30)
+        return read(*args, **kwargs)
+
+    hub.read_bytes = slow_read
+    loop.start()
+    assert fetching.wait(30)
+    finisher = threading.Thread(target=loop.finish, kwargs={"warn_after": 0.01})
+    finisher.start()
+    assert warned.wait(30)
+    assert finisher.is_alive() and len(reads) == 1  # waiting: no last round beside it
+    release.set()
+    finisher.join(30)
+    assert not finisher.is_alive()
+    # The held round applied the delta and logged it; the last round found nothing left.
+    assert [r["applied"] for r in rounds] == [1] and loop.outer_step == 1
+    assert loop.processed_filenames == {delta_path("a", 1, 0)}
 
 
 def test_nodes_with_identical_pseudo_gradients_are_named_once(tmp_path, caplog):

@@ -472,13 +472,24 @@ class MasterOuterLoop:
             self._thread.join(timeout)
             self._thread = None
 
-    def finish(self, timeout: float | None = 30.0) -> None:
+    def finish(self, warn_after: float = 30.0) -> None:
         """Stop the polling thread, then apply in one last round every delta that has landed.
 
         Without it the deltas sent since the last round (the master's own final one always among
-        them) stayed out of the published model until the master was started again.
+        them) stayed out of the published model until the master was started again. A round in
+        progress is waited for, however long the Hub's retries take (saying so after
+        `warn_after` seconds): the last round must not run beside it, and the process must not
+        exit in its middle, with its ledger saved and its event never logged.
         """
-        self.stop(timeout)
+        thread = self._thread
+        self.stop(warn_after)
+        if thread is not None and thread.is_alive():
+            self.logger.warning(
+                "the outer round in progress is still retrying the Hub after %.0f s; "
+                "waiting for it before the last round",
+                warn_after,
+            )
+            thread.join()
         try:
             self.sync_once()
         except Exception as exc:  # stopping must not fail: the next start applies what is left

@@ -286,6 +286,9 @@ def test_workers_that_each_refused_a_setting_exit_as_one_process_does(
         # What torchrun's agent logs then (torch/distributed/elastic/multiprocessing/api.py).
         agent = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
         agent.warning("Sending process %s closing signal %s", 1001, "SIGTERM")
+        if 1 in codes:  # a worker that outlasted torchrun's wait after the failure
+            line = "Unable to shutdown process %s via %s, forcefully exiting via %s"
+            agent.warning(line, 1002, signal.SIGTERM, signal.SIGKILL)
         for rank, failure in failures.items():
             if failure.exitcode != -signal.SIGTERM:
                 line = "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s"
@@ -304,9 +307,14 @@ def test_workers_that_each_refused_a_setting_exit_as_one_process_does(
         assert "data-parallel workers failed: rank 0 (exit code 1), rank 1 (exit code 2)" in (
             capfd.readouterr().err
         )
-    # torchrun's line on a worker that exited unexplained stays; its SIGTERMs to the rest do not.
+    # torchrun's line on a worker that exited unexplained stays, and so does the one on a worker
+    # it killed (no line of the launcher's says it after a failure); its SIGTERMs to the rest do
+    # not.
     said = [r.getMessage() for r in caplog.records if r.name.startswith("torch.distributed")]
-    kept = ["failed (exitcode: 1) local_rank: 0 (pid: 1000) of binary: x"]
+    kept = [
+        "failed (exitcode: 1) local_rank: 0 (pid: 1000) of binary: x",
+        "Unable to shutdown process 1002 via 15, forcefully exiting via 9",
+    ]
     assert said == ([] if expected is not None else kept)
 
 

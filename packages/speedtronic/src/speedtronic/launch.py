@@ -261,9 +261,11 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
     except SignalException as stop:  # the launcher was signalled; torchrun passed it on
         name = signal.Signals(stop.sigval).name
         if agent_lines.killed:
-            print_line(killed_line(args, name, agent_lines.killed))
+            print_line(killed_line(args, name, len(agent_lines.killed)))
         return signal_exit_code(name)
     except ChildFailedError as failure:
+        for record in agent_lines.killed:  # after a failure no line of ours says it: torchrun's
+            logging.getLogger(record.name).handle(record)
         codes = {info.exitcode for info in failure.failures.values()}
         stopped = preempted_exit_code(codes)
         if stopped is not None:  # the workers checkpointed and said how to resume
@@ -303,21 +305,21 @@ def killed_line(args: argparse.Namespace, signal_name: str, killed: int) -> str:
 class _ExplainedWorkerExits(logging.Filter):
     """Drop torchrun's lines on what the workers' own lines already say: a worker that exited
     refusing a setting or stopped by a signal (it printed why and how to resume), and the SIGTERM
-    torchrun then sends the rest. Any other exit keeps torchrun's line. A worker killed for
-    outlasting the shutdown timeout is counted in `killed`, for the launcher's own line.
+    torchrun then sends the rest. Any other exit keeps torchrun's line. Its line on a worker it
+    killed for outlasting the shutdown timeout is held in `killed`, for the launcher to say.
     """
 
     EXPLAINED = {USAGE_ERROR, signal_exit_code("SIGTERM"), signal_exit_code("SIGINT")}
 
     def __init__(self) -> None:
         super().__init__()
-        self.killed = 0
+        self.killed: list[logging.LogRecord] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg == "Sending process %s closing signal %s":
             return False
         if str(record.msg).startswith("Unable to shutdown process %s via %s"):
-            self.killed += 1
+            self.killed.append(record)
             return False
         exited = str(record.msg).startswith("failed (exitcode: %s)")
         return not (exited and isinstance(record.args, tuple) and record.args[0] in self.EXPLAINED)

@@ -261,11 +261,9 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
     except SignalException as stop:  # the launcher was signalled; torchrun passed it on
         name = signal.Signals(stop.sigval).name
         if agent_lines.killed:
-            print_line(killed_line(args, name, len(agent_lines.killed)))
+            print_line(killed_line(args, name, agent_lines.killed))
         return signal_exit_code(name)
     except ChildFailedError as failure:
-        for record in agent_lines.killed:  # after a failure no line of ours says it: torchrun's
-            logging.getLogger(record.name).handle(record)
         codes = {info.exitcode for info in failure.failures.values()}
         stopped = preempted_exit_code(codes)
         if stopped is not None:  # the workers checkpointed and said how to resume
@@ -305,21 +303,30 @@ def killed_line(args: argparse.Namespace, signal_name: str, killed: int) -> str:
 class _ExplainedWorkerExits(logging.Filter):
     """Drop torchrun's lines on what the workers' own lines already say: a worker that exited
     refusing a setting or stopped by a signal (it printed why and how to resume), and the SIGTERM
-    torchrun then sends the rest. Any other exit keeps torchrun's line. Its line on a worker it
-    killed for outlasting the shutdown timeout is held in `killed`, for the launcher to say.
+    torchrun then sends the rest. Any other exit keeps torchrun's line. Once the launcher is
+    signalled, a worker torchrun killed for outlasting the shutdown timeout is counted in
+    `killed`, for the launcher's own line (a kill on a restart or after a failure keeps
+    torchrun's).
     """
+
+    # The agent's line as it passes the launcher's signal on, before it stops the workers.
+    SIGNALLED = "Received %s death signal, shutting down workers"
 
     EXPLAINED = {USAGE_ERROR, signal_exit_code("SIGTERM"), signal_exit_code("SIGINT")}
 
     def __init__(self) -> None:
         super().__init__()
-        self.killed: list[logging.LogRecord] = []
+        self.signalled = False
+        self.killed = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == self.SIGNALLED:
+            self.signalled = True
+            return True
         if record.msg == "Sending process %s closing signal %s":
             return False
-        if str(record.msg).startswith("Unable to shutdown process %s via %s"):
-            self.killed.append(record)
+        if self.signalled and str(record.msg).startswith("Unable to shutdown process %s via %s"):
+            self.killed += 1
             return False
         exited = str(record.msg).startswith("failed (exitcode: %s)")
         return not (exited and isinstance(record.args, tuple) and record.args[0] in self.EXPLAINED)
@@ -328,12 +335,17 @@ class _ExplainedWorkerExits(logging.Filter):
 @contextlib.contextmanager
 def _quiet_agent_lines(quiet: _ExplainedWorkerExits) -> Iterator[None]:
     """While torchrun runs, keep its worker-exit lines to those no worker explained."""
-    agent = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
-    agent.addFilter(quiet)
+    loggers = [
+        logging.getLogger(f"torch.distributed.elastic.{name}")
+        for name in ("multiprocessing.api", "agent.server.api")
+    ]
+    for logger in loggers:
+        logger.addFilter(quiet)
     try:
         yield
     finally:
-        agent.removeFilter(quiet)
+        for logger in loggers:
+            logger.removeFilter(quiet)
 
 
 def preempted_exit_code(codes: set[int]) -> int | None:

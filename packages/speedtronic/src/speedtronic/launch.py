@@ -302,8 +302,9 @@ def killed_line(args: argparse.Namespace, signal_name: str, killed: int) -> str:
 
 class _ExplainedWorkerExits(logging.Filter):
     """Drop torchrun's lines on what the workers' own lines already say: a worker that exited
-    refusing a setting or stopped by a signal (it printed why and how to resume), and the SIGTERM
-    torchrun then sends the rest. Any other exit keeps torchrun's line. Once the launcher is
+    refusing a setting or stopped by a signal (it printed why and how to resume), the SIGTERM
+    torchrun then sends the rest, and the signal the launcher got and passed on (the workers'
+    stop line names it). Any other exit keeps torchrun's line. Once the launcher is
     signalled, a worker torchrun killed for outlasting the shutdown timeout is counted in
     `killed`, for the launcher's own line (a kill on a restart or after a failure keeps
     torchrun's).
@@ -322,7 +323,7 @@ class _ExplainedWorkerExits(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg == self.SIGNALLED:
             self.signalled = True
-            return True
+            return False
         if record.msg == "Sending process %s closing signal %s":
             return False
         if self.signalled and str(record.msg).startswith("Unable to shutdown process %s via %s"):

@@ -168,6 +168,50 @@ def test_a_repeated_signal_exits_at_once_except_in_a_torchrun_worker(
         signal.signal(signal.SIGTERM, previous_term)
 
 
+class FailingData(TokenDataset):
+    """Samples that fail from the fifth on: the third step of batch 2 raises."""
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if i >= 4:
+            raise RuntimeError("the data went away")
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("under_torchrun", [False, True])
+def test_a_failed_torchrun_worker_ignores_the_signals_while_it_reports(
+    tmp_path, monkeypatch, under_torchrun
+):
+    # torchrun signals every worker once one fails: the failed one still has its line to print.
+    if under_torchrun:
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    else:
+        monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    model = TinyLM()
+    trainer = Trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        make_loader(FailingData()),
+        device="cpu",
+        logger=MetricLogger(stream=io.StringIO()),
+        checkpoint_manager=CheckpointManager(tmp_path, every_steps=1000),
+    )
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_term = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(RuntimeError, match="the data went away"):
+            trainer.fit(1_000)
+        assert trainer.step == 2
+        if under_torchrun:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        else:  # a plain process gets its own handlers back: a signal now ends it
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
+
+
 class SignallingEval:
     """Six validation batches a pass; this process receives `signum` as the `at`-th batch of the
     run is dealt.

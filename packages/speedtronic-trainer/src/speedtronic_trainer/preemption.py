@@ -18,8 +18,10 @@ class StopSignal:
     (taking a lock the interrupted code holds would deadlock). A second signal ends the process
     at once unless `repeat_exits` is False: a torchrun worker hears a scheduler's signal twice
     (sent to every process, then passed on by torchrun), and torchrun kills it itself if it does
-    not stop. Such a worker, once stopped, then ignores both signals until it exits: the repeat
-    may land after the loop, while the checkpointed run still reports and leaves.
+    not stop. Such a worker, once stopped or failed, then ignores both signals until it exits:
+    the repeat may land after the loop, while the checkpointed run still reports and leaves, and
+    torchrun signals every worker as soon as one fails, while a failed one still reports its
+    error (torchrun kills a worker that does not leave in time).
     """
 
     def __init__(
@@ -53,10 +55,10 @@ class StopSignal:
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        stopping = self.received is not None and not self.repeat_exits
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        leaving = not self.repeat_exits and (self.received is not None or exc_type is not None)
         for signum, handler in self._previous.items():
-            signal.signal(signum, signal.SIG_IGN if stopping else handler)
+            signal.signal(signum, signal.SIG_IGN if leaving else handler)
         self._previous.clear()
 
 

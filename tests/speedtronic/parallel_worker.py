@@ -113,6 +113,7 @@ def scenario_train(out: Path, mode: str) -> dict:
     seen["compiled"] = compiled_difference(out, mode, params)
     if mode == "ddp":
         seen["own_loss"] = own_loss_step(trainer.parallel)
+        seen["forward_buffer_sync"] = forward_buffer_sync(trainer)
     if mode == "fsdp":
         seen["wrong_order_refused"] = wrong_order_is_refused(trainer)
         seen["read_alone"] = read_sharded_checkpoint_alone(trainer, params)
@@ -239,6 +240,15 @@ class Regression(torch.nn.Module):
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.mse_loss(self.linear(inputs), targets)
+
+
+def forward_buffer_sync(trainer) -> list[bool]:
+    """Return whether DDP broadcasts buffers before every forward: for the reference model (its
+    RoPE tables are not saved) and for a model with running statistics.
+    """
+    statistics = torch.nn.BatchNorm1d(2).to(trainer.device)
+    wrapped = [trainer.model, wrap_model(statistics, trainer.parallel, {"data_parallel": "ddp"})]
+    return [model.broadcast_buffers for model in wrapped]  # forward_sync_buffers from torch 2.13
 
 
 def own_loss_step(context: ParallelContext = SINGLE) -> dict:

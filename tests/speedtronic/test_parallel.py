@@ -129,6 +129,14 @@ def test_checkpoints_resume_bit_for_bit_at_world_two(trained):
     assert checkpoints == [f"step_2{suffix}", f"step_3{suffix}"]  # one per step, not per rank
 
 
+def test_ddp_broadcasts_buffers_every_forward_only_for_a_model_with_state_buffers(trained):
+    mode, _, seen = trained
+    if mode != "ddp":
+        pytest.skip("DDP's flag")
+    # The reference model's only buffers are its RoPE tables: no collective before each forward.
+    assert [rank["forward_buffer_sync"] for rank in seen] == [[False, True]] * 2
+
+
 def test_a_nonfinite_loss_on_one_rank_is_skipped_on_every_rank(trained):
     _, _, (zero, one) = trained
     assert zero["skipped"] == one["skipped"] == 1

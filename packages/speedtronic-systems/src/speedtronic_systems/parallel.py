@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import gc
 import importlib
+import inspect
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -309,7 +310,7 @@ def wrap_model(model: nn.Module, context: ParallelContext, section: Any) -> nn.M
     section = resolve_section(section, "parallel")
     if context.mode == "ddp":
         ids = [context.device.index] if context.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids, **_buffer_options(model))
     if context.mode != "fsdp":
         return model
     from torch.distributed.device_mesh import init_device_mesh
@@ -337,6 +338,29 @@ def wrap_model(model: nn.Module, context: ParallelContext, section: Any) -> nn.M
         fully_shard(block, **options)
     fully_shard(model, **options)
     return model
+
+
+def _buffer_options(model: nn.Module) -> dict[str, bool]:
+    """Return DDP's keywords on buffers: its default, a broadcast of rank 0's buffers before every
+    forward, only for a model with buffers its state_dict saves (running statistics).
+
+    Non-persistent buffers (RoPE tables, masks) are derived alike on every rank, and the
+    broadcast is a collective per forward (one also held a gloo rank whose peer had died until
+    torchrun killed it, silently). torch 2.13 renamed the flag; the old one also leaves buffers
+    out of DDP's initial sync, which derived ones do not need.
+    """
+    if _has_state_buffers(model):
+        return {}
+    renamed = (
+        "forward_sync_buffers" in inspect.signature(nn.parallel.DistributedDataParallel).parameters
+    )
+    return {"forward_sync_buffers" if renamed else "broadcast_buffers": False}
+
+
+def _has_state_buffers(model: nn.Module) -> bool:
+    """Return whether the model has a buffer its state_dict saves (a persistent one)."""
+    saved = model.state_dict(keep_vars=True).keys()
+    return any(name in saved for name, _ in model.named_buffers())
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

@@ -602,7 +602,10 @@ def test_max_restarts_resumes_the_workers_from_the_last_checkpoint(tmp_path, kil
     # While a restart remains, no line tells the user to resume: torchrun does.
     said = [line for line in first.splitlines() if line.startswith("speedtronic train:")]
     note = "torchrun restarts the workers from the latest checkpoint (restarts left: 1)"
-    assert said and all(note in line for line in said), said
+    assert all(note in line for line in said), said
+    # Rank 0 says so, unless it was stuck in a collective on the dead rank (DDP's gradient
+    # all-reduce on gloo, now and then): then torchrun kills it and says that instead.
+    assert said or "Unable to shutdown process" in first, first[-3000:]
     # None remains after the restart, and torchrun itself was stopped: resume by hand.
     said = [line for line in restarted.splitlines() if line.startswith("speedtronic train:")]
     assert len(said) == 1 and "; resume with: speedtronic train " in said[0], said

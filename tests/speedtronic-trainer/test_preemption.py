@@ -134,15 +134,18 @@ def test_save_on_signal_false_leaves_sigint_to_python_as_20_did(tmp_path, save_o
         signal.signal(signal.SIGINT, previous)
 
 
-@pytest.mark.parametrize("under_torchrun", [False, True])
-def test_a_repeated_signal_exits_at_once_except_in_a_torchrun_worker(
-    tmp_path, monkeypatch, under_torchrun
-):
-    # A scheduler signals every process; torchrun passes its own signal on: a worker hears it twice.
-    if under_torchrun:
+@pytest.fixture(params=[False, True])
+def under_torchrun(request, monkeypatch) -> bool:
+    """Run the test as a plain process, then as a worker torchrun's agent started."""
+    if request.param:
         monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
     else:
         monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    return request.param
+
+
+def test_a_repeated_signal_exits_at_once_except_in_a_torchrun_worker(tmp_path, under_torchrun):
+    # A scheduler signals every process; torchrun passes its own signal on: a worker hears it twice.
 
     def interrupt_twice_at_step_2(event, payload):
         if event == "train_step" and payload["step"] == 2:
@@ -177,15 +180,8 @@ class FailingData(TokenDataset):
         return super().__getitem__(i)
 
 
-@pytest.mark.parametrize("under_torchrun", [False, True])
-def test_a_failed_torchrun_worker_ignores_the_signals_while_it_reports(
-    tmp_path, monkeypatch, under_torchrun
-):
+def test_a_failed_torchrun_worker_ignores_the_signals_while_it_reports(tmp_path, under_torchrun):
     # torchrun signals every worker once one fails: the failed one still has its line to print.
-    if under_torchrun:
-        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
-    else:
-        monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     model = TinyLM()
     trainer = Trainer(
         model,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
@@ -27,6 +28,7 @@ from speedtronic.launch import (
     torchrun_has_shutdown_timeout,
     worker_arguments,
 )
+from speedtronic.train_end import resume_command
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -122,7 +124,7 @@ def test_launcher_arguments_go_to_torchrun_and_never_to_the_workers():
         nproc_per_node, nnodes, rdzv_endpoint, max_restarts, shutdown_timeout = 2, "1", None, 1, 45
 
     assert worker_arguments(argv) == ["train", "c.yaml", "--set", "a.b=1"]
-    assert torchrun_arguments(Args, argv) == [
+    assert torchrun_arguments(Args, argv, 45) == [
         "--nproc-per-node=2",
         "--max-restarts=1",
         "--shutdown-timeout=45",
@@ -134,6 +136,20 @@ def test_launcher_arguments_go_to_torchrun_and_never_to_the_workers():
         "--set",
         "a.b=1",
     ]
+    assert "--shutdown-timeout=45" not in torchrun_arguments(Args, argv, None)  # torchrun's 30 s
+    # The launcher's resume command launches the same way again, without the resolved default.
+    given = argparse.Namespace(
+        **{k: v for k, v in vars(Args).items() if not k.startswith("_")},
+        config="c.yaml", overrides=["a.b=1"], max_steps=None, device=None, cuda_overlay=None,
+    )  # fmt: skip
+    assert resume_command(given) == (
+        "speedtronic train c.yaml --nproc-per-node 2 --max-restarts 1 --shutdown-timeout 45 "
+        "--set a.b=1 --resume"
+    )
+    given.max_restarts, given.shutdown_timeout = 0, None
+    assert resume_command(given) == (
+        "speedtronic train c.yaml --nproc-per-node 2 --set a.b=1 --resume"
+    )
     # Every worker stopped for a signal: the group was preempted, not failed.
     assert preempted_exit_code({143}) == 143 and preempted_exit_code({143, -15}) == 143
     assert preempted_exit_code({130}) == 130
@@ -561,7 +577,8 @@ def test_workers_still_stopping_at_the_shutdown_timeout_are_killed_and_the_launc
         "speedtronic train: torchrun killed 2 worker(s) still stopping 0 s after the SIGTERM, "
         "perhaps mid-checkpoint (the one before stays intact); give them longer with "
         "--shutdown-timeout SECONDS; resume with: speedtronic train "
-        f"{ROOT / 'configs' / 'smoke.yaml'} --nproc-per-node 2 --set parallel.data_parallel=ddp "
+        f"{ROOT / 'configs' / 'smoke.yaml'} --nproc-per-node 2 --shutdown-timeout 0 "
+        "--set parallel.data_parallel=ddp "
         f"--set run.output_dir={out} --set logging.json_file={out / 'metrics.jsonl'} "
         "--set checkpoint.every_steps=2 --max-steps 100000 --resume"
     ], log[-3000:]

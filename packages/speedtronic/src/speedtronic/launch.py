@@ -219,13 +219,15 @@ def shutdown_timeout(config: Any, requested: int | None) -> int:
     return STOP_GRACE_S + math.ceil(lanes)
 
 
-def torchrun_arguments(args: argparse.Namespace, argv: Sequence[str]) -> list[str]:
+def torchrun_arguments(
+    args: argparse.Namespace, argv: Sequence[str], grace_s: int | None
+) -> list[str]:
     """Return torchrun's command line for this train invocation (flags checked by
-    check_launch_flags; args.shutdown_timeout resolved, or None to keep torchrun's 30 s).
+    check_launch_flags); grace_s is its --shutdown-timeout, None to keep torchrun's 30 s.
     """
     launcher = [f"--nproc-per-node={args.nproc_per_node}", f"--max-restarts={args.max_restarts}"]
-    if args.shutdown_timeout is not None:
-        launcher.append(f"--shutdown-timeout={args.shutdown_timeout}")
+    if grace_s is not None:
+        launcher.append(f"--shutdown-timeout={grace_s}")
     if args.rdzv_endpoint:
         launcher += [
             f"--nnodes={args.nnodes}",
@@ -252,16 +254,19 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    if torchrun_has_shutdown_timeout():
-        args.shutdown_timeout = shutdown_timeout(config, args.shutdown_timeout)
+    # args.shutdown_timeout stays what the user asked for (None: not given), as the resume
+    # command repeats it; grace_s is what torchrun gets, None where it takes no such flag.
+    grace_s = (
+        shutdown_timeout(config, args.shutdown_timeout) if torchrun_has_shutdown_timeout() else None
+    )
     agent_lines = _ExplainedWorkerExits()
     try:
         with _quiet_agent_lines(agent_lines):
-            run(parse_args(torchrun_arguments(args, argv)))
+            run(parse_args(torchrun_arguments(args, argv, grace_s)))
     except SignalException as stop:  # the launcher was signalled; torchrun passed it on
         name = signal.Signals(stop.sigval).name
         if agent_lines.killed:
-            print_line(killed_line(args, name, agent_lines.killed))
+            print_line(killed_line(args, name, agent_lines.killed, grace_s))
         return signal_exit_code(name)
     except ChildFailedError as failure:
         codes = {info.exitcode for info in failure.failures.values()}
@@ -281,16 +286,19 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
     return 0
 
 
-def killed_line(args: argparse.Namespace, signal_name: str, killed: int) -> str:
+def killed_line(
+    args: argparse.Namespace, signal_name: str, killed: int, grace_s: int | None
+) -> str:
     """Return the launcher's line on `killed` workers torchrun ended with SIGKILL because they
-    were still stopping when the shutdown timeout ran out (rank 0 may not have said anything).
+    were still stopping when its shutdown timeout (grace_s; None: torchrun's fixed 30 s) ran out
+    (rank 0 may not have said anything).
     """
-    if args.shutdown_timeout is None:  # a torch without the flag: its fixed 30 s
+    if grace_s is None:  # a torch without the flag
         longer = "a newer torch's torchrun takes --shutdown-timeout SECONDS"
         waited = 30
     else:
         longer = "give them longer with --shutdown-timeout SECONDS"
-        waited = args.shutdown_timeout
+        waited = grace_s
     from speedtronic.train_end import resume_command
 
     return (

@@ -23,6 +23,10 @@ def resume_command(args: argparse.Namespace) -> str:
         words += ["--nproc-per-node", str(args.nproc_per_node)]
         if args.rdzv_endpoint:
             words += ["--nnodes", args.nnodes, "--rdzv-endpoint", args.rdzv_endpoint]
+        if args.max_restarts:
+            words += ["--max-restarts", str(args.max_restarts)]
+        if args.shutdown_timeout is not None:
+            words += ["--shutdown-timeout", str(args.shutdown_timeout)]
     elif int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a torchrun worker: relaunch the group
         words += ["--nproc-per-node", os.environ.get("LOCAL_WORLD_SIZE", "1")]
         if os.environ["WORLD_SIZE"] != os.environ.get("LOCAL_WORLD_SIZE"):

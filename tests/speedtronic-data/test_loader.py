@@ -17,6 +17,7 @@ from speedtronic_data import (
     TokenShardDataset,
     build_dataloader,
     build_eval_dataloader,
+    infinite_batches,
     loader_state,
     restore_loader,
     write_shard,
@@ -238,6 +239,36 @@ def test_resume_yields_exactly_the_remaining_batches(shards, text_file, case, st
     per_epoch = len(expected) // 2
     assert len(got) == len(expected) and per_epoch > stop_at
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["synthetic shuffled", "shards shuffled", "text", "text, 2 workers", "unknown iterable"],
+)
+def test_a_state_saved_after_the_last_batch_of_an_epoch_resumes_in_the_next(
+    shards, text_file, case
+):
+    # The state after an epoch's last batch is {"epoch": e, "batches": all of them}: the next
+    # pass must be epoch e + 1 (not an empty pass, which infinite_batches refuses).
+    def build():
+        if case == "unknown iterable":
+            return build_dataloader(section(), dataset=_Counting())
+        return build_dataloader(_resume_cases(shards, text_file)[case])
+
+    reference = infinite_batches(build())
+    per_epoch = len(list(build()))
+    expected = [next(reference)["input_ids"] for _ in range(2 * per_epoch)]
+    first = build()
+    stream = infinite_batches(first)
+    taken = [next(stream)["input_ids"] for _ in range(per_epoch)]
+    state = loader_state(first)
+    assert state == {"epoch": 0, "batches": per_epoch}
+    resumed = build()
+    restore_loader(resumed, state)
+    stream = infinite_batches(resumed)
+    got = taken + [next(stream)["input_ids"] for _ in range(per_epoch)]
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    assert loader_state(resumed) == {"epoch": 1, "batches": per_epoch}
 
 
 def test_calling_iter_without_drawing_does_not_start_an_epoch():

@@ -181,3 +181,36 @@ def test_a_tokenizers_object_gets_no_special_tokens(tmp_path):
     assert tok.encode("a b").ids == [0, 1, 2]
     result = prepare_shards([], tmp_path, tok, val_fraction=0.0, texts=["a b a\n"], progress=None)
     assert _tokens(result.train_paths) == [1, 2, 1]  # one stream: no <s> per chunk
+
+
+def test_arguments_of_the_wrong_type_are_named(tmp_path):
+    for kwargs, fragment in (
+        ({"val_fraction": "0.1"}, "val_fraction must be a number"),
+        ({"val_fraction": None}, "val_fraction must be a number"),
+        ({"shard_tokens": 2.5}, "shard_tokens must be a positive integer"),
+        ({"shard_tokens": "100"}, "shard_tokens must be a positive integer"),
+    ):
+        with pytest.raises(DataError, match=fragment):
+            prepare_shards([], tmp_path / "out", texts=["some text\n"], **kwargs)
+
+
+def test_one_path_or_one_text_is_not_taken_character_by_character(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"line {i} lorem ipsum\n" for i in range(200)))
+    listed = prepare_shards([corpus], tmp_path / "listed", progress=None)
+    for single in (str(corpus), corpus):
+        alone = prepare_shards(single, tmp_path / "alone", progress=None)
+        assert _tokens(alone.train_paths) == _tokens(listed.train_paths)
+        assert _tokens(alone.val_paths) == _tokens(listed.val_paths)
+    text = corpus.read_text()
+    one = prepare_shards([], tmp_path / "one", texts=text, progress=None)
+    assert _tokens(one.val_paths) == _tokens(listed.val_paths)  # one source, one split
+
+
+def test_a_byte_order_mark_is_not_tokenized(tmp_path):
+    plain, marked = tmp_path / "plain.txt", tmp_path / "marked.txt"
+    plain.write_text("hello world\n" * 20)
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    runs = [prepare_shards([p], tmp_path / p.stem, progress=None) for p in (plain, marked)]
+    assert _tokens(runs[0].train_paths) == _tokens(runs[1].train_paths)
+    assert _tokens(runs[0].val_paths) == _tokens(runs[1].val_paths)

@@ -96,3 +96,12 @@ def test_missing_pyarrow_names_the_extra(tmp_path, monkeypatch):
     (tmp_path / "x.parquet").write_bytes(b"PAR1")
     with pytest.raises(DataError, match=r"needs pyarrow: pip install 'speedtronic-data\[arrow\]'"):
         open_records(tmp_path / "x.parquet")
+
+
+def test_non_utf8_and_byte_order_marked_jsonl(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    path.write_bytes(b'{"text": "a"}\n' + '{"text": "caf\xe9"}\n'.encode("latin-1"))
+    with pytest.raises(DataError, match=r"docs.jsonl:2: not valid UTF-8 .*re-encode"):
+        list(open_records(path).texts())
+    path.write_bytes(b"\xef\xbb\xbf" + b'{"text": "a"}\n{"text": "b"}\n')
+    assert list(open_records(path).texts()) == ["a", "b"]

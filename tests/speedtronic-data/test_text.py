@@ -107,3 +107,13 @@ def test_a_compressed_file_is_named_as_such(tmp_path, kind, write):
         path.write_bytes(importlib.import_module(write).compress(b"hello world\n" * 100))
     with pytest.raises(DataError, match=rf"corpus.txt' is a {kind} file, not text; decompress it"):
         list(TextFileTokenDataset(path, 8))
+
+
+def test_a_byte_order_mark_is_dropped_and_offsets_count_it(tmp_path):
+    path = tmp_path / "marked.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + b"hello world " * 10)
+    first = next(iter(TextFileTokenDataset(path, 8)))["input_ids"]
+    assert bytes(first.tolist()) == b"hello wo"
+    path.write_bytes(b"\xef\xbb\xbf" + b"hello world " * 10 + b"\xff")
+    with pytest.raises(DataError, match=r"marked.txt' is not valid UTF-8 near byte 123"):
+        list(TextFileTokenDataset(path, 8))

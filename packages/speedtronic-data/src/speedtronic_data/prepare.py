@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import numbers
+import os
 import sys
 import sysconfig
 import time
@@ -227,10 +229,19 @@ def prepare_shards(
     no folder behind.
     """
     started = time.perf_counter()
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real):
+        raise DataError(f"val_fraction must be a number in [0, 1), got {val_fraction!r}")
     if not 0.0 <= val_fraction < 1.0:
         raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, numbers.Integral):
+        raise DataError(f"shard_tokens must be a positive integer, got {shard_tokens!r}")
     if shard_tokens < 1:
         raise DataError(f"shard_tokens must be positive, got {shard_tokens}")
+    # One path or one text, not a list of them: iterating it would take each character as one.
+    if isinstance(text_paths, (str, os.PathLike)):
+        text_paths = [text_paths]
+    if isinstance(texts, str):
+        texts = [texts]
     tokenizer = as_json_tokenizer(tokenizer) if tokenizer is not None else CharTokenizer()
     vocab = getattr(tokenizer, "vocab_size", None)
     vocab = (

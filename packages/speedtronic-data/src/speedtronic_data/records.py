@@ -83,8 +83,17 @@ def _check_column(path: Path, column: str, names: list[str]) -> None:
 
 
 def _jsonl_texts(path: Path, column: str) -> Iterator[str]:
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataError(
+                    f"{path}:{number}: not valid UTF-8 (byte {error.start} of the line); "
+                    "re-encode the file as UTF-8"
+                ) from None
+            if number == 1:
+                line = line.removeprefix("\ufeff")  # a byte-order mark (Windows tools) is no JSON
             if not line.strip():
                 continue
             try:

@@ -49,7 +49,8 @@ def iter_text_chunks(path: Path) -> Iterator[str]:
     possible.
     """
     with open(path, "rb") as handle:
-        decoder = codecs.getincrementaldecoder("utf-8")()
+        # utf-8-sig: a leading byte-order mark (Windows editors write one) is not text to train on.
+        decoder = codecs.getincrementaldecoder("utf-8-sig")()
         offset = 0
         while True:
             raw = handle.read(CHUNK_BYTES)
@@ -63,8 +64,10 @@ def iter_text_chunks(path: Path) -> Iterator[str]:
                     raise DataError(
                         f"{str(path)!r} is a {packed} file, not text; decompress it first"
                     ) from None
+                # The -sig decoder counts from after the byte-order mark it dropped.
+                bom = len(codecs.BOM_UTF8) if offset == 0 and raw.startswith(codecs.BOM_UTF8) else 0
                 raise DataError(
-                    f"{str(path)!r} is not valid UTF-8 near byte {offset + error.start}; "
+                    f"{str(path)!r} is not valid UTF-8 near byte {offset + bom + error.start}; "
                     "re-encode it as UTF-8"
                 ) from None
             if text:

@@ -93,3 +93,17 @@ def test_state_round_trip() -> None:
 def test_rejects_non_optimizer() -> None:
     with pytest.raises(TypeError, match="torch.optim.Optimizer"):
         CautiousOptimizer(object())  # type: ignore[arg-type]
+
+
+def test_sparse_or_complex_gradients_are_named_before_the_step() -> None:
+    embedding = torch.nn.Embedding(10, 4, sparse=True)
+    optimizer = CautiousOptimizer(torch.optim.SGD(embedding.parameters(), lr=0.1))
+    embedding(torch.tensor([1, 2])).sum().backward()
+    before = embedding.weight.detach().clone()
+    with pytest.raises(ValueError, match=r"real, dense gradients, got a sparse one of shape"):
+        optimizer.step()
+    assert torch.equal(embedding.weight, before)  # refused before the base stepped
+    complex_param = torch.nn.Parameter(torch.randn(3, 3, dtype=torch.complex64))
+    complex_param.grad = torch.randn_like(complex_param)
+    with pytest.raises(ValueError, match=r"got a complex one of shape \(3, 3\)"):
+        CautiousOptimizer(torch.optim.AdamW([complex_param])).step()

@@ -6,7 +6,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from speedtronic_optim import HybridOptimizer, build_lr_scheduler, route_parameters
+from speedtronic_optim import (
+    CautiousOptimizer,
+    HybridOptimizer,
+    build_lr_scheduler,
+    route_parameters,
+)
 
 
 def _hybrid(model: torch.nn.Module, **overrides) -> HybridOptimizer:
@@ -99,3 +104,24 @@ def test_state_is_a_live_view_that_clear_resets(tiny_lm, lm_loss, cautious: bool
     lm_loss(tiny_lm).backward()
     optimizer.step()  # steps again from fresh moments
     assert len(optimizer.state) == sum(1 for _ in tiny_lm.parameters())
+
+
+def test_add_param_group_is_refused_not_dropped() -> None:
+    hybrid = HybridOptimizer(
+        [torch.nn.Parameter(torch.randn(4, 4))], [torch.nn.Parameter(torch.zeros(4))]
+    )
+    with pytest.raises(TypeError, match=r"optimizer.adamw.add_param_group"):
+        hybrid.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+    with pytest.raises(TypeError, match=r"optimizer.muon.add_param_group"):
+        CautiousOptimizer(hybrid).add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+    assert len(hybrid.param_groups) == 2
+    with pytest.raises(TypeError, match="HybridOptimizer muon_distributed"):
+        HybridOptimizer([torch.nn.Parameter(torch.randn(4, 4))], [], muon_distributed="no")
+
+
+def test_a_parameter_in_both_branches_or_a_bare_tensor_is_refused() -> None:
+    shared = torch.nn.Parameter(torch.randn(4, 4))
+    with pytest.raises(ValueError, match=r"1 parameter\(s\) are in both muon_params and adamw"):
+        HybridOptimizer([shared], [shared, torch.nn.Parameter(torch.zeros(4))])
+    with pytest.raises(TypeError, match=r"muon_params: .*got a single tensor of shape \(4, 4\)"):
+        HybridOptimizer(shared, [])

@@ -201,3 +201,54 @@ def test_same_shape_batches_group_by_shape_and_respect_the_cap(monkeypatch) -> N
     # Accelerators keep the larger cap; meta tensors stand in for them here.
     meta = [torch.zeros(4, 4, device="meta") for _ in range(3)]
     assert muon_module._same_shape_batches(meta) == [[0, 1, 2]]
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (4, 0), (0, 0)])
+@pytest.mark.parametrize("muon_plus", [False, True])
+def test_empty_matrices_step_as_no_ops(shape: tuple[int, int], muon_plus: bool) -> None:
+    empty, full = torch.nn.Parameter(torch.zeros(shape)), torch.nn.Parameter(torch.randn(3, 3))
+    alone = torch.nn.Parameter(full.detach().clone())
+    empty.grad, full.grad = torch.zeros(shape), torch.randn(3, 3)
+    alone.grad = full.grad.clone()
+    Muon([empty, full], lr=0.1, weight_decay=0.1, muon_plus=muon_plus).step()
+    Muon([alone], lr=0.1, weight_decay=0.1, muon_plus=muon_plus).step()
+    assert empty.shape == shape and torch.equal(full, alone)
+
+
+@pytest.mark.parametrize(
+    "group, error, fragment",
+    [
+        ({"lr": -1.0}, ValueError, "Muon param group 0 lr"),
+        ({"momentum": float("nan")}, ValueError, "Muon param group 0 momentum"),
+        ({"ns_steps": 2.5}, TypeError, "Muon param group 0 ns_steps"),
+        ({"adjust_lr": "orignal"}, ValueError, "Muon param group 0 adjust_lr"),
+        ({"ns_coefficients": "polar"}, ValueError, "Muon param group 0 ns_coefficients"),
+    ],
+)
+def test_per_group_options_are_checked_when_the_group_is_added(group, error, fragment) -> None:
+    with pytest.raises(error, match=fragment):
+        Muon([{"params": [torch.nn.Parameter(torch.zeros(2, 2))], **group}])
+    optimizer = Muon([torch.nn.Parameter(torch.zeros(2, 2))])
+    with pytest.raises(error, match=fragment.replace("group 0", "group 1")):
+        optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3, 3))], **group})
+    assert len(optimizer.param_groups) == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, fragment",
+    [
+        ({"ns_coefficients": "polar"}, ValueError, "Muon ns_coefficients"),
+        ({"ns_coefficients": [(1.0, 2.0)]}, ValueError, "Muon ns_coefficients"),
+        ({"ns_coefficients": None}, ValueError, "Muon ns_coefficients"),
+        ({"distributed": "no"}, TypeError, "Muon distributed"),
+    ],
+)
+def test_coefficients_and_split_mode_are_checked_when_built(kwargs, error, fragment) -> None:
+    with pytest.raises(error, match=fragment):
+        Muon([torch.nn.Parameter(torch.zeros(2, 2))], **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.int64])
+def test_rejects_complex_and_integer_matrices(dtype: torch.dtype) -> None:
+    with pytest.raises(ValueError, match=f"real floating-point matrices.*{dtype}"):
+        Muon([torch.zeros(3, 3, dtype=dtype)])

@@ -86,7 +86,14 @@ def check_dtype(where: str, value: Any) -> None:
 
 
 def check_parameters(where: str, value: Any) -> None:
-    """Raise when a module is passed where its parameters are wanted."""
+    """Raise when a module or a single tensor is passed where an iterable of parameters is
+    wanted.
+    """
+    if isinstance(value, torch.Tensor):  # iterating it would take each row for a parameter
+        raise TypeError(
+            f"{where}: expected an iterable of parameters or param groups, got a single tensor "
+            f"of shape {tuple(value.shape)}; pass [tensor]"
+        )
     if isinstance(value, nn.Module):
         raise TypeError(
             f"{where}: expected an iterable of parameters or param groups, got a "
@@ -111,6 +118,7 @@ _RULES: dict[str, Callable[[str, Any], None]] = {
     "muon_plus": check_flag,
     "cautious": check_flag,
     "fused": functools.partial(check_flag, optional=True),
+    "distributed": functools.partial(check_flag, optional=True),
     "warmup_steps": functools.partial(check_integer, low=0),
     "max_steps": functools.partial(check_integer, low=1),
     "min_lr_ratio": functools.partial(check_number, low=0.0, high=1.0),

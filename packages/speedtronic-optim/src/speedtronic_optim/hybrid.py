@@ -64,11 +64,18 @@ class HybridOptimizer(Optimizer):
             muon_ns_steps=muon_ns_steps,
             muon_norm_eps=muon_norm_eps,
             muon_plus=muon_plus,
+            muon_distributed=muon_distributed,
         )
         muon_params, adamw_params = list(muon_params), list(adamw_params)
         if not muon_params and not adamw_params:
             raise ValueError(
                 "HybridOptimizer got no parameters: both muon_params and adamw_params are empty"
+            )
+        both = {id(p) for p in muon_params} & {id(p) for p in adamw_params}
+        if both:  # each branch would step it: two updates per step
+            raise ValueError(
+                f"HybridOptimizer: {len(both)} parameter(s) are in both muon_params and "
+                "adamw_params; give each parameter to one branch (route_parameters splits a model)"
             )
         init_facade(self)
         self.defaults = {"lr": muon_lr, "weight_decay": weight_decay}
@@ -110,6 +117,15 @@ class HybridOptimizer(Optimizer):
             for name, child in (("muon", self.muon), ("adamw", self.adamw))
             if child is not None
         }
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Refuse: a group belongs to one branch (Optimizer's version would drop it silently)."""
+        raise TypeError(
+            "HybridOptimizer.add_param_group: add the group to one branch instead: "
+            "optimizer.muon.add_param_group(...) for hidden 2-D matrices or "
+            "optimizer.adamw.add_param_group(...) for everything else (build the optimizer with "
+            "both branches non-empty to have both)"
+        )
 
     def leaf_optimizers(self) -> list[Optimizer]:
         """Return the plain torch optimizers underneath (what sharded checkpoints address)."""

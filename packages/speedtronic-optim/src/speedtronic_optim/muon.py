@@ -18,19 +18,51 @@ from speedtronic_optim.newton_schulz import (
     METHODS,
     NORMALIZE_MODES,
     Coefficients,
+    coefficient_schedule,
     match_polar_scale,
     orthogonalize,
     post_polar_normalize,
 )
 
 ADJUST_LR = ("original", "match_rms_adamw", "none")
+# Group options checked like the constructor's arguments, so a per-group value fails when the
+# group is added (constructor or add_param_group), not at step() or silently inside it.
+_CHECKED = (
+    "lr",
+    "momentum",
+    "nesterov",
+    "ns_steps",
+    "weight_decay",
+    "eps",
+    "norm_eps",
+    "muon_plus",
+    "ns_dtype",
+)
+_CHOICES = {"adjust_lr": ADJUST_LR, "normalize_mode": NORMALIZE_MODES, "ns_method": METHODS}
+
+
+def _check_options(owner: str, options: dict[str, Any]) -> None:
+    """Raise naming the option when one of `options` (Muon arguments or group keys) is bad."""
+    check_arguments(owner, **{key: options[key] for key in _CHECKED if key in options})
+    for name, choices in _CHOICES.items():
+        if name in options and options[name] not in choices:
+            raise ValueError(f"{owner} {name}: expected one of {choices}, got {options[name]!r}")
+    if "ns_coefficients" in options:
+        coefficients = options["ns_coefficients"]
+        try:
+            coefficient_schedule(coefficients, 1)
+        except (TypeError, ValueError) as error:
+            raise ValueError(
+                f"{owner} ns_coefficients: expected one of 'reference', 'polar_express' or a "
+                f"non-empty sequence of (a, b, c) triples, got {coefficients!r} ({error})"
+            ) from None
 
 
 def adjusted_lr(lr: float, rule: str, shape: torch.Size) -> float:
     """Return the per-matrix lr: sqrt(max(1, rows/cols)) (original) or 0.2*sqrt(max) (AdamW RMS)."""
     rows, cols = shape[-2], shape[-1]
     if rule == "original":
-        return lr * math.sqrt(max(1.0, rows / cols))
+        return lr * math.sqrt(max(1.0, rows / max(cols, 1)))  # a 0-column matrix: no update
     if rule == "match_rms_adamw":
         return lr * 0.2 * math.sqrt(max(rows, cols))
     return lr
@@ -75,26 +107,7 @@ class Muon(Optimizer):
         self.distributed = distributed
         self.process_group = process_group
         check_parameters("Muon params", params)
-        check_arguments(
-            "Muon",
-            lr=lr,
-            momentum=momentum,
-            nesterov=nesterov,
-            ns_steps=ns_steps,
-            weight_decay=weight_decay,
-            eps=eps,
-            norm_eps=norm_eps,
-            muon_plus=muon_plus,
-            ns_dtype=ns_dtype,
-        )
-        # Checked here, not first at step(): a typo fails when the optimizer is built.
-        for name, value, choices in (
-            ("adjust_lr", adjust_lr, ADJUST_LR),
-            ("normalize_mode", normalize_mode, NORMALIZE_MODES),
-            ("ns_method", ns_method, METHODS),
-        ):
-            if value not in choices:
-                raise ValueError(f"Muon {name}: expected one of {choices}, got {value!r}")
+        check_arguments("Muon", distributed=distributed)
         defaults = dict(
             lr=lr,
             momentum=momentum,
@@ -110,6 +123,8 @@ class Muon(Optimizer):
             ns_method=ns_method,
             ns_dtype=ns_dtype,
         )
+        # Checked here, not first at step(): a typo fails when the optimizer is built.
+        _check_options("Muon", defaults)
         super().__init__(params, defaults)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -138,6 +153,19 @@ class Muon(Optimizer):
                     "AdamW "
                     "(route_parameters does this)."
                 )
+            if not param.is_floating_point():
+                why = (
+                    "Newton-Schulz would drop its imaginary part; optimize torch.view_as_real of "
+                    "it or route it to AdamW"
+                    if param.is_complex()
+                    else "route it to AdamW or make it a float tensor"
+                )
+                raise ValueError(
+                    f"Muon only optimizes real floating-point matrices; parameter {index} of the "
+                    f"group is {param.dtype}: {why}"
+                )
+        options = {key: value for key, value in param_group.items() if key != "params"}
+        _check_options(f"Muon param group {len(self.param_groups)}", options)
         super().add_param_group({**param_group, "params": params})
         init_sharded_state(self.state, params)
 
@@ -245,6 +273,6 @@ def _same_shape_batches(params: list[torch.Tensor]) -> list[list[int]]:
     for indices in groups.values():
         first = params[indices[0]]
         cap = MAX_CPU_BATCH_ELEMENTS if first.device.type == "cpu" else MAX_BATCH_ELEMENTS
-        size = max(1, cap // first.numel())
+        size = max(1, cap // max(1, first.numel()))  # an empty matrix (0 x n) costs nothing
         batches.extend(indices[start : start + size] for start in range(0, len(indices), size))
     return batches

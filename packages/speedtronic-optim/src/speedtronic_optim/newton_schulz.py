@@ -53,7 +53,12 @@ def fast_work_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if fast else torch.float32
 
 
-def _schedule(coefficients: str | Sequence[Coefficients], steps: int) -> list[Coefficients]:
+def coefficient_schedule(
+    coefficients: str | Sequence[Coefficients], steps: int
+) -> list[Coefficients]:
+    """Return the (a, b, c) triple of each of `steps` iterations; ValueError for an unknown set
+    name or a malformed sequence.
+    """
     if isinstance(coefficients, str):
         if coefficients not in COEFFICIENT_SETS:
             raise ValueError(
@@ -132,14 +137,14 @@ def orthogonalize(
             "rounding); "
             "use dtype=torch.float32, or method 'standard' or 'auto' for 16-bit work"
         )
-    schedule = _schedule(coefficients, steps)
+    schedule = coefficient_schedule(coefficients, steps)
     x = matrix.to(dtype)  # a copy whenever the dtype changes; cloned below otherwise
     tall = x.size(-2) > x.size(-1)
     if tall:
         x = x.mT
     batch_shape = x.shape[:-2]
     if x.ndim >= 3:
-        x = x.reshape(-1, x.size(-2), x.size(-1))
+        x = x.flatten(0, -3)  # not reshape(-1, ...): that is ambiguous for empty matrices
     # Frobenius norm >= spectral norm, so this puts every singular value in [0, 1].
     norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
     x = x / (norm + eps)

@@ -280,3 +280,10 @@ def test_state_round_trip_and_bad_states(tmp_path):
         ds.load_state_dict({"epoch": 0, "windows": -3})
     with pytest.raises(DataError, match="saved over 30 windows but these shards hold 24"):
         ds.load_state_dict({"epoch": 0, "windows": 3, "num_windows": 30})
+
+
+def test_sizes_of_the_wrong_type_are_named(tmp_path):
+    write_shard(tmp_path / "s.bin", np.arange(50) % 7)
+    for sizes, fragment in (((8.0,), "block_size"), ((8, "256"), "vocab_size")):
+        with pytest.raises(DataError, match=f"TokenShardDataset {fragment} must be a positive int"):
+            TokenShardDataset(tmp_path / "s.bin", *sizes)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -30,3 +31,18 @@ def test_bad_arguments_and_index():
         SyntheticTokenDataset(num_samples=0)
     with pytest.raises(IndexError):
         SyntheticTokenDataset(num_samples=3)[3]
+
+
+@pytest.mark.parametrize(
+    "sizes, fragment",
+    [((10.5, 8, 256), "num_samples must be a positive integer"), ((10, True, 256), "block_size")],
+)
+def test_sizes_of_the_wrong_type_are_named(sizes, fragment):
+    with pytest.raises(DataError, match=f"SyntheticTokenDataset {fragment}"):
+        SyntheticTokenDataset(*sizes)
+
+
+def test_numpy_and_tensor_indices_read_the_same_sample():
+    dataset = SyntheticTokenDataset(10, 8, 256)
+    for index in (np.int64(3), torch.tensor(3)):
+        assert torch.equal(dataset[index]["input_ids"], dataset[3]["input_ids"])

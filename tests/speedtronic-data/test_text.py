@@ -117,3 +117,18 @@ def test_a_byte_order_mark_is_dropped_and_offsets_count_it(tmp_path):
     path.write_bytes(b"\xef\xbb\xbf" + b"hello world " * 10 + b"\xff")
     with pytest.raises(DataError, match=r"marked.txt' is not valid UTF-8 near byte 123"):
         list(TextFileTokenDataset(path, 8))
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("8",), "block_size must be a positive integer, got '8'"),
+        ((8.0,), "block_size must be a positive integer, got 8.0"),
+        ((8, None, 0), "vocab_size must be positive, got 0"),
+    ],
+)
+def test_sizes_of_the_wrong_type_are_named(tmp_path, args, fragment):
+    path = tmp_path / "corpus.txt"
+    path.write_text("hello world\n" * 10)
+    with pytest.raises(DataError, match=f"TextFileTokenDataset {fragment}"):
+        TextFileTokenDataset(path, *args)

@@ -22,6 +22,8 @@ def test_small_vocab_rejects_large_bytes_naming_id_and_vocab():
 def test_bad_vocab_size():
     with pytest.raises(DataError, match="vocab_size must be positive"):
         CharTokenizer(vocab_size=0)
+    with pytest.raises(DataError, match="CharTokenizer vocab_size must be a positive integer"):
+        CharTokenizer(vocab_size="256")
 
 
 class _Encoding:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from speedtronic_config.atomic import new_folders_removed_on_error, probe_folder
-from speedtronic_data.errors import DataError
+from speedtronic_data.errors import DataError, check_positive_int
 from speedtronic_data.records import RecordSource, is_record_source, open_records
 from speedtronic_data.shards import write_shard
 from speedtronic_data.text import CHUNK_BYTES, check_text_file, iter_text_chunks
@@ -233,10 +233,7 @@ def prepare_shards(
         raise DataError(f"val_fraction must be a number in [0, 1), got {val_fraction!r}")
     if not 0.0 <= val_fraction < 1.0:
         raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, numbers.Integral):
-        raise DataError(f"shard_tokens must be a positive integer, got {shard_tokens!r}")
-    if shard_tokens < 1:
-        raise DataError(f"shard_tokens must be positive, got {shard_tokens}")
+    check_positive_int("prepare_shards", "shard_tokens", shard_tokens)
     # One path or one text, not a list of them: iterating it would take each character as one.
     if isinstance(text_paths, (str, os.PathLike)):
         text_paths = [text_paths]

@@ -15,7 +15,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from torch.utils.data import Dataset
 
 from speedtronic_config.atomic import atomic_write
-from speedtronic_data.errors import DataError
+from speedtronic_data.errors import DataError, check_positive_int
 from speedtronic_data.position import DataPosition, read_state
 from speedtronic_data.tokenizer_record import check_vocab, shards_record
 
@@ -181,8 +181,9 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
         *,
         setting: str = "data.shard_path",
     ) -> None:
-        if block_size < 1:
-            raise DataError(f"TokenShardDataset block_size must be positive, got {block_size}")
+        check_positive_int("TokenShardDataset", "block_size", block_size)
+        if vocab_size is not None:
+            check_positive_int("TokenShardDataset", "vocab_size", vocab_size)
         self.block_size, self.vocab_size = block_size, vocab_size
         self.shards = [read_shard_header(p) for p in resolve_shards(paths, setting)]
         # Which tokenizer wrote them (tokenizer_record.json beside the shards): a vocabulary too

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch.utils.data import Dataset
 
-from speedtronic_data.errors import DataError
+from speedtronic_data.errors import check_positive_int
 
 
 class SyntheticTokenDataset(Dataset[dict[str, torch.Tensor]]):
@@ -23,8 +25,7 @@ class SyntheticTokenDataset(Dataset[dict[str, torch.Tensor]]):
             ("block_size", block_size),
             ("vocab_size", vocab_size),
         ):
-            if value < 1:
-                raise DataError(f"SyntheticTokenDataset {name} must be positive, got {value}")
+            check_positive_int("SyntheticTokenDataset", name, value)
         self.num_samples, self.block_size, self.vocab_size, self.seed = (
             num_samples,
             block_size,
@@ -36,6 +37,7 @@ class SyntheticTokenDataset(Dataset[dict[str, torch.Tensor]]):
         return self.num_samples
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        index = operator.index(index)  # a NumPy or 0-d tensor index too, as a sampler may give
         if not -self.num_samples <= index < self.num_samples:
             raise IndexError(f"sample {index} out of range for {self.num_samples} samples")
         index %= self.num_samples

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from speedtronic_data.errors import DataError
+from speedtronic_data.errors import DataError, check_positive_int
 from speedtronic_data.partition import block_plan
 from speedtronic_data.tokenizer import CharTokenizer, check_ids, encode_text, is_byte_tokenizer
 
@@ -122,8 +122,8 @@ class TextFileTokenDataset(IterableDataset[dict[str, torch.Tensor]]):
         *,
         setting: str = "data.text_path",
     ) -> None:
-        if block_size < 1:
-            raise DataError(f"TextFileTokenDataset block_size must be positive, got {block_size}")
+        check_positive_int("TextFileTokenDataset", "block_size", block_size)
+        check_positive_int("TextFileTokenDataset", "vocab_size", vocab_size)
         self.path = check_text_file(Path(path), setting)
         self.block_size, self.vocab_size = block_size, vocab_size
         self.tokenizer = tokenizer if tokenizer is not None else CharTokenizer(vocab_size)

@@ -9,15 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from speedtronic_data.errors import DataError
+from speedtronic_data.errors import DataError, check_positive_int
 
 
 class CharTokenizer:
     """A deterministic byte-level tokenizer: UTF-8 bytes are the ids (0-255)."""
 
     def __init__(self, vocab_size: int = 256) -> None:
-        if vocab_size < 1:
-            raise DataError(f"CharTokenizer vocab_size must be positive, got {vocab_size}")
+        check_positive_int("CharTokenizer", "vocab_size", vocab_size)
         self.vocab_size = vocab_size
 
     def encode(self, text: str) -> list[int]:

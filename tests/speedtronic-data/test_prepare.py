@@ -214,3 +214,38 @@ def test_a_byte_order_mark_is_not_tokenized(tmp_path):
     runs = [prepare_shards([p], tmp_path / p.stem, progress=None) for p in (plain, marked)]
     assert _tokens(runs[0].train_paths) == _tokens(runs[1].train_paths)
     assert _tokens(runs[0].val_paths) == _tokens(runs[1].val_paths)
+
+
+def test_a_run_with_no_training_tokens_keeps_the_earlier_shards(tmp_path):
+    # A --val-fraction 0 folder holds train shards alone, so a rerun is not a no-op; one refused
+    # for having no training tokens used to delete those shards and the record first.
+    out = tmp_path / "data"
+    prepare_shards([], out, val_fraction=0.0, texts=["hello world\n" * 50], progress=None)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert "train_000000.bin" in before and not list(out.glob("val_*.bin"))
+    with pytest.raises(DataError, match="no training tokens"):
+        prepare_shards([], out, val_fraction=0.9, texts=["aaaa\n"], progress=None)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    with pytest.raises(DataError, match="no training tokens"):  # nor a new folder behind
+        prepare_shards([], tmp_path / "new", val_fraction=0.9, texts=["aaaa\n"], progress=None)
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_tokenizer_json_prepare_did_not_write_is_kept(tmp_path, bpe_json):
+    from speedtronic_data import JsonTokenizer
+
+    folder = tmp_path / "d"
+    folder.mkdir()
+    mine = folder / "tokenizer.json"
+    mine.write_bytes(bpe_json.read_bytes())  # the user's own, beside the text
+    (folder / "book.txt").write_text("def add(a, b):\n    return a + b\n" * 50)
+    with pytest.raises(DataError, match=r"was not written by speedtronic prepare.*would delete"):
+        prepare_shards([folder / "book.txt"], folder, progress=None)  # --tokenizer forgotten
+    assert mine.read_bytes() == bpe_json.read_bytes() and not list(folder.glob("*.bin"))
+    # Prepared with it, the copy is that very file; the record then names it as prepare's own,
+    # so a later prepare with the byte tokenizer may remove it, as before.
+    tokenizer = JsonTokenizer.from_file(mine)
+    prepare_shards([folder / "book.txt"], folder, tokenizer, progress=None)
+    assert mine.read_bytes() == bpe_json.read_bytes()
+    prepare_shards([folder / "book.txt"], folder, progress=None)
+    assert not mine.exists()

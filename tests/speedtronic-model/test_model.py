@@ -344,6 +344,18 @@ def test_sampling_is_reproducible_with_a_generator_and_respects_top_k():
     assert all(first[i] in top3[i] for i in range(4))
 
 
+@pytest.mark.parametrize("temperature", [1e-30, 1e-300, 5e-324])
+def test_a_tiny_positive_temperature_samples_the_likeliest_tokens(temperature):
+    # logits / 1e-300 overflow to inf, and softmax of inf is NaN: multinomial used to raise.
+    model = small()
+    prompt = tokens(2, 4)
+    greedy = model.generate(prompt, 6, temperature=0.0)
+    sampled = model.generate(
+        prompt, 6, temperature=temperature, generator=torch.Generator().manual_seed(0)
+    )
+    assert torch.equal(sampled, greedy)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

@@ -5,6 +5,7 @@ text; and export -> model.init_from -> export round trips byte for byte.
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -365,3 +366,35 @@ def test_init_from_refuses_weights_trained_with_another_tokenizer(tmp_path, bpe_
         f"speedtronic prepare OUT --tokenizer {hf}"
     )
     assert not (tmp_path / "bytes-run").exists()
+
+
+def test_a_prompt_the_tokenizer_cannot_take_is_a_usage_error(checkpoint, monkeypatch):
+    # Bytes a shell passes that are not UTF-8 arrive as lone surrogates (os.fsdecode).
+    with pytest.raises(UsageError, match=r"^--prompt: not UTF-8 text \(position 1 of "):
+        sample_text(checkpoint, "a\udcff", max_new_tokens=2)
+
+    class Dropping:  # a tokenizer without byte fallback drops characters it has no token for
+        vocab_size = 8
+
+        def encode(self, text):
+            return []
+
+        def decode(self, ids):
+            return ""
+
+    monkeypatch.setattr("speedtronic.artifacts.resolve_tokenizer", lambda *a, **k: Dropping())
+    with pytest.raises(UsageError, match=r"maps it to no tokens"):
+        sample_text(checkpoint, "\u20ac", max_new_tokens=2)
+
+
+def test_a_damaged_metrics_file_costs_the_card_its_curve_not_the_export(tmp_path, checkpoint):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    copy = shutil.copy(checkpoint, run / "checkpoints" / "step_4.pt")
+    (run / "metrics.jsonl").write_text(
+        '{"event": "train_step", "step": 1, "loss": 3.0}\ngarbage{\n{}\n'
+    )
+    out = export_hf(copy, tmp_path / "out")
+    names = {p.name for p in out.iterdir()}
+    assert MODEL_FILES | TOKENIZER_FILES | {"README.md"} <= names and "loss_curve.png" not in names
+    assert "| steps | 4 |" in (out / "README.md").read_text()

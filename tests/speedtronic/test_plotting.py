@@ -110,3 +110,18 @@ def test_muons_adamw_branch_rate_gets_its_own_line(tmp_path, monkeypatch):
         {"label": "lr", "y": [1e-3, 2e-3]},
         {"label": "lr_adamw (AdamW branch)", "y": [8e-3, 16e-3]},
     ]
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_a_target_that_cannot_be_written_is_a_usage_error(tmp_path, monkeypatch, given):
+    # As root nothing refuses a write in tmp_path: a folder without write permission, as the
+    # figure's own write meets it (the folder exists, so only savefig fails).
+    from matplotlib.figure import Figure
+
+    def refused(self, target, **kwargs):
+        raise PermissionError(13, "Permission denied", str(target))
+
+    monkeypatch.setattr(Figure, "savefig", refused)
+    with pytest.raises(UsageError, match="cannot write there \\(Permission denied\\)") as caught:
+        plot_metrics(metrics(tmp_path), tmp_path / "c.png" if given else None)
+    assert str(caught.value).startswith("-o " if given else str(tmp_path / "run"))

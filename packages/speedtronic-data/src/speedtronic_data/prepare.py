@@ -28,7 +28,12 @@ from speedtronic_data.tokenizer import (
     encode_text,
     is_byte_tokenizer,
 )
-from speedtronic_data.tokenizer_record import RECORD_NAME, TokenizerRecord, write_record
+from speedtronic_data.tokenizer_record import (
+    RECORD_NAME,
+    TokenizerRecord,
+    check_tokenizer_copy,
+    write_record,
+)
 
 DEFAULT_SHARD_TOKENS = 100_000_000  # llm.c's shard size: 200 MB of uint16
 
@@ -250,6 +255,7 @@ def prepare_shards(
     if not sources:
         raise DataError("prepare_shards got no text: pass text files or texts=[...]")
     out = Path(out_dir)
+    check_tokenizer_copy(out, tokenizer)  # before any shard replaces the folder's old ones
     # Bytes that are not UTF-8 or an id past the vocabulary refuse an input only once it is read:
     # the folders made for it go again while they are still empty.
     with new_folders_removed_on_error(out):
@@ -272,6 +278,14 @@ def prepare_shards(
                 done, tokens = done + len(text.encode("utf-8")), tokens + ids.size
                 if on_progress is not None:
                     on_progress(done, max(total, done), tokens)
+        # Checked before any stale shard is removed: a refused run leaves an earlier run's
+        # shards (a --val-fraction 0 folder holds train shards alone) where they were.
+        if not (writers["train"].total or writers["train"].buffered):
+            raise DataError(
+                "prepare_shards produced no training tokens from "
+                f"{[source.name for source in sources]}; "
+                "lower val_fraction or add text"
+            )
         for writer in writers.values():
             writer.flush()
             for stale in sorted(out.glob(f"{writer.split}_*.bin")):
@@ -283,12 +297,6 @@ def prepare_shards(
             writers["train"].total,
             writers["val"].total,
         )
-        if not result.train_tokens:
-            raise DataError(
-                "prepare_shards produced no training tokens from "
-                f"{[source.name for source in sources]}; "
-                "lower val_fraction or add text"
-            )
         result.tokenizer = write_record(out, tokenizer)
     result.seconds = time.perf_counter() - started
     return result

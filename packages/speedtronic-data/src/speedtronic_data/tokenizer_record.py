@@ -145,6 +145,30 @@ def record_for(tokenizer: Any) -> TokenizerRecord:
     )
 
 
+def check_tokenizer_copy(out_dir: str | Path, tokenizer: Any) -> None:
+    """Raise DataError when out_dir holds a tokenizer.json that no record there names (the
+    user's own, not a copy prepare wrote) and recording `tokenizer` would replace or delete it.
+    """
+    out = Path(out_dir)
+    copy = out / TOKENIZER_JSON
+    if not copy.is_file():
+        return
+    tokenizer = as_json_tokenizer(tokenizer)
+    if isinstance(tokenizer, JsonTokenizer) and copy.read_bytes() == tokenizer.text.encode():
+        return  # that very file: writing it again changes nothing
+    try:
+        named = json.loads((out / RECORD_NAME).read_text(encoding="utf-8")).get("file")
+    except (OSError, ValueError, AttributeError):
+        named = None
+    if named != TOKENIZER_JSON:
+        action = "replace" if isinstance(tokenizer, JsonTokenizer) else "delete"
+        raise DataError(
+            f"{copy} was not written by speedtronic prepare, and preparing into {out} would "
+            f"{action} it; to tokenize with it pass --tokenizer {copy} (tokenizer={str(copy)!r}), "
+            "else prepare into another folder"
+        )
+
+
 def write_record(out_dir: str | Path, tokenizer: Any) -> TokenizerRecord:
     """Write the record of tokenizer (and a copy of its tokenizer.json) into out_dir; return it."""
     out = Path(out_dir)
@@ -230,6 +254,7 @@ __all__ = [
     "TOKENIZER_JSON",
     "TokenizerRecord",
     "behaves_alike",
+    "check_tokenizer_copy",
     "check_vocab",
     "load_tokenizer",
     "read_record",

@@ -389,7 +389,14 @@ def _sample(
     """Return (B, 1) next ids from (B, V) logits."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
+    scaled = logits / temperature
+    if not bool(torch.isfinite(scaled).all()):
+        # A temperature so small (1e-300) that the scaled logits overflow: softmax of inf is NaN.
+        # Shifted so the largest is 0 and divided in float64 (a denormal temperature is 0 in
+        # float32), the likeliest tokens keep the mass and the rest go to -inf: no NaN.
+        shifted = logits.double() - logits.double().max(dim=-1, keepdim=True).values
+        scaled = shifted / temperature
+    logits = scaled
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))

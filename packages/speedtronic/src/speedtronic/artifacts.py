@@ -225,7 +225,20 @@ def sample_text(
         config, tokenizer, strict=False, recorded=state.get("tokenizer"), checkpoint=path
     )
     _check_fits(codec, config, tokenizer)
-    prompt_ids = codec.encode(prompt or "\n")
+    prompt = prompt or "\n"
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as error:  # bytes the shell passed that are not UTF-8 (\udcff)
+        raise UsageError(
+            f"--prompt: not UTF-8 text (position {error.start} of {ascii(prompt)}); pass the "
+            "prompt as UTF-8"
+        ) from None
+    prompt_ids = codec.encode(prompt)
+    if not prompt_ids:  # a tokenizer without byte fallback drops what it does not know
+        raise UsageError(
+            f"--prompt {ascii(prompt)}: the run's tokenizer maps it to no tokens (it has none "
+            "for those characters); use text it knows, e.g. --prompt 'def '"
+        )
     vocab = config.model.vocab_size
     if max(prompt_ids, default=0) >= vocab:  # a byte past a cut vocabulary, e.g. "é" with 128 ids
         raise UsageError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -140,9 +141,15 @@ def write_model_card(
     from speedtronic_config.atomic import atomic_write_bytes
 
     metrics = find_metrics(config, checkpoint)
-    records = read_metrics(metrics) if metrics is not None else []
     step = state.get("step") if isinstance(state.get("step"), int) else 2**63
     curve = out_dir / CURVE_NAME
+    try:
+        records = read_metrics(metrics) if metrics is not None else []
+    except UsageError as error:
+        # A damaged metrics file (not UTF-8, a bad line) costs the card its curve and loss, not
+        # the export: the weights and tokenizer are already written by now.
+        print(f"note: the model card has no loss curve: {error}", file=sys.stderr)
+        records, metrics = [], None
     try:
         # Cut at the checkpoint's step: the run may have gone on (resumed) past it.
         plotted = metrics is not None and plot_metrics(metrics, curve, last_step=step) == curve

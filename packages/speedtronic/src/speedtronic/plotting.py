@@ -129,8 +129,11 @@ def plot_metrics(
     target = output_path(metrics, output)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(target, dpi=110)  # a folder without write permission fails here
     except OSError as error:
-        raise UsageError(f"-o {target}: cannot write there ({error.strerror or error})") from None
-    fig.savefig(target, dpi=110)
-    plt.close(fig)
+        where = f"-o {target}" if output is not None else str(target)
+        fix = "" if output is not None else "; pass -o OUT.png to write it elsewhere"
+        raise UsageError(f"{where}: cannot write there ({error.strerror or error}){fix}") from None
+    finally:
+        plt.close(fig)
     return target

@@ -123,3 +123,23 @@ def test_merge_keys_may_still_repeat_a_merged_key():
 def test_inline_yaml_that_is_a_list_is_named_as_such_not_as_a_missing_file():
     with pytest.raises(ConfigError, match=r"^<inline config>: must be a mapping, not a list"):
         read_source("[1, 2]")
+
+
+@pytest.mark.parametrize("depth", [33, 900, 5000])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_data_nested_too_deeply_is_one_config_error(depth, as_json):
+    # 5000 levels exhaust the parsers' recursion; 900 parse, but deepcopy could not copy them.
+    text = '{"a": ' + "[" * depth + "]" * depth + "}"
+    with pytest.raises(ConfigError, match=r"^deep: is nested more than 32 levels deep"):
+        parse_text(text, "deep", as_json=as_json)
+    ok = '{"a": ' + "[" * 31 + "]" * 31 + "}"
+    assert parse_text(ok, "ok", as_json=as_json)["a"]
+
+
+def test_yaml_aliases_are_walked_once_per_depth():
+    laughs = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+    for name, below in zip("bcdefghi", "abcdefgh", strict=True):
+        laughs += f"{name}: &{name} [{', '.join(['*' + below] * 9)}]\n"
+    assert len(parse_text(laughs, "laughs")["i"]) == 9  # 9**9 leaves, walked in no time
+    with pytest.raises(ConfigError, match="nested more than 32 levels"):
+        parse_text("a: &a [*a]\n", "itself")

@@ -135,3 +135,9 @@ def test_a_run_mapping_wins_over_the_top_level_aliases_it_names():
     result = apply_overrides({"name": "old", "seed": 3}, ["run={name: new}"])
     assert result == {"seed": 3, "run": {"name": "new"}}
     assert SpeedtronicConfig.from_dict(result).run.name == "new"
+
+
+@pytest.mark.parametrize("depth", [40, 3000])
+def test_a_value_nested_too_deeply_is_one_config_error(depth):
+    with pytest.raises(ConfigError, match=r"^model.name: is nested more than 32 levels deep"):
+        parse_override("model.name=" + "[" * depth + "]" * depth)

@@ -33,21 +33,62 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+# Far deeper than any config; below what the readers of the data (deepcopy) can recurse through.
+MAX_DEPTH = 32
 
 
 def parse_text(text: str, source: str, *, as_json: bool = False) -> Any:
     """Return the data in YAML (or JSON) text; a syntax error names the source, line and column."""
-    if as_json:
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ConfigError(
-                source, f"invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
-            ) from None
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        if as_json:
+            data = json.loads(text)
+        else:
+            data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except json.JSONDecodeError as error:
+        raise ConfigError(
+            source, f"invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
+        ) from None
     except yaml.YAMLError as error:
         raise ConfigError(source, describe_yaml_error(error)) from None
+    except RecursionError:  # both parsers recurse per level: thousands of [ or { exhaust Python's
+        raise too_deep(source) from None
+    return check_depth(data, source)
+
+
+def too_deep(source: str) -> ConfigError:
+    """Return the error for data nested deeper than MAX_DEPTH levels."""
+    return ConfigError(
+        source, f"is nested more than {MAX_DEPTH} levels deep", allowed="a config a few levels deep"
+    )
+
+
+def check_depth(data: Any, source: str) -> Any:
+    """Return data, or raise ConfigError when lists and mappings nest more than MAX_DEPTH levels
+    in it (what reads the data later, deepcopy for one, recurses per level).
+    """
+    if _depth(data) > MAX_DEPTH:
+        raise too_deep(source)
+    return data
+
+
+def _depth(data: Any) -> int:
+    """Return how deeply lists and mappings nest in data, counted without recursion and no
+    further than one level past MAX_DEPTH. YAML aliases share one object between places (a
+    "billion laughs" shares it 10**9 times; `&a [*a]` holds itself): each object is walked again
+    only from a deeper level than before, so the walk stays as small as the objects.
+    """
+    deepest, stack, walked = 0, [(data, 0)], {}
+    while stack:
+        value, level = stack.pop()
+        if not isinstance(value, (Mapping, list)) or level > MAX_DEPTH:
+            continue
+        if walked.get(id(value), -1) >= level:
+            continue
+        walked[id(value)] = level
+        deepest = max(deepest, level + 1)
+        items = value.values() if isinstance(value, Mapping) else value
+        stack.extend((item, level + 1) for item in items)
+    return deepest
 
 
 def describe_yaml_error(error: yaml.YAMLError, what: str = "invalid YAML") -> str:

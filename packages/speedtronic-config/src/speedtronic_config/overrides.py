@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from speedtronic_config.errors import ConfigError, unknown_key
-from speedtronic_config.loading import describe_yaml_error
+from speedtronic_config.loading import check_depth, describe_yaml_error, too_deep
 from speedtronic_config.normalize import (
     ROOT_KEYS,
     RUN_ALIASES,
@@ -54,7 +54,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
             value=raw,
             allowed="quote a string value, e.g. --set 'run.name=\"a: b\"'",
         ) from None
-    return parts, value
+    except RecursionError:
+        raise too_deep(key.strip()) from None
+    return parts, check_depth(value, key.strip())
 
 
 def _target(tree: dict[str, Any], parts: list[str]) -> tuple[str, str | None]:

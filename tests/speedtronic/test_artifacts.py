@@ -136,6 +136,18 @@ def test_the_tokenizer_must_be_known(tmp_path, checkpoint, byte_shards, bpe_json
         export_hf(legacy, tmp_path / "hf", tokenizer=big)
 
 
+def test_a_byte_level_tokenizer_json_passes_for_a_byte_level_checkpoint(tmp_path, checkpoint):
+    # What export writes for a byte-level run maps every byte to itself: the same ids (interop.md).
+    first = export_hf(checkpoint, tmp_path / "hf")
+    greedy = sample_text(checkpoint, "def ", max_new_tokens=4, temperature=0.0)
+    assert (
+        sample_text(checkpoint, "def ", max_new_tokens=4, temperature=0.0, tokenizer=first)
+        == greedy
+    )
+    again = export_hf(checkpoint, tmp_path / "again", tokenizer=first / "tokenizer.json")
+    assert (again / "tokenizer.json").is_file()
+
+
 def test_exports_get_the_usual_permissions(tmp_path, checkpoint):
     # #19: safetensors (and mkstemp) created exports 0600, unreadable to the group they are
     # shared with.

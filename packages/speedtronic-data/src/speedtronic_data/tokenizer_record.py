@@ -99,12 +99,16 @@ def _merges(tokenizer: Any) -> list[tuple[str, ...]] | None:
     return [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in merges]
 
 
-def behaves_alike(first: TokenizerRecord, second: TokenizerRecord) -> bool:
-    """Return True when two loadable tokenizers map text to the same ids: one vocabulary (added
-    tokens included) and merges, and the same ids for PROBE_TEXT; a byte tokenizer compares by the
-    probe alone (a tokenizer.json that maps each byte to itself, as export writes, matches it).
+def behaves_alike(first: TokenizerRecord | Any, second: TokenizerRecord | Any) -> bool:
+    """Return True when two tokenizers map text to the same ids: one vocabulary (added tokens
+    included) and merges, and the same ids for PROBE_TEXT; a byte tokenizer compares by the probe
+    alone (a tokenizer.json that maps each byte to itself, as export writes, matches it). Each is
+    a loadable record or a tokenizer object already loaded.
     """
-    a, b = load_tokenizer(first), load_tokenizer(second)
+    a, b = (
+        load_tokenizer(t) if isinstance(t, TokenizerRecord) else as_json_tokenizer(t)
+        for t in (first, second)
+    )
     if isinstance(a, JsonTokenizer) and isinstance(b, JsonTokenizer):
         vocab = a.tokenizer.get_vocab(with_added_tokens=True)
         if vocab != b.tokenizer.get_vocab(with_added_tokens=True) or _merges(a) != _merges(b):

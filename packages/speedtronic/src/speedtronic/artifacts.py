@@ -115,13 +115,17 @@ def resolve_tokenizer(
     nothing here is also tried from each folder above `checkpoint` (the run started in one).
     """
     from speedtronic_data import CharTokenizer, DataError, load_tokenizer
-    from speedtronic_data.tokenizer_record import record_for, record_from_identity
+    from speedtronic_data.tokenizer_record import behaves_alike, record_for, record_from_identity
 
     expected = record_from_identity(recorded) if recorded is not None else None
     if choice is not None:
         codec = _chosen_tokenizer(choice)
         given = record_for(codec)
-        if expected is not None and not given.encodes_alike(expected):
+        # The checkpoint records an identity; where that tokenizer is at hand (bytes), the choice
+        # is compared by what it does, so a byte-level tokenizer.json (an export's) passes.
+        if expected is not None and not (
+            given.encodes_alike(expected) or (expected.at_hand and behaves_alike(codec, expected))
+        ):
             raise UsageError(
                 f"--tokenizer {choice} is {given.describe()}, but the checkpoint was trained with "
                 f"{expected.describe()}; pass that one, or omit --tokenizer"

@@ -38,3 +38,18 @@ def test_probe_uses_fused_where_available() -> None:
     except RuntimeError:
         pytest.skip("this torch build has no fused AdamW for CPU")
     assert make_adamw([param], fused=None, **SETTINGS).param_groups[0]["fused"]
+
+
+@pytest.mark.parametrize(
+    "group, error, fragment",
+    [
+        ({"lr": -1.0}, ValueError, "make_adamw param group 1 lr"),
+        ({"betas": (0.9, 1.5)}, ValueError, "make_adamw param group 1 betas"),
+        ({"weight_decay": float("nan")}, ValueError, "make_adamw param group 1 weight_decay"),
+    ],
+)
+def test_a_groups_own_options_are_checked(group, error, fragment):
+    groups = [{"params": [torch.nn.Parameter(torch.zeros(2))]}]
+    groups.append({"params": [torch.nn.Parameter(torch.zeros(3))], **group})
+    with pytest.raises(error, match=fragment):
+        make_adamw(groups)

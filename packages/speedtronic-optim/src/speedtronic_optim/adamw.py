@@ -31,6 +31,12 @@ def make_adamw(
         "make_adamw", lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused
     )
     params = list(params)
+    for index, group in enumerate(params):
+        if isinstance(group, dict):  # a group's own options, checked as the arguments are
+            own = {
+                key: group[key] for key in ("lr", "betas", "eps", "weight_decay") if key in group
+            }
+            check_arguments(f"make_adamw param group {index}", **own)
     kwargs = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
     if fused is not False:
         try:

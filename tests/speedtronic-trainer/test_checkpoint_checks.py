@@ -184,6 +184,27 @@ def test_without_configs_the_layout_mismatch_is_still_one_clear_line():
     restore_optimizer(adamw, {"optimizer": adamw.state_dict()})
 
 
+@pytest.mark.parametrize("saved, resumed", [("Adam", "SGD"), ("SGD", "Adam")])
+def test_another_torch_optimizer_with_the_same_layout_is_one_clear_line(saved, resumed):
+    """torch.optim loads any optimizer's state when the counts agree; without this check the
+    first step after the resume failed with a bare KeyError ('momentum', 'betas')."""
+
+    def build(name):
+        net = torch.nn.Linear(4, 1)
+        optimizer = getattr(torch.optim, name)(net.parameters(), lr=0.1)
+        net(torch.ones(2, 4)).sum().backward()
+        optimizer.step()
+        return optimizer
+
+    state = {"optimizer": build(saved).state_dict(), "checkpoint_path": "step_3.pt"}
+    with pytest.raises(CheckpointMismatch) as caught:
+        restore_optimizer(build(resumed), state)
+    message = str(caught.value)
+    assert f"step_3.pt holds the state of another optimizer than this run's {resumed}" in message
+    assert ("momentum" if resumed == "SGD" else "betas") in message and "\n" not in message
+    restore_optimizer(build(resumed), {"optimizer": build(resumed).state_dict()})
+
+
 def test_checkpoints_are_memory_mapped_and_the_old_format_still_loads(tmp_path, monkeypatch):
     load = torch.load
     asked: list[bool] = []

@@ -631,6 +631,18 @@ def test_validation_loss_every_eval_every_steps():
     assert trainer.evaluate(max_batches=4) != pytest.approx(one_batch, rel=1e-6)
 
 
+def test_a_one_shot_eval_iterator_is_refused_once_exhausted():
+    """A generator gave its batches to the first evaluation only: later ones reported nothing and
+    fit() returned the first evaluation's val_loss as the final one."""
+    batches = list(make_loader(TokenDataset(n=4), batch_size=2))
+    trainer = make_trainer(eval_dataloader=iter(batches), sections={"data": {"eval_every": 1}})
+    with pytest.raises(ValueError, match="eval_dataloader is a one-shot iterator"):
+        trainer.fit(3)
+    again = make_trainer(eval_dataloader=batches, sections={"data": {"eval_every": 1}})
+    again.fit(3)  # a list is read again by every evaluation
+    assert len(hook_of(again).values("eval", "val_loss")) == 3
+
+
 def test_validation_runs_in_the_training_precision(monkeypatch):
     monkeypatch.setattr(precision_module, "cpu_bf16_supported", lambda: True)
     seen = []
@@ -662,7 +674,8 @@ def test_train_step_metrics_cadence_and_fields():
     assert records[0]["lr"] == 0.1
 
 
-def test_infinite_gradient_with_finite_loss_is_caught_by_the_policy():
+@pytest.mark.parametrize("grad_clip", [1.0, None])
+def test_infinite_gradient_with_finite_loss_is_caught_by_the_policy(grad_clip):
     class InfGrad(nn.Module):
         def __init__(self):
             super().__init__()
@@ -674,11 +687,18 @@ def test_infinite_gradient_with_finite_loss_is_caught_by_the_policy():
     model = InfGrad()
     data = TensorDataset(torch.zeros(4, 1), torch.zeros(4))
     trainer = make_trainer(
-        model, DataLoader(data, batch_size=2), sections={"optimizer": {"grad_clip": 1.0}}
+        model, DataLoader(data, batch_size=2), sections={"optimizer": {"grad_clip": grad_clip}}
     )
+    # Without clipping (the default) the norm is still checked: the weights never see inf.
     with pytest.raises(NonFiniteLossError, match="grad_norm=inf"):
         trainer.fit(1)
     assert torch.equal(model.w.detach(), torch.ones(1))
+
+
+def test_unclipped_steps_report_no_grad_norm():
+    trainer = make_trainer()
+    trainer.fit(2)
+    assert hook_of(trainer).values("train_step", "grad_norm") == []
 
 
 # ------------------------------------------------------------------------ emergency checkpoints

@@ -201,6 +201,10 @@ def restore_optimizer(optimizer: Any, state: Mapping[str, Any], config: Any = No
     it was written by another one (Muon state is not interchangeable with AdamW state).
     """
     _check_optimizer_name(state, config)
+    # torch loads another optimizer's state when the group and parameter counts agree (an Adam
+    # checkpoint into SGD): the groups then lack this optimizer's hyperparameters and its first
+    # step fails with a bare KeyError. What each group needs is what it held before the load.
+    needed = [set(group) - _GROUP_BOOKKEEPING for group in optimizer.param_groups]
     try:
         optimizer.load_state_dict(state["optimizer"])
     except (KeyError, ValueError, TypeError, IndexError) as exc:
@@ -212,6 +216,23 @@ def restore_optimizer(optimizer: Any, state: Mapping[str, Any], config: Any = No
             "resume with the optimizer settings it was written with, or start a new run in "
             "another run.output_dir"
         ) from exc
+    # torch has checked that the group counts agree
+    groups = list(zip(needed, [set(g) for g in optimizer.param_groups], strict=True))
+    lacking = sorted({key for want, got in groups for key in want - got})
+    if lacking:
+        foreign = sorted({key for want, got in groups for key in got - want} - _GROUP_BOOKKEEPING)
+        raise CheckpointMismatch(
+            f"checkpoint {_where(state)} holds the state of another optimizer than this run's "
+            f"{type(optimizer).__name__} (its parameter groups lack {', '.join(lacking)}"
+            + (f" and have {', '.join(foreign)}" if foreign else "")
+            + "); resume with the optimizer it was written with, or start a new run in another "
+            "run.output_dir"
+        )
+
+
+# Group entries that are not an optimizer's hyperparameters: an LR scheduler adds initial_lr, and
+# torch >= 2.6 may record parameter names.
+_GROUP_BOOKKEEPING = frozenset({"params", "initial_lr", "param_names"})
 
 
 def _check_optimizer_name(state: Mapping[str, Any], config: Any) -> None:

@@ -410,9 +410,16 @@ class Trainer:
             [loss, samples, tokens, received == "SIGTERM", received == "SIGINT"]
         )
         grad_norm = self._clip_gradients() if math.isfinite(loss) else None
-        # A scaler skips inf gradients itself; without one nothing else would stop them.
-        grads_ok = grad_norm is None or math.isfinite(grad_norm) or self.scaler is not None
+        # A scaler skips inf gradients itself; without one nothing else would stop them. Without
+        # clipping the norm is still measured (not reported): a finite loss can have inf/NaN
+        # gradients (sqrt at 0, an overflow in backward), which must not reach the weights.
+        checked = grad_norm
+        if checked is None and math.isfinite(loss) and self.scaler is None:
+            checked = self._gradient_norm()
+        grads_ok = checked is None or math.isfinite(checked) or self.scaler is not None
         applied = math.isfinite(loss) and grads_ok
+        if not applied:
+            grad_norm = checked  # what _handle_nonfinite names
         if applied:
             self._guard.updating()
         if applied and self.scaler is not None:
@@ -437,6 +444,21 @@ class Trainer:
             if p.grad is not None
         ]
         return total_norm(torch.nn.utils.clip_grad_norm_(params, clip))
+
+    def _gradient_norm(self) -> float:
+        """Return the global gradient norm without clipping (every rank gets the same value)."""
+        params = [
+            p
+            for group in self.optimizer.param_groups
+            for p in group["params"]
+            if p.grad is not None
+        ]
+        if not params:
+            return 0.0
+        get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6
+        if get_total_norm is not None:
+            return total_norm(get_total_norm([p.grad for p in params]))
+        return total_norm(torch.nn.utils.clip_grad_norm_(params, math.inf))  # scales by 1.0
 
     def _handle_nonfinite(self, outcome: StepOutcome, consecutive: int) -> None:
         """Apply run.nonfinite_loss to a step that was not applied: raise, or record the skip."""
@@ -507,6 +529,7 @@ class Trainer:
         total = weight = 0.0
         stop = None
         batches = iter(self.eval_dataloader)
+        read = 0  # batches this evaluation took from the loader
         try:
             for _ in itertools.count() if limit is None else range(limit):
                 batch = next(batches, None)
@@ -518,8 +541,17 @@ class Trainer:
                     [batch is None, received == "SIGTERM", received == "SIGINT"]
                 )
                 stop = _agreed_signal(terms, interrupts)
+                if ended and not read and batches is self.eval_dataloader:
+                    # A one-shot iterator gives its batches to the first evaluation only; every
+                    # later one would report nothing (and fit() the first one's val_loss).
+                    raise ValueError(
+                        "the eval_dataloader is a one-shot iterator that is exhausted; pass a "
+                        "re-iterable loader (a DataLoader or a list) so every evaluation reads "
+                        "the whole validation set"
+                    )
                 if ended or stop is not None:
                     break
+                read += 1
                 count = valid_label_count(batch)
                 if count == 0 and self.parallel.world_size == 1:
                     continue

@@ -46,7 +46,10 @@ def test_float_accepts_numbers_and_numeric_text(raw, expected):
     assert coerce(raw, "float", "lr") == expected
 
 
-@pytest.mark.parametrize("raw", [False, "fast", float("nan"), float("inf"), "inf", [0.1]])
+@pytest.mark.parametrize(
+    "raw",
+    [False, "fast", float("nan"), float("inf"), "inf", [0.1], 10**400],  # 10**400: Overflow
+)
 def test_float_rejects_non_finite_and_non_numbers(raw):
     with pytest.raises(ConfigError, match="^lr: "):
         coerce(raw, "float", "lr")

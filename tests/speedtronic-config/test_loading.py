@@ -143,3 +143,32 @@ def test_yaml_aliases_are_walked_once_per_depth():
     assert len(parse_text(laughs, "laughs")["i"]) == 9  # 9**9 leaves, walked in no time
     with pytest.raises(ConfigError, match="nested more than 32 levels"):
         parse_text("a: &a [*a]\n", "itself")
+
+
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        # A value YAML's resolver types but Python's constructor refuses was a bare ValueError
+        # (exit 1 in the CLI, no line, no key): a date-like name, an explicit tag, a long integer.
+        ("run:\n  name: 2024-06-31\n", "line 2, column 9: not a valid timestamp; quote it"),
+        ("run: {max_steps: !!int abc}\n", "line 1, column 18: not a valid int"),
+        ("model: {n_layer: " + "9" * 5000 + "}\n", "line 1, column 18: an integer longer than"),
+    ],
+)
+def test_a_value_its_yaml_type_refuses_is_a_located_config_error(text, where):
+    with pytest.raises(ConfigError, match=f"^run.yaml: invalid YAML at {where}"):
+        parse_text(text, "run.yaml")
+
+
+def test_a_json_integer_past_the_digit_limit_is_a_config_error():
+    with pytest.raises(ConfigError, match="^run.json: invalid JSON: an integer longer than"):
+        parse_text('{"max_steps": ' + "9" * 5000 + "}", "run.json", as_json=True)
+
+
+def test_a_json_key_given_twice_is_refused_as_a_yaml_one_is(tmp_path):
+    path = tmp_path / "dup.json"
+    path.write_text('{"run": {"max_steps": 3}, "run": {"max_steps": 4}}')
+    with pytest.raises(ConfigError, match=r"dup.json: invalid JSON: duplicate key 'run': keep one"):
+        read_source(path)
+    with pytest.raises(ConfigError, match="duplicate key 'max_steps'"):
+        parse_text('{"run": {"max_steps": 3, "max_steps": 4}}', "inline", as_json=True)

@@ -105,7 +105,10 @@ def test_override_into_a_non_mapping_value_and_bad_root():
     assert apply_overrides(None, []) == {}
 
 
-@pytest.mark.parametrize("value", ["[1,", "{a: [", "@x", "a: b: c", "'unclosed"])
+@pytest.mark.parametrize(
+    "value",
+    ["[1,", "{a: [", "@x", "a: b: c", "'unclosed", "2024-13-45", "9" * 5000, "{a: 1, a: 2}"],
+)
 def test_a_malformed_value_is_one_line_naming_where(value):
     # PyYAML's own message quotes the text over several lines (8 in #19's probe).
     with pytest.raises(ConfigError) as caught:

@@ -171,7 +171,13 @@ def test_train_plot_sample_export_end_to_end(tmp_path):
 
 @pytest.mark.parametrize(
     "content, fragment",
-    [("- a\n- list\n", "mapping of dotted keys"), ("model.n_layr: 3\n", "n_layr")],
+    [
+        ("- a\n- list\n", "mapping of dotted keys"),
+        ("model.n_layr: 3\n", "n_layr"),
+        # YAML's own types (a date-named run) were a TypeError from json.dumps, exit 1.
+        ("run.name: 2024-01-01\n", "run.name: expected a string"),
+        ("run.name: !!binary aGVsbG8=\n", "run.name: expected a string"),
+    ],
 )
 def test_bad_cuda_overlay_exits_2_even_on_cpu(tmp_path, content, fragment):
     overlay = tmp_path / "cuda.yaml"
@@ -491,6 +497,18 @@ def test_metrics_follow_the_run_folder_when_no_file_is_set(tmp_path, capsys):
         assert [r["step"] for r in records if r["event"] == "train_step"] == [1, 2]  # its own
         assert f"metrics:    {run / 'metrics.jsonl'}" in capsys.readouterr().out
         assert (run / "loss_curve.png").exists()
+
+
+def test_metrics_follow_a_run_folder_named_with_characters_outside_the_bmp(tmp_path, capsys):
+    from speedtronic.cli import main
+
+    # The metrics path went through json.dumps (an emoji as a \ud83d\ude00 pair) into a --set
+    # override, which PyYAML read back as two lone surrogates: UnicodeEncodeError, exit 1.
+    run = tmp_path / "run-\N{GRINNING FACE}"
+    argv = ["train", str(ROOT / "configs" / "smoke.yaml"), "--max-steps", "2", "--device", "cpu"]
+    assert main([*argv, "--set", f"run.output_dir={run}"]) == 0
+    assert f"metrics:    {run / 'metrics.jsonl'}" in capsys.readouterr().out
+    assert (run / "metrics.jsonl").stat().st_size > 0
 
 
 def test_a_fresh_run_sets_an_earlier_runs_metrics_aside_and_a_resume_appends(tmp_path, capsys):

@@ -41,7 +41,10 @@ def _float(value: Any, path: str) -> float:
         raise ConfigError(path, "expected a number, not a boolean", value=value)
     number: float | None = None
     if isinstance(value, (int, float)):
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int past the float range: as non-finite as `1e400`
+            number = None
     elif isinstance(value, str):
         # PyYAML reads `1e-8` (no dot) as a string; accept numeric text so such configs load.
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,22 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """yaml.SafeLoader that refuses a key given twice in one mapping: PyYAML keeps the last one,
     so an edit further down a long config silently replaced the setting above it.
     """
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        """Construct one node; a value its type refuses (a date-like `2024-06-31`, `!!int abc`,
+        an integer past Python's digit limit) is a located YAML error, not a bare ValueError.
+        """
+        try:
+            return super().construct_object(node, deep=deep)
+        except ValueError as error:
+            # The value itself is never quoted: it may be a secret.
+            kind = node.tag.rsplit(":", 1)[-1]
+            problem = (
+                f"an integer longer than {sys.get_int_max_str_digits()} digits"
+                if "digits" in str(error)
+                else f"not a valid {kind}; quote it if it is meant as text"
+            )
+            raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from None
 
 
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
@@ -40,19 +57,52 @@ MAX_DEPTH = 32
 def parse_text(text: str, source: str, *, as_json: bool = False) -> Any:
     """Return the data in YAML (or JSON) text; a syntax error names the source, line and column."""
     try:
-        if as_json:
-            data = json.loads(text)
-        else:
-            data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except json.JSONDecodeError as error:
-        raise ConfigError(
-            source, f"invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
-        ) from None
+        data = _parse_json(text, source) if as_json else parse_value(text)
     except yaml.YAMLError as error:
         raise ConfigError(source, describe_yaml_error(error)) from None
     except RecursionError:  # both parsers recurse per level: thousands of [ or { exhaust Python's
         raise too_deep(source) from None
     return check_depth(data, source)
+
+
+def _parse_json(text: str, source: str) -> Any:
+    try:
+        return json.loads(text, object_pairs_hook=_unique_pairs)
+    except json.JSONDecodeError as error:
+        raise ConfigError(
+            source, f"invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
+        ) from None
+    except _DuplicateKey as error:
+        raise ConfigError(
+            source, f"invalid JSON: duplicate key {error.args[0]!r}: keep one"
+        ) from None
+    except ValueError:  # json.loads' only other refusal: an integer past the digit limit
+        raise ConfigError(
+            source, f"invalid JSON: an integer longer than {sys.get_int_max_str_digits()} digits"
+        ) from None
+
+
+def parse_value(text: str) -> Any:
+    """Return the data in YAML text, keys given twice refused (yaml.YAMLError when it is not
+    valid); a --set value is read with it, as a config file is.
+    """
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+class _DuplicateKey(Exception):
+    """A JSON object repeats a key (json.loads keeps the last one)."""
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Return a JSON object's pairs as a dict; _DuplicateKey when a key repeats (json.loads, like
+    PyYAML, would keep the last one silently).
+    """
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKey(key)
+        result[key] = value
+    return result
 
 
 def too_deep(source: str) -> ConfigError:

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from speedtronic_config.errors import ConfigError, unknown_key
-from speedtronic_config.loading import check_depth, describe_yaml_error, too_deep
+from speedtronic_config.loading import check_depth, describe_yaml_error, parse_value, too_deep
 from speedtronic_config.normalize import (
     ROOT_KEYS,
     RUN_ALIASES,
@@ -46,7 +46,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
             key.strip(), "empty value", allowed=f"write {key.strip()}=null to unset it"
         )
     try:
-        value = yaml.safe_load(raw)
+        value = parse_value(raw)
     except yaml.YAMLError as error:
         raise ConfigError(
             key.strip(),

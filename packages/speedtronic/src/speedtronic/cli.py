@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import json
 import os
 import re
 import shutil
@@ -286,7 +285,19 @@ def _cuda_overrides(path: str) -> list[str]:
             f"--cuda-overlay {path}: expected a mapping of dotted keys to values, "
             "e.g. `model.n_layer: 8`"
         )
-    return [f"{key}={json.dumps(value)}" for key, value in overlay.items()]  # JSON is YAML
+    return [f"{key}={_yaml_value(value)}" for key, value in overlay.items()]
+
+
+def _yaml_value(value: Any) -> str:
+    """Return YAML text that --set reads back as `value` exactly. Not json.dumps: it refuses
+    YAML's own types (a date, bytes: a usage error, not a TypeError), and escapes a character
+    outside the BMP (an emoji in a path) as a surrogate pair, which PyYAML reads back as two lone
+    surrogates that no file name can hold.
+    """
+    import yaml
+
+    text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=float("inf"))
+    return text.removesuffix("\n...\n").rstrip("\n")
 
 
 def _train_overrides(values: Any, args: argparse.Namespace) -> tuple[list[str], Path | None]:
@@ -305,7 +316,7 @@ def _train_overrides(values: Any, args: argparse.Namespace) -> tuple[list[str], 
     metrics = None
     if config.logging.json_file is None:  # metrics live with the run: plot, export, card read them
         metrics = Path(config.run.output_dir) / "metrics.jsonl"
-        overrides.append(f"logging.json_file={json.dumps(str(metrics))}")
+        overrides.append(f"logging.json_file={_yaml_value(str(metrics))}")
     return overrides, metrics
 
 

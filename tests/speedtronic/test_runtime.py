@@ -218,6 +218,38 @@ def test_a_rerun_and_a_changed_lr_on_resume_are_each_named_in_one_warning(tmp_pa
     )
 
 
+def test_a_resume_names_the_optimizer_settings_it_keeps_and_records_the_kept_rate(tmp_path):
+    log = tmp_path / "train.log"
+
+    def config(max_steps: int, **optimizer) -> dict:
+        optimizer = {"name": "muon", "lr": 1e-3, **optimizer}
+        return small_config(
+            tmp_path, max_steps=max_steps, optimizer=optimizer, logging={"file": str(log)}
+        )
+
+    def warnings() -> list[str]:
+        return [line for line in log.read_text().splitlines() if "WARNING" in line]
+
+    runtime.train_from_config(config(2))
+    # torch restores each group's hyperparameters with its state: a changed one is named.
+    trainer, _ = runtime.build_runtime(
+        config(4, weight_decay=0.5, muon_momentum=0.8, lr=2e-3), resume=True
+    )
+    assert {group["weight_decay"] for group in trainer.optimizer.param_groups} == {0.1}
+    (said,) = [line for line in warnings() if "optimizer settings not applied" in line]
+    assert "optimizer settings not applied on resume, the checkpoint's continue" in said
+    assert (
+        "weight_decay 0.5 (checkpoint: 0.1)" in said and "momentum 0.8 (checkpoint: 0.95)" in said
+    )
+    trainer.fit()
+    trainer.close()
+    # Its checkpoints record the rate the schedule kept, so a resume with the run's own config
+    # (lr 1e-3) says nothing; the settings the config asked for are its own again.
+    count = len(warnings())
+    runtime.build_runtime(config(4), resume=True)
+    assert len(warnings()) == count, warnings()[count:]
+
+
 def test_a_resume_that_moves_the_schedules_horizon_says_so(tmp_path):
     log = tmp_path / "train.log"
 

@@ -154,6 +154,39 @@ class _FitProgress:
     consecutive_skips: int = 0
 
 
+# Param-group entries that are not settings a resume could have changed: parameters, the
+# learning rate (the schedule's, named by _warn_if_lr_kept) and kernel choices torch may vary.
+_NOT_SETTINGS = frozenset(
+    {
+        "params",
+        "param_names",
+        "lr",
+        "initial_lr",
+        "foreach",
+        "fused",
+        "capturable",
+        "differentiable",
+    }
+)
+
+
+def _group_settings(optimizer: Any) -> list[dict[str, Any]]:
+    """Return each parameter group's hyperparameters (no parameters, no learning rate)."""
+    return [
+        {key: value for key, value in group.items() if key not in _NOT_SETTINGS}
+        for group in optimizer.param_groups
+    ]
+
+
+def _same_setting(first: Any, second: Any) -> bool:
+    """Return whether two group values are equal; betas may come back as a list."""
+    if isinstance(first, (tuple, list)) and isinstance(second, (tuple, list)):
+        return len(first) == len(second) and all(map(_same_setting, first, second))
+    if isinstance(first, torch.Tensor) or isinstance(second, torch.Tensor):
+        return torch.equal(torch.as_tensor(first), torch.as_tensor(second))
+    return bool(first == second)
+
+
 def _as_config(config: Any) -> SpeedtronicConfig:
     """Return config as a SpeedtronicConfig: None gives every default, a mapping is validated."""
     if config is None:
@@ -247,6 +280,9 @@ class Trainer:
         self._compiled: Any | None = None
         self._compile_decided = False
         self._compiled_ok = False
+        # optimizer.lr/adamw_lr a resume kept from its checkpoint (the schedule's base rates):
+        # later checkpoints record them, so their config says what the run trained at.
+        self._kept_rates: dict[str, float] = {}
         self._stage_scheduler: Any | None = None
         self._metrics = StepMetrics(
             unwrap_model(self.model), self.device, self.precision, self.parallel.world_size
@@ -611,10 +647,20 @@ class Trainer:
             "rng": capture_rng_state(),
             "data": self._stream.state_dict(),
             # Secrets never reach a checkpoint; a trainer without a config saves none.
-            "config": self.config.to_dict(redact_secrets=True) if self._config_given else None,
+            "config": self._config_record(),
             "coordinator": self.coordinator.state_dict() if self.coordinator is not None else None,
             "tokenizer": self.tokenizer,
         }
+
+    def _config_record(self) -> dict[str, Any] | None:
+        """Return the config a checkpoint records (no secrets), with the learning rates a resume
+        kept from its checkpoint in place of the ones this run's config asked for.
+        """
+        if not self._config_given:
+            return None
+        values = self.config.to_dict(redact_secrets=True)
+        values["optimizer"].update(self._kept_rates)
+        return values
 
     def _dense_state(self) -> dict[str, Any]:
         if self.parallel.mode == "fsdp":
@@ -686,7 +732,9 @@ class Trainer:
             return
         check_tokenizer(state, self.tokenizer)
         check_settings(state, self.config if self._config_given else None)
+        built = _group_settings(self.optimizer)
         self._restore_weights(state)
+        self._warn_if_settings_kept(built)
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
             self._warn_if_lr_kept(state)
@@ -727,6 +775,7 @@ class Trainer:
             )
         for name, before, now in rates:
             if before is not None and before != now:
+                self._kept_rates[name] = before
                 self.logger.warning(
                     "optimizer.%s %g is not applied on resume: the schedule continues at the "
                     "checkpoint's %g (its state holds the base learning rates); to go on from "
@@ -737,6 +786,27 @@ class Trainer:
                     before,
                     now,
                 )
+
+    def _warn_if_settings_kept(self, built: list[dict[str, Any]]) -> None:
+        """Say which of this run's optimizer settings the checkpoint overrode: torch restores each
+        parameter group's hyperparameters (weight decay, betas, momentum, ...) with its state.
+        `built` is what this run's config gave the groups before the load.
+        """
+        kept: dict[str, tuple[Any, Any]] = {}
+        # restore_optimizer checked that the group counts agree.
+        for mine, restored in zip(built, _group_settings(self.optimizer), strict=True):
+            for key, value in mine.items():
+                if key in restored and not _same_setting(value, restored[key]):
+                    kept.setdefault(key, (value, restored[key]))
+        if kept:
+            self.logger.warning(
+                "optimizer settings not applied on resume, the checkpoint's continue: %s; to go "
+                "on from these weights with them, export them (speedtronic export CHECKPOINT DIR "
+                "--format hf) and start a new run with model.init_from: hf:DIR",
+                ", ".join(
+                    f"{key} {now!r} (checkpoint: {was!r})" for key, (now, was) in kept.items()
+                ),
+            )
 
     def _warn_if_horizon_moved(self, state: dict[str, Any]) -> None:
         """Say so when the schedule's horizon differs from the checkpoint's (an unset

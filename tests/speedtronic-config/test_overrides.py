@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from speedtronic_config import ConfigError, SpeedtronicConfig, apply_overrides
-from speedtronic_config.overrides import parse_override
+from speedtronic_config.overrides import override_value, parse_override
 
 
 def test_overrides_return_a_new_mapping_and_leave_the_input_alone():
@@ -144,3 +144,11 @@ def test_a_run_mapping_wins_over_the_top_level_aliases_it_names():
 def test_a_value_nested_too_deeply_is_one_config_error(depth):
     with pytest.raises(ConfigError, match=r"^model.name: is nested more than 32 levels deep"):
         parse_override("model.name=" + "[" * depth + "]" * depth)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["/runs/emo\U0001f600/metrics.jsonl", "a: b", "null", 3, 1e-8, None, [1, "x"], {"a": [1]}],
+)
+def test_override_value_reads_back_exactly(value):
+    assert parse_override(f"run.name={override_value(value)}")[1] == value

@@ -59,6 +59,16 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return parts, check_depth(value, key.strip())
 
 
+def override_value(value: Any) -> str:
+    """Return YAML text that parse_override reads back as `value` exactly, for building a
+    `key=value` override from data. Not json.dumps: it refuses YAML's own types (a date, bytes),
+    and escapes a character outside the BMP (an emoji in a path) as a surrogate pair, which PyYAML
+    reads back as two lone surrogates that no file name can hold.
+    """
+    text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=float("inf"))
+    return text.removesuffix("\n...\n").rstrip("\n")
+
+
 def _target(tree: dict[str, Any], parts: list[str]) -> tuple[str, str | None]:
     """Return (root key, field) after checking the path against the schema."""
     root = parts[0]

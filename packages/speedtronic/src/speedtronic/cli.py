@@ -278,6 +278,7 @@ def _load_config(source: Any, overrides: Sequence[str]):
 def _cuda_overrides(path: str) -> list[str]:
     """Return a --cuda-overlay file's `key: value` pairs as `key=value` overrides."""
     from speedtronic_config.loading import read_file
+    from speedtronic_config.overrides import override_value
 
     overlay = read_file(path)
     if not isinstance(overlay, dict) or not all(isinstance(key, str) for key in overlay):
@@ -285,25 +286,15 @@ def _cuda_overrides(path: str) -> list[str]:
             f"--cuda-overlay {path}: expected a mapping of dotted keys to values, "
             "e.g. `model.n_layer: 8`"
         )
-    return [f"{key}={_yaml_value(value)}" for key, value in overlay.items()]
-
-
-def _yaml_value(value: Any) -> str:
-    """Return YAML text that --set reads back as `value` exactly. Not json.dumps: it refuses
-    YAML's own types (a date, bytes: a usage error, not a TypeError), and escapes a character
-    outside the BMP (an emoji in a path) as a surrogate pair, which PyYAML reads back as two lone
-    surrogates that no file name can hold.
-    """
-    import yaml
-
-    text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=float("inf"))
-    return text.removesuffix("\n...\n").rstrip("\n")
+    return [f"{key}={override_value(value)}" for key, value in overlay.items()]
 
 
 def _train_overrides(values: Any, args: argparse.Namespace) -> tuple[list[str], Path | None]:
     """Return --set, then --max-steps and --device, as config overrides (applied once), and the
     metrics file chosen for the run when logging.json_file is unset (else None).
     """
+    from speedtronic_config.overrides import override_value
+
     overrides = list(args.overrides)
     if args.device is not None:
         overrides.append(f"run.device={args.device}")
@@ -316,7 +307,7 @@ def _train_overrides(values: Any, args: argparse.Namespace) -> tuple[list[str], 
     metrics = None
     if config.logging.json_file is None:  # metrics live with the run: plot, export, card read them
         metrics = Path(config.run.output_dir) / "metrics.jsonl"
-        overrides.append(f"logging.json_file={_yaml_value(str(metrics))}")
+        overrides.append(f"logging.json_file={override_value(str(metrics))}")
     return overrides, metrics
 
 

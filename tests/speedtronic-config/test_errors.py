@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import pickle
+import re
 
 import pytest
 
+from speedtronic_config import SpeedtronicConfig
 from speedtronic_config.errors import ConfigError, unknown_key
 
 
@@ -56,3 +58,11 @@ def test_control_characters_in_a_key_stay_on_one_line():
     error = unknown_key("compile", "a\nb\x89", ["enabled"])
     assert str(error) == "compile.a\\nb\\x89: unknown key; valid keys: enabled"
     assert error.path == "compile.a\nb\x89"
+
+
+def test_a_huge_value_is_shown_short_and_never_breaks_the_message():
+    # repr of an int past 4,300 digits raises ValueError; a 400-digit one spans the line.
+    for value, shown in ((10**5000, "got an integer of about 5000 digits)"), (10**400, "...)")):
+        with pytest.raises(ConfigError, match=re.escape(shown)) as caught:
+            SpeedtronicConfig.from_dict({"optimizer": {"lr": value}})
+        assert len(str(caught.value)) < 140

@@ -248,8 +248,9 @@ def test_resume_yields_exactly_the_remaining_batches(shards, text_file, case, st
 def test_a_state_saved_after_the_last_batch_of_an_epoch_resumes_in_the_next(
     shards, text_file, case
 ):
-    # The state after an epoch's last batch is {"epoch": e, "batches": all of them}: the next
-    # pass must be epoch e + 1 (not an empty pass, which infinite_batches refuses).
+    # The state after an epoch's last batch is {"epoch": e, "batches": all of them}: the resumed
+    # loader's first pass is the (empty) rest of epoch e, which infinite_batches steps over to
+    # epoch e + 1 instead of refusing it as a loader without batches.
     def build():
         if case == "unknown iterable":
             return build_dataloader(section(), dataset=_Counting())
@@ -269,6 +270,9 @@ def test_a_state_saved_after_the_last_batch_of_an_epoch_resumes_in_the_next(
     got = taken + [next(stream)["input_ids"] for _ in range(per_epoch)]
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
     assert loader_state(resumed) == {"epoch": 1, "batches": per_epoch}
+    plain = build()  # a for loop sees the same: the rest of epoch 0, then epoch 1
+    restore_loader(plain, state)
+    assert [len(list(plain)), len(list(plain))] == [0, per_epoch]
 
 
 def test_calling_iter_without_drawing_does_not_start_an_epoch():

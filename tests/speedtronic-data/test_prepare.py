@@ -249,3 +249,18 @@ def test_a_tokenizer_json_prepare_did_not_write_is_kept(tmp_path, bpe_json):
     assert mine.read_bytes() == bpe_json.read_bytes()
     prepare_shards([folder / "book.txt"], folder, progress=None)
     assert not mine.exists()
+
+
+def test_the_users_tokenizer_json_passes_whatever_its_line_endings_or_loader(tmp_path, bpe_json):
+    import tokenizers
+
+    from speedtronic_data import JsonTokenizer
+
+    for load in (JsonTokenizer.from_file, lambda path: tokenizers.Tokenizer.from_file(str(path))):
+        folder = tmp_path / str(id(load))
+        folder.mkdir()
+        mine = folder / "tokenizer.json"
+        mine.write_bytes(bpe_json.read_bytes().replace(b"\n", b"\r\n"))  # saved on Windows
+        (folder / "book.txt").write_text("def add(a, b):\n    return a + b\n" * 50)
+        prepare_shards([folder / "book.txt"], folder, load(mine), progress=None)
+        assert json.loads(mine.read_text()) == json.loads(bpe_json.read_text())

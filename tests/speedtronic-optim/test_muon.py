@@ -240,6 +240,7 @@ def test_per_group_options_are_checked_when_the_group_is_added(group, error, fra
         ({"ns_coefficients": "polar"}, ValueError, "Muon ns_coefficients"),
         ({"ns_coefficients": [(1.0, 2.0)]}, ValueError, "Muon ns_coefficients"),
         ({"ns_coefficients": None}, ValueError, "Muon ns_coefficients"),
+        ({"ns_coefficients": torch.ones(5, 2)}, ValueError, r"got a tensor of shape \(5, 2\)$"),
         ({"distributed": "no"}, TypeError, "Muon distributed"),
     ],
 )

@@ -849,3 +849,14 @@ def test_resume_reports_another_optimizer_and_logs_fallbacks_in_one_line(tmp_pat
     assert (
         len(fallback) == 1 and "WARNING checkpoint " in fallback[0] and "step_2.pt" in fallback[0]
     )
+
+
+def test_sparse_gradients_train_without_clipping():
+    # The unclipped step's finiteness check measures a sparse gradient by its stored values
+    # (linalg.vector_norm has no sparse kernel).
+    model = TinyLM()
+    model.embed.sparse = True
+    before = model.embed.weight.detach().clone()
+    trainer = make_trainer(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert trainer.fit(3).skipped_steps == 0
+    assert not torch.equal(model.embed.weight.detach(), before)

@@ -40,7 +40,7 @@ class ConfigError(ValueError):
         if secret:
             message += f" (got {describe_hidden(value)})"
         elif value is not _NO_VALUE:
-            message += f" (got {value!r})"
+            message += f" (got {_shown(value)})"
         if allowed:
             message += f"; {allowed}"
         super().__init__(_printable(message))
@@ -57,6 +57,16 @@ def _rebuild(cls: type[ConfigError], args: tuple[Any, ...], state: dict[str, Any
     error.args = args
     error.__dict__.update(state)
     return error
+
+
+def _shown(value: Any) -> str:
+    """Return a value for an error line: its repr, cut after 80 characters (a 400-digit number,
+    a long list); an integer past Python's digit limit, which has no repr, by its size."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def _printable(text: str) -> str:

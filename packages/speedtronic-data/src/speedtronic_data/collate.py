@@ -67,13 +67,18 @@ def collate_batch(batch: list[Any]) -> Any:
 
 
 def infinite_batches(loader: Iterable[Any]) -> Iterator[Any]:
-    """Cycle a finite loader, making max-step runs independent of data size."""
+    """Cycle a finite loader, making max-step runs independent of data size. One pass may be
+    empty: the rest of an epoch a resumed loader had already finished (its state saved after the
+    epoch's last batch); two in a row mean the loader yields nothing.
+    """
+    empty = 0
     while True:
         produced = False
         for batch in loader:
             produced = True
             yield batch
-        if not produced:
+        empty = 0 if produced else empty + 1
+        if empty == 2:
             raise DataError(
                 "the dataloader produced no batches; check the dataset size, micro_batch_size "
                 "and drop_last"

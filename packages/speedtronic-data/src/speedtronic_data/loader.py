@@ -113,20 +113,7 @@ class ResumableLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:
         # A generator, so merely calling iter() (without drawing a batch) does not start an epoch.
         position = self.position
-        epoch, skip = position.start_pass()
-        yielded = False
-        for batch in self._pass(epoch, skip):
-            yielded = True
-            yield batch
-        if skip and not yielded:
-            # The loaded position was the end of its epoch (a state saved after the epoch's last
-            # batch): the batches that follow are the next epoch's, so this pass is that epoch.
-            yield from self._pass(*position.start_pass())
-
-    def _pass(self, epoch: int, skip: int) -> Iterator[Any]:
-        """Yield the batches of `epoch` after its first `skip` samples, counting them."""
-        position = self.position
-        replay = self._position(epoch, skip)
+        replay = self._position(*position.start_pass())
         iterator = super().__iter__()
         for _ in range(replay):
             next(iterator, None)

@@ -158,8 +158,8 @@ def check_tokenizer_copy(out_dir: str | Path, tokenizer: Any) -> None:
     if not copy.is_file():
         return
     tokenizer = as_json_tokenizer(tokenizer)
-    if isinstance(tokenizer, JsonTokenizer) and copy.read_bytes() == tokenizer.text.encode():
-        return  # that very file: writing it again changes nothing
+    if isinstance(tokenizer, JsonTokenizer) and _same_json(copy, tokenizer.text):
+        return  # that tokenizer: written again, only its line endings or layout may change
     try:
         named = json.loads((out / RECORD_NAME).read_text(encoding="utf-8")).get("file")
     except (OSError, ValueError, AttributeError):
@@ -168,9 +168,18 @@ def check_tokenizer_copy(out_dir: str | Path, tokenizer: Any) -> None:
         action = "replace" if isinstance(tokenizer, JsonTokenizer) else "delete"
         raise DataError(
             f"{copy} was not written by speedtronic prepare, and preparing into {out} would "
-            f"{action} it; to tokenize with it pass --tokenizer {copy} (tokenizer={str(copy)!r}), "
-            "else prepare into another folder"
+            f"{action} it; to tokenize with it pass --tokenizer {copy} (in Python "
+            "tokenizer=JsonTokenizer.from_file(path)), else prepare into another folder"
         )
+
+
+def _same_json(path: Path, text: str) -> bool:
+    """Return whether the JSON file at path holds the same data as text (CRLF, indentation and
+    key order aside)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) == json.loads(text)
+    except (OSError, ValueError):
+        return False
 
 
 def write_record(out_dir: str | Path, tokenizer: Any) -> TokenizerRecord:

@@ -383,20 +383,23 @@ class ReferenceTransformer(nn.Module):
         return input_ids
 
 
+# Below this temperature plain division could overflow (a logit of 3.4e18 would); above it
+# sampling divides exactly as it always did.
+TINY_TEMPERATURE = 1e-20
+
+
 def _sample(
     logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
 ) -> torch.Tensor:
     """Return (B, 1) next ids from (B, V) logits."""
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    scaled = logits / temperature
-    if not bool(torch.isfinite(scaled).all()):
-        # A temperature so small (1e-300) that the scaled logits overflow: softmax of inf is NaN.
-        # Shifted so the largest is 0 and divided in float64 (a denormal temperature is 0 in
-        # float32), the likeliest tokens keep the mass and the rest go to -inf: no NaN.
-        shifted = logits.double() - logits.double().max(dim=-1, keepdim=True).values
-        scaled = shifted / temperature
-    logits = scaled
+    if temperature < TINY_TEMPERATURE:
+        # logits / 1e-300 overflow to inf, and softmax of inf is NaN. Shifted so the largest is 0
+        # and divided in float64 (a denormal temperature is 0 in float32), the likeliest tokens
+        # keep the mass and the rest go to -inf. Decided on the host: no sync per token.
+        logits = logits.double() - logits.double().max(dim=-1, keepdim=True).values
+    logits = logits / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -15,11 +15,12 @@ from torch import nn
 NS_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
-def _show(value: Any) -> str:
-    # A tensor's repr spans lines; the error stays on one.
+def show_value(value: Any) -> str:
+    """Return a value as error text on one short line: a tensor by its shape, a long repr cut."""
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
-    return repr(value)
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def _interval(low: float, high: float, open_low: bool, open_high: bool) -> str:
@@ -42,25 +43,25 @@ def check_number(
     # torch.optim takes a one-element tensor lr (for capturable / compiled steps).
     is_scalar = isinstance(value, torch.Tensor) and value.numel() == 1
     if not is_scalar and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
-        raise TypeError(f"{where}: expected {expected}, got {_show(value)}")
+        raise TypeError(f"{where}: expected {expected}, got {show_value(value)}")
     number = float(value)
     above = number > low if open_low else number >= low
     below = number < high if open_high else number <= high
     if not (math.isfinite(number) and above and below):
-        raise ValueError(f"{where}: expected {expected}, got {_show(value)}")
+        raise ValueError(f"{where}: expected {expected}, got {show_value(value)}")
 
 
 def check_integer(where: str, value: Any, low: int) -> None:
     """Raise unless ``value`` is an int (not a bool or float) of at least ``low``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{where}: expected an integer >= {low}, got {_show(value)}")
+        raise TypeError(f"{where}: expected an integer >= {low}, got {show_value(value)}")
     if value < low:
         raise ValueError(f"{where}: expected an integer >= {low}, got {value!r}")
 
 
 def check_betas(where: str, value: Any) -> None:
     """Raise unless ``value`` is a pair of numbers in [0, 1)."""
-    message = f"{where}: expected a pair (beta1, beta2) in [0, 1), got {_show(value)}"
+    message = f"{where}: expected a pair (beta1, beta2) in [0, 1), got {show_value(value)}"
     if isinstance(value, str) or not isinstance(value, Sequence):
         raise TypeError(message)
     if len(value) != 2:
@@ -73,14 +74,14 @@ def check_flag(where: str, value: Any, *, optional: bool = False) -> None:
     """Raise unless ``value`` is True or False (or None when ``optional``)."""
     if not (isinstance(value, bool) or (optional and value is None)):
         expected = "True, False or None" if optional else "True or False"
-        raise TypeError(f"{where}: expected {expected}, got {_show(value)}")
+        raise TypeError(f"{where}: expected {expected}, got {show_value(value)}")
 
 
 def check_dtype(where: str, value: Any) -> None:
     """Raise unless ``value`` is None or a floating torch.dtype Newton–Schulz can run in."""
     expected = "None or one of " + ", ".join(map(str, NS_DTYPES))
     if value is not None and not isinstance(value, torch.dtype):
-        raise TypeError(f"{where}: expected {expected}, got {_show(value)}")
+        raise TypeError(f"{where}: expected {expected}, got {show_value(value)}")
     if value is not None and value not in NS_DTYPES:
         raise ValueError(f"{where}: expected {expected}, got {value}")
 

@@ -11,7 +11,7 @@ import torch
 from torch.optim import Optimizer
 
 from speedtronic_optim.adamw import DEFAULT_LR
-from speedtronic_optim.checks import check_arguments, check_parameters
+from speedtronic_optim.checks import check_arguments, check_parameters, show_value
 from speedtronic_optim.distributed_muon import init_sharded_state, work_split
 from speedtronic_optim.facade import evaluate_closure
 from speedtronic_optim.newton_schulz import (
@@ -46,15 +46,17 @@ def _check_options(owner: str, options: dict[str, Any]) -> None:
     check_arguments(owner, **{key: options[key] for key in _CHECKED if key in options})
     for name, choices in _CHOICES.items():
         if name in options and options[name] not in choices:
-            raise ValueError(f"{owner} {name}: expected one of {choices}, got {options[name]!r}")
+            raise ValueError(
+                f"{owner} {name}: expected one of {choices}, got {show_value(options[name])}"
+            )
     if "ns_coefficients" in options:
         coefficients = options["ns_coefficients"]
         try:
             coefficient_schedule(coefficients, 1)
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError):
             raise ValueError(
                 f"{owner} ns_coefficients: expected one of 'reference', 'polar_express' or a "
-                f"non-empty sequence of (a, b, c) triples, got {coefficients!r} ({error})"
+                f"non-empty sequence of (a, b, c) triples, got {show_value(coefficients)}"
             ) from None
 
 

@@ -737,3 +737,84 @@ def test_shared_folder_transport_from_config(tmp_path):
     assert worker.last_global_step == 1
     for coordinator, _, _ in nodes:
         coordinator.stop()
+
+
+def test_an_upload_lane_error_outside_hub_errors_keeps_the_delta_and_the_lane(server, tmp_path):
+    """A shared folder that is full (or any failure that is not a HubError) fails one upload: the
+    delta is re-sent under its own name and the lane goes on. The lane thread died instead, the
+    in-flight delta was in no retry list and no checkpoint, and no later delta left.
+    """
+    master, _, _ = node(server, tmp_path, "master")
+    master.start()
+    worker, net, opt = node(server, tmp_path, "w1", async_delta_upload=True)
+    transport = worker.hub.transport
+    commit, failed = transport.commit, []
+
+    def full_disk_once(files, deletions, **kwargs):
+        if not failed and any(path.startswith("deltas/") for path in files):
+            failed.append(True)
+            raise OSError(28, "No space left on device")
+        return commit(files, deletions, **kwargs)
+
+    transport.commit = full_disk_once
+    worker.start()
+    baseline = {k: v.clone() for k, v in net.state_dict().items()}
+    train(worker, net, opt, 4, seed=1)
+    wait_for(
+        lambda: failed and worker._inflight is None and worker._uploads.empty(),
+        "the first upload to fail",
+    )
+    train(worker, net, opt, 4, seed=2)
+    worker.stop()
+    assert worker.state_dict()["pending_uploads"] == []
+    paths = sorted(worker.hub.delta_paths())
+    assert paths == [delta_path("w1", 4, 0), delta_path("w1", 8, 0)]
+    sent = sum(from_safetensors_bytes(worker.hub.read_bytes(p))["weight"] for p in paths)
+    assert torch.allclose(sent, baseline["weight"] - net.weight.detach(), atol=1e-6)
+    master.stop()
+
+
+def test_a_poll_lane_error_outside_hub_errors_does_not_stop_polling(server, tmp_path):
+    """One poll failing with something other than a HubError (a malformed step_count.json, an
+    OSError of a shared folder) killed the poll lane: the node never installed a global again.
+    """
+    master, master_net, master_opt = node(server, tmp_path, "master")
+    master.start()
+    worker, net, opt = node(
+        server, tmp_path, "w1", async_global_poll=True, poll_interval=0.01, inner_steps=3
+    )
+    metadata, failed = worker.hub.global_metadata, []
+
+    def broken_once():
+        if not failed:
+            failed.append(True)
+            raise TypeError("'NoneType' object is not iterable")
+        return metadata()
+
+    worker.start()
+    worker.hub.global_metadata = broken_once
+    wait_for(lambda: failed, "the poll to fail")
+    train(master, master_net, master_opt, 4, seed=5)
+    master.master.sync_once()  # outer step 1 published
+    wait_for(lambda: worker._candidate is not None, "the poll lane to fetch outer step 1")
+    train(worker, net, opt, 3, seed=1)
+    assert worker.last_global_step == 1
+    worker.stop()
+    master.stop()
+
+
+def test_a_checkpoint_taken_before_a_failed_upload_is_collected_keeps_its_delta(server, tmp_path):
+    """The lane's result of a failed upload waits until the training thread collects it; a
+    checkpoint taken in between held the job in no list, and its steps were lost on resume."""
+    master, _, _ = node(server, tmp_path, "master")
+    master.start()
+    worker, net, opt = node(server, tmp_path, "w1", async_delta_upload=True)
+    worker.hub.retry_attempts = 1
+    worker.start()
+    server.faults.add("503", method="POST", path="/commit/", times=1)
+    train(worker, net, opt, 4, seed=1)  # the step-4 delta is queued; its upload fails
+    wait_for(lambda: not worker._results.empty(), "the upload to fail")
+    state = worker.state_dict()
+    assert [job["step"] for job in state["pending_uploads"]] == [4]
+    worker.stop()
+    master.stop()

@@ -507,6 +507,13 @@ class DumbDiLoCoCoordinator:
             self.logger.warning("delta upload for local step %d failed: %s", job.step, exc)
             if isinstance(exc, HubRefused):
                 self._fatal = exc
+        except Exception as exc:
+            # Not a HubError (a full or vanished shared folder raises OSError): raised here, it
+            # ended the upload lane with this job in no retry list and no checkpoint, and no later
+            # delta left. It is kept and re-sent like any failed upload.
+            self.logger.warning(
+                "delta upload for local step %d failed: %s: %s", job.step, type(exc).__name__, exc
+            )
         if self._uploads is not None:
             self._results.put((job, ok))
         else:
@@ -572,6 +579,13 @@ class DumbDiLoCoCoordinator:
             return None
         except HubError as exc:
             self.logger.warning("global poll failed, training continues: %s", exc)
+            return None
+        except Exception as exc:
+            # Not a HubError (an OSError of a shared folder, a step_count.json that is JSON but
+            # not an object): raised here, it ended the poll lane and no global was installed again.
+            self.logger.warning(
+                "global poll failed, training continues: %s: %s", type(exc).__name__, exc
+            )
             return None
 
     def _claim(self) -> None:
@@ -707,10 +721,15 @@ class DumbDiLoCoCoordinator:
                 "local_step": self._local_step,
                 "last_global_step": self._last_global_step,
             }
+        # A failed upload whose result waits in the queue is in no list below: the baseline has
+        # moved past its steps, so a checkpoint without it would lose them.
+        self._collect_upload_results()
         with self._lock:
             pending = [*self._retries, *([self._inflight] if self._inflight else [])]
         if self._uploads is not None:
             pending += [job for job in list(self._uploads.queue) if isinstance(job, DeltaUploadJob)]
+        # The lane reports a result just before it clears its in-flight job: count it once.
+        pending = list({id(job): job for job in pending}.values())
         return {
             "node_id": self.identity.node_id,
             "local_step": self._local_step,

@@ -96,10 +96,9 @@ class GlobalMetadata:
                 publish_id=value.get("publish_id"),
                 revision=revision,
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise HubError(
-                f"{GLOBAL_METADATA} is malformed ({exc!r}): {dict(value)!r:.200}"
-            ) from None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            # repr, not dict(value): the value may be JSON that is no object at all ([1], null).
+            raise HubError(f"{GLOBAL_METADATA} is malformed ({exc!r}): {value!r:.200}") from None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form (the revision is where it was read, not part of the file)."""

@@ -33,7 +33,7 @@ def test_every_folder_the_run_writes_is_listed(tmp_path):
         ("logging.file", tmp_path / "logs"),
         ("logging.json_file", Path("m")),
         ("distributed.state_dir", tmp_path / "run" / ".speedtronic" / "diloco" / "w1"),
-        ("distributed.endpoint", tmp_path / "shared"),
+        ("distributed.endpoint", tmp_path / "shared" / "org" / "run"),
     ]
     without = config(tmp_path, checkpoint={"enabled": False, "directory": "/elsewhere"})
     assert [setting for setting, _ in output_folders(without)] == ["run.output_dir"]
@@ -71,3 +71,12 @@ def test_a_log_file_that_is_a_folder_names_its_setting_and_creates_nothing(tmp_p
         f"logging.{setting}: {folder} is a folder; name a file; nothing was trained"
     )
     assert not (tmp_path / "run").exists()  # checked before any folder is created
+
+
+def test_a_file_in_the_way_of_the_shared_folder_repository_names_the_endpoint(tmp_path):
+    (tmp_path / "shared" / "org").mkdir(parents=True)
+    (tmp_path / "shared" / "org" / "run").write_text("not the repository")
+    distributed = {"enabled": True, "repo_id": "org/run", "transport": "filesystem"}
+    cfg = config(tmp_path, distributed={**distributed, "endpoint": str(tmp_path / "shared")})
+    with pytest.raises(ConfigError, match=r"^distributed.endpoint: cannot write to .*org/run"):
+        check_output_paths(cfg)

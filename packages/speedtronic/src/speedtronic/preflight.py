@@ -39,7 +39,10 @@ def output_folders(config: SpeedtronicConfig) -> list[tuple[str, Path]]:
             return folders
         folders.append(("distributed.state_dir", resolve_identity(config).state_dir))
         if config.distributed.transport == "filesystem":
-            folders.append(("distributed.endpoint", Path(config.distributed.endpoint)))
+            # The repository's own folder, where the transport writes: a file in its way fails
+            # here, not as an OSError at the first commit.
+            repo = Path(config.distributed.endpoint) / (config.distributed.repo_id or "")
+            folders.append(("distributed.endpoint", repo))
     return folders
 
 

@@ -138,6 +138,7 @@ def test_the_tokenizer_must_be_known(tmp_path, checkpoint, byte_shards, bpe_json
 
 def test_a_byte_level_tokenizer_json_passes_for_a_byte_level_checkpoint(tmp_path, checkpoint):
     # What export writes for a byte-level run maps every byte to itself: the same ids (interop.md).
+    pytest.importorskip("tokenizers")  # reading a tokenizer.json needs it (an optional extra)
     first = export_hf(checkpoint, tmp_path / "hf")
     greedy = sample_text(checkpoint, "def ", max_new_tokens=4, temperature=0.0)
     assert (

@@ -5,13 +5,18 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from speedtronic_config.errors import ConfigError
+
+
+def _too_long_int() -> str:
+    """Name what both parsers refuse past Python's digit limit (settable: read when it happens)."""
+    return f"an integer longer than {sys.get_int_max_str_digits()} digits"
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -29,7 +34,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             # The value itself is never quoted: it may be a secret.
             kind = node.tag.rsplit(":", 1)[-1]
             problem = (
-                f"an integer longer than {sys.get_int_max_str_digits()} digits"
+                _too_long_int()
                 if "digits" in str(error)
                 else f"not a valid {kind}; quote it if it is meant as text"
             )
@@ -56,13 +61,12 @@ MAX_DEPTH = 32
 
 def parse_text(text: str, source: str, *, as_json: bool = False) -> Any:
     """Return the data in YAML (or JSON) text; a syntax error names the source, line and column."""
+    if as_json:
+        return _within_depth(lambda: _parse_json(text, source), source)
     try:
-        data = _parse_json(text, source) if as_json else parse_value(text)
+        return parse_value(text, source)
     except yaml.YAMLError as error:
         raise ConfigError(source, describe_yaml_error(error)) from None
-    except RecursionError:  # both parsers recurse per level: thousands of [ or { exhaust Python's
-        raise too_deep(source) from None
-    return check_depth(data, source)
 
 
 def _parse_json(text: str, source: str) -> Any:
@@ -77,16 +81,18 @@ def _parse_json(text: str, source: str) -> Any:
             source, f"invalid JSON: duplicate key {error.args[0]!r}: keep one"
         ) from None
     except ValueError:  # json.loads' only other refusal: an integer past the digit limit
-        raise ConfigError(
-            source, f"invalid JSON: an integer longer than {sys.get_int_max_str_digits()} digits"
-        ) from None
+        raise ConfigError(source, f"invalid JSON: {_too_long_int()}") from None
 
 
-def parse_value(text: str) -> Any:
+def parse_value(text: str, source: str) -> Any:
     """Return the data in YAML text, keys given twice refused (yaml.YAMLError when it is not
-    valid); a --set value is read with it, as a config file is.
+    valid, a ConfigError naming `source` when nested too deeply); a --set value is read with it,
+    as a config file is.
     """
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    return _within_depth(
+        lambda: yaml.load(text, Loader=_UniqueKeyLoader),  # noqa: S506 - a SafeLoader subclass
+        source,
+    )
 
 
 class _DuplicateKey(Exception):
@@ -105,19 +111,20 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def too_deep(source: str) -> ConfigError:
-    """Return the error for data nested deeper than MAX_DEPTH levels."""
-    return ConfigError(
+def _within_depth(parse: Callable[[], Any], source: str) -> Any:
+    """Return what parse() reads, or raise ConfigError when lists and mappings nest more than
+    MAX_DEPTH levels in it: the parsers recurse per level (thousands of [ exhaust Python's
+    stack), and so does what reads the data later (deepcopy).
+    """
+    too_deep = ConfigError(
         source, f"is nested more than {MAX_DEPTH} levels deep", allowed="a config a few levels deep"
     )
-
-
-def check_depth(data: Any, source: str) -> Any:
-    """Return data, or raise ConfigError when lists and mappings nest more than MAX_DEPTH levels
-    in it (what reads the data later, deepcopy for one, recurses per level).
-    """
+    try:
+        data = parse()
+    except RecursionError:
+        raise too_deep from None
     if _depth(data) > MAX_DEPTH:
-        raise too_deep(source)
+        raise too_deep
     return data
 
 

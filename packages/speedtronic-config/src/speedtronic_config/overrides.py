@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from speedtronic_config.errors import ConfigError, unknown_key
-from speedtronic_config.loading import check_depth, describe_yaml_error, parse_value, too_deep
+from speedtronic_config.loading import describe_yaml_error, parse_value
 from speedtronic_config.normalize import (
     ROOT_KEYS,
     RUN_ALIASES,
@@ -46,7 +46,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
             key.strip(), "empty value", allowed=f"write {key.strip()}=null to unset it"
         )
     try:
-        value = parse_value(raw)
+        value = parse_value(raw, key.strip())
     except yaml.YAMLError as error:
         raise ConfigError(
             key.strip(),
@@ -54,9 +54,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
             value=raw,
             allowed="quote a string value, e.g. --set 'run.name=\"a: b\"'",
         ) from None
-    except RecursionError:
-        raise too_deep(key.strip()) from None
-    return parts, check_depth(value, key.strip())
+    return parts, value
 
 
 def override_value(value: Any) -> str:

@@ -161,10 +161,10 @@ def check_tokenizer_copy(out_dir: str | Path, tokenizer: Any) -> None:
     if isinstance(tokenizer, JsonTokenizer) and _same_json(copy, tokenizer.text):
         return  # that tokenizer: written again, only its line endings or layout may change
     try:
-        named = json.loads((out / RECORD_NAME).read_text(encoding="utf-8")).get("file")
-    except (OSError, ValueError, AttributeError):
-        named = None
-    if named != TOKENIZER_JSON:
+        ours = read_record(out).tokenizer_json == copy  # the record names it: prepare wrote it
+    except DataError:  # an unreadable record names nothing
+        ours = False
+    if not ours:
         action = "replace" if isinstance(tokenizer, JsonTokenizer) else "delete"
         raise DataError(
             f"{copy} was not written by speedtronic prepare, and preparing into {out} would "

@@ -75,6 +75,13 @@ class GlobalCandidate:
     state: dict[str, torch.Tensor]
 
 
+def _failure(exc: Exception) -> str:
+    """Return a failed network step's error for a log line: a HubError's own message, else with
+    its type (an OSError's text alone does not say what it is).
+    """
+    return str(exc) if isinstance(exc, HubError) else f"{type(exc).__name__}: {exc}"
+
+
 class DumbDiLoCoCoordinator:
     """Coordinate local inner loops and a Hub-backed outer loop (implements SyncCoordinator).
 
@@ -503,17 +510,15 @@ class DumbDiLoCoCoordinator:
                     base_outer_step=job.base_outer_step,
                 )
                 ok = True
-        except HubError as exc:
-            self.logger.warning("delta upload for local step %d failed: %s", job.step, exc)
+        except Exception as exc:
+            # A HubError, or not (a full or vanished shared folder raises OSError): raised here, it
+            # would end the upload lane with this job in no retry list and no checkpoint. It is
+            # kept and re-sent like any failed upload.
+            self.logger.warning(
+                "delta upload for local step %d failed: %s", job.step, _failure(exc)
+            )
             if isinstance(exc, HubRefused):
                 self._fatal = exc
-        except Exception as exc:
-            # Not a HubError (a full or vanished shared folder raises OSError): raised here, it
-            # ended the upload lane with this job in no retry list and no checkpoint, and no later
-            # delta left. It is kept and re-sent like any failed upload.
-            self.logger.warning(
-                "delta upload for local step %d failed: %s: %s", job.step, type(exc).__name__, exc
-            )
         if self._uploads is not None:
             self._results.put((job, ok))
         else:
@@ -577,15 +582,10 @@ class DumbDiLoCoCoordinator:
         except HubRefused as exc:
             self._fatal = exc  # raised on the training thread; it does not train on
             return None
-        except HubError as exc:
-            self.logger.warning("global poll failed, training continues: %s", exc)
-            return None
         except Exception as exc:
-            # Not a HubError (an OSError of a shared folder, a step_count.json that is JSON but
-            # not an object): raised here, it ended the poll lane and no global was installed again.
-            self.logger.warning(
-                "global poll failed, training continues: %s: %s", type(exc).__name__, exc
-            )
+            # A HubError, or not (an OSError of a shared folder): raised here, it would end the
+            # poll lane, and no global would be installed again.
+            self.logger.warning("global poll failed, training continues: %s", _failure(exc))
             return None
 
     def _claim(self) -> None:

@@ -55,21 +55,19 @@ class CautiousOptimizer(Optimizer):
         """Evaluate ``closure`` once, step the base optimizer, then mask misaligned entries."""
         # Called here, not by the base, so the snapshot below sees this step's gradients.
         loss = evaluate_closure(closure)
+        snapshot = []
         for group in self.param_groups:
             for param in group["params"]:
-                if param.is_complex() or (param.grad is not None and param.grad.is_sparse):
+                if param.grad is None:
+                    continue
+                if param.is_complex() or param.grad.is_sparse:
                     raise ValueError(
                         "CautiousOptimizer compares the update's sign with the gradient's, "
                         f"entry by entry: it needs real, dense gradients, got a "
                         f"{'complex' if param.is_complex() else 'sparse'} one of shape "
                         f"{tuple(param.shape)}; train without cautious for it"
                     )
-        snapshot = [
-            (param, param.detach().clone(), param.grad)
-            for group in self.param_groups
-            for param in group["params"]
-            if param.grad is not None
-        ]
+                snapshot.append((param, param.detach().clone(), param.grad))
         self.base.step()
         for param, before, grad in snapshot:
             delta = param.detach() - before

@@ -204,7 +204,7 @@ def restore_optimizer(optimizer: Any, state: Mapping[str, Any], config: Any = No
     # torch loads another optimizer's state when the group and parameter counts agree (an Adam
     # checkpoint into SGD): the groups then lack this optimizer's hyperparameters and its first
     # step fails with a bare KeyError. What each group needs is what it held before the load.
-    needed = [set(group) - _GROUP_BOOKKEEPING for group in optimizer.param_groups]
+    needed = [set(group) for group in group_settings(optimizer)]
     try:
         optimizer.load_state_dict(state["optimizer"])
     except (KeyError, ValueError, TypeError, IndexError) as exc:
@@ -217,10 +217,10 @@ def restore_optimizer(optimizer: Any, state: Mapping[str, Any], config: Any = No
             "another run.output_dir"
         ) from exc
     # torch has checked that the group counts agree
-    groups = list(zip(needed, [set(g) for g in optimizer.param_groups], strict=True))
+    groups = list(zip(needed, [set(g) for g in group_settings(optimizer)], strict=True))
     lacking = sorted({key for want, got in groups for key in want - got})
     if lacking:
-        foreign = sorted({key for want, got in groups for key in got - want} - _GROUP_BOOKKEEPING)
+        foreign = sorted({key for want, got in groups for key in got - want})
         raise CheckpointMismatch(
             f"checkpoint {_where(state)} holds the state of another optimizer than this run's "
             f"{type(optimizer).__name__} (its parameter groups lack {', '.join(lacking)}"
@@ -230,9 +230,29 @@ def restore_optimizer(optimizer: Any, state: Mapping[str, Any], config: Any = No
         )
 
 
-# Group entries that are not an optimizer's hyperparameters: an LR scheduler adds initial_lr, and
-# torch >= 2.6 may record parameter names.
-_GROUP_BOOKKEEPING = frozenset({"params", "initial_lr", "param_names"})
+# Param-group entries that are not settings a resume could change or lack: the parameters (and
+# the names torch >= 2.6 may record), the learning rate (the schedule's: an LR scheduler adds
+# initial_lr) and kernel choices torch fills in and may vary.
+_NOT_SETTINGS = frozenset(
+    {
+        "params",
+        "param_names",
+        "lr",
+        "initial_lr",
+        "foreach",
+        "fused",
+        "capturable",
+        "differentiable",
+    }
+)
+
+
+def group_settings(optimizer: Any) -> list[dict[str, Any]]:
+    """Return each parameter group's hyperparameters (no parameters, no learning rate)."""
+    return [
+        {key: value for key, value in group.items() if key not in _NOT_SETTINGS}
+        for group in optimizer.param_groups
+    ]
 
 
 def _check_optimizer_name(state: Mapping[str, Any], config: Any) -> None:
@@ -292,6 +312,7 @@ __all__ = [
     "check_settings",
     "check_tokenizer",
     "describe_load_error",
+    "group_settings",
     "load_checkpoint_file",
     "restore_model",
     "restore_optimizer",

@@ -49,6 +49,7 @@ from speedtronic_trainer.checkpoint_checks import (
     CheckpointError,
     check_settings,
     check_tokenizer,
+    group_settings,
     restore_model,
     restore_optimizer,
 )
@@ -152,30 +153,6 @@ class _FitProgress:
     checkpoint_step: int | None = None  # the step `checkpoint` holds
     stopped_by: str | None = None
     consecutive_skips: int = 0
-
-
-# Param-group entries that are not settings a resume could have changed: parameters, the
-# learning rate (the schedule's, named by _warn_if_lr_kept) and kernel choices torch may vary.
-_NOT_SETTINGS = frozenset(
-    {
-        "params",
-        "param_names",
-        "lr",
-        "initial_lr",
-        "foreach",
-        "fused",
-        "capturable",
-        "differentiable",
-    }
-)
-
-
-def _group_settings(optimizer: Any) -> list[dict[str, Any]]:
-    """Return each parameter group's hyperparameters (no parameters, no learning rate)."""
-    return [
-        {key: value for key, value in group.items() if key not in _NOT_SETTINGS}
-        for group in optimizer.param_groups
-    ]
 
 
 def _same_setting(first: Any, second: Any) -> bool:
@@ -473,22 +450,19 @@ class Trainer:
             return None
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        params = [
+        return total_norm(torch.nn.utils.clip_grad_norm_(self._params_with_grads(), clip))
+
+    def _params_with_grads(self) -> list[torch.Tensor]:
+        return [
             p
             for group in self.optimizer.param_groups
             for p in group["params"]
             if p.grad is not None
         ]
-        return total_norm(torch.nn.utils.clip_grad_norm_(params, clip))
 
     def _gradient_norm(self) -> float:
         """Return the global gradient norm without clipping (every rank gets the same value)."""
-        params = [
-            p
-            for group in self.optimizer.param_groups
-            for p in group["params"]
-            if p.grad is not None
-        ]
+        params = self._params_with_grads()
         if not params:
             return 0.0
         # A sparse gradient (an nn.Embedding(sparse=True) under SGD) has no norm kernel; its
@@ -735,7 +709,7 @@ class Trainer:
             return
         check_tokenizer(state, self.tokenizer)
         check_settings(state, self.config if self._config_given else None)
-        built = _group_settings(self.optimizer)
+        built = group_settings(self.optimizer)
         self._restore_weights(state)
         self._warn_if_settings_kept(built)
         if self.scheduler is not None and state.get("scheduler") is not None:
@@ -797,7 +771,7 @@ class Trainer:
         """
         kept: dict[str, tuple[Any, Any]] = {}
         # restore_optimizer checked that the group counts agree.
-        for mine, restored in zip(built, _group_settings(self.optimizer), strict=True):
+        for mine, restored in zip(built, group_settings(self.optimizer), strict=True):
             for key, value in mine.items():
                 if key in restored and not _same_setting(value, restored[key]):
                     kept.setdefault(key, (value, restored[key]))

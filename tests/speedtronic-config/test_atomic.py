@@ -201,3 +201,27 @@ def test_a_private_file_is_published_with_the_usual_permissions(tmp_path):
 def test_text_is_written_as_utf8(tmp_path, temp_kind):
     assert atomic_write_text(tmp_path / "t.txt", "naïve\n") == tmp_path / "t.txt"
     assert (tmp_path / "t.txt").read_bytes() == "naïve\n".encode()
+
+
+def test_staged_files_appear_together_or_not_at_all(tmp_path):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    for name, text in {"a.bin": "old a", "shard-2.bin": "old shard", "mine.txt": "kept"}.items():
+        (folder / name).write_text(text)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic.staged_files(folder, replaces=("shard-*.bin",)) as stage:
+            (stage / "a.bin").write_text("new a")
+            raise KeyboardInterrupt
+    assert {p.name: p.read_text() for p in folder.iterdir()} == {
+        "a.bin": "old a",
+        "shard-2.bin": "old shard",
+        "mine.txt": "kept",
+    }
+    with atomic.staged_files(folder, replaces=("shard-*.bin",)) as stage:
+        assert stage.parent == folder and not any(stage.iterdir())
+        (stage / "a.bin").write_text("new a")
+        assert (folder / "a.bin").read_text() == "old a"  # nothing renamed in before the end
+    assert {p.name: p.read_text() for p in folder.iterdir()} == {
+        "a.bin": "new a",
+        "mine.txt": "kept",
+    }

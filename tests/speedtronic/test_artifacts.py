@@ -411,3 +411,60 @@ def test_a_damaged_metrics_file_costs_the_card_its_curve_not_the_export(tmp_path
     names = {p.name for p in out.iterdir()}
     assert MODEL_FILES | TOKENIZER_FILES | {"README.md"} <= names and "loss_curve.png" not in names
     assert "| steps | 4 |" in (out / "README.md").read_text()
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("fmt", ["hf", "plain"])
+def test_an_export_failing_on_the_way_leaves_the_earlier_one_whole(
+    tmp_path, checkpoint, byte_shards, monkeypatch, fmt
+):
+    import safetensors.torch
+
+    import speedtronic.model_card
+    from speedtronic.artifacts import export_checkpoint
+
+    export = export_hf if fmt == "hf" else export_checkpoint
+    out = export(checkpoint, tmp_path / "out")
+    (out / "notes.txt").write_text("the user's own file\n")
+    earlier = _files(out)
+    other = noisy_checkpoint(run_config(tmp_path / "run", byte_shards, tie_weights=False), 4, 0.6)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    if fmt == "hf":  # the last file written: the new weights and tokenizer are on disk by then
+        monkeypatch.setattr(speedtronic.model_card, "write_model_card", disk_full)
+    else:
+        real = safetensors.torch.save_model
+
+        def half_written(model, filename, **kwargs):
+            real(model, filename, **kwargs)
+            Path(filename).write_bytes(Path(filename).read_bytes()[:100])
+            disk_full()
+
+        monkeypatch.setattr(safetensors.torch, "save_model", half_written)
+    with pytest.raises(OSError, match="No space left"):
+        export(other, out)
+    assert _files(out) == earlier  # nothing new, nothing half-written, no staging folder left
+    monkeypatch.undo()
+    export(other, out)
+    now = _files(out)
+    assert now["notes.txt"] == earlier["notes.txt"] and set(now) == set(earlier)
+    assert now["model.safetensors"] != earlier["model.safetensors"]
+
+
+def test_an_export_replaces_the_files_an_earlier_one_wrote_and_no_others(tmp_path, checkpoint):
+    from speedtronic_config.atomic import STAGING, temp_glob
+
+    out = export_hf(checkpoint, tmp_path / "out", max_shard_bytes=50_000)
+    shards = sorted(p.name for p in out.glob("model-*.safetensors"))
+    assert len(shards) > 1 and (out / "model.safetensors.index.json").is_file()
+    (out / "loss_curve.png").write_bytes(b"an earlier export's curve")
+    killed = out / temp_glob(STAGING).replace("*", "killed")  # left by a kill -9 while staging
+    killed.mkdir()
+    (killed / "model.safetensors").write_bytes(b"partial")
+    export_hf(checkpoint, out)  # one file; this checkpoint has no metrics, so no curve
+    assert {p.name for p in out.iterdir()} == MODEL_FILES | TOKENIZER_FILES | {"README.md"}

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -84,6 +86,37 @@ def new_folders_removed_on_error(folder: str | os.PathLike[str]) -> Iterator[Pat
     except BaseException:
         remove_empty_folders(missing)
         raise
+
+
+STAGING = "staging"  # the name a staged set's hidden folder is made from (temp_glob matches it)
+
+
+@contextlib.contextmanager
+def staged_files(
+    folder: str | os.PathLike[str], *, replaces: tuple[str, ...] = ()
+) -> Iterator[Path]:
+    """Yield an empty hidden folder inside `folder` to write a set of files into. When the body
+    returns, rename each into `folder` (replacing files of the same name), then delete the files
+    matching a `replaces` glob that the set lacks; when it raises, delete the set. A failure while
+    writing (disk full, Ctrl-C) thus leaves `folder`'s earlier files whole.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(temp_glob(STAGING)):  # left by a process killed while staging
+        shutil.rmtree(stale, ignore_errors=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{STAGING}.", suffix=TEMP_SUFFIX, dir=folder))
+    try:
+        yield stage
+        names = sorted(path.name for path in stage.iterdir())
+        for name in names:
+            os.replace(stage / name, folder / name)
+        for pattern in replaces:
+            for path in folder.glob(pattern):
+                if path.name not in names:
+                    path.unlink(missing_ok=True)
+        fsync_folder(folder)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def current_umask() -> int:
@@ -258,6 +291,7 @@ def atomic_json_dump(
 
 
 __all__ = [
+    "STAGING",
     "TEMP_SUFFIX",
     "atomic_json_dump",
     "atomic_write",
@@ -271,5 +305,6 @@ __all__ = [
     "publish_private_file",
     "remove_empty_folders",
     "remove_stale_temp_files",
+    "staged_files",
     "temp_glob",
 ]

@@ -27,6 +27,9 @@ ARCHITECTURE = "LlamaForCausalLM"
 HF_PREFIX = "hf:"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
+# Every weight file an export may write: one left by an earlier export with other sharding would
+# shadow or confuse the new ones.
+WEIGHT_FILES = ("model*.safetensors", INDEX_NAME)
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3  # transformers' own default shard size (5 GB)
 
 # Per-layer tensors: (reference model name, Llama name), in the order transformers writes them.
@@ -182,9 +185,8 @@ def save_llama(
             },
         }
         written.append(_write_json(out / INDEX_NAME, index))
-    # Weights left by an earlier export with other sharding would shadow or confuse these.
-    for stale in [*out.glob("model*.safetensors"), out / INDEX_NAME]:
-        if stale.exists() and stale not in written:
+    for stale in (path for pattern in WEIGHT_FILES for path in out.glob(pattern)):
+        if stale not in written:
             stale.unlink()
     return written
 
@@ -370,6 +372,7 @@ __all__ = [
     "HF_PREFIX",
     "INDEX_NAME",
     "WEIGHTS_NAME",
+    "WEIGHT_FILES",
     "hf_folder",
     "apply_init_from",
     "llama_config",

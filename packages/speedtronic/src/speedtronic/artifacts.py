@@ -257,25 +257,21 @@ def sample_text(
 
 
 def export_checkpoint(path: PathLike, out_dir: PathLike) -> Path:
-    """Write model.safetensors and config.json (the model section) to out_dir; return out_dir."""
+    """Write model.safetensors and config.json (the model section) to out_dir; return out_dir.
+    Both appear together: a failure on the way leaves an earlier export in out_dir whole.
+    """
     from safetensors.torch import save_model
 
-    from speedtronic_config.atomic import atomic_write_bytes, publish_private_file
+    from speedtronic_config.atomic import publish_private_file, staged_files
 
     model, config = load_checkpoint_model(path)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    weights = out_dir / "model.safetensors"
-    temp = out_dir / f".{weights.name}.{os.urandom(6).hex()}.tmp"
-    try:
-        save_model(model, str(temp), metadata={"format": "pt"})  # dedupes tied tensors
-        publish_private_file(temp, weights)  # safetensors creates it 0600
-    finally:
-        temp.unlink(missing_ok=True)
-    model_config = config.to_dict()["model"]
-    atomic_write_bytes(
-        out_dir / "config.json", (json.dumps(model_config, indent=2) + "\n").encode()
-    )
+    with staged_files(out_dir) as stage:
+        weights = stage / "model.safetensors"
+        save_model(model, str(weights), metadata={"format": "pt"})  # dedupes tied tensors
+        publish_private_file(weights, weights)  # safetensors creates it 0600
+        model_config = config.to_dict()["model"]
+        (stage / "config.json").write_text(json.dumps(model_config, indent=2) + "\n")
     return out_dir
 
 
@@ -303,10 +299,11 @@ def export_hf(
     """Write a checkpoint as a `transformers` Llama folder (config.json, generation_config.json,
     safetensors weights, tokenizer.json, tokenizer_config.json, README.md model card); return it.
     """
-    from speedtronic.model_card import write_model_card
+    from speedtronic.model_card import CURVE_NAME, write_model_card
+    from speedtronic_config.atomic import staged_files
     from speedtronic_data import write_hf_tokenizer
     from speedtronic_model import llama_config, save_llama
-    from speedtronic_model.hf_llama import DEFAULT_MAX_SHARD_BYTES
+    from speedtronic_model.hf_llama import DEFAULT_MAX_SHARD_BYTES, WEIGHT_FILES
 
     path = resolve_checkpoint(path)  # the model card looks for the run's metrics beside it
     out_dir = Path(out_dir)
@@ -315,13 +312,16 @@ def export_hf(
     llama_config(model)  # a model that does not map fails here, before anything is written
     codec = resolve_tokenizer(config, tokenizer, recorded=state.get("tokenizer"), checkpoint=path)
     record = _check_fits(codec, config, tokenizer)
-    bos, eos = write_hf_tokenizer(out_dir, codec, model_max_length=config.model.max_seq_len)
-    save_llama(
-        model,
-        out_dir,
-        bos_token_id=bos,
-        eos_token_id=eos,
-        max_shard_bytes=max_shard_bytes or DEFAULT_MAX_SHARD_BYTES,
-    )
-    write_model_card(out_dir, config, state, checkpoint=path, tokenizer=record, repo_id=repo_id)
+    # Staged, then renamed in: a failure on the way (disk full, Ctrl-C) leaves an earlier export
+    # in out_dir whole, not new weights beside an old card.
+    with staged_files(out_dir, replaces=(*WEIGHT_FILES, CURVE_NAME)) as stage:
+        bos, eos = write_hf_tokenizer(stage, codec, model_max_length=config.model.max_seq_len)
+        save_llama(
+            model,
+            stage,
+            bos_token_id=bos,
+            eos_token_id=eos,
+            max_shard_bytes=max_shard_bytes or DEFAULT_MAX_SHARD_BYTES,
+        )
+        write_model_card(stage, config, state, checkpoint=path, tokenizer=record, repo_id=repo_id)
     return out_dir

@@ -181,6 +181,27 @@ def test_invalid_and_stale_deltas_are_skipped_with_reasons(tmp_path, caplog):
     assert events[-1][1]["total_skipped_invalid"] == 6
 
 
+def test_a_delta_damaged_on_disk_is_skipped_for_good_without_retries(tmp_path, caplog):
+    state = {"w": torch.zeros(3)}
+    hub, loop = _master(tmp_path, state, outer_lr=1.0, outer_momentum=0.0)
+    loop.recover()
+    sleeps = []
+    hub.sleeper = sleeps.append
+    hub.upload_delta({"w": torch.full((3,), 7.0)}, node_id="bad", local_step=1, base_outer_step=0)
+    damaged = (
+        hub.transport.root / "objects" / hub.transport._tree(hub.head())[delta_path("bad", 1, 0)]
+    )
+    damaged.write_bytes(damaged.read_bytes()[:-4] + b"\0\0\0\0")  # bit rot, same length
+    hub.upload_delta({"w": torch.ones(3)}, node_id="good", local_step=1, base_outer_step=0)
+    with caplog.at_level(logging.WARNING):
+        assert loop.sync_once() == 1
+    assert torch.equal(loop.snapshot()[1]["w"], -torch.ones(3))  # the good delta alone
+    assert loop.counters["skipped_invalid"] == 1 and sleeps == []  # no backoff on damage
+    assert "skipping delta" in caplog.text and "corrupt" in caplog.text
+    assert delta_path("bad", 1, 0) in loop.processed_filenames  # not fetched again next round
+    assert hub.delta_paths() == []
+
+
 def test_failed_publish_is_resent_before_the_next_round(tmp_path):
     state = {"w": torch.zeros(2)}
     hub, loop = _master(tmp_path, state, outer_lr=1.0, outer_momentum=0.0)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from speedtronic_diloco.transport import (
+    Corrupt,
     FilesystemTransport,
     NotFound,
     Refused,
@@ -78,8 +79,9 @@ def test_corrupt_object_is_detected(repo):
     rev = repo.commit({"a": b"payload"}, [], message="m")
     for obj in (repo.root / "objects").iterdir():
         obj.write_bytes(b"tampered")
-    with pytest.raises(TransportError, match="corrupt"):
+    with pytest.raises(Corrupt, match="corrupt") as caught:
         repo.read("a", rev)
+    assert not caught.value.transient  # the same bytes read again cannot help
 
 
 @pytest.mark.parametrize(

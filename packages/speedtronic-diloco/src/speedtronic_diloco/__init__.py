@@ -18,6 +18,7 @@ _EXPORTS = {
     "SyncResult": "diloco",
     "GlobalMetadata": "hub",
     "HubClient": "hub",
+    "HubCorrupt": "hub",
     "HubError": "hub",
     "HubRefused": "hub",
     "HubUnavailable": "hub",

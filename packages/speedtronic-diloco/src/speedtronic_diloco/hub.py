@@ -33,6 +33,7 @@ from speedtronic_diloco.tensors import (
     to_safetensors_bytes,
 )
 from speedtronic_diloco.transport import (
+    Corrupt,
     FilesystemTransport,
     HfApiTransport,
     NotFound,
@@ -67,6 +68,10 @@ class HubError(RuntimeError):
 
 class HubRefused(HubError):
     """The Hub refused this node's token (wrong, expired or read-only): no retry can help."""
+
+
+class HubCorrupt(HubError):
+    """A stored file is damaged (its bytes no longer match their digest): no retry can help."""
 
 
 class HubUnavailable(HubError):
@@ -212,6 +217,8 @@ class HubClient:
                 f"{operation} on {self.repo_id} was refused ({exc}): give this node a token with "
                 f"write access to {self.repo_id} (HF_TOKEN or `huggingface-cli login`)"
             ) from None
+        except Corrupt as exc:
+            raise HubCorrupt(f"{operation} on {self.repo_id} failed: {exc}") from None
         except TransportError as exc:
             raise HubError(f"{operation} on {self.repo_id} failed: {exc}") from None
 
@@ -564,6 +571,7 @@ __all__ = [
     "GlobalMetadata",
     "HubClient",
     "HubError",
+    "HubCorrupt",
     "HubRefused",
     "HubUnavailable",
     "build_hub_client",

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from speedtronic_config.atomic import atomic_write_bytes
-from speedtronic_diloco.hub import HubClient, HubError
+from speedtronic_diloco.hub import HubClient, HubCorrupt, HubError
 from speedtronic_diloco.tensors import (
     DeltaRef,
     average_deltas,
@@ -264,6 +264,8 @@ class MasterOuterLoop:
         def fetch(ref: DeltaRef) -> tuple:
             try:
                 return self._fetch_delta(ref, outer_step, revision)
+            except HubCorrupt as exc:  # the same damaged bytes every round: skipped for good
+                return None, f"corrupt: {exc}"
             except HubError as exc:
                 return None, exc
 

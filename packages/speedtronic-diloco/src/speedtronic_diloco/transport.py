@@ -43,6 +43,13 @@ class StaleParent(TransportError):
         super().__init__(message, transient=False)
 
 
+class Corrupt(TransportError):
+    """A stored file no longer matches its recorded digest: reading it again cannot help."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, transient=False)
+
+
 class Refused(TransportError):
     """The server refused the credentials (HTTP 401) or the permission (403)."""
 
@@ -275,7 +282,9 @@ class FilesystemTransport:
                 transient=True,
             ) from None
         if hashlib.sha256(data).hexdigest() != tree[path]:
-            raise TransportError(f"object for {path} is corrupt on disk", transient=True)
+            # Objects are named by their digest and written atomically: a mismatch is damage on
+            # disk, which the same bytes read again (the next round's retry) would repeat.
+            raise Corrupt(f"object for {path} is corrupt on disk (sha256 mismatch)")
         return data
 
     def _write_commit(self, tree: dict[str, str], *, parent: str | None, message: str) -> str:
@@ -406,6 +415,7 @@ class FilesystemTransport:
 
 
 __all__ = [
+    "Corrupt",
     "FilesystemTransport",
     "HfApiTransport",
     "NotFound",

@@ -48,6 +48,9 @@ def test_missing_file_names_the_path(tmp_path):
         SpeedtronicConfig.load(missing)
     with pytest.raises(ConfigError, match="^runs/none.yaml: config file not found"):
         SpeedtronicConfig.load("runs/none.yaml")
+    # An unset shell variable (`train "$CONFIG"`): not the current folder, "is a directory"
+    with pytest.raises(ConfigError, match="^CONFIG: empty path; name a config file"):
+        SpeedtronicConfig.from_yaml("")
 
 
 def test_directory_and_non_utf8_files(tmp_path):
@@ -66,6 +69,9 @@ def test_malformed_yaml_gives_line_and_column(tmp_path):
         SpeedtronicConfig.from_yaml(path)
     with pytest.raises(ConfigError, match="^<inline config>: invalid YAML at line 1, column"):
         SpeedtronicConfig.load("max_steps: [")
+    path.write_text("run:\n  seed: 1\n---\nmodel:\n  n_layer: 2\n")
+    with pytest.raises(ConfigError, match="another document; a config is one YAML document"):
+        SpeedtronicConfig.from_yaml(path)
 
 
 def test_malformed_json_gives_line_and_column(tmp_path):

@@ -125,6 +125,23 @@ def test_an_empty_value_is_refused_not_read_as_null(text):
         parse_override(text)
 
 
+@pytest.mark.parametrize(
+    "text,fix",
+    [
+        ("run.device=", "give it a value (its default is auto)"),
+        ("device=", "give it a value (its default is auto)"),  # the run alias
+        ("optimizer=", "give it a value (its default is adamw)"),  # the section's shorthand
+        ("model.n_layer=", "give it a value (its default is 4)"),
+        ("compile=", "give it a value"),
+    ],
+)
+def test_an_empty_value_for_a_field_that_refuses_null_names_its_default(text, fix):
+    with pytest.raises(ConfigError) as caught:
+        parse_override(text)
+    assert str(caught.value).endswith(f"empty value; {fix}")
+    assert "null" not in str(caught.value)
+
+
 def test_a_mapping_for_a_section_changes_only_the_fields_it_names():
     raw = {"model": {"n_layer": 2, "d_model": 64}, "optimizer": "muon"}
     result = apply_overrides(raw, ["model={n_layer: 6}", "optimizer={lr: 0.01}"])

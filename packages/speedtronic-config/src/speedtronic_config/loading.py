@@ -66,7 +66,9 @@ def parse_text(text: str, source: str, *, as_json: bool = False) -> Any:
     try:
         return parse_value(text, source)
     except yaml.YAMLError as error:
-        raise ConfigError(source, describe_yaml_error(error)) from None
+        several = "another document" in str(getattr(error, "problem", ""))
+        fix = "a config is one YAML document: remove the --- line" if several else None
+        raise ConfigError(source, describe_yaml_error(error), allowed=fix) from None
 
 
 def _parse_json(text: str, source: str) -> Any:
@@ -162,6 +164,10 @@ def describe_yaml_error(error: yaml.YAMLError, what: str = "invalid YAML") -> st
 
 def read_file(path: str | os.PathLike[str]) -> Any:
     """Return the data in a .yaml/.yml/.json file; a missing or unreadable file is a ConfigError."""
+    if not str(path):  # Path("") is the current folder
+        raise ConfigError(
+            "CONFIG", "empty path", allowed="name a config file, e.g. configs/quickstart.yaml"
+        )
     file = Path(path)
     if not file.exists():
         raise ConfigError(str(file), "config file not found", allowed="check the path")

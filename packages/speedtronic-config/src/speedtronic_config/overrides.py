@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import MISSING, fields
 from typing import Any
 
 import yaml
@@ -42,9 +43,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not raw.strip():
         # An empty value is most often an unset shell variable (--set data.shard_path=$SHARDS):
         # read as null it would silently fall back to the default, e.g. synthetic data.
-        raise ConfigError(
-            key.strip(), "empty value", allowed=f"write {key.strip()}=null to unset it"
-        )
+        raise ConfigError(key.strip(), "empty value", allowed=_unset_hint(key.strip()))
     try:
         value = parse_value(raw, key.strip())
     except yaml.YAMLError as error:
@@ -55,6 +54,20 @@ def parse_override(text: str) -> tuple[list[str], Any]:
             allowed="quote a string value, e.g. --set 'run.name=\"a: b\"'",
         ) from None
     return parts, value
+
+
+def _unset_hint(key: str) -> str:
+    """Return the fix for an empty `key=`: null where the field takes it, else its default."""
+    if key in RUN_ALIASES:
+        key = f"run.{key}"
+    section, _, name = key.partition(".")
+    name = name or SHORTHAND_FIELD.get(section, "")
+    spec = {f.name: f for f in fields(SECTIONS[section])}.get(name) if section in SECTIONS else None
+    if spec is not None and str(spec.type).endswith("| None"):
+        return f"write {key}=null to unset it"
+    if spec is None or spec.default is MISSING:
+        return "give it a value"
+    return f"give it a value (its default is {override_value(spec.default)})"
 
 
 def override_value(value: Any) -> str:

@@ -851,6 +851,26 @@ def test_resume_reports_another_optimizer_and_logs_fallbacks_in_one_line(tmp_pat
     )
 
 
+def test_a_resume_refused_for_its_optimizer_leaves_the_trainer_as_it_was():
+    from speedtronic_trainer import CheckpointMismatch
+
+    saved = TinyLM()
+    adam = make_trainer(saved, optimizer=torch.optim.Adam(saved.parameters(), lr=0.1))
+    adam.fit(2)
+    state = adam.state_dict()
+    model = TinyLM()
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = make_trainer(
+        model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    )
+    with pytest.raises(CheckpointMismatch, match="another optimizer than this run's SGD"):
+        trainer.resume(state)
+    # Neither the weights (loaded first, before) nor SGD's groups (torch swapped in Adam's) changed
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    assert trainer.step == 0 and trainer.optimizer.param_groups[0]["momentum"] == 0.9
+    assert trainer.fit(2).skipped_steps == 0  # still trains (a KeyError 'momentum' before)
+
+
 def test_sparse_gradients_train_without_clipping():
     # The unclipped step's finiteness check measures a sparse gradient by its stored values
     # (linalg.vector_norm has no sparse kernel).

@@ -160,15 +160,9 @@ def check_settings(state: Mapping[str, Any], config: Any) -> None:
     _check_optimizer_name(state, config)
 
 
-def restore_model(
-    model: torch.nn.Module,
-    state: Mapping[str, Any],
-    config: Any = None,
-    load: Callable[[torch.nn.Module, Any], Any] | None = None,
-) -> None:
-    """Load a checkpoint's model weights strictly (through `load(model, weights)` when given, as
-    an FSDP2 model needs); CheckpointError naming the first mismatch, how many there are, and the
-    model settings that differ from the checkpoint's.
+def check_model_fits(model: torch.nn.Module, state: Mapping[str, Any], config: Any = None) -> None:
+    """Raise CheckpointMismatch naming the first mismatch between a checkpoint's weights and
+    `model`, how many there are, and the model settings that differ; load nothing.
     """
     saved = state["model"]
     current = model.state_dict()
@@ -180,7 +174,6 @@ def restore_model(
     problems += [f"missing {name}" for name in current if name not in saved]
     problems += [f"unexpected {name}" for name in saved if name not in current]
     if not problems:
-        (load or torch.nn.Module.load_state_dict)(model, saved)
         return
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
     settings = _config_differences(state.get("config"), config, "model")
@@ -196,6 +189,19 @@ def restore_model(
     )
 
 
+def restore_model(
+    model: torch.nn.Module,
+    state: Mapping[str, Any],
+    config: Any = None,
+    load: Callable[[torch.nn.Module, Any], Any] | None = None,
+) -> None:
+    """Load a checkpoint's model weights strictly (through `load(model, weights)` when given, as
+    an FSDP2 model needs) once check_model_fits passes.
+    """
+    check_model_fits(model, state, config)
+    (load or torch.nn.Module.load_state_dict)(model, state["model"])
+
+
 def restore_optimizer(optimizer: Any, state: Mapping[str, Any], config: Any = None) -> None:
     """Load a checkpoint's optimizer state; CheckpointError naming both optimizers and the fix when
     it was written by another one (Muon state is not interchangeable with AdamW state).
@@ -205,9 +211,11 @@ def restore_optimizer(optimizer: Any, state: Mapping[str, Any], config: Any = No
     # checkpoint into SGD): the groups then lack this optimizer's hyperparameters and its first
     # step fails with a bare KeyError. What each group needs is what it held before the load.
     needed = [set(group) for group in group_settings(optimizer)]
+    before = optimizer.state_dict()  # what a refusal puts back: the optimizer stays usable
     try:
         optimizer.load_state_dict(state["optimizer"])
     except (KeyError, ValueError, TypeError, IndexError) as exc:
+        optimizer.load_state_dict(before)
         found = _layout(state["optimizer"])
         first = next(iter(str(exc).splitlines()), "")
         raise CheckpointMismatch(
@@ -220,6 +228,7 @@ def restore_optimizer(optimizer: Any, state: Mapping[str, Any], config: Any = No
     groups = list(zip(needed, [set(g) for g in group_settings(optimizer)], strict=True))
     lacking = sorted({key for want, got in groups for key in want - got})
     if lacking:
+        optimizer.load_state_dict(before)
         foreign = sorted({key for want, got in groups for key in got - want})
         raise CheckpointMismatch(
             f"checkpoint {_where(state)} holds the state of another optimizer than this run's "
@@ -309,6 +318,7 @@ def _where(state: Mapping[str, Any]) -> str:
 __all__ = [
     "CheckpointError",
     "CheckpointMismatch",
+    "check_model_fits",
     "check_settings",
     "check_tokenizer",
     "describe_load_error",

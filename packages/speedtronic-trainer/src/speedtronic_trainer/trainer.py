@@ -47,6 +47,7 @@ from speedtronic_trainer.batches import (
 from speedtronic_trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from speedtronic_trainer.checkpoint_checks import (
     CheckpointError,
+    check_model_fits,
     check_settings,
     check_tokenizer,
     group_settings,
@@ -845,8 +846,11 @@ class Trainer:
         config = self.config if self._config_given else None
         sharded = self.parallel.mode == "fsdp"
         load = load_full_model_state if sharded else None
-        restore_model(unwrap_model(self.model), state, config, load=load)
+        # Checked, then the optimizer (put back if refused), then the weights: a checkpoint
+        # refused for either leaves this trainer as it was.
+        check_model_fits(unwrap_model(self.model), state, config)
         restore_optimizer(self.optimizer, state, config)
+        restore_model(unwrap_model(self.model), state, config, load=load)
         if sharded:
             shard_optimizer_state(self.optimizer)
 

@@ -635,12 +635,25 @@ def test_a_one_shot_eval_iterator_is_refused_once_exhausted():
     """A generator gave its batches to the first evaluation only: later ones reported nothing and
     fit() returned the first evaluation's val_loss as the final one."""
     batches = list(make_loader(TokenDataset(n=4), batch_size=2))
-    trainer = make_trainer(eval_dataloader=iter(batches), sections={"data": {"eval_every": 1}})
-    with pytest.raises(ValueError, match="eval_dataloader is a one-shot iterator"):
+    stream = io.StringIO()
+    trainer = make_trainer(
+        eval_dataloader=iter(batches),
+        sections={"data": {"eval_every": 1}},
+        logger=MetricLogger(stream=stream, hooks=[RecordingHook()]),
+    )
+    # Said at once: with data.eval_steps below its length, each evaluation reads other batches.
+    assert "one-shot iterator: each evaluation reads its next batches" in stream.getvalue()
+    with pytest.raises(ValueError, match="eval_dataloader is a one-shot iterator that is"):
         trainer.fit(3)
-    again = make_trainer(eval_dataloader=batches, sections={"data": {"eval_every": 1}})
+    stream = io.StringIO()
+    again = make_trainer(
+        eval_dataloader=batches,
+        sections={"data": {"eval_every": 1}},
+        logger=MetricLogger(stream=stream, hooks=[RecordingHook()]),
+    )
     again.fit(3)  # a list is read again by every evaluation
     assert len(hook_of(again).values("eval", "val_loss")) == 3
+    assert "one-shot" not in stream.getvalue()
 
 
 def test_validation_runs_in_the_training_precision(monkeypatch):

@@ -6,7 +6,7 @@ import itertools
 import math
 import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -228,6 +228,12 @@ class Trainer:
         self.eval_dataloader = eval_dataloader
         self.scheduler = scheduler
         self.logger = logger if logger is not None else MetricLogger()
+        if isinstance(eval_dataloader, Iterator):  # not iter(): a DataLoader's starts workers
+            self.logger.warning(
+                "the eval_dataloader is a one-shot iterator: each evaluation reads its next "
+                "batches (data.eval_steps of them), so no two val_loss values come from the same "
+                "data, until it runs dry; pass a re-iterable loader (a DataLoader or a list)"
+            )
         self.checkpoint_manager = checkpoint_manager
         self.coordinator = coordinator
         # Which tokenizer wrote the training data (kind, vocab_size, name, sha256): recorded in

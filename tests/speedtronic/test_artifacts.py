@@ -94,6 +94,17 @@ def test_a_bpe_run_exports_its_tokenizer(tmp_path, bpe_json):
     )
 
 
+def test_a_recorded_tokenizer_whose_shards_moved_is_asked_for_by_name(tmp_path, bpe_json):
+    prepare(tmp_path / "shards", bpe_json)
+    checkpoint = noisy_checkpoint(run_config(tmp_path / "run", tmp_path / "shards"))
+    shutil.rmtree(tmp_path / "shards")
+    with pytest.raises(UsageError, match="cannot tell which tokenizer") as error:
+        export_hf(checkpoint, tmp_path / "hf")
+    # --tokenizer bytes would be refused for this checkpoint: the hint names the one it records
+    assert "--tokenizer bytes" not in str(error.value)
+    assert re.search(r"pass \S+ \([\d,]+ ids\), which the checkpoint records", str(error.value))
+
+
 def test_a_custom_registered_model_does_not_map(tmp_path, byte_shards):
     from speedtronic_model import register_model
 

@@ -301,7 +301,7 @@ def _train_overrides(values: Any, args: argparse.Namespace) -> tuple[list[str], 
     if args.max_steps is not None:
         overrides.append(f"run.max_steps={args.max_steps}")
     config = _load_config(values, overrides)  # once: neither decision below changes the other
-    # 2.0's --max-steps also moved the schedule horizon, unless scheduler.max_steps was set.
+    # 2.0's --max-steps also moved a set horizon; now only an unset one (docs/migrating.md).
     if args.max_steps is not None and config.scheduler.follows_target:
         overrides.append(f"scheduler.max_steps={args.max_steps}")
     metrics = None

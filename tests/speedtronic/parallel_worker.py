@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 
 from speedtronic import runtime
+from speedtronic.train_end import run_failed
+from speedtronic_config.errors import raised_on_every_rank
 from speedtronic_systems.parallel import (
     SINGLE,
     ParallelContext,
@@ -26,7 +28,7 @@ from speedtronic_systems.parallel import (
     check_optimizer_after_wrapping,
     wrap_model,
 )
-from speedtronic_trainer import Trainer
+from speedtronic_trainer import NonFiniteLossError, Trainer
 from speedtronic_trainer.checkpoint_checks import CheckpointError
 
 # The CUDA-marked tests run the same scenarios on GPUs (NCCL through backend auto).
@@ -107,6 +109,7 @@ def scenario_train(out: Path, mode: str) -> dict:
     seen["eval_loss"] = evaluate_shares(out, mode)
     seen["eval_stop"] = stop_during_evaluation(out, mode)
     seen["failed_saves"] = failed_saves(out, mode)
+    seen["nonfinite_stop"] = nonfinite_stop(out, mode)
     seen["split_precision"] = split_precision(out, mode)
     seen["resume_apart"] = resume_apart(out, mode)
     seen["empty_shares"] = empty_shares(out, mode)
@@ -118,6 +121,7 @@ def scenario_train(out: Path, mode: str) -> dict:
         seen["wrong_order_refused"] = wrong_order_is_refused(trainer)
         seen["read_alone"] = read_sharded_checkpoint_alone(trainer, params)
         seen["held_after_microbatch"] = gradients_between_microbatches(out)
+        seen["failed_shard_write"] = failed_shard_write(out)
     return seen
 
 
@@ -306,6 +310,53 @@ def failed_saves(out: Path, mode: str) -> list[str]:
         finally:
             setattr(manager, method, original)
     return raised
+
+
+def nonfinite_stop(out: Path, mode: str) -> list:
+    """Return the run's one-line failure when a non-finite loss on rank 1 alone stops it (policy
+    stop), and whether it is marked as every rank's (rank 0 then prints it for the group).
+    """
+    stopping, _ = runtime.build_runtime(
+        config(out / "nonfinite_stop", mode, run={"nonfinite_loss": "stop"})
+    )
+    original = stopping._forward
+
+    def poisoned(batch):
+        loss = original(batch)
+        return loss * float("nan") if stopping.parallel.rank == 1 else loss
+
+    stopping._forward = poisoned
+    try:
+        stopping.fit()
+    except NonFiniteLossError as error:
+        failed = run_failed(error, stopping, None)  # no checkpoint yet: no resume command
+        return [str(failed), raised_on_every_rank(failed)]
+    return ["nothing"]
+
+
+def failed_shard_write(out: Path) -> list:
+    """Return what each rank raised when rank 1 alone failed to write its DCP shards (a full
+    disk), and whether it is marked as every rank's.
+    """
+    import errno
+
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    trainer, _ = runtime.build_runtime(config(out / "failed_shard_write", "fsdp"))
+    original = FileSystemWriter.write_data
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if trainer.parallel.rank == 1:
+        FileSystemWriter.write_data = full
+    try:
+        trainer._checkpoint(force=True)
+        return ["nothing"]
+    except CheckpointError as error:
+        return [str(error), raised_on_every_rank(error)]
+    finally:
+        FileSystemWriter.write_data = original
 
 
 def evaluate_shares(out: Path, mode: str) -> list[float | None]:

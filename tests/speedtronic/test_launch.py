@@ -627,3 +627,38 @@ def test_max_restarts_resumes_the_workers_from_the_last_checkpoint(tmp_path, kil
     said = [line for line in restarted.splitlines() if line.startswith("speedtronic train:")]
     assert len(said) == 1 and "; resume with: speedtronic train " in said[0], said
     assert "torchrun restarts" not in said[0]
+
+
+def test_a_restart_of_a_fresh_run_beside_an_earlier_runs_checkpoints_starts_fresh(tmp_path):
+    out = tmp_path / "run"
+    smoke = str(ROOT / "configs" / "smoke.yaml")
+    earlier = ["--set", f"run.output_dir={out}", "--set", f"logging.json_file={tmp_path / 'a'}"]
+    assert main(["train", smoke, *earlier]) == 0  # the earlier run, in one process
+    assert latest_step(out) == 8
+    run = train(
+        out, "--nproc-per-node", "2", "--max-restarts", "1", "--max-steps", "100000",
+        "--set", "checkpoint.every_steps=100000",
+    )  # fmt: skip
+    try:
+        wait_for(lambda: last_step(out) >= 3, "step 3 of the fresh run", run)
+        os.kill(workers(run.pid)[1], signal.SIGKILL)  # before this run's first checkpoint
+        log = out.with_suffix(".log")
+        # torchrun's line on the first worker it finds dead (-9, or 1 from its peer), before the
+        # restart
+        died = "failed (exitcode: "
+        wait_for(
+            lambda: log.read_text().partition(died)[2].count(" train_step ") >= 2,
+            "two steps after the restart",
+            run,
+        )
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=120) == 143, log.read_text()[-3000:]
+        restarted = log.read_text().partition(died)[2]
+        # The restart trained this run from step 0 again, not on from the earlier run's step 8.
+        assert "resumed at step" not in restarted, restarted[-3000:]
+        assert "holds an earlier run's checkpoints (latest step_8.pt)" in restarted
+        assert " train_step step=1 " in restarted
+    finally:  # a failed check leaves no launch training on
+        if run.poll() is None:
+            run.terminate()  # torchrun passes it to the workers
+            run.wait(timeout=120)

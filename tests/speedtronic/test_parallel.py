@@ -173,6 +173,30 @@ def test_a_checkpoint_rank_zero_fails_to_write_fails_on_every_rank(trained):
     assert one["failed_saves"][1].startswith("rank 0 failed to point `latest` at ")
 
 
+def test_a_nonfinite_loss_on_one_rank_stops_every_rank_with_one_line_for_the_group(trained):
+    _, _, (zero, one) = trained
+    assert zero["nonfinite_stop"] == one["nonfinite_stop"]
+    line, every_rank = zero["nonfinite_stop"]
+    assert line.startswith("NonFiniteLossError: non-finite loss=nan at step 1; ")
+    assert line.endswith("; no checkpoint was written")
+    assert every_rank  # rank 0 prints it once, not each rank
+
+
+def test_a_shard_write_one_rank_fails_is_one_line_on_every_rank(trained):
+    mode, out, (zero, one) = trained
+    if mode != "fsdp":
+        pytest.skip("DDP's rank 0 writes the one file (test above)")
+    assert (
+        zero["failed_shard_write"]
+        == one["failed_shard_write"]
+        == [
+            f"no space left on {out / 'failed_shard_write' / 'run' / 'checkpoints'} while writing "
+            "step 0; no earlier checkpoint exists",
+            True,
+        ]
+    )
+
+
 def test_ranks_that_resolve_different_precisions_all_train_in_fp32(trained):
     _, out, (zero, one) = trained
     assert zero["split_precision"] == one["split_precision"]

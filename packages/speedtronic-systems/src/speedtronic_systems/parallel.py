@@ -228,9 +228,10 @@ def _restart_store(timeout: datetime.timedelta) -> dict[str, Any]:
     }
 
 
-def agent_store(timeout: datetime.timedelta) -> dist.Store | None:
+def agent_store(timeout: datetime.timedelta, *, every_round: bool = False) -> dist.Store | None:
     """Return this restart round's part of the store torchrun's agent keeps for its workers
-    (None when the workers have none), whether or not a process group exists.
+    (None when the workers have none), whether or not a process group exists; with
+    `every_round`, the part every restart round of the launch shares.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
@@ -238,7 +239,8 @@ def agent_store(timeout: datetime.timedelta) -> dist.Store | None:
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
     )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"speedtronic/attempt_{attempt}", client)
+    scope = "launch" if every_round else f"attempt_{attempt}"
+    return dist.PrefixStore(f"speedtronic/{scope}", client)
 
 
 def torchrun_worker() -> bool:

@@ -113,7 +113,7 @@ class CheckpointManager:
             os.replace(staging, final)
             fsync_folder(self.directory)
         except OSError as error:
-            raise self._write_failure(error, final) from error
+            raise self.write_failure(error, final) from error
         shutil.rmtree(retired, ignore_errors=True)
         return final
 
@@ -133,7 +133,7 @@ class CheckpointManager:
         try:
             atomic_torch_save(state, path)
         except OSError as error:
-            raise self._write_failure(error, path) from error
+            raise self.write_failure(error, path) from error
         return path
 
     def commit(self, path: Path, *, prune: bool = True) -> None:
@@ -144,11 +144,11 @@ class CheckpointManager:
         try:
             atomic_json_dump({"step": step, "file": path.name}, self.directory / LATEST_POINTER)
         except OSError as error:
-            raise self._write_failure(error, path) from error
+            raise self.write_failure(error, path) from error
         if prune:
             self.prune()
 
-    def _write_failure(self, error: OSError, path: Path) -> CheckpointError:
+    def write_failure(self, error: OSError, path: Path) -> CheckpointError:
         """Return one line: why writing the checkpoint at `path` failed, and that the previous
         checkpoint stands.
         """

@@ -29,12 +29,25 @@ def leaf_optimizers(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimi
 
 
 def save_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Write this rank's shards of the model and optimizer state under `path` (every rank calls)."""
+    """Write this rank's shards of the model and optimizer state under `path` (every rank calls).
+    A failed write raises OSError on every rank alike: DCP gathers every rank's failure, and the
+    first OSError among them (a full or unwritable disk) says why, else the first rank's failure.
+    """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optimizer_state = get_state_dict(model, leaf_optimizers(optimizer))
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(path))
+    try:
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(path))
+    except CheckpointException as error:  # a BaseException, holding each failed rank's error
+        causes = [error.failures[rank][0] for rank in sorted(error.failures)]
+        found = next((cause for cause in causes if isinstance(cause, OSError)), None)
+        if found is None:
+            cause = causes[0] if causes else error
+            reason = next((line for line in str(cause).splitlines() if line.strip()), "")
+            found = OSError(None, f"{type(cause).__name__}: {reason}")
+        raise found from error
 
 
 def damaged_shards(path: Path) -> str | None:

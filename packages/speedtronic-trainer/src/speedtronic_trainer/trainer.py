@@ -493,15 +493,20 @@ class Trainer:
             "lower the learning rate, set optimizer.grad_clip, check the data for fully ignored "
             "labels, or set run.nonfinite_loss: skip to skip such updates"
         )
+        # The loss and gradient norm were agreed on: every rank of a group raises alike.
         if self.config.run.nonfinite_loss == "stop":
-            raise NonFiniteLossError(
-                f"non-finite {what} at step {self.step + 1}; stopped without updating the "
-                f"weights or writing a checkpoint ({hint})"
+            raise on_every_rank(
+                NonFiniteLossError(
+                    f"non-finite {what} at step {self.step + 1}; stopped without updating the "
+                    f"weights or writing a checkpoint ({hint})"
+                )
             )
         if consecutive >= MAX_CONSECUTIVE_SKIPS:
-            raise NonFiniteLossError(
-                f"{consecutive} consecutive non-finite updates up to step {self.step + 1}; "
-                f"the run has diverged ({hint})"
+            raise on_every_rank(
+                NonFiniteLossError(
+                    f"{consecutive} consecutive non-finite updates up to step {self.step + 1}; "
+                    f"the run has diverged ({hint})"
+                )
             )
         self.logger.emit(
             "nonfinite_skip",
@@ -683,7 +688,10 @@ class Trainer:
             if self.parallel.is_main:  # what a killed save left; gone before any rank writes
                 shutil.rmtree(staging, ignore_errors=True)
             self.parallel.barrier()
-            save_sharded(staging, self.model, self.optimizer)
+            try:
+                save_sharded(staging, self.model, self.optimizer)
+            except OSError as error:  # raised alike on every rank (DCP gathers the failures)
+                raise on_every_rank(manager.write_failure(error, path)) from error
             publish = partial(manager.publish_sharded, staging, state)
         else:
             path = manager.path_for(self.step)

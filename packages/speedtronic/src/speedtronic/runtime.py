@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import random
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +27,7 @@ from speedtronic_systems import check_training_memory, resolve_device
 from speedtronic_systems.parallel import (
     SINGLE,
     ParallelContext,
+    agent_store,
     check_batch_split,
     init_parallel,
     shutdown_parallel,
@@ -187,9 +190,11 @@ def _assemble(
         parallel=parallel,
         tokenizer=tokenizer.identity() if tokenizer is not None else None,
     )
-    if resume or config.checkpoint.resume or elastic_restart():  # 13
+    earlier = manager.latest_path() if manager.enabled else None
+    if resume or config.checkpoint.resume or _restart_resumes(earlier, parallel, config):  # 13
         trainer.resume_latest()  # warns and starts fresh when there is none
-    elif manager.enabled and (earlier := manager.latest_path()) is not None:
+    elif earlier is not None:
+        _remember_fresh_start(earlier, parallel, config)
         logger.warning(
             "%s holds an earlier run's checkpoints (latest %s); this run starts at step 0 and "
             "replaces them as it saves: pass --resume to continue that run, or set another "
@@ -200,11 +205,52 @@ def _assemble(
     return trainer, manager
 
 
+# The key, in the part of torchrun's agent store every restart round shares, naming the earlier
+# run's checkpoint a launch started fresh beside (_checkpoint_identity).
+_FRESH_BESIDE = "fresh_beside"
+
+
 def elastic_restart() -> bool:
-    """Return True when torchrun restarted this worker after a failure (--max-restarts): it
-    resumes from the last checkpoint instead of starting over.
-    """
+    """Return True when torchrun restarted this worker after a failure (--max-restarts)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+
+
+def _checkpoint_identity(path: Path) -> str:
+    """Return what tells a checkpoint from a later one of the same name: name and mtime."""
+    return f"{path.name} {path.stat().st_mtime_ns}"
+
+
+def _launch_store(config: SpeedtronicConfig) -> Any:
+    """Return the part of torchrun's agent store every restart round shares (None without one)."""
+    timeout = datetime.timedelta(seconds=config.parallel.timeout_s)
+    return agent_store(timeout, every_round=True)
+
+
+def _remember_fresh_start(earlier: Path, parallel: Any, config: SpeedtronicConfig) -> None:
+    """Record, for a restart of this launch (--max-restarts), that its first round started fresh
+    beside an earlier run's checkpoint `earlier`: that one is not this run's to resume.
+    """
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    if elastic_restart() or not restarts or not parallel.is_main:
+        return
+    store = _launch_store(config)
+    if store is not None:
+        store.set(_FRESH_BESIDE, _checkpoint_identity(earlier))
+
+
+def _restart_resumes(earlier: Path | None, parallel: Any, config: SpeedtronicConfig) -> bool:
+    """Return True when torchrun restarted this worker after a failure (--max-restarts): it
+    resumes from the last checkpoint instead of starting over, unless that checkpoint is still
+    the earlier run's that the launch started fresh beside (decided by rank 0 for every rank).
+    """
+    if not elastic_restart():
+        return False
+    beside = False
+    if parallel.is_main and earlier is not None:
+        store = _launch_store(config)
+        if store is not None and store.check([_FRESH_BESIDE]):
+            beside = store.get(_FRESH_BESIDE).decode() == _checkpoint_identity(earlier)
+    return not parallel.broadcast_object(beside)
 
 
 def train_from_config(

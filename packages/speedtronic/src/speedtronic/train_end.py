@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from speedtronic.errors import RunFailed, first_line, print_line, signal_exit_code
+from speedtronic_config.errors import on_every_rank, raised_on_every_rank
 from speedtronic_config.secrets import is_secret_path
 
 
@@ -84,14 +85,20 @@ def report_signal_stop(
 
 def run_failed(error: Exception, trainer: Any, args: argparse.Namespace) -> RunFailed:
     """Return the one-line failure of a started run: the error, the emergency checkpoint written
-    (or the last good one), and the command that resumes.
+    (or the last good one), and the command that resumes. An error every rank raised alike stays
+    so marked: rank 0 then reports it for the group.
     """
+    failed = RunFailed(_failure_line(error, trainer, args))
+    return on_every_rank(failed) if raised_on_every_rank(error) else failed
+
+
+def _failure_line(error: Exception, trainer: Any, args: argparse.Namespace) -> str:
     first = first_line(error)
     what = f"{type(error).__name__}: {first}" if first else type(error).__name__
     from speedtronic_trainer import CheckpointError
 
     if (restart := restart_note()) is not None:  # torchrun restarts the group, not the user
-        return RunFailed(f"{what}; {restart}")
+        return f"{what}; {restart}"
     saved: Path | None = trainer.emergency_checkpoint
     manager = trainer.checkpoint_manager
     latest = manager.latest_path() if manager is not None else None
@@ -99,12 +106,12 @@ def run_failed(error: Exception, trainer: Any, args: argparse.Namespace) -> RunF
         where = f"emergency checkpoint of the last sound step: {saved}"
     elif isinstance(error, CheckpointError) and latest is not None:
         # A failed save already names the checkpoint that is intact.
-        return RunFailed(f"{what}; fix the cause, then resume with: {resume_command(args)}")
+        return f"{what}; fix the cause, then resume with: {resume_command(args)}"
     elif latest is not None:
         where = f"latest checkpoint: {latest}"
     else:
-        return RunFailed(f"{what}; no checkpoint was written")
-    return RunFailed(f"{what}; {where}; fix the cause, then resume with: {resume_command(args)}")
+        return f"{what}; no checkpoint was written"
+    return f"{what}; {where}; fix the cause, then resume with: {resume_command(args)}"
 
 
 __all__ = ["report_signal_stop", "restart_note", "resume_command", "run_failed"]

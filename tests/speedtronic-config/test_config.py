@@ -40,10 +40,12 @@ def test_normalization_fills_data_from_model_and_run():
     assert (explicit.data.block_size, explicit.data.seed) == (16, 3)
 
 
-def test_a_block_longer_than_the_reference_models_context_is_refused():
+@pytest.mark.parametrize("name", ["reference_transformer", "gpt"])  # gpt: its built-in alias
+def test_a_block_longer_than_the_reference_models_context_is_refused(name):
     refused = r"data.block_size: is longer than model.max_seq_len \(64\)"
+    model = {"name": name, "max_seq_len": 64}
     with pytest.raises(ConfigError, match=refused):
-        SpeedtronicConfig.from_dict({"model": {"max_seq_len": 64}, "data": {"block_size": 128}})
+        SpeedtronicConfig.from_dict({"model": model, "data": {"block_size": 128}})
     # Another registered model decides its own context.
     custom = {"model": {"name": "mine", "max_seq_len": 64}, "data": {"block_size": 128}}
     assert SpeedtronicConfig.from_dict(custom).data.block_size == 128

@@ -169,6 +169,19 @@ def test_a_tokenizer_json_prepares_and_is_recorded(tmp_path, bpe_json):
     assert (tmp_path / "out" / "tokenizer_record.json").read_bytes() == record
 
 
+def test_an_in_memory_text_is_cut_between_lines_not_inside_words(tmp_path, bpe_json, monkeypatch):
+    # texts= (the CLI's stdlib corpus) was cut every CHUNK_BYTES characters, inside words: a BPE
+    # tokenizer then encoded the halves apart, and the shards held other ids than the text has.
+    from speedtronic_data import JsonTokenizer
+    from speedtronic_data import prepare as prepare_module
+
+    monkeypatch.setattr(prepare_module, "CHUNK_BYTES", 3)
+    tokenizer = JsonTokenizer.from_file(bpe_json)
+    text = "return a + b\n" * 20
+    result = prepare_shards([], tmp_path, tokenizer, val_fraction=0.0, texts=[text], progress=None)
+    assert _tokens(result.train_paths) == tokenizer.encode(text)
+
+
 def test_a_tokenizers_object_gets_no_special_tokens(tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
     from tokenizers.models import WordLevel

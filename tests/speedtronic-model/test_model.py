@@ -369,6 +369,13 @@ def test_generate_rejects_bad_arguments(kwargs, message):
         small().generate(tokens(), **kwargs)
 
 
+@pytest.mark.parametrize("prompt", [tokens()[0], tokens(2, 0)], ids=["1-d", "empty"])
+def test_generate_rejects_a_prompt_that_is_not_batch_by_sequence(prompt):
+    # Both used to fail inside the sampling loop as a bare IndexError.
+    with pytest.raises(ValueError, match=r"input_ids must be a \(batch, sequence\) prompt"):
+        small().generate(prompt, 2)
+
+
 def test_flops_per_token_follows_palm():
     model = small()
     cfg = model.config

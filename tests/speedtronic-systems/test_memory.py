@@ -50,6 +50,17 @@ def test_a_custom_model_counts_only_its_batches():
     assert estimate.parameters == estimate.activations == 0 and estimate.batches > 0
 
 
+@pytest.mark.parametrize("name", ["reference_transformer", "gpt"])
+def test_the_gpt_alias_is_estimated_as_the_reference_model(name):
+    # `gpt` builds the same reference transformer; it used to count as a custom model of size 0,
+    # so a run that could never fit passed the check and failed allocating the model.
+    estimate = estimate_training_memory(config(model={"name": name}))
+    assert estimate == estimate_training_memory(config())
+    huge = config(model={"name": name, "n_layer": 200, "d_model": 8192, "n_head": 64})
+    with pytest.raises(ConfigError, match="this run needs at least"):
+        check_training_memory(huge, "cpu")
+
+
 def test_format_bytes():
     assert [format_bytes(n) for n in (512, 3_400_000, 1.2e12, 5e18)] == [
         "512 B",

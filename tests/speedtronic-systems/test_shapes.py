@@ -250,6 +250,17 @@ def test_sections_may_be_mappings_bools_or_missing():
     assert check(config).profile.source == "auto" and check(config).warning_count() == 1
 
 
+def test_data_and_model_sections_and_the_whole_config_may_be_mappings():
+    # Mapping sections used to be read with getattr: nothing was checked, silently.
+    data = {"micro_batch_size": 8, "target_batch_size": 8, "block_size": 1000}
+    model = {"d_model": 520, "n_head": 8, "vocab_size": 50304}
+    expected = {"data.block_size", "model.d_model", "model.head_dim"}
+    config = SimpleNamespace(data=data, model=model, shape_validation=None)
+    assert {w.field for w in check(config).warnings} == expected
+    whole = {"data": data, "model": model, "shape_validation": {"check_model": False}}
+    assert {w.field for w in check(whole).warnings} == {"data.block_size"}
+
+
 def test_report_as_dict_is_plain_data():
     config = Config()
     config.data.block_size = 1000

@@ -89,7 +89,7 @@ class SpeedtronicConfig:
         if self.data.block_size is None:
             self.data.block_size = self.model.max_seq_len
         # Else the first step fails: the reference model has no positions past max_seq_len.
-        elif self.model.name == "reference_transformer" and (
+        elif self.model.name in ModelConfig.REFERENCE_NAMES and (
             self.data.block_size > self.model.max_seq_len
         ):
             raise ConfigError(
@@ -102,7 +102,7 @@ class SpeedtronicConfig:
         if self.data.vocab_size is None:
             self.data.vocab_size = self.model.vocab_size
         # Else an id past the embedding fails mid-run as a bare IndexError.
-        elif self.model.name == "reference_transformer" and (
+        elif self.model.name in ModelConfig.REFERENCE_NAMES and (
             self.data.vocab_size > self.model.vocab_size
         ):
             raise ConfigError(

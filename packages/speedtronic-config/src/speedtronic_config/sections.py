@@ -131,6 +131,9 @@ class ModelConfig:
     RESUMABLE: ClassVar[frozenset[str]] = frozenset(
         {"max_seq_len", "rope_base", "dropout", "gradient_checkpointing", "init_from"}
     )
+    # The reference transformer's built-in names (speedtronic-model registers both): the checks
+    # that know its shapes (config, memory estimate) apply to either.
+    REFERENCE_NAMES: ClassVar[tuple[str, ...]] = ("reference_transformer", "gpt")
     name: str = "reference_transformer"
     vocab_size: int = 512
     max_seq_len: int = 128

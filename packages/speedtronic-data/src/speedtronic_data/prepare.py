@@ -135,8 +135,15 @@ def _split_at_line(text: str, head_bytes: float, slack: float) -> tuple[str, str
 
 
 def _chunks(text: str) -> Iterator[str]:
-    for start in range(0, len(text), CHUNK_BYTES):
-        yield text[start : start + CHUNK_BYTES]
+    """Yield text in pieces of about CHUNK_BYTES characters that end on a line break where possible
+    (as iter_text_chunks does for files): a cut inside a word would make a subword tokenizer
+    encode its two halves apart, giving other ids than the whole text has.
+    """
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start + CHUNK_BYTES) + 1 or len(text)
+        yield text[start:end]
+        start = end
 
 
 def _text_pieces(

@@ -361,6 +361,12 @@ class ReferenceTransformer(nn.Module):
         """Return input_ids (B, T) extended by max_new_tokens sampled ids; temperature 0 is
         greedy.
         """
+        if input_ids.dim() != 2 or input_ids.size(1) == 0:
+            # Else cropping the context fails as a bare IndexError ("too many indices").
+            raise ValueError(
+                "input_ids must be a (batch, sequence) prompt of at least one token, got shape "
+                f"{tuple(input_ids.shape)} (a single prompt needs a batch dimension: ids[None])"
+            )
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         if not temperature >= 0:

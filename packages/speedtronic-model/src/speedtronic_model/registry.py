@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from speedtronic_config import ConfigError, resolve_section
+from speedtronic_config import ConfigError, ModelConfig, resolve_section
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -45,10 +45,9 @@ class ModelRegistry:
 
     # Importing torch costs seconds, so the reference model is named here and imported lazily:
     # `import speedtronic_model.registry` stays cheap for `speedtronic validate`.
-    _builtin_names: Mapping[str, str] = {
-        "reference_transformer": "speedtronic_model.model:ReferenceTransformer",
-        "gpt": "speedtronic_model.model:ReferenceTransformer",
-    }
+    _builtin_names: Mapping[str, str] = dict.fromkeys(
+        ModelConfig.REFERENCE_NAMES, "speedtronic_model.model:ReferenceTransformer"
+    )
 
     def __init__(self, *, builtins: bool = False, plugins: bool = False) -> None:
         """Start empty, or with the built-ins; `plugins` adds ENTRY_POINT_GROUP's entry points."""

@@ -11,9 +11,8 @@ from typing import Any
 
 import torch
 
-from speedtronic_config import ConfigError, resolve_section
+from speedtronic_config import ConfigError, ModelConfig, resolve_section
 
-REFERENCE_MODEL = "reference_transformer"
 FP32_BYTES = 4
 TOKEN_BYTES = 8  # batches hold int64 input ids and labels
 # cgroup v2, then v1: a container's limit is lower than the machine's RAM it reports.
@@ -94,7 +93,7 @@ def estimate_training_memory(config: Any) -> MemoryEstimate:
     tokens = data.micro_batch_size * block
     # One step draws every micro-batch before the first forward.
     batches = data.accumulation_steps * tokens * 2 * TOKEN_BYTES
-    if model.name != REFERENCE_MODEL:
+    if model.name not in ModelConfig.REFERENCE_NAMES:
         return MemoryEstimate(0, 0, 0, 0, batches)
     count, embeddings = reference_parameter_count(model)
     # AdamW keeps two moments per parameter; Muon one momentum per hidden matrix (the embeddings,

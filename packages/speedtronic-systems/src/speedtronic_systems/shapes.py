@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -167,8 +168,15 @@ def _module_metadata(model: nn.Module) -> list[tuple[str, int]]:
     return dims
 
 
+def _get(value: Any, name: str) -> Any:
+    """Return value's `name` field or key (sections are taken duck-typed: objects or mappings)."""
+    if isinstance(value, Mapping):
+        return value.get(name)
+    return getattr(value, name, None) if value is not None else None
+
+
 def _int_or_none(section: Any, name: str) -> int | None:
-    value = getattr(section, name, None) if section is not None else None
+    value = _get(section, name)
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -200,14 +208,14 @@ def validate_startup_shapes(
     logger: Any | None = None,
 ) -> ShapeReport:
     """Inspect effective shapes and return non-fatal efficiency warnings (each also logged once)."""
-    settings = _settings(getattr(config, "shape_validation", None))
+    settings = _settings(_get(config, "shape_validation"))
     profile = resolve_shape_profile(device, precision, requested_alignment=settings.alignment)
     report = ShapeReport(profile)
     if not settings.enabled or (profile.device_type == "cpu" and not settings.warn_on_cpu):
         return report
     align = profile.alignment
     warnings, seen = report.warnings, set()
-    data, model_section = getattr(config, "data", None), getattr(config, "model", None)
+    data, model_section = _get(config, "data"), _get(config, "model")
     micro, target = _int_or_none(data, "micro_batch_size"), _int_or_none(data, "target_batch_size")
     if settings.check_batch and micro:
         batch_align = min(align, _MAX_BATCH_ALIGNMENT)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from speedtronic.errors import UsageError
+from speedtronic_config import ModelConfig
 
 
 def unigram_entropy(shard_glob: str) -> float | None:
@@ -70,7 +71,7 @@ def print_run_summary(config: Any, result: Any, checkpoint: Path | None) -> None
         lines.append(_reported("loss curve", lambda: str(plot_metrics(json_file))))
     if checkpoint is not None:
         lines.append(f"checkpoint: {checkpoint}")
-        if config.model.name == "reference_transformer":
+        if config.model.name in ModelConfig.REFERENCE_NAMES:
             lines.append(_reported("sample", lambda: _sample(sample_text, checkpoint)))
     print("\n".join(lines))
     if math.isnan(result.final_loss or 0.0):

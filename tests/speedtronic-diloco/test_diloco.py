@@ -326,6 +326,40 @@ def test_resumed_worker_starts_from_the_latest_global(server, tmp_path):
     master.stop()
 
 
+def test_a_resumed_node_sends_its_work_since_the_last_boundary_before_installing(server, tmp_path):
+    """A checkpoint between boundaries (checkpoint.every_steps 50, inner_steps 20; or a SIGTERM)
+    holds steps no delta carried yet. Resumed, the node installed the newer global over them, and
+    their batches, never trained again, were lost to the run.
+    """
+    master, master_net, master_opt = node(server, tmp_path, "master")
+    master.start()
+    worker, net, opt = node(server, tmp_path, "w1")
+    worker.start()
+    train(worker, net, opt, 6, seed=1)  # the step-4 delta left; steps 5-6 are only local
+    checkpoint = worker.state_dict()
+    model_state = {k: v.clone() for k, v in net.state_dict().items()}
+    worker.stop()  # the process stops (or is killed) here
+    train(master, master_net, master_opt, 4, seed=2)
+    assert master.master.sync_once() == 1
+    resumed, net2, _ = node(server, tmp_path, "w1")
+    net2.load_state_dict(model_state)
+    resumed.prepare_state(checkpoint)
+    resumed.start()
+    assert resumed.last_global_step == 1  # the newer global, installed before the first step
+    sent = from_safetensors_bytes(resumed.hub.read_bytes(delta_path("w1", 6, 0)))["weight"]
+    assert torch.allclose(sent, checkpoint["baseline"]["weight"] - model_state["weight"])
+    assert master.master.sync_once() == 2  # and it counts
+    resumed.stop()
+    # A node resumed at a boundary (or with nothing new) sends nothing extra.
+    again, net3, _ = node(server, tmp_path, "w1")
+    net3.load_state_dict(net2.state_dict())
+    again.prepare_state(resumed.state_dict())
+    again.start()
+    assert again.last_global_step == 2 and delta_path("w1", 6, 1) not in again.hub.list_files()
+    again.stop()
+    master.stop()
+
+
 def test_install_latest_global_between_boundaries(server, tmp_path):
     master, master_net, master_opt = node(server, tmp_path, "master")
     master.start()

@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from speedtronic_diloco.hub import HubClient
+from speedtronic_diloco.hub import HubClient, HubUnavailable
 from speedtronic_diloco.outer import DOWNLOAD_THREADS, MasterOuterLoop, NesterovOuterOptimizer
 from speedtronic_diloco.tensors import delta_path, to_safetensors_bytes
 from speedtronic_diloco.transport import FilesystemTransport
@@ -266,6 +266,30 @@ def test_thread_runs_rounds_and_restarts(tmp_path):
             __import__("time").sleep(0.01)
         loop.stop()
     assert rounds == [0, 1, 2]
+
+
+def test_a_hub_outage_is_one_warning_a_round_not_a_traceback(tmp_path, caplog):
+    """While the Hub stays unreachable past the client's retries, each round says so in one line
+    and the loop goes on; it logged a full traceback every round for as long as the outage lasted.
+    """
+    hub, loop = _master(tmp_path, {"w": torch.zeros(2)}, poll_interval=0.01)
+    loop.recover()
+    failed = threading.Semaphore(0)
+
+    def head():
+        failed.release()
+        raise HubUnavailable("head on org/run failed 6 times; last error: 503")
+
+    hub.head = head
+    with caplog.at_level(logging.WARNING, logger="speedtronic_diloco.outer"):
+        loop.start()
+        for _ in range(2):  # two rounds failed: the loop survived the first
+            assert failed.acquire(timeout=15)
+        loop.stop()
+    failures = [r for r in caplog.records if "outer round failed" in r.getMessage()]
+    assert failures and all(r.exc_info is None for r in failures)
+    assert "retrying in 0s: head on org/run failed 6 times" in failures[0].getMessage()
+    assert loop._state.last_error.startswith("head on org/run")
 
 
 def test_finish_waits_for_the_round_in_progress_then_runs_its_last_round(tmp_path):

@@ -732,6 +732,19 @@ def test_sigterm_ends_a_wait_for_a_global_model_that_never_comes(tmp_path, hub_u
     worker.process.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=DEADLINE / 3) == STOPPED_BY_SIGTERM, worker.output()[-3000:]
     assert f"stopped by SIGTERM at step {boundary}" in worker.output()
+    # The first wait, for a master that never publishes, comes before the first step: the
+    # trainer's handlers were not yet installed, and SIGTERM killed the worker outright (-15).
+    alone = Cluster(tmp_path / "alone", hub_url, "user/e2e-alone", corpus, workers=("worker-1",))
+    first = alone.launch("worker-1", UNTIL_STOPPED)
+    _wait_for(
+        lambda: first.events("diloco/first_global_wait"),
+        "worker-1 to wait for a first global model",
+        nodes=[first],
+    )
+    first.process.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=DEADLINE / 3) == STOPPED_BY_SIGTERM, first.output()[-3000:]
+    assert "stopped by SIGTERM at step 0" in first.output()
+    assert "no global model in" not in first.output()  # not "training locally"
 
 
 def test_example_master_config_validates_and_runs_against_the_loopback_hub(

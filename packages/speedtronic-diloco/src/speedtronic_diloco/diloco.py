@@ -209,7 +209,25 @@ class DumbDiLoCoCoordinator:
         if self._last_global_step < 0:
             return self._first_global()
         # resumed: a restart begins from the latest global version it can read (docs/diloco.md)
-        return self._take_candidate() or self._fetch_global_candidate()
+        candidate = self._take_candidate() or self._fetch_global_candidate()
+        if candidate is not None:
+            self._keep_local_work(read_state)
+        return candidate
+
+    def _keep_local_work(self, read_state: StateReader) -> None:
+        """Before a resumed node installs a newer global over its checkpointed model, queue the
+        work no delta carried yet (the steps since its last boundary; a checkpoint between
+        boundaries holds them): the installed global would erase it, and the data loader resumes
+        past its batches. It leaves with the restored uploads, under this step's name.
+        """
+        if self._baseline is None or self._local_step <= 0:
+            return
+        delta = compute_pseudo_gradient(self._baseline, read_state())
+        if not any(bool(t.any()) for t in delta.values()):
+            return  # checkpointed at a boundary: its delta already left
+        self._prepared_pending.append(
+            DeltaUploadJob(self._local_step, self._last_global_step, self._generation, delta, {})
+        )
 
     def _start_lanes(self, read_state: StateReader) -> None:
         if self._baseline is None:
@@ -262,8 +280,13 @@ class DumbDiLoCoCoordinator:
 
     def _first_global(self) -> GlobalCandidate | None:
         """Return the published global model; a worker waits for the master to publish one."""
+        if self.identity.role != "master":  # else a worker with no master yet looks stuck
+            self._emit_event(
+                "diloco/first_global_wait",
+                {"repo_id": self.hub.repo_id, "timeout_s": self.settings.global_wait_timeout},
+            )
         candidate = self._wait_for_global()
-        if candidate is not None:
+        if candidate is not None or self._interrupted:  # a stop: the trainer says so
             return candidate
         self.logger.warning(
             "no global model in %s after %.0fs (is its master running, with the same "

@@ -463,6 +463,13 @@ class MasterOuterLoop:
         while not self._stop.wait(self.poll_interval):
             try:
                 self.sync_once()
+            except HubError as exc:
+                # The Hub still unreachable after the client's retries (an outage): expected, and
+                # retried next round. A traceback a round buried the log for as long as it lasted.
+                self._state.last_error = str(exc)
+                self.logger.warning(
+                    "outer round failed, retrying in %.0fs: %s", self.poll_interval, exc
+                )
             except Exception as exc:  # the outer loop must survive anything a round throws
                 self._state.last_error = str(exc)
                 self.logger.exception("outer round failed; continuing")

@@ -959,8 +959,6 @@ class Trainer:
         )
         console_metrics = self.logger.console_metrics
         self.logger.console_metrics = console_metrics and not bar.active
-        if self.coordinator is not None:
-            self.coordinator.start()
         try:
             # save_on_signal: false leaves the signals alone, as 2.0 did (KeyboardInterrupt,
             # or death by SIGTERM): a graceful stop exists to write the checkpoint.
@@ -969,6 +967,10 @@ class Trainer:
                 on_signal=getattr(self.coordinator, "interrupt", None),
                 repeat_exits=not torchrun_worker(),
             ) as stop:
+                if self.coordinator is not None:
+                    # Under the handlers: a signal ends its wait for a first global model.
+                    self.coordinator.start()
+                    progress.stopped_by = self._agreed_stop(stop.received)
                 while self.step < target and progress.stopped_by is None:
                     outcome = self._run_step(progress, bar, lambda: stop.received)
                     progress.stopped_by = self._stop_reason(stop.received, outcome)
@@ -984,6 +986,15 @@ class Trainer:
             if self.coordinator is not None:
                 self.coordinator.stop()
         return self._result(progress, first, time.perf_counter() - started)
+
+    def _agreed_stop(self, received: str | None) -> str | None:
+        """Return the signal any rank received, on every rank alike (one collective)."""
+        if not self.parallel.active:
+            return received
+        terms, interrupts = self.parallel.all_reduce_sum(
+            [received == "SIGTERM", received == "SIGINT"]
+        )
+        return _agreed_signal(terms, interrupts)
 
     def _stop_reason(self, received: str | None, outcome: StepOutcome) -> str | None:
         """Return the signal that stops the run after this step, decided alike on every rank."""

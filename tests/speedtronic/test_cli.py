@@ -747,3 +747,22 @@ def test_a_stop_in_the_last_evaluation_saves_the_last_step_with_nothing_to_resum
         "step target: nothing is left to resume"
     ]
     assert checkpoint.is_file()
+
+
+def test_a_fresh_run_that_fails_does_not_send_the_user_to_an_earlier_runs_checkpoint(
+    tmp_path, capsys
+):
+    from speedtronic.cli import main
+
+    config = str(tiny_config(tmp_path))
+    assert main(["train", config]) == 0  # the earlier run: step_8.pt
+    capsys.readouterr()
+    diverging = ["--set", "optimizer=adamw", "--set", "optimizer.lr=1e38"]
+    diverging += ["--set", "run.nonfinite_loss=stop", "--set", "checkpoint.every_steps=100"]
+    assert main(["train", config, *diverging]) == 1  # fresh: it fails before its first save
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("speedtronic train: NonFiniteLossError: "), line
+    # Not "latest checkpoint: .../step_8.pt; ... resume with ... --resume": that is the other run.
+    earlier = tmp_path / "run" / "checkpoints" / "step_8.pt"
+    assert f"; no checkpoint of this run was written ({earlier} is an earlier run's)" in line
+    assert "--resume" not in line

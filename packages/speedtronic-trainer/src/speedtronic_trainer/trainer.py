@@ -261,6 +261,9 @@ class Trainer:
         self._stream = BatchStream(dataloader)
         self._guard = StepGuard()
         self.emergency_checkpoint: Path | None = None  # written when fit() failed mid-run
+        # This trainer's own latest checkpoint (written, or resumed from): the one to resume, where
+        # the folder's newest may be an earlier run's that this one started fresh beside.
+        self.last_checkpoint: Path | None = None
         self._compiled: Any | None = None
         self._compile_decided = False
         self._compiled_ok = False
@@ -669,6 +672,7 @@ class Trainer:
             path = manager.save(self.step, self.state_dict())
         else:
             path = self._checkpoint_ranks(manager)
+        self.last_checkpoint = path
         self.logger.emit("checkpoint", {"step": self.step, "path": str(path)})
         return path
 
@@ -741,6 +745,8 @@ class Trainer:
         self.tokens = int(state.get("tokens", 0))
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self._restore_rank_state(state)
+        if state.get("checkpoint_path") is not None:
+            self.last_checkpoint = Path(state["checkpoint_path"])
         self.logger.info(
             "resumed at step %d from %s",
             self.step,

@@ -100,8 +100,7 @@ def _failure_line(error: Exception, trainer: Any, args: argparse.Namespace) -> s
     if (restart := restart_note()) is not None:  # torchrun restarts the group, not the user
         return f"{what}; {restart}"
     saved: Path | None = trainer.emergency_checkpoint
-    manager = trainer.checkpoint_manager
-    latest = manager.latest_path() if manager is not None else None
+    latest: Path | None = trainer.last_checkpoint  # not an earlier run's it started fresh beside
     if saved is not None:
         where = f"emergency checkpoint of the last sound step: {saved}"
     elif isinstance(error, CheckpointError) and latest is not None:
@@ -110,7 +109,10 @@ def _failure_line(error: Exception, trainer: Any, args: argparse.Namespace) -> s
     elif latest is not None:
         where = f"latest checkpoint: {latest}"
     else:
-        return f"{what}; no checkpoint was written"
+        manager = trainer.checkpoint_manager
+        earlier = manager.latest_path() if manager is not None else None
+        note = f" ({earlier} is an earlier run's)" if earlier is not None else ""
+        return f"{what}; no checkpoint of this run was written{note}"
     return f"{what}; {where}; fix the cause, then resume with: {resume_command(args)}"
 
 

@@ -390,6 +390,9 @@ def _world_child(layers: int, d_model: int, repeats: int, out: Path) -> None:
     case = distributed_case(layers, d_model, repeats)
     if dist.get_rank() == 0:
         write_json(out, case)
+    # Both ranks done before either tears gloo down: a rank closing its pairs while the other
+    # still used them aborted once in CI ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 

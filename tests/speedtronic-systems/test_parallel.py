@@ -15,6 +15,7 @@ from speedtronic_systems.parallel import (
     ParallelContext,
     check_batch_split,
     describe_ranks,
+    elastic_restarts,
     gradient_sync,
     init_parallel,
     resolve_backend,
@@ -44,6 +45,15 @@ def test_several_processes_without_a_data_parallel_mode_are_refused(monkeypatch)
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match=r"parallel.data_parallel: is none, but 2 processes"):
         init_parallel({"data_parallel": "none"}, torch.device("cpu"))
+
+
+def test_torchruns_restart_counts_read_as_made_and_allowed(monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_MAX_RESTARTS", raising=False)
+    assert elastic_restarts() == (0, 0)  # outside torchrun
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
+    assert elastic_restarts() == (1, 3)
 
 
 def test_the_backend_follows_the_device_and_an_unusable_one_is_named():

@@ -197,3 +197,30 @@ def test_hooks_enter_and_leave_stage_streams_in_order(monkeypatch):
     assert (
         sum(len(m._forward_pre_hooks) for m in model.modules()) == 5
     )  # only the test's own hooks remain
+
+
+def test_a_stage_that_raises_hands_the_callers_stream_back_at_finish(monkeypatch):
+    """A forward that raises inside a stage skips its exit hook: finish() (the trainer's
+    `finally`) still makes the caller's stream current again, so later work is not left on it.
+    """
+    default = FakeStream("default")
+    current = [default]
+    made = iter("AB")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream(next(made)))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current[0])
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: current.__setitem__(0, stream))
+    model = Branchy(depth=1)
+    scheduler = StageStreamScheduler(model, "cuda", num_streams=2)
+
+    def fail(module, args):
+        raise RuntimeError("out of memory")
+
+    model.blocks[0]["left"].register_forward_pre_hook(fail)
+    scheduler.begin()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        model(torch.randint(0, 50, (2, 4)))
+    assert current[0].name == "B"  # left inside the failing stage's stream
+    scheduler.finish()
+    assert current[0] is default and scheduler._outer == []
+    assert default.waited_for == ["A", "A", "B"]  # the embed stage's exit, then finish's two

@@ -336,7 +336,7 @@ def nonfinite_stop(out: Path, mode: str) -> list:
 
 def failed_shard_write(out: Path) -> list:
     """Return what each rank raised when rank 1 alone failed to write its DCP shards (a full
-    disk), and whether it is marked as every rank's.
+    disk), whether it is marked as every rank's, and whether the shards written are left.
     """
     import errno
 
@@ -354,7 +354,9 @@ def failed_shard_write(out: Path) -> list:
         trainer._checkpoint(force=True)
         return ["nothing"]
     except CheckpointError as error:
-        return [str(error), raised_on_every_rank(error)]
+        trainer.parallel.barrier()  # rank 0 has cleared what the save left
+        left = trainer.checkpoint_manager.sharded_staging_for(trainer.step).exists()
+        return [str(error), raised_on_every_rank(error), left]
     finally:
         FileSystemWriter.write_data = original
 

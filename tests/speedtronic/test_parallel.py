@@ -193,6 +193,7 @@ def test_a_shard_write_one_rank_fails_is_one_line_on_every_rank(trained):
             f"no space left on {out / 'failed_shard_write' / 'run' / 'checkpoints'} while writing "
             "step 0; no earlier checkpoint exists",
             True,
+            False,
         ]
     )
 

@@ -209,6 +209,14 @@ def check_world_size(section: Any, world_size: int) -> None:
         )
 
 
+def elastic_restarts() -> tuple[int, int]:
+    """Return (the restarts torchrun has made of this worker's group, the most --max-restarts
+    allows); (0, 0) outside torchrun.
+    """
+    made = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return int(made), int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+
+
 def _restart_store(timeout: datetime.timedelta) -> dict[str, Any]:
     """Return init_process_group's store arguments for a worker torchrun restarted, else {}.
 
@@ -216,7 +224,7 @@ def _restart_store(timeout: datetime.timedelta) -> dict[str, Any]:
     without a per-attempt prefix, so a restarted group would read the dead workers' gloo
     addresses (a connection refused or a hang). A prefix per attempt keeps each round apart.
     """
-    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+    if elastic_restarts()[0] == 0:
         return {}
     store = agent_store(timeout)
     if store is None:
@@ -238,8 +246,7 @@ def agent_store(timeout: datetime.timedelta, *, every_round: bool = False) -> di
     client = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
     )
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    scope = "launch" if every_round else f"attempt_{attempt}"
+    scope = "launch" if every_round else f"attempt_{elastic_restarts()[0]}"
     return dist.PrefixStore(f"speedtronic/{scope}", client)
 
 
@@ -433,6 +440,7 @@ __all__ = [
     "check_optimizer_after_wrapping",
     "check_world_size",
     "describe_ranks",
+    "elastic_restarts",
     "gradient_sync",
     "init_parallel",
     "launched_world_size",

@@ -156,6 +156,9 @@ class StageStreamScheduler:
         """
         if not self.active:
             return
+        if self._outer:  # a stage's forward raised: its stream is still the current one
+            torch.cuda.set_stream(self._outer[0])
+            self._outer.clear()
         current = torch.cuda.current_stream(self.device)
         for stream in self._streams:
             current.wait_stream(stream)

@@ -51,7 +51,6 @@ from speedtronic_trainer.checkpoint_checks import (
     check_settings,
     check_tokenizer,
     group_settings,
-    restore_model,
     restore_optimizer,
 )
 from speedtronic_trainer.data_position import BatchStream
@@ -122,6 +121,11 @@ class TrainResult:
     skipped_steps: int = 0
     stopped_by: str | None = None  # the signal name when SIGTERM/SIGINT ended the run early
     checkpoint: Path | None = None  # the last checkpoint this fit wrote
+
+
+def _signal_counts(received: str | None) -> list[bool]:
+    """This rank's share of the ranks' signal counts (SIGTERM, SIGINT) for one all-reduce."""
+    return [received == "SIGTERM", received == "SIGINT"]
 
 
 def _agreed_signal(terms: float, interrupts: float) -> str | None:
@@ -430,7 +434,7 @@ class Trainer:
                 self._stage_scheduler.finish()
         received = stop_requested()
         loss, samples, tokens, terms, interrupts = self.parallel.all_reduce_sum(
-            [loss, samples, tokens, received == "SIGTERM", received == "SIGINT"]
+            [loss, samples, tokens, *_signal_counts(received)]
         )
         grad_norm = self._clip_gradients() if math.isfinite(loss) else None
         # A scaler skips inf gradients itself; without one nothing else would stop them. Without
@@ -566,7 +570,7 @@ class Trainer:
                 # batch to one rank only: a forward there alone would wait on peers already
                 # summing (FSDP2 gathers, DDP buffer broadcasts).
                 ended, terms, interrupts = self.parallel.all_reduce_sum(
-                    [batch is None, received == "SIGTERM", received == "SIGINT"]
+                    [batch is None, *_signal_counts(received)]
                 )
                 stop = _agreed_signal(terms, interrupts)
                 if ended and not read and batches is self.eval_dataloader:
@@ -695,6 +699,8 @@ class Trainer:
             try:
                 save_sharded(staging, self.model, self.optimizer)
             except OSError as error:  # raised alike on every rank (DCP gathers the failures)
+                if self.parallel.is_main:  # the shards written so far: room on a full disk
+                    shutil.rmtree(staging, ignore_errors=True)
                 raise on_every_rank(manager.write_failure(error, path)) from error
             publish = partial(manager.publish_sharded, staging, state)
         else:
@@ -865,12 +871,12 @@ class Trainer:
         # One line naming the mismatch and the fix (another model size or optimizer).
         config = self.config if self._config_given else None
         sharded = self.parallel.mode == "fsdp"
-        load = load_full_model_state if sharded else None
+        load = load_full_model_state if sharded else torch.nn.Module.load_state_dict
         # Checked, then the optimizer (put back if refused), then the weights: a checkpoint
         # refused for either leaves this trainer as it was.
         check_model_fits(unwrap_model(self.model), state, config)
         restore_optimizer(self.optimizer, state, config)
-        restore_model(unwrap_model(self.model), state, config, load=load)
+        load(unwrap_model(self.model), state["model"])
         if sharded:
             shard_optimizer_state(self.optimizer)
 
@@ -997,9 +1003,7 @@ class Trainer:
         """Return the signal any rank received, on every rank alike (one collective)."""
         if not self.parallel.active:
             return received
-        terms, interrupts = self.parallel.all_reduce_sum(
-            [received == "SIGTERM", received == "SIGINT"]
-        )
+        terms, interrupts = self.parallel.all_reduce_sum(_signal_counts(received))
         return _agreed_signal(terms, interrupts)
 
     def _stop_reason(self, received: str | None, outcome: StepOutcome) -> str | None:

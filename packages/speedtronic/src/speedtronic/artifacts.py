@@ -133,9 +133,11 @@ def resolve_tokenizer(
         return codec
     if expected is not None and expected.kind == "bytes":
         return CharTokenizer()
-    hint = "pass --tokenizer bytes or --tokenizer PATH/tokenizer.json"
-    if expected is not None:  # not bytes (returned above): any other tokenizer is refused
-        hint = f"pass {expected.describe()}, which the checkpoint records, with --tokenizer PATH"
+    hint = (  # a recorded tokenizer (not bytes: returned above) refuses any other
+        "pass --tokenizer bytes or --tokenizer PATH/tokenizer.json"
+        if expected is None
+        else f"pass {expected.describe()}, which the checkpoint records, with --tokenizer PATH"
+    )
     try:
         found = _shards_tokenizer(config.data, expected, checkpoint)
         if expected is None or found.encodes_alike(expected):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import os
 import random
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +28,7 @@ from speedtronic_systems.parallel import (
     ParallelContext,
     agent_store,
     check_batch_split,
+    elastic_restarts,
     init_parallel,
     shutdown_parallel,
     wrap_model,
@@ -212,7 +212,7 @@ _FRESH_BESIDE = "fresh_beside"
 
 def elastic_restart() -> bool:
     """Return True when torchrun restarted this worker after a failure (--max-restarts)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    return elastic_restarts()[0] > 0
 
 
 def _checkpoint_identity(path: Path) -> str:
@@ -230,8 +230,8 @@ def _remember_fresh_start(earlier: Path, parallel: Any, config: SpeedtronicConfi
     """Record, for a restart of this launch (--max-restarts), that its first round started fresh
     beside an earlier run's checkpoint `earlier`: that one is not this run's to resume.
     """
-    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
-    if elastic_restart() or not restarts or not parallel.is_main:
+    made, allowed = elastic_restarts()
+    if made or not allowed or not parallel.is_main:
         return
     store = _launch_store(config)
     if store is not None:

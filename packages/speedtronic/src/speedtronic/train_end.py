@@ -13,6 +13,7 @@ from typing import Any
 from speedtronic.errors import RunFailed, first_line, print_line, signal_exit_code
 from speedtronic_config.errors import on_every_rank, raised_on_every_rank
 from speedtronic_config.secrets import is_secret_path
+from speedtronic_systems.parallel import elastic_restarts
 
 
 def resume_command(args: argparse.Namespace) -> str:
@@ -50,8 +51,8 @@ def restart_note() -> str | None:
     left (torchrun restarts the group after any worker exits, unless it was stopped itself), else
     None.
     """
-    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
-    left = restarts - int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    made, allowed = elastic_restarts()
+    left = allowed - made
     if left <= 0:
         return None
     return f"torchrun restarts the workers from the latest checkpoint (restarts left: {left})"

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
-from trainer_testkit import RecordingHook, TinyLM, TokenDataset, make_config, make_loader
+from trainer_testkit import VOCAB, RecordingHook, TinyLM, TokenDataset, make_config, make_loader
 
 import speedtronic_trainer.trainer as trainer_module
 from speedtronic_systems import compile_choice, cpu_allocator
@@ -629,6 +629,36 @@ def test_validation_loss_every_eval_every_steps():
         one_batch, rel=1e-6
     )  # eval_steps=1 limits it to one batch
     assert trainer.evaluate(max_batches=4) != pytest.approx(one_batch, rel=1e-6)
+
+
+def test_a_transformers_causal_lm_trains_on_the_already_shifted_labels():
+    """A transformers *ForCausalLM shifts `labels` itself: given the trainer's shifted labels it
+    would score (and learn) the token after next. It is called without them instead.
+    """
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    llama = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+        )
+    )
+    samples = [TokenDataset(n=4)[i] for i in range(2)]
+    loader = make_loader(TokenDataset(n=4), batch_size=2)
+    trainer = make_trainer(llama, loader, eval_dataloader=loader, sections={"data": {}})
+    inputs = torch.stack([s["input_ids"] for s in samples])
+    labels = torch.stack([s["labels"] for s in samples])
+    with torch.no_grad():
+        logits = llama(input_ids=inputs).logits
+    expected = F.cross_entropy(logits.flatten(0, 1), labels.flatten()).item()
+    assert trainer.evaluate(max_batches=1) == pytest.approx(expected, rel=1e-5)
+    trainer.fit(1)
+    assert hook_of(trainer).values("train_step", "loss") == [pytest.approx(expected, rel=1e-5)]
+    assert "LlamaForCausalLM shifts labels itself" in trainer.logger.stream.getvalue()
 
 
 def test_a_one_shot_eval_iterator_is_refused_once_exhausted():

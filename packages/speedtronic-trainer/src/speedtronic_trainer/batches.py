@@ -23,12 +23,24 @@ def move_batch(batch: Any, device: torch.device, non_blocking: bool = False) -> 
     return batch
 
 
-def call_model(model: Any, batch: Any) -> Any:
-    """Call the model with a dict batch as keywords, or a tuple/list batch as (inputs, labels)."""
+def shifts_labels_itself(model: torch.nn.Module) -> bool:
+    """Return True for a `transformers` causal LM (a `*ForCausalLM`, or a subclass of one): its
+    forward shifts `labels` by one position, and the trainer's labels are shifted already.
+    """
+    return any(
+        cls.__module__.startswith("transformers.") and cls.__name__.endswith("ForCausalLM")
+        for cls in type(model).__mro__
+    )
+
+
+def call_model(model: Any, batch: Any, *, labels: bool = True) -> Any:
+    """Call the model with a dict batch as keywords, or a tuple/list batch as (inputs, labels);
+    without `labels`, the batch's labels are left out of the call.
+    """
     if isinstance(batch, Mapping):
-        return model(**batch)
+        return model(**(batch if labels else {k: v for k, v in batch.items() if k != "labels"}))
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
-        return model(batch[0], batch[1])
+        return model(batch[0], batch[1]) if labels else model(batch[0])
     raise TypeError(
         f"unsupported batch of type {type(batch).__name__}: the trainer needs a dict (called as "
         "model(**batch)) "
@@ -128,5 +140,6 @@ __all__ = [
     "call_model",
     "loss_from_output",
     "move_batch",
+    "shifts_labels_itself",
     "valid_label_count",
 ]

@@ -42,6 +42,7 @@ from speedtronic_trainer.batches import (
     call_model,
     loss_from_output,
     move_batch,
+    shifts_labels_itself,
     valid_label_count,
 )
 from speedtronic_trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
@@ -268,6 +269,15 @@ class Trainer:
         # This trainer's own latest checkpoint (written, or resumed from): the one to resume, where
         # the folder's newest may be an earlier run's that this one started fresh beside.
         self.last_checkpoint: Path | None = None
+        # A transformers causal LM would shift the already-shifted labels again (and learn the
+        # token after next): it gets no labels, and the loss comes from its logits.
+        self._labels_to_model = not shifts_labels_itself(unwrap_model(self.model))
+        if not self._labels_to_model:
+            self.logger.info(
+                "%s shifts labels itself; the batches' labels are shifted already, so it is "
+                "called without them and the trainer takes the loss from its logits",
+                type(unwrap_model(self.model)).__name__,
+            )
         self._compiled: Any | None = None
         self._compile_decided = False
         self._compiled_ok = False
@@ -356,7 +366,8 @@ class Trainer:
         if self._compiled is not None:
             try:
                 with autocast_context(self.precision, self.device):
-                    loss = loss_from_output(call_model(self._compiled, batch), batch)
+                    output = call_model(self._compiled, batch, labels=self._labels_to_model)
+                    loss = loss_from_output(output, batch)
                 self._compiled_ok = True
                 return loss
             except Exception as exc:
@@ -369,7 +380,8 @@ class Trainer:
                 )
                 self._compiled = None
         with autocast_context(self.precision, self.device):
-            return loss_from_output(call_model(self.model, batch), batch)
+            output = call_model(self.model, batch, labels=self._labels_to_model)
+            return loss_from_output(output, batch)
 
     # ------------------------------------------------------------------------------------ step
 
@@ -589,8 +601,9 @@ class Trainer:
                     continue
                 # The training step's precision: on bf16 runs validation is as fast, and its
                 # loss comes from the same numerics as the training loss.
+                batch = move_batch(batch, self.device)  # the labels meet logits on the device
                 with autocast_context(self.precision, self.device):
-                    output = call_model(self.model, move_batch(batch, self.device))
+                    output = call_model(self.model, batch, labels=self._labels_to_model)
                     if count == 0:
                         continue  # run only to join the peers' collectives (FSDP2 gathers)
                     loss = float(loss_from_output(output, batch))

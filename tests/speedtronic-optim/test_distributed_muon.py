@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,42 @@ def test_without_a_process_group_muon_runs_alone():
 def test_copies_keep_the_split_mode():
     optimizer = Muon([torch.nn.Parameter(torch.randn(4, 6))], distributed=False)
     assert copy.deepcopy(optimizer).distributed is False  # torch pickles groups and state only
+
+
+@pytest.fixture
+def world_of_one(tmp_path):
+    """A one-rank gloo process group in this process (destroyed after the test)."""
+    dist = pytest.importorskip("torch.distributed")
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("mode", [None, False])
+def test_plain_and_sharded_matrices_of_one_shape_step_together(world_of_one, mode):
+    # A partly FSDP2-wrapped model: torch.stack refuses a DTensor batched with a plain tensor.
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (1,))
+    torch.manual_seed(0)
+    weights, grads = torch.randn(2, 4, 6), torch.randn(2, 4, 6)
+    mixed = [
+        torch.nn.Parameter(distribute_tensor(weights[0].clone(), mesh, [Shard(0)])),
+        torch.nn.Parameter(weights[1].clone()),
+    ]
+    plain = [torch.nn.Parameter(weight.clone()) for weight in weights]
+    mixed[0].grad = distribute_tensor(grads[0].clone(), mesh, [Shard(0)])
+    mixed[1].grad = grads[1].clone()
+    for param, grad in zip(plain, grads, strict=True):
+        param.grad = grad.clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # auto mode warns that it does not split a mixed group
+        Muon(mixed, lr=0.1, ns_dtype=torch.float32, distributed=mode).step()
+    Muon(plain, lr=0.1, ns_dtype=torch.float32).step()
+    torch.testing.assert_close(mixed[0].full_tensor(), plain[0].detach())
+    torch.testing.assert_close(mixed[1].detach(), plain[1].detach())

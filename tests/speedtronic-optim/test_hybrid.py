@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import copy
+import io
 from types import SimpleNamespace
 
 import pytest
@@ -78,6 +79,27 @@ def test_state_dict_round_trip_continues_identically(tiny_lm, lm_loss) -> None:
     for a, b in zip(tiny_lm.parameters(), twin.parameters(), strict=True):
         torch.testing.assert_close(a, b)
     assert twin_optimizer.param_groups[0] is twin_optimizer.muon.param_groups[0]
+
+
+@pytest.mark.parametrize("cautious", [False, True])
+def test_copies_and_pickles_continue_identically(tiny_lm, lm_loss, cautious: bool) -> None:
+    # As torch's optimizers: copied or pickled with its model, the copy trains on alike.
+    optimizer = _hybrid(tiny_lm)
+    optimizer = CautiousOptimizer(optimizer) if cautious else optimizer
+    lm_loss(tiny_lm).backward()
+    optimizer.step()
+    buffer = io.BytesIO()
+    torch.save((tiny_lm, optimizer), buffer)
+    buffer.seek(0)
+    copies = [copy.deepcopy((tiny_lm, optimizer)), torch.load(buffer, weights_only=False)]
+    for model, opt in [(tiny_lm, optimizer), *copies]:
+        opt.zero_grad()
+        lm_loss(model, seed=1).backward()
+        opt.step()
+    for model, opt in copies:
+        assert type(opt) is type(optimizer) and len(opt.state) == len(optimizer.state)
+        for a, b in zip(tiny_lm.parameters(), model.parameters(), strict=True):
+            torch.testing.assert_close(a, b)
 
 
 def test_load_rejects_adamw_only_state(tiny_lm, lm_loss) -> None:

@@ -144,6 +144,36 @@ def test_state_dict_round_trip() -> None:
     )
 
 
+def test_loading_state_keeps_the_split_mode() -> None:
+    # The split mode is not in the state dict: a resume must not fall back to auto mode.
+    optimizer = Muon([torch.nn.Parameter(torch.randn(4, 6))], distributed=False)
+    optimizer.process_group = group = object()
+    optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    assert optimizer.distributed is False and optimizer.process_group is group
+
+
+def test_state_saved_without_the_newer_group_options_loads_and_steps() -> None:
+    # 2.0's Muon groups had lr, momentum, nesterov, ns_steps, weight_decay, eps, norm_eps and
+    # muon_plus only; the options added since take the loading optimizer's values.
+    torch.manual_seed(10)
+    param = torch.nn.Parameter(torch.randn(12, 20))
+    optimizer = Muon([param], lr=0.02, adjust_lr="match_rms_adamw")
+    param.grad = torch.randn(12, 20)
+    optimizer.step()
+    saved = copy.deepcopy(optimizer.state_dict())
+    for key in ("adjust_lr", "normalize_mode", "ns_coefficients", "ns_method", "ns_dtype"):
+        del saved["param_groups"][0][key]
+    clone = torch.nn.Parameter(param.detach().clone())
+    restored = Muon([clone], lr=0.02, adjust_lr="match_rms_adamw")
+    restored.load_state_dict(saved)
+    assert restored.param_groups[0]["adjust_lr"] == "match_rms_adamw"
+    grad = torch.randn(12, 20)
+    param.grad, clone.grad = grad, grad.clone()
+    optimizer.step()
+    restored.step()
+    torch.testing.assert_close(clone, param)
+
+
 def test_auto_work_dtype_tracks_bf16_support(monkeypatch) -> None:
     from speedtronic_optim.newton_schulz import fast_work_dtype
 
@@ -253,3 +283,32 @@ def test_coefficients_and_split_mode_are_checked_when_built(kwargs, error, fragm
 def test_rejects_complex_and_integer_matrices(dtype: torch.dtype) -> None:
     with pytest.raises(ValueError, match=f"real floating-point matrices.*{dtype}"):
         Muon([torch.zeros(3, 3, dtype=dtype)])
+
+
+def test_gram_works_in_float32_by_default_and_16_bit_gram_is_refused_when_built(
+    monkeypatch,
+) -> None:
+    # As on a GPU or a BF16-capable CPU, where the default work dtype is bf16.
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True, raising=False)
+    param = torch.nn.Parameter(torch.randn(8, 32))
+    param.grad = torch.randn(8, 32)
+    Muon([param], ns_method="gram").step()
+    assert torch.isfinite(param).all()
+    with pytest.raises(ValueError, match="Muon ns_method: 'gram' is numerically unstable"):
+        Muon([torch.nn.Parameter(torch.randn(8, 32))], ns_method="gram", ns_dtype=torch.bfloat16)
+    optimizer = Muon([torch.nn.Parameter(torch.randn(8, 32))], ns_dtype=torch.float16)
+    with pytest.raises(ValueError, match="Muon param group 1 ns_method: 'gram'"):
+        optimizer.add_param_group(
+            {"params": [torch.nn.Parameter(torch.randn(8, 32))], "ns_method": "gram"}
+        )
+
+
+def test_named_parameters_are_taken_and_sets_refused_as_in_torch_optim() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6, bias=False), torch.nn.Linear(6, 3))
+    matrices = [(name, p) for name, p in model.named_parameters() if p.ndim == 2]
+    optimizer = Muon(matrices, lr=0.02)
+    assert optimizer.state_dict()["param_groups"][0]["param_names"] == ["0.weight", "1.weight"]
+    with pytest.raises(ValueError, match="parameter '1.bias' has shape"):
+        Muon(model.named_parameters())
+    with pytest.raises(TypeError, match="ordered collections"):
+        Muon([{"params": {model[0].weight}}])

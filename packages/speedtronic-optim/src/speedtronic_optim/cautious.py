@@ -26,6 +26,15 @@ class CautiousOptimizer(Optimizer):
         init_facade(self)
         self.base = base
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Return what pickling keeps: the base (Optimizer's groups and state are its views)."""
+        return {"base": self.base}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore a pickled or copied wrapper (without hooks, as torch's optimizers)."""
+        init_facade(self)
+        self.__dict__.update(state)
+
     def leaf_optimizers(self) -> list[Optimizer]:
         """Return the plain torch optimizers underneath (what sharded checkpoints address)."""
         leaves = getattr(self.base, "leaf_optimizers", None)

@@ -109,6 +109,15 @@ class HybridOptimizer(Optimizer):
             else None
         )
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Return what pickling keeps: the children (Optimizer's groups and state are views)."""
+        return {"muon": self.muon, "adamw": self.adamw, "defaults": self.defaults}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore a pickled or copied hybrid (without hooks, as torch's optimizers)."""
+        init_facade(self)
+        self.__dict__.update(state)
+
     @property
     def children(self) -> dict[str, Optimizer]:
         """The non-empty child optimizers by name."""

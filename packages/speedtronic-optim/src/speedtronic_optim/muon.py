@@ -12,9 +12,10 @@ from torch.optim import Optimizer
 
 from speedtronic_optim.adamw import DEFAULT_LR
 from speedtronic_optim.checks import check_arguments, check_parameters, show_value
-from speedtronic_optim.distributed_muon import init_sharded_state, work_split
+from speedtronic_optim.distributed_muon import init_sharded_state, is_sharded, work_split
 from speedtronic_optim.facade import evaluate_closure
 from speedtronic_optim.newton_schulz import (
+    GRAM_DTYPES,
     METHODS,
     NORMALIZE_MODES,
     Coefficients,
@@ -49,6 +50,12 @@ def _check_options(owner: str, options: dict[str, Any]) -> None:
             raise ValueError(
                 f"{owner} {name}: expected one of {choices}, got {show_value(options[name])}"
             )
+    method, dtype = options.get("ns_method"), options.get("ns_dtype")
+    if method == "gram" and dtype is not None and dtype not in GRAM_DTYPES:
+        raise ValueError(
+            f"{owner} ns_method: 'gram' is numerically unstable in ns_dtype={dtype} (it amplifies "
+            "rounding); use ns_dtype=torch.float32 or None, or ns_method 'auto' or 'standard'"
+        )
     if "ns_coefficients" in options:
         coefficients = options["ns_coefficients"]
         try:
@@ -135,22 +142,36 @@ class Muon(Optimizer):
         return {**super().__getstate__(), **mode}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        """Restore a pickled Muon (one pickled before the split mode existed runs in auto mode)."""
-        super().__setstate__({"distributed": None, "process_group": None, **state})
+        """Restore a pickled Muon (one pickled before the split mode existed runs in auto mode),
+        or load_state_dict's groups and state (the split mode is kept: it is not saved).
+        """
+        mode = {name: self.__dict__.get(name) for name in ("distributed", "process_group")}
+        super().__setstate__({**mode, **state})
+        # Groups saved before an option existed (2.0's Muon) take this optimizer's value.
+        for group in self.param_groups:
+            for key in (*_CHECKED, *_CHOICES, "ns_coefficients"):  # every Muon option
+                if key in self.defaults:
+                    group.setdefault(key, self.defaults[key])
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group after checking every parameter is a 2-D matrix."""
         params = param_group["params"]
-        params = [params] if isinstance(params, torch.Tensor) else list(params)
-        for index, param in enumerate(params):
+        # A set stays one for torch to refuse (its order changes between runs).
+        params = [params] if isinstance(params, torch.Tensor) else params
+        params = params if isinstance(params, set) else list(params)
+        for index, item in enumerate(params):
+            # (name, parameter) pairs, as from named_parameters(): torch records the names.
+            named = isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+            param = item[1] if named else item
+            where = f"{item[0]!r}" if named else f"{index} of the group"
             if not isinstance(param, torch.Tensor):
                 raise TypeError(
-                    f"Muon params: parameter {index} of the group is a {type(param).__name__}, "
+                    f"Muon params: parameter {where} is a {type(param).__name__}, "
                     "not a tensor; pass 2-D parameters (route_parameters(model).muon)"
                 )
             if param.ndim != 2:
                 raise ValueError(
-                    f"Muon only optimizes 2-D matrices; parameter {index} of the group has shape "
+                    f"Muon only optimizes 2-D matrices; parameter {where} has shape "
                     f"{tuple(param.shape)}. Route biases, norms, embeddings and other tensors to "
                     "AdamW "
                     "(route_parameters does this)."
@@ -163,13 +184,14 @@ class Muon(Optimizer):
                     else "route it to AdamW or make it a float tensor"
                 )
                 raise ValueError(
-                    f"Muon only optimizes real floating-point matrices; parameter {index} of the "
-                    f"group is {param.dtype}: {why}"
+                    f"Muon only optimizes real floating-point matrices; parameter {where} is "
+                    f"{param.dtype}: {why}"
                 )
         options = {key: value for key, value in param_group.items() if key != "params"}
-        _check_options(f"Muon param group {len(self.param_groups)}", options)
+        # With the defaults: a group's ns_method must suit the ns_dtype it inherits, and back.
+        _check_options(f"Muon param group {len(self.param_groups)}", {**self.defaults, **options})
         super().add_param_group({**param_group, "params": params})
-        init_sharded_state(self.state, params)
+        init_sharded_state(self.state, self.param_groups[-1]["params"])
 
     def _direction(self, param: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
         grad = param.grad
@@ -265,12 +287,15 @@ MAX_CPU_BATCH_ELEMENTS = 1 << 22
 
 
 def _same_shape_batches(params: list[torch.Tensor]) -> list[list[int]]:
-    """Return indices of params grouped by (shape, dtype, device), in chunks of at most
-    MAX_BATCH_ELEMENTS (MAX_CPU_BATCH_ELEMENTS on CPU).
+    """Return indices of params grouped by (shape, dtype, device, DTensor layout), in chunks of at
+    most MAX_BATCH_ELEMENTS (MAX_CPU_BATCH_ELEMENTS on CPU).
     """
     groups: dict[tuple[Any, ...], list[int]] = {}
     for index, param in enumerate(params):
-        groups.setdefault((tuple(param.shape), param.dtype, param.device), []).append(index)
+        # torch.stack refuses plain tensors mixed with DTensors (a partly FSDP2-wrapped model).
+        layout = (param.device_mesh, tuple(param.placements)) if is_sharded(param) else None
+        key = (tuple(param.shape), param.dtype, param.device, layout)
+        groups.setdefault(key, []).append(index)
     batches = []
     for indices in groups.values():
         first = params[indices[0]]

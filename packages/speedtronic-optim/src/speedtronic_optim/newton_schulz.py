@@ -118,10 +118,10 @@ def orthogonalize(
 ) -> torch.Tensor:
     """Return the Newton–Schulz polar-factor estimate in the work ``dtype`` (input untouched)."""
     if dtype is None:
+        # Both amplify 16-bit rounding (see POLAR_EXPRESS and GRAM_DTYPES): they work in float32.
+        polar_express = isinstance(coefficients, str) and coefficients == "polar_express"
         dtype = (
-            torch.float32
-            if isinstance(coefficients, str) and coefficients == "polar_express"
-            else fast_work_dtype(matrix.device)
+            torch.float32 if polar_express or method == "gram" else fast_work_dtype(matrix.device)
         )
     if matrix.ndim < 2:
         raise ValueError(
@@ -175,7 +175,7 @@ def newton_schulz(
     cheaper and the work dtype allows it); ``dtype`` is the work precision: by default
     :func:`fast_work_dtype` (bf16 as ``torch.optim.Muon`` on GPUs and BF16-capable CPUs, float32
     elsewhere) for the reference coefficients and float32 for Polar Express, whose early steps
-    amplify bf16 rounding.
+    amplify bf16 rounding, and for ``method="gram"``.
     """
     result = orthogonalize(
         matrix, steps, eps, coefficients=coefficients, method=method, dtype=dtype

@@ -78,7 +78,7 @@ def test_adamw_lr_sets_only_muons_adamw_branch_and_the_schedule_scales_both(make
 
 
 def test_the_split_mode_reaches_muon(make_lm) -> None:
-    group = object()  # any process group: passed through, not used without a step
+    group = torch.distributed.ProcessGroup(0, 1)  # passed through, not used without a step
     built = build_optimizer(
         make_lm(), Section(name="muon", cautious=True), distributed=True, process_group=group
     )

@@ -147,3 +147,14 @@ def test_a_parameter_in_both_branches_or_a_bare_tensor_is_refused() -> None:
         HybridOptimizer([shared], [shared, torch.nn.Parameter(torch.zeros(4))])
     with pytest.raises(TypeError, match=r"muon_params: .*got a single tensor of shape \(4, 4\)"):
         HybridOptimizer(shared, [])
+    # ... in param groups too (a generator of params is read once, for the check and the build)
+    with pytest.raises(ValueError, match=r"1 parameter\(s\) are in both muon_params and adamw"):
+        HybridOptimizer([{"params": [shared]}], [{"params": iter([shared])}])
+    other = torch.nn.Parameter(torch.randn(4, 4))
+    built = HybridOptimizer([{"params": iter([shared]), "lr": 0.01}], [{"params": iter([other])}])
+    assert [len(group["params"]) for group in built.param_groups] == [1, 1]
+
+
+def test_a_process_group_that_is_not_one_is_refused_when_built() -> None:
+    with pytest.raises(TypeError, match="Muon process_group: expected a torch.distributed"):
+        HybridOptimizer([torch.nn.Parameter(torch.randn(4, 4))], [], muon_process_group="world")

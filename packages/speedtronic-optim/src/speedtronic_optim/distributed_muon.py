@@ -153,6 +153,15 @@ class WorkSplit:
         return received
 
 
+def check_process_group(where: str, group: Any) -> None:
+    """Raise TypeError unless `group` is None (the world) or a torch.distributed ProcessGroup."""
+    if group is not None and not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
+        raise TypeError(
+            f"{where}: expected a torch.distributed ProcessGroup or None (the world), got "
+            f"{type(group).__name__}"
+        )
+
+
 def work_split(
     params: Sequence[torch.Tensor], distributed: bool | None, process_group: Any = None
 ) -> WorkSplit | None:

@@ -20,6 +20,29 @@ from speedtronic_optim.facade import MergedState, check_keys, evaluate_closure, 
 from speedtronic_optim.muon import Muon
 
 
+def _listed(params: Any) -> list[Any]:
+    """Return params as a list whose groups' own params are lists too (a generator there would
+    be spent by the check below); a set stays one, for torch to refuse.
+    """
+    listed = []
+    for item in params:
+        inner = item.get("params") if isinstance(item, dict) else None
+        if inner is not None and not isinstance(inner, (torch.Tensor, set, list)):
+            item = {**item, "params": list(inner)}
+        listed.append(item)
+    return listed
+
+
+def _parameter_ids(params: list[Any]) -> set[int]:
+    """Return the ids of the parameters in a list of tensors, (name, tensor) pairs or groups."""
+    ids = set()
+    for item in params:
+        group = item.get("params", []) if isinstance(item, dict) else [item]
+        for param in [group] if isinstance(group, torch.Tensor) else group:
+            ids.add(id(param[1] if isinstance(param, tuple) else param))
+    return ids
+
+
 class HybridOptimizer(Optimizer):
     """One optimizer facade combining Muon matrices and AdamW parameters.
 
@@ -66,12 +89,12 @@ class HybridOptimizer(Optimizer):
             muon_plus=muon_plus,
             muon_distributed=muon_distributed,
         )
-        muon_params, adamw_params = list(muon_params), list(adamw_params)
+        muon_params, adamw_params = _listed(muon_params), _listed(adamw_params)
         if not muon_params and not adamw_params:
             raise ValueError(
                 "HybridOptimizer got no parameters: both muon_params and adamw_params are empty"
             )
-        both = {id(p) for p in muon_params} & {id(p) for p in adamw_params}
+        both = _parameter_ids(muon_params) & _parameter_ids(adamw_params)
         if both:  # each branch would step it: two updates per step
             raise ValueError(
                 f"HybridOptimizer: {len(both)} parameter(s) are in both muon_params and "

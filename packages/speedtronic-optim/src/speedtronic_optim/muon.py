@@ -12,7 +12,12 @@ from torch.optim import Optimizer
 
 from speedtronic_optim.adamw import DEFAULT_LR
 from speedtronic_optim.checks import check_arguments, check_parameters, show_value
-from speedtronic_optim.distributed_muon import init_sharded_state, is_sharded, work_split
+from speedtronic_optim.distributed_muon import (
+    check_process_group,
+    init_sharded_state,
+    is_sharded,
+    work_split,
+)
 from speedtronic_optim.facade import evaluate_closure
 from speedtronic_optim.newton_schulz import (
     GRAM_DTYPES,
@@ -117,6 +122,7 @@ class Muon(Optimizer):
         self.process_group = process_group
         check_parameters("Muon params", params)
         check_arguments("Muon", distributed=distributed)
+        check_process_group("Muon process_group", process_group)
         defaults = dict(
             lr=lr,
             momentum=momentum,

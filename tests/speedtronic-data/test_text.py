@@ -132,3 +132,26 @@ def test_sizes_of_the_wrong_type_are_named(tmp_path, args, fragment):
     path.write_text("hello world\n" * 10)
     with pytest.raises(DataError, match=f"TextFileTokenDataset {fragment}"):
         TextFileTokenDataset(path, *args)
+
+
+def test_a_file_of_one_long_line_is_read_in_bounded_chunks_cut_at_spaces(
+    tmp_path, monkeypatch, bpe_json
+):
+    # readline() after each chunk read the rest of the line: a one-line file (text8 is 100 MB)
+    # was held whole, as bytes, text and int64 ids (2 GB resident for 96 MB).
+    import inspect
+
+    from speedtronic_data import JsonTokenizer
+
+    text = " ".join(inspect.getsource(inspect).split("\n")[:400])  # real text, one line
+    path = tmp_path / "one_line.txt"
+    path.write_text(text, encoding="utf-8")
+    monkeypatch.setattr(text_module, "CHUNK_BYTES", 256)
+    chunks = list(text_module.iter_text_chunks(path))
+    assert "".join(chunks) == text
+    assert len(chunks) > 20 and max(len(c.encode("utf-8")) for c in chunks) <= 3 * 256
+    assert all(c.startswith(" ") for c in chunks[1:])  # cut before a space, not inside a word
+    # so a byte-level BPE sees the same words and gives the ids of the whole text
+    tokenizer = JsonTokenizer.from_file(bpe_json)
+    streamed = _all_tokens(TextFileTokenDataset(path, 1, tokenizer, tokenizer.vocab_size))
+    assert [t for block in streamed for t in block[:1]] + streamed[-1][1:] == tokenizer.encode(text)

@@ -164,3 +164,26 @@ def test_tokenizers_that_map_text_alike_encode_alike_whatever_their_bytes(tmp_pa
         tmp_path / "exported", JsonTokenizer.from_file(tmp_path / "hf" / "tokenizer.json")
     )
     assert exported.encodes_alike(write_record(tmp_path / "bytes", CharTokenizer()))
+
+
+def test_byte_level_shards_mix_with_and_without_a_record(tmp_path):
+    # A folder prepared with the byte tokenizer and shards written by write_shard alone (no
+    # record, vocabulary unknown) were refused as "different tokenizers: the byte tokenizer
+    # (vocabulary unknown), the byte tokenizer (256 ids)".
+    import inspect
+
+    text = inspect.getsource(inspect).encode("utf-8")
+    shards(tmp_path / "prepared", CharTokenizer())
+    (tmp_path / "mine").mkdir()
+    write_shard(tmp_path / "mine" / "part_0.bin", np.frombuffer(text, dtype=np.uint8))
+    globs = [str(tmp_path / "prepared" / "*.bin"), str(tmp_path / "mine" / "*.bin")]
+    dataset = TokenShardDataset(globs, 64, vocab_size=256)
+    assert (dataset.tokenizer.kind, dataset.tokenizer.vocab_size) == ("bytes", None)
+    assert len(dataset) == (2000 - 1) // 64 + (len(text) - 1) // 64
+    with pytest.raises(DataError, match=r"holds token id \d+ >= vocab_size 128"):
+        TokenShardDataset(globs, 64, vocab_size=128)  # still checked, shard by shard
+    shards(tmp_path / "cut", CharTokenizer(200))
+    cut = shards_record(
+        [tmp_path / "cut" / "train_000000.bin", tmp_path / "prepared" / "train_000000.bin"]
+    )
+    assert (cut.kind, cut.vocab_size) == ("bytes", 256)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from speedtronic.corpus import prepare_corpus
 from speedtronic.errors import UsageError
-from speedtronic_data import read_shard_tokens
+from speedtronic_data import DataError, read_shard_tokens
+from speedtronic_data.tokenizer_record import UNFINISHED_NAME, shards_record
 
 
 def test_mixed_inputs_with_a_tokenizer_json(tmp_path, bpe_json, capsys):
@@ -59,3 +61,52 @@ def test_a_tokenizer_is_named_by_its_file_or_the_folder_holding_it(tmp_path, bpe
         UsageError, match="gone.json: no such file; pass a tokenizer.json or its folder"
     ):
         tokenizer_file(tmp_path / "gone.json")
+
+
+def test_a_rerun_finishes_an_interrupted_prepare_instead_of_taking_it_as_done(tmp_path, capsys):
+    import inspect
+
+    from speedtronic_data import prepare_shards
+
+    source = tmp_path / "corpus.txt"
+    source.write_text(inspect.getsource(inspect), encoding="utf-8")  # real text, about 120 KB
+    out = tmp_path / "out"
+
+    def interrupt(done, total, tokens):
+        if done > total // 2:
+            raise KeyboardInterrupt
+
+    # Ctrl-C half-way, after train and val shards were written but before the record.
+    with pytest.raises(KeyboardInterrupt):
+        prepare_shards(
+            [source],
+            out,
+            val_fraction=0.3,
+            shard_tokens=10_000,
+            progress=None,
+            on_progress=interrupt,
+        )
+    assert sorted(out.glob("train_*.bin")) and sorted(out.glob("val_*.bin"))
+    # Training on the part is refused too, naming the fix.
+    with pytest.raises(DataError, match="unfinished `speedtronic prepare`.*run it again"):
+        shards_record(sorted(out.glob("train_*.bin")))
+    result = prepare_corpus(out, [source], 0, 0.3)
+    assert result is not None, "the unfinished shards were taken as already prepared"
+    assert "holds an unfinished prepare's shards; rebuilding them" in capsys.readouterr().out
+    assert result.train_tokens + result.val_tokens == source.stat().st_size
+    assert shards_record(result.train_paths).kind == "bytes"
+    assert not (out / UNFINISHED_NAME).exists()
+
+
+def test_shards_prepare_did_not_write_are_kept(tmp_path, capsys):
+    """Record-less shards that no prepare left unfinished (2.0's write_shard, llm.c's) are the
+    user's: prepare keeps them, as before.
+    """
+    from speedtronic_data import write_shard
+
+    for name in ("train_000000.bin", "val_000000.bin"):
+        write_shard(tmp_path / name, torch.arange(300) % 256)
+    before = (tmp_path / "train_000000.bin").read_bytes()
+    assert prepare_corpus(tmp_path, [], 0, 0.1) is None
+    assert "shards already in" in capsys.readouterr().out
+    assert (tmp_path / "train_000000.bin").read_bytes() == before

@@ -29,9 +29,9 @@ from speedtronic_data.tokenizer import (
     is_byte_tokenizer,
 )
 from speedtronic_data.tokenizer_record import (
-    RECORD_NAME,
     TokenizerRecord,
     check_tokenizer_copy,
+    mark_unfinished,
     write_record,
 )
 
@@ -83,9 +83,9 @@ class _ShardWriter:
     def flush(self) -> None:
         if not self.buffered:
             return
-        # A record that outlived its shards would vouch for tokens another tokenizer wrote; kept
-        # until a shard is replaced, so an input refused before that leaves the folder as it was.
-        (self.out_dir / RECORD_NAME).unlink(missing_ok=True)
+        # The record is kept until a shard is replaced, so an input refused before that leaves
+        # the folder as it was; from then on the folder is marked unfinished until it is written.
+        mark_unfinished(self.out_dir)
         path = write_shard(
             self.out_dir / f"{self.split}_{len(self.paths):06d}.bin", np.concatenate(self.parts)
         )

@@ -46,16 +46,29 @@ _COMPRESSED = (
 
 def iter_text_chunks(path: Path) -> Iterator[str]:
     """Yield the file's text in chunks of about CHUNK_BYTES that end on a line break where
-    possible.
+    possible: a line longer than CHUNK_BYTES ends its chunk before the last run of spaces in a
+    further CHUNK_BYTES, else mid-line.
     """
     with open(path, "rb") as handle:
         # utf-8-sig: a leading byte-order mark (Windows editors write one) is not text to train on.
         decoder = codecs.getincrementaldecoder("utf-8-sig")()
-        offset = 0
+        offset, carry = 0, b""
         while True:
-            raw = handle.read(CHUNK_BYTES)
+            raw, carry = carry + handle.read(CHUNK_BYTES), b""
             if raw:
-                raw += handle.readline()  # end on a line so subword tokenizers see whole lines
+                # End on a line so subword tokenizers see whole lines, but read at most a chunk
+                # more: a file of one long line (text8 is 100 MB) would be held whole.
+                rest = handle.readline(CHUNK_BYTES)
+                raw += rest
+                if len(rest) == CHUNK_BYTES and not rest.endswith(b"\n"):
+                    # In the line's read part (never inside a UTF-8 sequence), so the carry stays
+                    # about a chunk, and before the whole run of spaces, which a subword
+                    # pre-tokenizer splits as one piece.
+                    space = raw.rfind(b" ", len(raw) - len(rest))
+                    while space > 0 and raw[space - 1 : space].isspace():
+                        space -= 1
+                    if space > 0:
+                        raw, carry = raw[:space], raw[space:]
             try:
                 text = decoder.decode(raw, final=not raw)
             except UnicodeDecodeError as error:

@@ -24,6 +24,9 @@ from speedtronic_data.tokenizer import CharTokenizer, JsonTokenizer, as_json_tok
 RECORD_NAME = "tokenizer_record.json"
 TOKENIZER_JSON = "tokenizer.json"
 BYTE_IDS = 256  # the byte tokenizer emits ids 0-255 whatever its vocab_size
+# Left by prepare while it replaces a folder's shards and removed once their record is written:
+# shards beside it are an interrupted (or refused) run's part, not a corpus to train on.
+UNFINISHED_NAME = ".prepare_unfinished"
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,20 @@ def _same_json(path: Path, text: str) -> bool:
         return False
 
 
+def mark_unfinished(out_dir: str | Path) -> None:
+    """Mark out_dir's shards as being replaced, then drop its record (it would vouch for tokens
+    another tokenizer wrote); write_record clears the mark.
+    """
+    out = Path(out_dir)
+    (out / UNFINISHED_NAME).touch()
+    (out / RECORD_NAME).unlink(missing_ok=True)
+
+
+def is_unfinished(folder: str | Path) -> bool:
+    """Return whether folder's shards are an interrupted or refused prepare's part."""
+    return (Path(folder) / UNFINISHED_NAME).is_file()
+
+
 def write_record(out_dir: str | Path, tokenizer: Any) -> TokenizerRecord:
     """Write the record of tokenizer (and a copy of its tokenizer.json) into out_dir; return it."""
     out = Path(out_dir)
@@ -196,12 +213,18 @@ def write_record(out_dir: str | Path, tokenizer: Any) -> TokenizerRecord:
     if record.sha256 is not None:
         fields.update(file=TOKENIZER_JSON, sha256=record.sha256)
     atomic_write_text(out / RECORD_NAME, json.dumps({"format": 1, **fields}, indent=2) + "\n")
+    (out / UNFINISHED_NAME).unlink(missing_ok=True)
     return dataclasses.replace(record, folder=out)
 
 
 def read_record(folder: str | Path) -> TokenizerRecord:
     """Return the record in folder; the byte tokenizer (vocabulary unchecked) when it has none."""
     folder = Path(folder)
+    if is_unfinished(folder):
+        raise DataError(
+            f"{folder} holds the shards of an unfinished `speedtronic prepare` (interrupted, or "
+            "an input refused); run it again to finish them, or delete the folder"
+        )
     path = folder / RECORD_NAME
     if not path.is_file():
         # Shards written before 2.1 carry no record: byte-level, but their vocabulary may have
@@ -222,18 +245,24 @@ def read_record(folder: str | Path) -> TokenizerRecord:
 
 
 def shards_record(shard_paths: Iterable[str | Path]) -> TokenizerRecord:
-    """Return the one tokenizer record of the folders holding shard_paths."""
+    """Return the one tokenizer record of the folders holding shard_paths (byte-level folders of
+    other vocabulary cuts, or without a record, mix: the vocabulary is then their largest, or
+    unknown).
+    """
     folders = sorted({Path(p).parent for p in shard_paths})
     if not folders:
         raise DataError("shards_record needs at least one shard path")
     records = [read_record(folder) for folder in folders]
     first = records[0]
     for folder, record in zip(folders[1:], records[1:], strict=True):
-        if not record.same_tokenizer(first):
+        if not record.encodes_alike(first):
             raise DataError(
                 f"these token shards come from different tokenizers: {folders[0]} holds "
                 f"{first.describe()}, {folder} holds {record.describe()}; prepare them with one"
             )
+    sizes = {record.vocab_size for record in records}
+    if len(sizes) > 1:  # only byte-level records differ here; every shard's ids are still checked
+        return dataclasses.replace(first, vocab_size=None if None in sizes else max(sizes))
     return first
 
 
@@ -265,11 +294,14 @@ __all__ = [
     "BYTES",
     "RECORD_NAME",
     "TOKENIZER_JSON",
+    "UNFINISHED_NAME",
     "TokenizerRecord",
     "behaves_alike",
     "check_tokenizer_copy",
     "check_vocab",
+    "is_unfinished",
     "load_tokenizer",
+    "mark_unfinished",
     "read_record",
     "record_for",
     "record_from_identity",

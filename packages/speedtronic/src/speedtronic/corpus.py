@@ -74,10 +74,15 @@ def prepare_corpus(
     byte tokenizer or a tokenizer.json; return the PrepareResult, or None when already prepared.
     """
     from speedtronic_data import JsonTokenizer, prepare_shards, stdlib_corpus
-    from speedtronic_data.tokenizer_record import read_record, record_for
+    from speedtronic_data.tokenizer_record import is_unfinished, read_record, record_for
 
     codec = JsonTokenizer.from_file(tokenizer_file(tokenizer)) if tokenizer is not None else None
-    if sorted(out_dir.glob("train_*.bin")) and sorted(out_dir.glob("val_*.bin")):
+    shards = sorted(out_dir.glob("train_*.bin")) and sorted(out_dir.glob("val_*.bin"))
+    # An interrupted or refused run's part is rebuilt, never taken as done; shards without a
+    # record that prepare did not leave (2.0's, llm.c's) are the user's, kept as before.
+    if shards and is_unfinished(out_dir):
+        print(f"prepare: {out_dir} holds an unfinished prepare's shards; rebuilding them")
+    elif shards:
         existing, wanted = read_record(out_dir), record_for(codec)
         if existing.encodes_alike(wanted):
             print(f"prepare: shards already in {out_dir}; delete the folder to rebuild them")

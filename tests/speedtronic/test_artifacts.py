@@ -206,11 +206,15 @@ def test_sample_escapes_control_characters_only_on_a_terminal(checkpoint, capsys
     assert not [c for c in shown if c in controls] and f"\\x{ord(controls[0]):02x}" in shown
 
 
-@pytest.mark.parametrize("given", ["latest", "."])
+@pytest.mark.parametrize("given", ["latest", ".", "run folder"])
 def test_sample_and_export_follow_the_latest_pointer_or_the_folder(tmp_path, checkpoint, given):
     from speedtronic.cli import main
 
-    pointer_or_folder = checkpoint.parent / given  # `latest` names step_4.pt, the fixture's save
+    assert checkpoint.parent.name == "checkpoints"
+    # `latest` names step_4.pt, the fixture's save; the run folder holds checkpoints/
+    pointer_or_folder = (
+        checkpoint.parent.parent if given == "run folder" else checkpoint.parent / given
+    )
     args = {"max_new_tokens": 8, "temperature": 0.0}
     assert sample_text(pointer_or_folder, "x", **args) == sample_text(checkpoint, "x", **args)
     assert main(["export", str(pointer_or_folder), str(tmp_path / "out")]) == 0
@@ -479,3 +483,69 @@ def test_an_export_replaces_the_files_an_earlier_one_wrote_and_no_others(tmp_pat
     (killed / "model.safetensors").write_bytes(b"partial")
     export_hf(checkpoint, out)  # one file; this checkpoint has no metrics, so no curve
     assert {p.name for p in out.iterdir()} == MODEL_FILES | TOKENIZER_FILES | {"README.md"}
+
+
+def test_a_plain_export_over_a_sharded_hf_one_removes_its_shards(tmp_path, checkpoint):
+    from speedtronic.artifacts import export_checkpoint
+
+    out = export_hf(checkpoint, tmp_path / "out", max_shard_bytes=50_000)
+    (out / "notes.txt").write_text("mine")
+    export_checkpoint(checkpoint, out)
+    weights = {p.name for p in out.iterdir() if p.name.startswith("model")}
+    assert weights == {"model.safetensors"} and (out / "notes.txt").read_text() == "mine"
+    assert load_exported(out).state_dict().keys()
+
+
+def test_a_sharded_checkpoint_with_damaged_shards_is_a_one_line_usage_error(tmp_path, checkpoint):
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from speedtronic.cli import main
+    from speedtronic_trainer import CheckpointManager
+
+    state = torch.load(checkpoint, weights_only=True)
+    manager = CheckpointManager(tmp_path / "checkpoints")
+    staging = manager.sharded_staging_for(4)
+    staging.mkdir(parents=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP's "assuming a single process"
+        dcp.save({"model": state.pop("model")}, checkpoint_id=str(staging), no_dist=True)
+    state.pop("optimizer")
+    sharded = manager.publish_sharded(staging, state)
+    args = {"max_new_tokens": 8, "temperature": 0.0}
+    assert sample_text(sharded, "x", **args) == sample_text(checkpoint, "x", **args)
+    shard = next(sharded.glob("*.distcp"))
+    shard.write_bytes(b"\xff" * shard.stat().st_size)  # the size still matches its metadata
+    with pytest.raises(UsageError, match=f"sharded checkpoint {sharded} could not be loaded"):
+        sample_text(sharded, "x", **args)
+    assert main(["export", str(sharded), str(tmp_path / "out"), "--format", "hf"]) == 2
+
+
+def test_load_exported_names_what_loads_an_hf_export(tmp_path, checkpoint):
+    out = export_hf(checkpoint, tmp_path / "hf")
+    with pytest.raises(UsageError, match=r"is a transformers export \(--format hf\): load it with"):
+        load_exported(out)  # was TypeError: unexpected keyword argument 'architectures'
+
+
+def test_a_checkpoint_without_a_config_or_of_another_model_is_one_usage_line(tmp_path, checkpoint):
+    from speedtronic.cli import main
+    from speedtronic_model import build_model
+    from speedtronic_trainer import CheckpointManager, Trainer
+
+    # A Trainer built from the Python API without config= records none: the default model was
+    # rebuilt and torch's many-line "Error(s) in loading state_dict" ended it, exit 1.
+    model = build_model({"vocab_size": 300, "max_seq_len": 32, "n_layer": 2, "d_model": 32})
+    batch = {"input_ids": torch.zeros(1, 32, dtype=torch.long)}
+    batch["labels"] = batch["input_ids"]
+    manager = CheckpointManager(tmp_path / "checkpoints", every_steps=1)
+    optimizer = torch.optim.AdamW(model.parameters())
+    Trainer(model, optimizer, [batch], device="cpu", checkpoint_manager=manager).fit(1)
+    with pytest.raises(UsageError, match=r"records no config \(its Trainer was built without"):
+        sample_text(tmp_path / "checkpoints", "x")
+    state = torch.load(checkpoint, weights_only=True)
+    state["config"]["model"]["d_model"] = 64
+    torch.save(state, tmp_path / "edited.pt")
+    with pytest.raises(UsageError, match="do not fit the model its config describes"):
+        export_hf(tmp_path / "edited.pt", tmp_path / "hf")
+    assert main(["export", str(tmp_path / "checkpoints"), str(tmp_path / "out")]) == 2

@@ -364,6 +364,11 @@ def test_prepare_train_export_hf_and_sample_agree_with_transformers(tmp_path):
         "export", str(checkpoint), "x", "--format", "hf", "--max-shard-size", "lots", cwd=tmp_path
     )
     assert result.returncode == 2 and "is not a size" in result.stderr
+    # The default is the "5GB" the help names (transformers' own), not 5 GiB.
+    from speedtronic.cli import _byte_size
+    from speedtronic_model.hf_llama import DEFAULT_MAX_SHARD_BYTES
+
+    assert _byte_size("5GB") == DEFAULT_MAX_SHARD_BYTES
 
 
 def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path):

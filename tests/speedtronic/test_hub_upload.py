@@ -99,3 +99,17 @@ def test_cli_push_to_hub_private(tmp_path, server, checkpoint):
     for path in (tmp_path / "hf").iterdir():
         assert SECRET.encode() not in path.read_bytes()
         assert remote[path.name] == path.read_bytes()
+
+
+def test_a_push_deletes_the_weights_an_earlier_push_left(tmp_path, server, checkpoint):
+    # transformers loads model.safetensors before an index: a stale one served the old weights.
+    whole = export_hf(checkpoint, tmp_path / "whole")
+    (whole / "loss_curve.png").write_bytes(b"an earlier run's curve")
+    push_to_hub(whole, "me/tiny", endpoint=server.url)
+    sharded = export_hf(checkpoint, tmp_path / "sharded", max_shard_bytes=20_000)
+    (sharded / "notes.txt").write_text("mine")
+    push_to_hub(sharded, "me/tiny", endpoint=server.url)
+    remote = server.files("me/tiny")
+    assert {k: v for k, v in remote.items() if k != ".gitattributes"} == local_files(sharded)
+    assert "model.safetensors" not in remote and "model.safetensors.index.json" in remote
+    assert len(server.store.repos[("model", "me/tiny")].commits) == 3  # one commit a push

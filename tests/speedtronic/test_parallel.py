@@ -320,3 +320,19 @@ def test_one_process_resumes_a_sharded_checkpoint_without_torchs_warning(trained
     trainer.close()
     assert trainer.step == 3
     assert not [str(w.message) for w in seen if "torch.distributed" in str(w.message)]
+
+
+def test_the_last_checkpoint_exports_to_transformers_with_the_trained_weights(trained, tmp_path):
+    # A DDP step_3.pt and an FSDP2 step_3.dcp (shards gathered in one process) alike.
+    transformers = pytest.importorskip("transformers")
+    from speedtronic.artifacts import export_hf
+    from speedtronic_model import build_model
+
+    _, out, _ = trained
+    folder = export_hf(out / "run" / "checkpoints", tmp_path / "hf")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    ours = build_model(config(out, "none")["model"]).eval()
+    ours.load_state_dict(torch.load(out / "params_train.pt"))
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (theirs(ids).logits - ours(ids)["logits"]).abs().max() <= 1e-5

@@ -30,7 +30,7 @@ INDEX_NAME = "model.safetensors.index.json"
 # Every weight file an export may write: one left by an earlier export with other sharding would
 # shadow or confuse the new ones.
 WEIGHT_FILES = ("model*.safetensors", INDEX_NAME)
-DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3  # transformers' own default shard size (5 GB)
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' own default shard size, "5GB" (not GiB)
 
 # Per-layer tensors: (reference model name, Llama name), in the order transformers writes them.
 _LAYER_NAMES = (

@@ -18,8 +18,9 @@ PathLike = str | os.PathLike[str]
 
 
 def resolve_checkpoint(path: PathLike) -> Path:
-    """Return the checkpoint `path` names: a step checkpoint itself, or the one a `latest` pointer
-    or a checkpoints folder leads to (as `train --resume` finds it); UsageError when there is none.
+    """Return the checkpoint `path` names: a step checkpoint itself, or the one a `latest` pointer,
+    a checkpoints folder or a run folder holding `checkpoints/` leads to (as `train --resume` finds
+    it); UsageError when there is none.
     """
     from speedtronic_trainer import CheckpointManager
     from speedtronic_trainer.checkpoint import LATEST_POINTER
@@ -32,6 +33,9 @@ def resolve_checkpoint(path: PathLike) -> Path:
     else:
         return path
     latest = CheckpointManager(folder).latest_path()
+    if latest is None and (path / "checkpoints").is_dir():  # a run's output_dir, as plot takes
+        folder = path / "checkpoints"
+        latest = CheckpointManager(folder).latest_path()
     if latest is None:
         raise UsageError(
             f"{path}: no step_<n>.pt or step_<n>.dcp checkpoint in {folder}; pass a run's "
@@ -80,23 +84,42 @@ def read_checkpoint(path: PathLike) -> dict[str, Any]:
     return state
 
 
-def _model_from_state(state: dict[str, Any]) -> tuple[Any, Any]:
+def _model_from_state(state: dict[str, Any], path: PathLike) -> tuple[Any, Any]:
     from speedtronic_config import SpeedtronicConfig
     from speedtronic_model import build_model
+    from speedtronic_trainer import CheckpointError
     from speedtronic_trainer.sharded import load_sharded
 
     config = SpeedtronicConfig.from_dict(state["config"])
     model = build_model(config.model)  # model.init_from is not applied: the checkpoint has weights
     if "sharded" in state:  # FSDP shards, gathered into this one process
-        load_sharded(Path(state["sharded"]), model, None)
+        try:
+            load_sharded(Path(state["sharded"]), model, None)
+        except CheckpointError as error:  # damaged shards, as read_checkpoint reports a bad file
+            raise UsageError(str(error)) from None
     else:
-        model.load_state_dict(state["model"])
+        try:
+            model.load_state_dict(state["model"])
+        except RuntimeError as error:  # torch's message is a line per tensor: name the first
+            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+            detail = lines[1] if len(lines) > 1 else lines[0] if lines else type(error).__name__
+            detail = detail if len(detail) <= 160 else f"{detail[:160]} ..."  # a list of keys
+            if state["config"] is None:  # a Trainer built without config= records none
+                raise UsageError(
+                    f"{path}: the checkpoint records no config (its Trainer was built without "
+                    f"config=), and the default model does not take its weights ({detail}); "
+                    "pass config= to the Trainer that writes it, or load its 'model' entry into "
+                    "your model yourself"
+                ) from None
+            raise UsageError(
+                f"{path}: the weights do not fit the model its config describes ({detail})"
+            ) from None
     return model.eval(), config
 
 
 def load_checkpoint_model(path: PathLike) -> tuple[Any, Any]:
     """Return (model in eval mode, its SpeedtronicConfig) rebuilt from a trainer checkpoint."""
-    return _model_from_state(read_checkpoint(path))
+    return _model_from_state(read_checkpoint(path), path)
 
 
 def resolve_tokenizer(
@@ -223,7 +246,7 @@ def sample_text(
     import torch
 
     state = read_checkpoint(path)
-    model, config = _model_from_state(state)
+    model, config = _model_from_state(state, path)
     if not hasattr(model, "generate"):
         raise UsageError(
             f"{path}: model {config.model.name!r} has no generate(); sample needs one taking "
@@ -262,15 +285,18 @@ def sample_text(
 
 def export_checkpoint(path: PathLike, out_dir: PathLike) -> Path:
     """Write model.safetensors and config.json (the model section) to out_dir; return out_dir.
-    Both appear together: a failure on the way leaves an earlier export in out_dir whole.
+    Both appear together: a failure on the way leaves an earlier export in out_dir whole; weight
+    shards an earlier export left are removed.
     """
     from safetensors.torch import save_model
 
     from speedtronic_config.atomic import publish_private_file, staged_files
+    from speedtronic_model.hf_llama import WEIGHT_FILES
 
     model, config = load_checkpoint_model(path)
     out_dir = Path(out_dir)
-    with staged_files(out_dir) as stage:
+    # The shards and index of an earlier --format hf export would sit beside other weights.
+    with staged_files(out_dir, replaces=WEIGHT_FILES) as stage:
         weights = stage / "model.safetensors"
         save_model(model, str(weights), metadata={"format": "pt"})  # dedupes tied tensors
         publish_private_file(weights, weights)  # safetensors creates it 0600
@@ -287,7 +313,14 @@ def load_exported(out_dir: PathLike) -> Any:
     from speedtronic_model import build_model
 
     out_dir = Path(out_dir)
-    model = build_model(ModelConfig(**json.loads((out_dir / "config.json").read_text())))
+    values = json.loads((out_dir / "config.json").read_text())
+    if "model_type" in values:  # a Llama config.json, which ModelConfig would call bad keywords
+        raise UsageError(
+            f"{out_dir} is a transformers export (--format hf): load it with transformers' "
+            "AutoModelForCausalLM.from_pretrained, or into a reference model with "
+            "speedtronic_model.load_llama(model, folder)"
+        )
+    model = build_model(ModelConfig(**values))
     load_model(model, str(out_dir / "model.safetensors"))  # strict: raises on any mismatch
     return model.eval()
 
@@ -312,7 +345,7 @@ def export_hf(
     path = resolve_checkpoint(path)  # the model card looks for the run's metrics beside it
     out_dir = Path(out_dir)
     state = read_checkpoint(path)
-    model, config = _model_from_state(state)
+    model, config = _model_from_state(state, path)
     llama_config(model)  # a model that does not map fails here, before anything is written
     codec = resolve_tokenizer(config, tokenizer, recorded=state.get("tokenizer"), checkpoint=path)
     record = _check_fits(codec, config, tokenizer)

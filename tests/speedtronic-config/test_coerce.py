@@ -29,12 +29,15 @@ def test_bool_rejects_everything_else(raw):
         coerce(raw, "bool", "flag")
 
 
-@pytest.mark.parametrize("raw, expected", [(3, 3), (4.0, 4), ("12", 12), (-1, -1)])
+@pytest.mark.parametrize(
+    "raw, expected", [(3, 3), (4.0, 4), ("12", 12), (-1, -1), ("1e5", 100000), (" 2E3 ", 2000)]
+)
 def test_int_accepts_integers_and_integral_text(raw, expected):
+    # PyYAML reads `max_steps: 1e5` as the string "1e5" (but `1.0e5` as a float): both load.
     assert coerce(raw, "int", "n") == expected
 
 
-@pytest.mark.parametrize("raw", [True, 2.5, "two", "1.5", [1], {}])
+@pytest.mark.parametrize("raw", [True, 2.5, "two", "1.5", "1e-3", "1e400", "nan", [1], {}])
 def test_int_rejects_non_integers(raw):
     with pytest.raises(ConfigError, match="^n: expected an integer"):
         coerce(raw, "int", "n")

@@ -110,6 +110,24 @@ def test_scheduler_horizon_follows_from_python_and_after_mutation():
     assert explicit.validate().scheduler.max_steps == 50
 
 
+def test_derived_fields_follow_their_source_after_mutation():
+    # build_runtime validates an edited config: derived fields kept the old source's value, so a
+    # raised max_seq_len trained at the old length and a smaller one or vocab_size was refused.
+    config = SpeedtronicConfig(data=DataConfig(seed=5))
+    config.model.max_seq_len, config.model.vocab_size, config.run.seed = 512, 256, 7
+    config.model.n_head, config.model.d_model = 4, 512
+    config.validate()
+    assert (config.data.block_size, config.data.vocab_size) == (512, 256)
+    assert (config.model.n_kv_head, config.model.d_ff) == (4, 2048)
+    assert config.data.seed == 5  # set: kept
+    config.data.block_size = 100  # set now: kept from here on
+    config.model.max_seq_len = 1024
+    assert config.validate().data.block_size == 100
+    explicit = SpeedtronicConfig.from_dict({"data": {"block_size": 128}})
+    explicit.model.max_seq_len = 256
+    assert explicit.validate().data.block_size == 128
+
+
 def test_sections_may_be_given_as_mappings_but_not_other_types():
     config = SpeedtronicConfig(model={"n_layer": 2})  # type: ignore[arg-type]
     assert isinstance(config.model, ModelConfig) and config.model.n_layer == 2
@@ -144,6 +162,27 @@ def test_unknown_nested_key_suggests_the_valid_name():
         SpeedtronicConfig.from_dict({"model": {"n_layers": 3}})
     with pytest.raises(ConfigError, match=r"^distributed.tokn: unknown key; did you mean token\?$"):
         SpeedtronicConfig.from_dict({"hub": {"tokn": "x"}})
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        # A field in the wrong place listed every valid key, or a close name that was not it.
+        ({"lr": 0.01}, "lr: unknown key; did you mean optimizer.lr?"),
+        (
+            {"model": {"warmup_steps": 5}},
+            "model.warmup_steps: unknown key; did you mean scheduler.warmup_steps?",
+        ),
+        (
+            {"every_steps": 5},
+            "every_steps: unknown key; did you mean checkpoint.every_steps or logging.every_steps?",
+        ),
+    ],
+)
+def test_a_field_of_another_section_names_that_section(values, message):
+    with pytest.raises(ConfigError) as caught:
+        SpeedtronicConfig.from_dict(values)
+    assert str(caught.value) == message
 
 
 def test_muon_shorthand_forms_are_equivalent():

@@ -30,6 +30,16 @@ def test_json_file_and_inline_forms(tmp_path):
     assert SpeedtronicConfig.load({"max_steps": 6}).run.max_steps == 6
 
 
+@pytest.mark.parametrize(
+    "name, text", [("run.json", '{"max_steps": 3}'), ("run.yaml", "max_steps: 3")]
+)
+def test_a_file_opened_by_a_byte_order_mark_loads(tmp_path, name, text):
+    # The JSON one was "invalid JSON at line 1, column 1: Unexpected UTF-8 BOM".
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert SpeedtronicConfig.load(path).run.max_steps == 3
+
+
 def test_single_line_that_names_an_existing_file_is_a_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("x: 1").write_text("max_steps: 9\n")  # a file whose name also parses as YAML

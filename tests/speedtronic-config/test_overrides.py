@@ -83,6 +83,8 @@ def test_scheduler_follows_an_overridden_step_target():
     [
         ("model.n_layers=3", r"^model.n_layers: unknown key; did you mean n_layer\?"),
         ("modle.n_layer=3", r"^modle: unknown key; did you mean model\?"),
+        ("n_layer=3", r"^n_layer: unknown key; did you mean model.n_layer\?$"),
+        ("model.lr=1", r"^model.lr: unknown key; did you mean optimizer.lr\?$"),
         ("model.n_layer.x=3", r"model.n_layer is not a mapping"),
         ("max_steps.x=3", r"max_steps is not a mapping"),
         ("compile.on=1", r"^compile.on: unknown key"),
@@ -155,6 +157,22 @@ def test_a_run_mapping_wins_over_the_top_level_aliases_it_names():
     result = apply_overrides({"name": "old", "seed": 3}, ["run={name: new}"])
     assert result == {"seed": 3, "run": {"name": "new"}}
     assert SpeedtronicConfig.from_dict(result).run.name == "new"
+
+
+@pytest.mark.parametrize(
+    "raw, override",
+    [
+        # 2.0's root-level form, overridden in the section: refused as a conflict.
+        ({"optimizer": "muon", "muon_plus": True, "cautious": True}, "optimizer.muon_plus=false"),
+        ({"optimizer": "muon", "muon_plus": True}, "optimizer={muon_plus: false}"),
+        # and the section's field, overridden in the root-level form.
+        ({"optimizer": {"name": "muon", "muon_plus": True}}, "muon_plus=false"),
+    ],
+)
+def test_an_optimizer_override_replaces_a_field_set_in_either_form(raw, override):
+    config = SpeedtronicConfig.from_dict(apply_overrides(raw, [override]))
+    assert (config.optimizer.name, config.optimizer.muon_plus) == ("muon", False)
+    assert config.optimizer.cautious is raw.get("cautious", False)
 
 
 @pytest.mark.parametrize("depth", [40, 3000])

@@ -205,6 +205,47 @@ def test_missing_cuda_overlay_names_the_path(tmp_path):
     assert_one_line_error(result, 2, "gone.yaml")
 
 
+def test_a_cuda_overlay_keeps_its_own_output_metrics_and_horizon(tmp_path, monkeypatch):
+    import argparse
+
+    import torch
+
+    from speedtronic import cli
+
+    # The metrics file and the --max-steps horizon were chosen from the config without the
+    # overlay: metrics went to the CPU run's folder, the overlay's json_file and horizon were lost.
+    monkeypatch.setattr("speedtronic_systems.resolve_device", lambda _: torch.device("cuda"))
+    config = tiny_config(tmp_path, logging="{}")
+    overlay = tmp_path / "cuda.yaml"
+    for text, output, metrics in [
+        (f"run.output_dir: {tmp_path / 'gpu'}\n", tmp_path / "gpu", tmp_path / "gpu"),
+        (f"logging.json_file: {tmp_path / 'gpu.jsonl'}\n", tmp_path / "run", None),
+    ]:
+        overlay.write_text(text + "scheduler.max_steps: 20\n")
+        args = argparse.Namespace(
+            config=str(config), overrides=[], device=None, max_steps=6, cuda_overlay=str(overlay)
+        )
+        run, chosen = cli._train_config(args, announce=False)
+        assert Path(run.run.output_dir) == output
+        assert chosen == (None if metrics is None else metrics / "metrics.jsonl")
+        assert Path(run.logging.json_file) == (chosen or tmp_path / "gpu.jsonl")
+        assert (run.run.max_steps, run.scheduler.max_steps) == (6, 20)
+
+
+@pytest.mark.parametrize("device", ["0", "off", "cuda: 1"])
+def test_a_bad_device_flag_is_named_as_given(tmp_path, capsys, device):
+    from speedtronic.cli import main
+
+    # The flag went in as YAML: `--device off` was "run.device: expected a string (got False);
+    # quote the value in YAML", advice for a file the user never wrote.
+    assert main(["train", str(tiny_config(tmp_path)), "--device", device]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"speedtronic train: device {device!r} is not a device name; use auto, cpu, cuda, "
+        "cuda:N or mps\n"
+    )
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_overlay_applies_on_a_gpu(tmp_path):

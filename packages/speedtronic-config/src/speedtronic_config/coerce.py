@@ -33,6 +33,14 @@ def _int(value: Any, path: str) -> int:
             return int(value.strip())
         except ValueError:
             pass
+        # PyYAML reads `1e6` (no dot) as a string, as it does `1e-8`; it is as whole a number as
+        # `1.0e6`, which it reads as a float. Every int field's bound is far below 2**53.
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = math.nan
+        if math.isfinite(number) and number.is_integer():
+            return int(number)
     raise ConfigError(path, "expected an integer", value=value)
 
 

@@ -32,6 +32,7 @@ from speedtronic_config.sections import (
     RunConfig,
     SchedulerConfig,
     ShapeValidationConfig,
+    derive,
 )
 from speedtronic_config.serialize import dump_yaml, redact, section_dict
 
@@ -86,10 +87,11 @@ class SpeedtronicConfig:
             raise ConfigError("run.max_steps", "must be positive", value=self.run.max_steps)
         if self.distributed.active and self.distributed.role == "single":
             self.distributed.role = "master"  # an enabled run needs a repository owner
-        if self.data.block_size is None:
-            self.data.block_size = self.model.max_seq_len
-        # Else the first step fails: the reference model has no positions past max_seq_len.
-        elif self.model.name in ModelConfig.REFERENCE_NAMES and (
+        # Derived fields follow their source when validate() runs after an edit (max_seq_len
+        # raised in Python): kept, they trained at the old length or failed the check below.
+        derive(self.data, "block_size", self.model.max_seq_len)
+        # A longer block fails the first step: the reference model has no positions past it.
+        if self.model.name in ModelConfig.REFERENCE_NAMES and (
             self.data.block_size > self.model.max_seq_len
         ):
             raise ConfigError(
@@ -99,10 +101,9 @@ class SpeedtronicConfig:
                 value=self.data.block_size,
                 allowed=f"use at most {self.model.max_seq_len}, or raise model.max_seq_len",
             )
-        if self.data.vocab_size is None:
-            self.data.vocab_size = self.model.vocab_size
-        # Else an id past the embedding fails mid-run as a bare IndexError.
-        elif self.model.name in ModelConfig.REFERENCE_NAMES and (
+        derive(self.data, "vocab_size", self.model.vocab_size)
+        # A larger one fails mid-run as a bare IndexError: an id past the embedding.
+        if self.model.name in ModelConfig.REFERENCE_NAMES and (
             self.data.vocab_size > self.model.vocab_size
         ):
             raise ConfigError(
@@ -112,8 +113,7 @@ class SpeedtronicConfig:
                 value=self.data.vocab_size,
                 allowed=f"use at most {self.model.vocab_size}, or raise model.vocab_size",
             )
-        if self.data.seed is None:
-            self.data.seed = self.run.seed
+        derive(self.data, "seed", self.run.seed)
         if self.run.log_every is not None and self.logging.every_steps == 1:
             self.logging.every_steps = self.run.log_every
         self.scheduler.follow_target(self.step_target)

@@ -174,7 +174,9 @@ def read_file(path: str | os.PathLike[str]) -> Any:
     if file.is_dir():
         raise ConfigError(str(file), "is a directory, not a config file")
     try:
-        text = file.read_text(encoding="utf-8")
+        # A byte-order mark (Notepad, PowerShell) opens the file, not its JSON text; removed after
+        # decoding, so the byte an error names is the file's own.
+        text = file.read_text(encoding="utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as error:
         raise ConfigError(
             str(file), f"is not UTF-8 text ({error.reason} at byte {error.start})"

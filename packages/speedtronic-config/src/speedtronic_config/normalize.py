@@ -56,12 +56,27 @@ def _section(values: Mapping[str, Any], key: str) -> dict[str, Any]:
     return dict(raw)
 
 
+def unknown_field(path: str, key: Any, valid: list[str] | tuple[str, ...]) -> ConfigError:
+    """Return unknown_key's error, or, for a field of other sections, one naming them (`lr` at the
+    top level: did you mean optimizer.lr?): a name close to one here is a weaker hint.
+    """
+    owners = [
+        f"{name}.{key}"
+        for name, cls in SECTIONS.items()
+        if name != path and key in field_names(cls)
+    ]
+    if not owners:
+        return unknown_key(path, key, valid)
+    where = f"{path}.{key}" if path else str(key)
+    return ConfigError(where, "unknown key", allowed=f"did you mean {' or '.join(owners)}?")
+
+
 def check_keys(section: Mapping[str, Any], cls: type, path: str) -> None:
     """Raise ConfigError for the first key that is not a field of `cls`, with a suggestion."""
     valid = field_names(cls)
     for key in section:
         if key not in valid:
-            raise unknown_key(path, key, valid)
+            raise unknown_field(path, key, valid)
 
 
 def _distributed(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -129,7 +144,7 @@ def canonical(values: Mapping[str, Any] | None) -> dict[str, Any]:
         )
     for key in values:
         if key not in ROOT_KEYS:
-            raise unknown_key("", key, ROOT_KEYS)
+            raise unknown_field("", key, ROOT_KEYS)
     special = {"distributed": _distributed, "optimizer": _optimizer, "precision": _precision}
     result: dict[str, Any] = {
         name: special.get(name, lambda v, n=name: _section(v, n))(values) for name in SECTIONS

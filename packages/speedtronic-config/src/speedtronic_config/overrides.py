@@ -10,14 +10,16 @@ from typing import Any
 
 import yaml
 
-from speedtronic_config.errors import ConfigError, unknown_key
+from speedtronic_config.errors import ConfigError
 from speedtronic_config.loading import describe_yaml_error, parse_value
 from speedtronic_config.normalize import (
+    OPTIMIZER_ROOT_FIELDS,
     ROOT_KEYS,
     RUN_ALIASES,
     SECTION_ALIASES,
     SECTIONS,
     field_names,
+    unknown_field,
 )
 from speedtronic_config.secrets import is_secret_path
 
@@ -84,12 +86,16 @@ def _target(tree: dict[str, Any], parts: list[str]) -> tuple[str, str | None]:
     """Return (root key, field) after checking the path against the schema."""
     root = parts[0]
     if root not in ROOT_KEYS:
-        raise unknown_key("", root, ROOT_KEYS)
+        raise unknown_field("", root, ROOT_KEYS)
     nested = root in SECTIONS or root in SECTION_ALIASES or root == "compile"
     depth = 2 if nested else 1
     if len(parts) > depth:
         raise ConfigError(".".join(parts), f"{'.'.join(parts[:depth])} is not a mapping")
     if len(parts) == 1:
+        if root in OPTIMIZER_ROOT_FIELDS:
+            # Written into the section, so it replaces the field in either place the file sets it
+            # (canonical refuses the two forms when they differ).
+            return "optimizer", root
         return root, None
     valid = (
         ["enabled"]
@@ -97,7 +103,7 @@ def _target(tree: dict[str, Any], parts: list[str]) -> tuple[str, str | None]:
         else field_names(SECTIONS.get(root, SECTIONS["distributed"]))
     )
     if parts[1] not in valid:
-        raise unknown_key(root, parts[1], valid)
+        raise unknown_field(root, parts[1], valid)
     if root == "distributed" and "distributed" not in tree:
         # Write into a hub:/diloco: alias the file already uses, so the two never conflict.
         root = next((alias for alias in SECTION_ALIASES if alias in tree), root)
@@ -124,10 +130,13 @@ def _set(tree: dict[str, Any], root: str, name: str | None, value: Any) -> None:
         tree[root] = {**current, **given}
     else:
         tree[root] = given
-    if root == "run" and isinstance(given, Mapping):
-        for alias in RUN_ALIASES:
+    # A top-level alias would otherwise win over this override (run), or conflict with it
+    # (optimizer's muon_plus, cautious).
+    aliases = {"run": RUN_ALIASES, "optimizer": OPTIMIZER_ROOT_FIELDS}.get(root, ())
+    if isinstance(given, Mapping):
+        for alias in aliases:
             if alias in given:
-                tree.pop(alias, None)  # a top-level alias would otherwise win over this override
+                tree.pop(alias, None)
 
 
 def _fields(root: str, section: Any) -> Mapping[str, Any] | None:

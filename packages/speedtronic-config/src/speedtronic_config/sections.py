@@ -78,6 +78,20 @@ def _choice(section: Any, name: str, choices: tuple[str, ...]) -> None:
     )
 
 
+def derive(section: Any, name: str, value: Any) -> None:
+    """Set an unset (None) field to `value`, worked out from another field; on a later check
+    (validate() after an edit) it follows that field again while it still holds the value given
+    here, as an unset schedule horizon follows the step target. A value set otherwise is kept.
+    """
+    derived = section.__dict__.setdefault("_derived", {})
+    current = getattr(section, name)
+    if current is None or (name in derived and current == derived[name]):
+        setattr(section, name, value)
+        derived[name] = value
+    else:
+        derived.pop(name, None)
+
+
 def _seed(value: int | None, path: str) -> None:
     # NumPy seeds must fit in 32 unsigned bits; 2.0 accepted any int and failed later at seeding.
     _check(value is None or 0 <= value < 2**32, path, "must be in [0, 2**32)", value)
@@ -159,8 +173,7 @@ class ModelConfig:
         _at_most(self, MAX_HEADS, "n_head", "n_kv_head")
         _at_most(self, MAX_WIDTH, "d_model", "d_ff")
         _not_blank(self, "name")
-        if self.n_kv_head is None:
-            self.n_kv_head = self.n_head
+        derive(self, "n_kv_head", self.n_head)
         _check(
             self.n_head % self.n_kv_head == 0,
             "model.n_kv_head",
@@ -173,8 +186,7 @@ class ModelConfig:
             f"must be divisible by n_head={self.n_head}",
             self.d_model,
         )
-        if self.d_ff is None:
-            self.d_ff = 4 * self.d_model
+        derive(self, "d_ff", 4 * self.d_model)
         _check(
             0.0 <= self.dropout < 1.0,
             "model.dropout",

@@ -289,15 +289,18 @@ def _cuda_overrides(path: str) -> list[str]:
     return [f"{key}={override_value(value)}" for key, value in overlay.items()]
 
 
-def _train_overrides(values: Any, args: argparse.Namespace) -> tuple[list[str], Path | None]:
-    """Return --set, then --max-steps and --device, as config overrides (applied once), and the
-    metrics file chosen for the run when logging.json_file is unset (else None).
+def _train_overrides(
+    values: Any, args: argparse.Namespace, overlay: Sequence[str] = ()
+) -> tuple[list[str], Path | None]:
+    """Return the CUDA overlay's overrides, then --set, then --max-steps and --device, as config
+    overrides (applied once), and the metrics file chosen for the run when logging.json_file is
+    unset (else None). Both choices see the overlay: it may set the horizon, output or metrics.
     """
     from speedtronic_config.overrides import override_value
 
-    overrides = list(args.overrides)
-    if args.device is not None:
-        overrides.append(f"run.device={args.device}")
+    overrides = [*overlay, *args.overrides]
+    if args.device is not None:  # the flag's text as it is: `--device 0` is no YAML integer
+        overrides.append(f"run.device={override_value(args.device)}")
     if args.max_steps is not None:
         overrides.append(f"run.max_steps={args.max_steps}")
     config = _load_config(values, overrides)  # once: neither decision below changes the other
@@ -325,12 +328,13 @@ def _train_config(args: argparse.Namespace, *, announce: bool = True) -> tuple[A
     from speedtronic_systems import resolve_device
 
     # Validated on every machine, so a broken overlay fails on the laptop, not first on the cluster.
-    overlaid = _load_config(values, _cuda_overrides(args.cuda_overlay) + overrides)
+    overlaid, overlaid_metrics = _train_overrides(values, args, _cuda_overrides(args.cuda_overlay))
+    overlaid_config = _load_config(values, overlaid)
     if resolve_device(config.run.device).type != "cuda":
         return config, metrics
     if announce:
         print(f"speedtronic train: on CUDA, applying {args.cuda_overlay}", file=sys.stderr)
-    return overlaid, metrics
+    return overlaid_config, overlaid_metrics
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

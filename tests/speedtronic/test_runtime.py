@@ -146,6 +146,19 @@ def test_init_from_loads_a_llama_folder_into_the_built_model(tmp_path):
         runtime.build_runtime({**config, "model": wider})
 
 
+@pytest.mark.parametrize("warmup", [100, 2])
+def test_a_warmup_the_run_never_finishes_is_named(tmp_path, warmup):
+    log = tmp_path / "train.log"
+    config = small_config(tmp_path, logging={"file": str(log)}, scheduler={"warmup_steps": warmup})
+    trainer, _ = runtime.build_runtime(config)  # 2 steps: a warmup of 2 peaks at the last
+    trainer.close()
+    said = (
+        "scheduler.warmup_steps is 100 but the run ends at step 2: the learning rate never "
+        "reaches optimizer.lr; lower it (e.g. --set scheduler.warmup_steps=1)"
+    ) in log.read_text()
+    assert said == (warmup == 100)
+
+
 @pytest.mark.parametrize(
     "model",
     [

@@ -174,6 +174,15 @@ def _assemble(
         logger.info("model.init_from: weights loaded from %s", config.model.init_from)
     coordinator = build_coordinator(config, model, logger, parallel)  # 10
     target = max_steps if max_steps is not None else config.step_target  # 11
+    warmup = config.scheduler.warmup_steps
+    if warmup > target > 0:  # common with a short --max-steps: a run at a fraction of its lr
+        logger.warning(
+            "scheduler.warmup_steps is %d but the run ends at step %d: the learning rate never "
+            "reaches optimizer.lr; lower it (e.g. --set scheduler.warmup_steps=%d)",
+            warmup,
+            target,
+            max(1, target // 10),
+        )
     # 12: the trainer resolves the precision plan and the startup shape report, once.
     trainer = Trainer(
         model,

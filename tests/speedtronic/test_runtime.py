@@ -39,6 +39,7 @@ def small_config(tmp_path, **overrides):
         "model": {"vocab_size": 64, "max_seq_len": 16, "n_layer": 1, "n_head": 2, "d_model": 16},
         "data": {"num_tokens": 32, "micro_batch_size": 2, "target_batch_size": 2},
         "precision": "fp32",
+        "scheduler": {"warmup_steps": 1},  # over within the 2 steps (else a warning)
     }
     config.update(overrides)
     return config
@@ -268,7 +269,10 @@ def test_a_resume_that_moves_the_schedules_horizon_says_so(tmp_path):
 
     def config(target: int, **scheduler) -> dict:
         return small_config(
-            tmp_path, max_steps=target, scheduler=scheduler, logging={"file": str(log)}
+            tmp_path,
+            max_steps=target,
+            scheduler={"warmup_steps": 1, **scheduler},
+            logging={"file": str(log)},
         )
 
     runtime.train_from_config(config(2))

@@ -397,6 +397,21 @@ def test_a_global_model_of_another_model_is_refused_at_start(server, tmp_path, p
     assert worker.last_global_step == -1
 
 
+def test_a_module_of_another_dtype_than_the_global_is_refused_at_start(server, tmp_path):
+    # It trained on, and the master skipped each of its deltas ("dtype torch.bfloat16 !=
+    # torch.float32") where only the master's log showed it.
+    master, _, _ = node(server, tmp_path, "master")
+    master.start()
+    worker, net, _ = node(server, tmp_path, "w1")
+    net.to(torch.bfloat16)
+    with pytest.raises(
+        HubError, match=r"in org/run is torch.float32 where this model is torch.bfloat16"
+    ):
+        worker.start()
+    assert worker.last_global_step == -1
+    master.stop()
+
+
 def test_a_worker_started_before_its_master_waits_for_the_repository_quietly(
     server, tmp_path, caplog
 ):

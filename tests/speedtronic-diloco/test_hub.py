@@ -207,6 +207,19 @@ def test_permanent_errors_are_not_retried(server, tmp_path):
     assert sleeps == []
 
 
+@pytest.mark.parametrize("repo_id", ["org/run/extra", "my org/run"])
+def test_a_repo_id_the_hub_cannot_hold_fails_at_once(server, tmp_path, repo_id):
+    sleeps = []
+    client = HubClient(
+        repo_id,
+        transport=HfApiTransport(repo_id, endpoint=server.url, cache_dir=tmp_path),
+        sleeper=sleeps.append,
+    )
+    with pytest.raises(HubError, match="HFValidationError: Repo id") as error:
+        client.create_repo()  # huggingface_hub refuses it before any request: no outage
+    assert sleeps == [] and not isinstance(error.value, HubUnavailable)
+
+
 @pytest.mark.parametrize("path", ["../escape", "/abs", "a//b", "a/./b", ""])
 def test_unsafe_repository_paths_are_rejected(any_hub, path):
     with pytest.raises(ValueError, match="repository path"):

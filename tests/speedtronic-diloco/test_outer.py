@@ -220,6 +220,30 @@ def test_failed_publish_is_resent_before_the_next_round(tmp_path):
     assert hub.global_metadata().outer_step == 1
 
 
+def test_a_full_shared_folder_is_a_failed_publish_the_round_still_reports(tmp_path, caplog):
+    """A shared folder's OSError while publishing (disk full, remounted read-only) escaped the
+    round: no outer_round event, no publish_failures count, and a traceback every round.
+    """
+    events = []
+    hub, loop = _master(tmp_path, {"w": torch.zeros(2)}, events=lambda e, p: events.append((e, p)))
+    loop.recover()
+    hub.upload_delta({"w": torch.ones(2)}, node_id="a", local_step=1, base_outer_step=0)
+    original = hub.transport.commit
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(hub.transport.root / "objects" / "x"))
+
+    hub.transport.commit = full
+    with caplog.at_level(logging.WARNING, logger="speedtronic_diloco.outer"):
+        assert loop.sync_once() == 1
+    assert loop.counters["publish_failures"] == 1 and "No space left" in loop._state.last_error
+    assert events[-1][0] == "diloco/outer_round" and events[-1][1]["published"] is False
+    assert any("publishing outer step 1 failed" in r.getMessage() for r in caplog.records)
+    hub.transport.commit = original
+    loop.sync_once()  # resent once the folder has room
+    assert hub.global_metadata().outer_step == 1
+
+
 def test_recover_adopts_newer_global_and_its_ledger(tmp_path):
     state = {"w": torch.zeros(2)}
     hub, loop = _master(tmp_path, state, outer_lr=1.0)

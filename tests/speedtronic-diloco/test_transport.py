@@ -174,13 +174,42 @@ def test_prune_deletes_old_versions_that_nothing_recent_or_current_uses(pruned_r
     assert (
         repo.read("deltas/b", head) == b"delta b" and (repo.root / "objects" / ("f" * 64)).exists()
     )
-    with pytest.raises(TransportError, match="pruned; read it at a newer revision") as error:
+    with pytest.raises(TransportError, match="pruned .*; read it at a newer revision") as error:
         repo.read("global/model", old)
-    assert error.value.transient
+    assert not error.value.transient  # it never comes back at this revision
     assert repo.prune() == (0, 0)  # nothing more to delete; the history stays listable
     assert repo.list_files(old) == ["deltas/a", "global/model"]
     _age(_ref(repo, head), seconds=1e4)  # long the head: what it uses stays, `recent` goes
     assert repo.prune() == (1, len(b"v2")) and repo.read("global/model", head) == b"v3"
+
+
+def test_a_reader_of_a_pruned_revision_fails_at_once_and_reads_the_newer_one(pruned_repo):
+    import torch
+
+    from speedtronic_diloco.hub import HubClient, HubError, HubUnavailable
+
+    sleeps = []
+    client = HubClient("org/run", transport=pruned_repo, sleeper=sleeps.append)
+    client.publish_global({"w": torch.zeros(3)}, outer_step=0)
+    seen = client.global_metadata()  # a worker's poll, which then stalls for a long time
+    client.publish_global({"w": torch.ones(3)}, outer_step=1)
+    _age(
+        *(pruned_repo.root / "objects").iterdir(),
+        *(pruned_repo.root / "refs").iterdir(),
+        seconds=600.0,
+    )
+    assert pruned_repo.prune()[0] == 3  # step 0's model, metadata and manifest
+    with pytest.raises(HubError, match="was pruned") as error:
+        client.download_global_state(seen)
+    assert sleeps == [] and not isinstance(error.value, HubUnavailable)  # no retry at `seen`
+    assert torch.equal(client.download_global_state(client.global_metadata())["w"], torch.ones(3))
+    # An object the head uses and a reader misses is out of sight for a moment: retried.
+    _object(pruned_repo, client.read_bytes("global/model.safetensors")).rename(
+        pruned_repo.root / "aside"
+    )
+    with pytest.raises(HubUnavailable, match="is missing from"):
+        client.download_global_state()
+    assert len(sleeps) == client.retry_attempts - 1
 
 
 def test_without_prune_after_every_version_stays(repo):

@@ -685,6 +685,25 @@ class DumbDiLoCoCoordinator:
                     f"{names[:5]}: it belongs to a different model; give this node the run's "
                     "model.* settings or its own distributed.repo_id"
                 )
+        # The master skips a delta of another floating dtype, so a node whose module differs
+        # trained on with every delta dropped, and only the master's log said so.
+        dtypes = self.group.state_dtypes(self.model)
+        other = sorted(
+            n
+            for n, d in dtypes.items()
+            if d.is_floating_point
+            and candidate.state[n].dtype.is_floating_point
+            and candidate.state[n].dtype != d
+        )
+        if other:
+            name = other[0]
+            repo = self.hub.repo_id if self.hub is not None else "the repository"
+            raise HubError(
+                f"global model at outer step {candidate.outer_step} in {repo} is "
+                f"{candidate.state[name].dtype} where this model is {dtypes[name]} ({other[:5]}): "
+                "the master would skip every delta of this node; give it the master's dtype "
+                f"(model.to({candidate.state[name].dtype}))"
+            )
 
     def _install_state(self, candidate: GlobalCandidate | None, outer_step: int) -> None:
         """Load the chosen global model on every rank (candidate None on all but rank 0); rank 0

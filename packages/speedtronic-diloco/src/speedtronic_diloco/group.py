@@ -85,6 +85,11 @@ class NodeGroup:
         state = unwrap_model(model).state_dict()
         return {name: tuple(t.shape) for name, t in state.items() if isinstance(t, torch.Tensor)}
 
+    def state_dtypes(self, model: torch.nn.Module) -> dict[str, torch.dtype]:
+        """Return the dtype of every state entry of the model."""
+        state = unwrap_model(model).state_dict()
+        return {name: t.dtype for name, t in state.items() if isinstance(t, torch.Tensor)}
+
     def load(self, model: torch.nn.Module, state: Mapping[str, torch.Tensor] | None) -> None:
         """Make every rank's model hold rank 0's `state` (None on the other ranks)."""
         if self.parallel.mode == "fsdp":

@@ -386,7 +386,9 @@ class MasterOuterLoop:
                 if self.check_owner is not None:
                     self.check_owner()
                 self.hub.publish_global(state, outer_step=step, consumed=sorted(ledger))
-            except HubError as exc:
+            # A shared folder's OSError (full, remounted read-only) too: raised, it ended the round
+            # unreported (no event, no count) and logged a traceback every round.
+            except (HubError, OSError) as exc:
                 self.counters["publish_failures"] += 1
                 with self._lock:
                     self._state.last_error = str(exc)

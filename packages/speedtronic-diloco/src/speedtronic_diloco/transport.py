@@ -95,6 +95,9 @@ def _classify_http(exc: Exception) -> TransportError:
         return Refused(text)
     if status is not None:
         return TransportError(text, transient=status in {408, 425, 429} or status >= 500)
+    if name == "HFValidationError":
+        # Raised before any request (a repo_id the Hub cannot hold): retrying cannot help.
+        return TransportError(text, transient=False)
     # No response at all: connection refused/reset/dropped, timeouts, protocol errors.
     return TransportError(text, transient=True)
 
@@ -276,10 +279,19 @@ class FilesystemTransport:
             raise NotFound(f"{path} not found at revision {revision}")
         try:
             data = (self.root / "objects" / tree[path]).read_bytes()
-        except FileNotFoundError:  # pruned: this revision is older than prune_after
+        except FileNotFoundError:
+            # A prune keeps what the head uses: missing there, the object is out of sight for a
+            # moment (set aside by a prune, an NFS client's cached lookup) and a retry finds it.
+            # Else it is pruned for good, and a retry at this revision cannot help.
+            if self._tree(self.head()).get(path) == tree[path]:
+                raise TransportError(
+                    f"{path} at revision {revision} is missing from {self.root / 'objects'}",
+                    transient=True,
+                ) from None
             raise TransportError(
-                f"{path} at revision {revision} was pruned; read it at a newer revision",
-                transient=True,
+                f"{path} at revision {revision} was pruned (older than distributed.prune_after); "
+                "read it at a newer revision",
+                transient=False,
             ) from None
         if hashlib.sha256(data).hexdigest() != tree[path]:
             # Objects are named by their digest and written atomically: a mismatch is damage on

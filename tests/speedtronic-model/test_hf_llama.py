@@ -5,13 +5,20 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
 from speedtronic_config import ConfigError
-from speedtronic_model import ReferenceTransformer, apply_init_from, load_llama, save_llama
+from speedtronic_model import (
+    ReferenceTransformer,
+    apply_init_from,
+    hf_llama,
+    load_llama,
+    save_llama,
+)
 from speedtronic_model.hf_llama import INDEX_NAME, WEIGHTS_NAME, hf_folder, llama_config
 
 SHAPE = dict(vocab_size=300, block_size=32, n_layer=2, n_head=4, d_model=32, rope_base=5000.0)
@@ -171,6 +178,19 @@ def test_folder_without_config_json(tmp_path):
         apply_init_from(model(), f"hf:{tmp_path}")
 
 
+def test_a_hub_repository_id_is_not_downloaded(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no folder meta-llama/Llama-3.2-1B here
+    with pytest.raises(ConfigError) as caught:
+        apply_init_from(model(), "hf:meta-llama/Llama-3.2-1B")
+    message = str(caught.value)
+    assert "meta-llama/Llama-3.2-1B is not a folder" in message
+    assert "never the Hub" in message
+    assert "hf download meta-llama/Llama-3.2-1B --local-dir DIR, then hf:DIR" in message
+    with pytest.raises(ConfigError, match="is not a folder") as caught:
+        apply_init_from(model(), f"hf:{tmp_path / 'missing'}")
+    assert "hf download" not in str(caught.value)  # a path, not a repository id
+
+
 def test_non_llama_config_is_refused(tmp_path):
     edit_config(saved(tmp_path), model_type="gpt2", architectures=["GPT2LMHeadModel"])
     with pytest.raises(ConfigError, match="model_type 'gpt2'.*does not map"):
@@ -210,6 +230,40 @@ def test_architecture_features_that_do_not_map(tmp_path, changes, fragment):
     )
 
 
+ONLY_SCALING = {"rope_parameters": None, "rope_theta": None}
+
+
+@pytest.mark.parametrize(
+    "rope, loads",
+    [
+        # rope_scaling added to a transformers 5 config: transformers applies it (it replaces
+        # rope_parameters whole), so it must be refused, not read as the default RoPE
+        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0}}, False),
+        ({"rope_scaling": {"type": "dynamic", "factor": 2.0, "rope_theta": 5000.0}}, False),
+        # the theta held by rope_scaling alone, which transformers 5 reads too
+        (
+            {"rope_scaling": {"rope_type": "default", "rope_theta": 5000.0}, **ONLY_SCALING},
+            True,
+        ),
+        (
+            {"rope_scaling": {"rope_type": "default", "rope_theta": 7.0}, **ONLY_SCALING},
+            False,
+        ),
+    ],
+)
+def test_rope_settings_are_read_as_transformers_reads_them(tmp_path, rope, loads):
+    edit_config(saved(tmp_path), **rope)
+    if loads:
+        load_llama(model(**VARIANTS["gqa-untied"]), tmp_path)
+    else:
+        with pytest.raises(ConfigError, match="rope"):
+            load_llama(model(**VARIANTS["gqa-untied"]), tmp_path)
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.AutoConfig.from_pretrained(tmp_path).rope_parameters
+    ours = hf_llama._rope_theta(json.loads((tmp_path / "config.json").read_text()))
+    assert ours == (theirs["rope_theta"], theirs["rope_type"])
+
+
 def test_tensor_shape_mismatch_is_named(tmp_path):
     from safetensors.torch import load_file, save_file
 
@@ -237,6 +291,49 @@ def test_missing_and_unexpected_tensors_are_named(tmp_path):
         load_llama(model(**VARIANTS["gqa-untied"]), tmp_path)
 
 
+def test_the_rope_buffer_older_transformers_saved_is_ignored_as_transformers_does(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    ours = model(**VARIANTS["gqa-untied"])
+    save_llama(ours, tmp_path)
+    tensors = load_file(tmp_path / WEIGHTS_NAME)
+    for layer in range(SHAPE["n_layer"]):  # as transformers before 4.31 saved a Llama
+        tensors[f"model.layers.{layer}.self_attn.rotary_emb.inv_freq"] = torch.rand(4)
+    save_file(tensors, tmp_path / WEIGHTS_NAME)
+    loaded = load_llama(model(seed=1, **VARIANTS["gqa-untied"]), tmp_path)
+    ids = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids)["logits"], ours(ids)["logits"], rtol=0, atol=0)
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        difference = (ours(ids)["logits"] - theirs(ids).logits).abs().max().item()
+    assert difference <= 1e-5, difference  # transformers, too, computes RoPE from rope_theta
+
+
+def test_a_tied_config_with_another_stored_head_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    ours = model(**VARIANTS["gqa-tied"])
+    save_llama(ours, tmp_path)
+    tensors = load_file(tmp_path / WEIGHTS_NAME)
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()  # the same: loads
+    save_file(tensors, tmp_path / WEIGHTS_NAME)
+    load_llama(model(seed=1, **VARIANTS["gqa-tied"]), tmp_path)
+    # Another head: transformers 5 keeps it apart, so reading the embedding was silently wrong.
+    tensors["lm_head.weight"] = torch.randn_like(tensors["lm_head.weight"])
+    save_file(tensors, tmp_path / WEIGHTS_NAME)
+    with pytest.raises(ConfigError, match="lm_head.weight differs from model.embed_tokens.weight"):
+        load_llama(model(seed=1, **VARIANTS["gqa-tied"]), tmp_path)
+    edit_config(tmp_path, tie_word_embeddings=False)  # the fix the error names
+    untied = load_llama(model(seed=1, n_kv_head=2, tie_weights=False), tmp_path)
+    assert torch.equal(untied.lm_head.weight, tensors["lm_head.weight"])
+    transformers = pytest.importorskip("transformers")
+    edit_config(tmp_path, tie_word_embeddings=True)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert torch.equal(theirs.lm_head.weight, tensors["lm_head.weight"])  # not tied
+
+
 def test_missing_weights_and_missing_shards(tmp_path):
     saved(tmp_path)
     (tmp_path / WEIGHTS_NAME).unlink()
@@ -246,6 +343,20 @@ def test_missing_weights_and_missing_shards(tmp_path):
     second = sorted(tmp_path.glob("model-*.safetensors"))[1]
     second.unlink()
     with pytest.raises(ConfigError, match=f"missing shard.*{second.name}"):
+        load_llama(model(**VARIANTS["gqa-untied"]), tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["lfs-pointer", "truncated"])
+def test_a_damaged_weights_file_is_named(tmp_path, damage):
+    saved(tmp_path)
+    weights = tmp_path / WEIGHTS_NAME
+    if damage == "lfs-pointer":  # what a git clone without git-lfs leaves
+        weights.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 9\n")
+    else:  # an interrupted download
+        weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(
+        ConfigError, match=f"model.init_from: cannot read {re.escape(str(weights))}: .*git-lfs"
+    ):
         load_llama(model(**VARIANTS["gqa-untied"]), tmp_path)
 
 

@@ -376,6 +376,23 @@ def test_generate_rejects_a_prompt_that_is_not_batch_by_sequence(prompt):
         small().generate(prompt, 2)
 
 
+@pytest.mark.parametrize("bad", [97, -1])
+def test_generate_rejects_a_prompt_id_outside_the_vocabulary(bad):
+    # It failed in the embedding as a bare IndexError (a device-side assert on a GPU).
+    prompt = tokens(2, 4)
+    prompt[1, 2] = bad
+    with pytest.raises(ValueError, match=f"token id {bad}, outside the model's vocab_size 97"):
+        small().generate(prompt, 2)
+
+
+def test_generate_keeps_the_prompt_dtype():
+    prompt = tokens(2, 4).to(torch.int32)
+    out = small().generate(prompt, 3, temperature=0.0)
+    assert out.dtype == torch.int32  # was promoted to int64
+    assert torch.equal(out.long(), small().generate(prompt.long(), 3, temperature=0.0))
+    assert small().generate(tokens(0, 4), 2).shape == (0, 6)  # an empty batch stays empty
+
+
 def test_flops_per_token_follows_palm():
     model = small()
     cfg = model.config

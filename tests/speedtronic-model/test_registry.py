@@ -135,6 +135,27 @@ def test_custom_factory_receives_every_field_and_extra_overrides():
     }
 
 
+def test_a_factory_that_cannot_take_the_fields_or_returns_none_is_named():
+    register_model("test_registry_narrow", lambda vocab_size, block_size: "built")
+    with pytest.raises(ConfigError) as caught:
+        build_model(Section(name="test_registry_narrow"))
+    message = str(caught.value)
+    assert "model 'test_registry_narrow', <lambda>(vocab_size, block_size)" in message
+    assert "unexpected keyword argument 'n_layer'" in message
+    assert "it is called with block_size, d_ff, d_model, dropout" in message
+    assert message.endswith("give it **kwargs to take the ones it does not use")
+
+    def broken(**kwargs):
+        raise TypeError("a bug inside the factory")  # its own error, not a signature problem
+
+    register_model("test_registry_broken", broken)
+    with pytest.raises(TypeError, match="a bug inside the factory"):
+        build_model(Section(name="test_registry_broken"))
+    register_model("test_registry_none", lambda **kwargs: None)  # a forgotten return
+    with pytest.raises(ConfigError, match="model 'test_registry_none'.*returned None"):
+        build_model(Section(name="test_registry_none"))
+
+
 def test_bad_model_section_surfaces_as_config_error():
     with pytest.raises(ConfigError, match="model.n_kv_head"):
         build_model(Section(n_kv_head=3))

@@ -30,6 +30,8 @@ INDEX_NAME = "model.safetensors.index.json"
 # Every weight file an export may write: one left by an earlier export with other sharding would
 # shadow or confuse the new ones.
 WEIGHT_FILES = ("model*.safetensors", INDEX_NAME)
+# A RoPE buffer older transformers saved per layer and transformers ignores on load, as we do.
+_ROPE_BUFFER = ".self_attn.rotary_emb.inv_freq"
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' own default shard size, "5GB" (not GiB)
 
 # Per-layer tensors: (reference model name, Llama name), in the order transformers writes them.
@@ -201,6 +203,20 @@ def hf_folder(init_from: str) -> Path:
             allowed="e.g. hf:exports/my-model",
         )
     folder = Path(init_from[len(HF_PREFIX) :]).expanduser()
+    if not folder.is_dir():
+        # `hf:owner/name` reads like a Hub repository id, but nothing is ever downloaded.
+        hub = (
+            f"; to start from a Hub repository, download it first: hf download {folder} "
+            "--local-dir DIR, then hf:DIR"
+            if len(folder.parts) == 2 and not folder.is_absolute()
+            else ""
+        )
+        raise ConfigError(
+            "model.init_from",
+            f"{folder} is not a folder (init_from reads local folders only, never the Hub)",
+            allowed=f"point it at a folder written by save_pretrained or `speedtronic export "
+            f"--format hf`{hub}",
+        )
     if not (folder / "config.json").is_file():
         raise ConfigError(
             "model.init_from",
@@ -232,10 +248,11 @@ def read_llama_config(folder: Path) -> dict[str, Any]:
 
 
 def _rope_theta(config: dict[str, Any]) -> tuple[float, str]:
-    """Return (theta, rope type) from transformers 5's rope_parameters or 4.x's rope_theta."""
-    params = config.get("rope_parameters") or {}
-    scaling = config.get("rope_scaling") or {}
-    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    """Return (theta, rope type) as transformers reads them: a set `rope_scaling` (4.x's key)
+    replaces `rope_parameters` (5's) whole, and a theta that neither holds is `rope_theta`.
+    """
+    params = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    kind = params.get("rope_type") or params.get("type") or "default"
     return float(params.get("rope_theta", config.get("rope_theta", 10000.0))), kind
 
 
@@ -305,12 +322,24 @@ def _weight_files(folder: Path) -> list[Path]:
 
 
 def _read_tensors(files: list[Path]) -> Iterator[tuple[str, Any]]:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     for path in files:
-        with safe_open(str(path), framework="pt") as handle:
-            for name in handle.keys():
-                yield name, handle.get_tensor(name)
+        # A damaged file (a cut download, a git-lfs pointer) would otherwise fail as safetensors'
+        # bare "Error while deserializing header", naming neither the file nor the setting.
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                tensors = [(name, handle.get_tensor(name)) for name in handle.keys()]
+        except (OSError, SafetensorError) as error:
+            raise ConfigError(
+                "model.init_from",
+                f"cannot read {path}: {error}",
+                allowed=None
+                if isinstance(error, OSError)
+                else "download the checkpoint again (a git clone without git-lfs leaves "
+                "pointer files in place of the weights)",
+            ) from None
+        yield from tensors
 
 
 def load_llama(model: Any, folder: str | os.PathLike[str]) -> ReferenceTransformer:
@@ -335,9 +364,13 @@ def load_llama(model: Any, folder: str | os.PathLike[str]) -> ReferenceTransform
     expected = dict((hf, ours) for ours, hf in llama_names(model))
     params = model.state_dict()
     found: dict[str, torch.Tensor] = {}
+    tied_head = None
     for name, tensor in _read_tensors(_weight_files(folder)):
         if name == "lm_head.weight" and model.config.tie_weights:
-            continue  # some writers store the tied head too; the embedding is the one used
+            tied_head = tensor  # some writers store the tied head too: checked below
+            continue
+        if name.endswith(_ROPE_BUFFER):
+            continue  # transformers before 4.31 saved it; it is computed from rope_theta instead
         if name not in expected:
             raise ConfigError(
                 "model.init_from", f"{folder} holds tensor {name!r}, which the model does not have"
@@ -353,6 +386,16 @@ def load_llama(model: Any, folder: str | os.PathLike[str]) -> ReferenceTransform
     missing = [name for name in expected if name not in found]
     if missing:
         raise ConfigError("model.init_from", f"{folder} lacks tensor(s) {', '.join(missing[:5])}")
+    embedding = found["model.embed_tokens.weight"]
+    if tied_head is not None and not torch.equal(tied_head.to(embedding.dtype), embedding):
+        # transformers 5 then keeps the stored head (4.x tied it to the embedding): no one answer
+        raise ConfigError(
+            "model.init_from",
+            f"{folder}: config.json sets tie_word_embeddings but its lm_head.weight differs from "
+            "model.embed_tokens.weight, so transformers does not tie them",
+            allowed="set tie_word_embeddings: false in its config.json and model.tie_weights: "
+            "false to load both",
+        )
     with torch.no_grad():
         for name, tensor in found.items():
             params[expected[name]].copy_(tensor)

@@ -358,8 +358,8 @@ class ReferenceTransformer(nn.Module):
         *,
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
-        """Return input_ids (B, T) extended by max_new_tokens sampled ids; temperature 0 is
-        greedy.
+        """Return input_ids (B, T) extended by max_new_tokens sampled ids, in its dtype and on its
+        device; temperature 0 is greedy.
         """
         if input_ids.dim() != 2 or input_ids.size(1) == 0:
             # Else cropping the context fails as a bare IndexError ("too many indices").
@@ -373,6 +373,16 @@ class ReferenceTransformer(nn.Module):
             raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature!r}")
         if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
+        # Checked once: the embedding fails on such an id as a bare IndexError on the CPU and as a
+        # device-side assert, which leaves the CUDA context unusable, on a GPU.
+        low, high = (int(v) for v in torch.aminmax(input_ids)) if input_ids.numel() else (0, 0)
+        vocab = self.config.vocab_size
+        if low < 0 or high >= vocab:
+            raise ValueError(
+                f"input_ids hold token id {low if low < 0 else high}, outside the model's "
+                f"vocab_size {vocab} (ids 0 to {vocab - 1}); encode the prompt with the tokenizer "
+                "the model was trained with"
+            )
         was_training = self.training
         self.eval()  # sampling should never see dropout
         try:
@@ -381,9 +391,9 @@ class ReferenceTransformer(nn.Module):
                     :, -self.config.block_size :
                 ]  # crop: RoPE was cached for block_size
                 logits = self(context)["logits"][:, -1, :].float()  # (B, V)
-                input_ids = torch.cat(
-                    (input_ids, _sample(logits, temperature, top_k, generator)), dim=1
-                )
+                next_ids = _sample(logits, temperature, top_k, generator)
+                # cat would promote an int32 prompt to the sampled int64: keep the caller's dtype
+                input_ids = torch.cat((input_ids, next_ids.to(input_ids.dtype)), dim=1)
         finally:
             self.train(was_training)
         return input_ids

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -114,8 +115,35 @@ class ModelRegistry:
         return tuple(sorted(self._factories.keys() | self._lazy.keys()))
 
     def build(self, name: str, **kwargs: Any) -> Any:
-        """Call the factory registered under name with kwargs and return the model."""
-        return self.get(name)(**kwargs)
+        """Call the factory registered under name with kwargs and return the model; a factory
+        whose signature cannot take kwargs, or that returns None, is a ConfigError naming it.
+        """
+        factory = self.get(name)
+        # Checked before the call: a TypeError from inside the factory is the user's own, kept.
+        try:
+            signature = inspect.signature(factory)
+        except (TypeError, ValueError):  # some builtins and C callables have none
+            signature = None
+        described = f"{getattr(factory, '__name__', type(factory).__name__)}{signature or ''}"
+        if signature is not None:
+            try:
+                signature.bind(**kwargs)
+            except TypeError as error:
+                raise ConfigError(
+                    "model.name",
+                    f"the factory of model {name!r}, {described}, cannot be called with the "
+                    f"model fields ({error})",
+                    allowed=f"it is called with {', '.join(sorted(kwargs))}: give it **kwargs "
+                    "to take the ones it does not use",
+                ) from None
+        model = factory(**kwargs)
+        if model is None:
+            raise ConfigError(
+                "model.name",
+                f"the factory of model {name!r}, {described}, returned None",
+                allowed="it must return the model it builds",
+            )
+        return model
 
     def __contains__(self, name: object) -> bool:
         if name not in self._factories and name not in self._lazy:

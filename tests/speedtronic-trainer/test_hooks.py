@@ -39,3 +39,27 @@ def test_callback_list_fans_out():
     callbacks = CallbackList([a, b, lambda e, p: plain.append(e)])
     callbacks.on_event("eval", {"val_loss": 1.0})
     assert a.events == b.events == [("eval", {"val_loss": 1.0})] and plain == ["eval"]
+
+
+def test_one_failing_callback_does_not_starve_the_others():
+    class Offline:
+        def on_event(self, event, payload):
+            raise ConnectionError("wandb offline")
+
+        def close(self):
+            raise ConnectionError("wandb offline")
+
+    class Closable(RecordingHook):
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    after = Closable()
+    stream = io.StringIO()
+    logger = MetricLogger(stream=stream, hooks=[CallbackList([Offline(), after])])
+    logger.emit("train_step", {"step": 1})
+    logger.close()
+    assert after.events == [("train_step", {"step": 1})] and after.closed
+    assert "wandb offline" in stream.getvalue()  # the failure is still reported and counted
+    assert logger.hook_failures == {"CallbackList": 1}

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -127,3 +128,20 @@ def test_from_config_reads_the_section(tmp_path):
                 level="INFO", file=None, json_file=None, every_steps=1, hooks=["mlflow"]
             )
         )
+
+
+def test_files_deleted_mid_run_are_written_again(tmp_path):
+    # Writes to an unlinked file succeed and vanish: every later record was silently lost.
+    stream = io.StringIO()
+    folder = tmp_path / "logs"
+    logger = MetricLogger(
+        stream=stream, file=str(folder / "run.log"), json_file=str(folder / "run.jsonl")
+    )
+    logger.emit("train_step", {"step": 1, "loss": 2.0})
+    shutil.rmtree(folder)
+    logger.emit("train_step", {"step": 2, "loss": 1.5})
+    logger.close()
+    records = [json.loads(line) for line in (folder / "run.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2]
+    assert "train_step step=2" in (folder / "run.log").read_text()
+    assert stream.getvalue().count("was deleted during the run") == 2

@@ -131,6 +131,16 @@ def test_step_targets_are_absolute():
     assert more.samples == 10 and more.tokens == 10 * 6
 
 
+def test_a_reached_target_returns_the_fields_of_a_run():
+    # The README's script, run again after it finished: result.metrics["tokens_per_s"] was a
+    # KeyError, and skipped_steps 0 where a run reports the trainer's absolute count.
+    trainer = make_trainer(NaNAtCall({2}), sections={"run": {"nonfinite_loss": "skip"}})
+    trainer.fit(3)
+    again = trainer.fit(3)
+    assert again.metrics["tokens_per_s"] == 0.0 and again.metrics["samples_per_s"] == 0.0
+    assert again.skipped_steps == 1 and again.steps_run == 0
+
+
 def test_start_step_counts_toward_the_target():
     result = make_trainer(start_step=900).fit(903)
     assert result.steps_run == 3 and result.steps == 903
@@ -262,6 +272,17 @@ def test_truthy_coordinator_result_resets_inner_optimizer(reset):
 
 
 # --------------------------------------------------------------------------- compile, features
+
+
+def test_fit_warns_that_a_model_in_eval_mode_trains_without_dropout():
+    # transformers' from_pretrained returns an eval-mode model: its dropout would be off unseen.
+    stream = io.StringIO()
+    trainer = make_trainer(TinyLM(dropout=0.5).eval(), logger=MetricLogger(stream=stream))
+    trainer.fit(1)
+    assert "TinyLM is in eval mode" in stream.getvalue() and "model.train()" in stream.getvalue()
+    trainer.model.train()
+    trainer.fit(2)
+    assert stream.getvalue().count("eval mode") == 1
 
 
 def test_compile_construction_failure_falls_back_to_eager(monkeypatch):
@@ -661,6 +682,33 @@ def test_a_transformers_causal_lm_trains_on_the_already_shifted_labels():
     assert "LlamaForCausalLM shifts labels itself" in trainer.logger.stream.getvalue()
 
 
+def test_gpt2_lm_head_model_trains_on_the_already_shifted_labels():
+    # AutoModelForCausalLM builds GPT2LMHeadModel for GPT-2: no *ForCausalLM name, same shift.
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            vocab_size=VOCAB,
+            n_embd=8,
+            n_layer=1,
+            n_head=2,
+            n_positions=16,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    )
+    loader = make_loader(TokenDataset(n=4), batch_size=2)
+    trainer = make_trainer(gpt2, loader, eval_dataloader=loader, sections={"data": {}})
+    batch = next(iter(loader))
+    with torch.no_grad():
+        logits = gpt2(input_ids=batch["input_ids"]).logits
+    expected = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten()).item()
+    assert trainer.evaluate(max_batches=1) == pytest.approx(expected, rel=1e-5)
+    trainer.fit(1)
+    assert hook_of(trainer).values("train_step", "loss") == [pytest.approx(expected, rel=1e-5)]
+
+
 def test_a_one_shot_eval_iterator_is_refused_once_exhausted():
     """A generator gave its batches to the first evaluation only: later ones reported nothing and
     fit() returned the first evaluation's val_loss as the final one."""
@@ -816,6 +864,21 @@ def test_the_emergency_checkpoint_never_replaces_or_prunes_good_ones(tmp_path):
     assert sorted(p.name for p in (tmp_path / "c").glob("step_*.pt")) == ["step_2.pt", "step_4.pt"]
 
 
+def test_the_emergency_checkpoint_replaces_an_earlier_runs_file_of_its_step(tmp_path):
+    # A notebook re-runs training in the same folder: the first run's final save left step_5.pt.
+    earlier = build_run(tmp_path, every_steps=2)
+    with torch.no_grad():
+        earlier.model.head.bias.add_(1.0)
+    earlier.fit(5)
+    failing = build_run(tmp_path, dataset=FailingDataset(4 * 5 + 1, n=10), every_steps=2)
+    with pytest.raises(ValueError):
+        failing.fit(7)  # fails in step 6: its step 5 is the emergency checkpoint, not the old one
+    assert failing.emergency_checkpoint == tmp_path / "step_5.pt"
+    saved = torch.load(tmp_path / "step_5.pt", weights_only=True)["model"]["head.bias"]
+    assert torch.equal(saved, failing.model.head.bias.detach())
+    assert failing.checkpoint_manager.latest_path() == tmp_path / "step_5.pt"
+
+
 class BrokenOptimizer(torch.optim.SGD):
     def step(self, closure=None):
         with torch.no_grad():
@@ -912,6 +975,26 @@ def test_a_resume_refused_for_its_optimizer_leaves_the_trainer_as_it_was():
     assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
     assert trainer.step == 0 and trainer.optimizer.param_groups[0]["momentum"] == 0.9
     assert trainer.fit(2).skipped_steps == 0  # still trains (a KeyError 'momentum' before)
+
+
+def test_sparse_gradients_are_clipped_like_dense_ones():
+    # clip_grad_norm_ has no sparse kernel: optimizer.grad_clip failed with a bare
+    # NotImplementedError ('aten::linalg_vector_norm' ... 'SparseCPU' backend).
+    torch.manual_seed(0)
+    dense = TinyLM()
+    sparse = TinyLM()
+    sparse.load_state_dict(dense.state_dict())
+    sparse.embed.sparse = True
+    clipped = {"optimizer": {"grad_clip": 0.05}}
+    runs = [
+        make_trainer(m, optimizer=torch.optim.SGD(m.parameters(), lr=0.1), sections=clipped)
+        for m in (dense, sparse)
+    ]
+    for trainer in runs:
+        trainer.fit(3)
+    norms = [hook_of(t).values("train_step", "grad_norm") for t in runs]
+    assert norms[1] == pytest.approx(norms[0], rel=1e-5) and min(norms[0]) > 0.05
+    assert torch.allclose(sparse.embed.weight, dense.embed.weight, atol=1e-6)
 
 
 def test_sparse_gradients_train_without_clipping():

@@ -24,13 +24,29 @@ def move_batch(batch: Any, device: torch.device, non_blocking: bool = False) -> 
 
 
 def shifts_labels_itself(model: torch.nn.Module) -> bool:
-    """Return True for a `transformers` causal LM (a `*ForCausalLM`, or a subclass of one): its
-    forward shifts `labels` by one position, and the trainer's labels are shifted already.
+    """Return True for a `transformers` causal LM (a `*ForCausalLM`, any class
+    `AutoModelForCausalLM` builds such as `GPT2LMHeadModel`, or a subclass of one): its forward
+    shifts `labels` by one position, and the trainer's labels are shifted already.
     """
-    return any(
-        cls.__module__.startswith("transformers.") and cls.__name__.endswith("ForCausalLM")
-        for cls in type(model).__mro__
-    )
+    names = [
+        cls.__name__ for cls in type(model).__mro__ if cls.__module__.startswith("transformers.")
+    ]
+    if not names:
+        return False
+    causal = _causal_lm_classes()
+    return any(name.endswith("ForCausalLM") or name in causal for name in names)
+
+
+def _causal_lm_classes() -> frozenset[str]:
+    """Return the class names `AutoModelForCausalLM` builds: GPT-2's is `GPT2LMHeadModel`."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:  # another transformers layout: the *ForCausalLM names still count
+        return frozenset()
+    names: set[str] = set()
+    for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        names.update([value] if isinstance(value, str) else value)
+    return frozenset(names)
 
 
 def call_model(model: Any, batch: Any, *, labels: bool = True) -> Any:

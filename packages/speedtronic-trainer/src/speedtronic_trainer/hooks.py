@@ -30,16 +30,32 @@ class CallbackList:
         self.callbacks = list(callbacks or [])
 
     def on_event(self, event: str, payload: dict[str, Any]) -> None:
-        """Deliver the event to every callback in order."""
-        for callback in self.callbacks:
-            deliver(callback, event, payload)
+        """Deliver the event to every callback in order, then raise the first failure."""
+        _each(self.callbacks, lambda callback: deliver(callback, event, payload))
 
     def close(self) -> None:
-        """Close every callback that can be closed."""
-        for callback in self.callbacks:
-            close = getattr(callback, "close", None)
-            if callable(close):
-                close()
+        """Close every callback that can be closed, then raise the first failure."""
+        _each(self.callbacks, _close)
+
+
+def _close(callback: Any) -> None:
+    close = getattr(callback, "close", None)
+    if callable(close):
+        close()
+
+
+def _each(callbacks: list[Any], action: Callable[[Any], None]) -> None:
+    """Apply action to every callback, then raise the first failure: one broken sink (W&B
+    offline) must not starve the others of events, nor leave them unflushed at close.
+    """
+    first: Exception | None = None
+    for callback in callbacks:
+        try:
+            action(callback)
+        except Exception as exc:
+            first = first or exc
+    if first is not None:
+        raise first
 
 
 class _EventCallback:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -77,6 +78,21 @@ class MetricLogger:
         path.parent.mkdir(parents=True, exist_ok=True)
         return path.open("a", encoding="utf-8")
 
+    def _reopen_if_deleted(self, handle: TextIO | None, name: str | None) -> TextIO | None:
+        """Return handle, or a new file in its place when its file (or folder) was deleted
+        mid-run: writes to an unlinked file succeed and vanish, losing every later record.
+        """
+        if handle is None or name is None or os.fstat(handle.fileno()).st_nlink:
+            return handle
+        handle.close()
+        reopened = self._open(name)
+        if self.stream is not None:
+            self.stream.write(
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')} WARNING {name} was deleted during the "
+                "run; writing to a new file from here on (the earlier lines are gone)\n"
+            )
+        return reopened
+
     def wants_step(self, step: int) -> bool:
         """Return True when a train_step record for `step` is due under every_steps."""
         return step % self.every_steps == 0
@@ -89,6 +105,7 @@ class MetricLogger:
     def _emit_locked(self, event: str, payload: dict[str, Any]) -> None:
         line = f"{event} {_format_metrics(payload)}"
         self._write_text(logging.INFO, line, console=self.console_metrics or event != "train_step")
+        self._json = self._reopen_if_deleted(self._json, self.json_file)
         if self._json is not None:
             self._json.write(
                 json.dumps({"event": event, "time": time.time(), **payload}, default=str) + "\n"
@@ -121,6 +138,7 @@ class MetricLogger:
         if console and self.stream is not None:
             self.stream.write(line)
             self.stream.flush()
+        self._text = self._reopen_if_deleted(self._text, self.file)
         if self._text is not None:
             self._text.write(line)
             self._text.flush()

@@ -476,7 +476,20 @@ class Trainer:
             return None
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        return total_norm(torch.nn.utils.clip_grad_norm_(self._params_with_grads(), clip))
+        params = self._params_with_grads()
+        if not any(p.grad.is_sparse for p in params):
+            return total_norm(torch.nn.utils.clip_grad_norm_(params, clip))
+        # clip_grad_norm_ has no sparse kernel (an nn.Embedding(sparse=True)): coalesced, a
+        # sparse gradient's norm is its stored values' norm, and scaling them scales it.
+        for p in params:
+            if p.grad.is_sparse:
+                p.grad = p.grad.coalesce()
+        norm = self._gradient_norm()
+        scale = clip / (norm + 1e-6)  # clip_grad_norm_'s coefficient
+        if scale < 1.0:
+            for p in params:
+                p.grad.mul_(scale)
+        return norm
 
     def _params_with_grads(self) -> list[torch.Tensor]:
         return [
@@ -971,9 +984,29 @@ class Trainer:
         target = self._target(max_steps)
         self.emergency_checkpoint = None
         if target == self.step:
-            return TrainResult(self.step, self.samples, self.tokens, None, 0.0)
+            # The same fields as a run's result: a script that reads them must not fail (KeyError)
+            # when it runs again after its target was reached.
+            idle = {"tokens_per_s": 0.0, "samples_per_s": 0.0}
+            return TrainResult(
+                self.step,
+                self.samples,
+                self.tokens,
+                None,
+                0.0,
+                idle,
+                skipped_steps=self.skipped_steps,
+            )
         if not self._compile_decided:
             self._decide_compile(target - self.step)
+        if not unwrap_model(self.model).training:
+            # Left as given (a module may keep parts in eval mode on purpose), but never silently:
+            # transformers' from_pretrained returns its models in eval mode.
+            self.logger.warning(
+                "%s is in eval mode (model.eval(), or transformers' from_pretrained): fit() "
+                "trains it so, with dropout off and batch-norm statistics frozen; call "
+                "model.train() before fit() to train in training mode",
+                type(unwrap_model(self.model)).__name__,
+            )
         started = time.perf_counter()
         first = (self.step, self.samples, self.tokens)
         progress = _FitProgress()
@@ -1051,10 +1084,11 @@ class Trainer:
         return outcome
 
     def _save_emergency(self, error: Exception, *, started_at: int) -> None:
-        """After a failure mid-run, checkpoint the last sound state (never over a good checkpoint)
-        and log where it is; a failed checkpoint write or a non-finite loss saves nothing, nor
-        does a fit that completed no step (it started from a checkpoint already written, or from
-        a fresh initialization). Never raises: the original failure is what the caller must see.
+        """After a failure mid-run, checkpoint the last sound state (never over this trainer's own
+        checkpoint of that step) and log where it is; a failed checkpoint write or a non-finite
+        loss saves nothing, nor does a fit that completed no step (it started from a checkpoint
+        already written, or from a fresh initialization). Never raises: the original failure is
+        what the caller must see.
         """
         manager = self.checkpoint_manager
         skip = isinstance(error, (CheckpointError, NonFiniteLossError))  # disk failed; policy
@@ -1076,7 +1110,9 @@ class Trainer:
                 self.logger.error("%s: the model may be half-updated or non-finite", failed_at)
                 return
             path = manager.path_for(state["step"])
-            if not path.is_file():
+            # This trainer's own save of the step already is the state; a file of that step from
+            # an earlier run in the folder is not, and is replaced as a regular save would.
+            if path != self.last_checkpoint:
                 # Not pruned: every checkpoint from before the failure stays.
                 path = manager.save(state["step"], state, prune=False)
             self.emergency_checkpoint = path

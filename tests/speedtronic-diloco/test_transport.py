@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
@@ -280,3 +281,30 @@ def test_prune_deletes_what_a_dead_writer_left_half_written(pruned_repo):
     _age(dead)
     assert repo.prune() == (1, len(b"half a model"))
     assert not dead.exists() and live.exists() and repo.read("global/model", repo.head()) == b"v1"
+
+
+@pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES])
+def test_a_shared_folder_that_refuses_writes_is_refused_with_its_fix(repo, monkeypatch, code):
+    """A read-only mount refuses every later write too: retried, a node would keep a delta per
+    boundary for ever. It stops the node like a refused token, naming the folder's fix.
+    """
+    from speedtronic_diloco.hub import HubClient, HubRefused
+
+    def failing(number):
+        def write(*args, **kwargs):
+            raise OSError(number, os.strerror(number))
+
+        return write
+
+    monkeypatch.setattr(repo, "_write_objects", failing(code))
+    with pytest.raises(Refused, match="refuses this process's writes"):
+        repo.commit({"a.txt": b"1"}, [], message="one")
+    hub = HubClient("org/run", transport=repo, sleeper=lambda seconds: pytest.fail("retried"))
+    with pytest.raises(
+        HubRefused, match=r"was refused \(the shared folder .*: mount .* read-write"
+    ):
+        hub.upload_bytes(b"1", "nodes/w1.json")
+    monkeypatch.setattr(repo, "_write_objects", failing(errno.EIO))
+    with pytest.raises(OSError) as other:  # any other error is not a refusal: raised as it is
+        repo.commit({"a.txt": b"1"}, [], message="one")
+    assert other.value.errno == errno.EIO and not isinstance(other.value, Refused)

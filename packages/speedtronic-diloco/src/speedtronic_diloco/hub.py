@@ -213,10 +213,11 @@ class HubClient:
         try:
             return self._retry(operation, callback)
         except Refused as exc:
-            raise HubRefused(
-                f"{operation} on {self.repo_id} was refused ({exc}): give this node a token with "
-                f"write access to {self.repo_id} (HF_TOKEN or `huggingface-cli login`)"
-            ) from None
+            fix = exc.fix or (
+                f"give this node a token with write access to {self.repo_id} (HF_TOKEN or "
+                "`huggingface-cli login`)"
+            )
+            raise HubRefused(f"{operation} on {self.repo_id} was refused ({exc}): {fix}") from None
         except Corrupt as exc:
             raise HubCorrupt(f"{operation} on {self.repo_id} failed: {exc}") from None
         except TransportError as exc:

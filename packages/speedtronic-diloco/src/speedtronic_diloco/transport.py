@@ -8,6 +8,7 @@ is still `parent` (compare-and-swap).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -51,10 +52,32 @@ class Corrupt(TransportError):
 
 
 class Refused(TransportError):
-    """The server refused the credentials (HTTP 401) or the permission (403)."""
+    """The server refused the credentials (HTTP 401) or the permission (403), or a shared folder
+    refused this process's writes; `fix` says what grants them (None: a Hub write token).
+    """
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, fix: str | None = None) -> None:
         super().__init__(message, transient=False)
+        self.fix = fix
+
+
+# A shared folder that refuses writes (mounted read-only, owned by another user) refuses every
+# later one too: a node retrying it would hold a model-sized delta per boundary, for ever.
+_UNWRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+@contextlib.contextmanager
+def _writable(root: Path):
+    """Turn an OSError that says the shared folder refuses writes into Refused."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in _UNWRITABLE:
+            raise
+        raise Refused(
+            f"the shared folder {root} refuses this process's writes ({error.strerror})",
+            fix=f"mount {root} read-write and let this user write to it",
+        ) from None
 
 
 class Transport(Protocol):
@@ -251,10 +274,11 @@ class FilesystemTransport:
             raise NotFound(f"no repository at {self.root}: run create_repo first") from None
 
     def create_repo(self, *, private: bool) -> None:
-        for sub in ("objects", "commits", "refs"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
-        if not self._refs():
-            self._link_ref(0, self._write_commit({}, parent=None, message="initial commit"))
+        with _writable(self.root):
+            for sub in ("objects", "commits", "refs"):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
+            if not self._refs():
+                self._link_ref(0, self._write_commit({}, parent=None, message="initial commit"))
 
     def head(self) -> str:
         refs = self._refs()
@@ -404,6 +428,17 @@ class FilesystemTransport:
         *,
         message: str,
         parent: str | None = None,
+    ) -> str:
+        with _writable(self.root):
+            return self._commit(files, deletions, message=message, parent=parent)
+
+    def _commit(
+        self,
+        files: Mapping[str, bytes],
+        deletions: list[str],
+        *,
+        message: str,
+        parent: str | None,
     ) -> str:
         digests = {path: hashlib.sha256(data).hexdigest() for path, data in files.items()}
         objects = {digests[path]: data for path, data in files.items()}

@@ -210,6 +210,12 @@ def test_size_mismatches_are_named_with_the_fix(tmp_path):
     assert "\n" not in message
 
 
+def test_swish_is_silu_as_transformers_maps_it(tmp_path):
+    ours = model(**VARIANTS["gqa-untied"])
+    edit_config(saved(tmp_path), hidden_act="swish")
+    load_llama(ours, tmp_path)  # transformers' ACT2FN["swish"] is nn.SiLU, as "silu"
+
+
 @pytest.mark.parametrize(
     "changes, fragment",
     [

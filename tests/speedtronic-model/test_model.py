@@ -362,6 +362,8 @@ def test_a_tiny_positive_temperature_samples_the_likeliest_tokens(temperature):
         (dict(max_new_tokens=-1), "max_new_tokens"),
         (dict(max_new_tokens=1, temperature=-0.1), "temperature"),
         (dict(max_new_tokens=1, top_k=0), "top_k"),
+        (dict(max_new_tokens=1, top_k=True), "top_k"),  # a bool is no count
+        (dict(max_new_tokens=True), "max_new_tokens"),
     ],
 )
 def test_generate_rejects_bad_arguments(kwargs, message):

@@ -278,7 +278,12 @@ def llama_mismatches(config: dict[str, Any], model: ReferenceTransformer) -> lis
     ]
     hidden, head_dim = config.get("hidden_size"), config.get("head_dim")
     fixed = [
-        ("hidden_act", config.get("hidden_act", "silu"), "silu"),
+        # transformers' ACT2FN maps "swish" to the same nn.SiLU
+        (
+            "hidden_act",
+            {"swish": "silu"}.get(config.get("hidden_act"), config.get("hidden_act", "silu")),
+            "silu",
+        ),
         ("attention_bias", bool(config.get("attention_bias", False)), False),
         ("mlp_bias", bool(config.get("mlp_bias", False)), False),
         ("rope type", rope_type, "default"),

@@ -367,11 +367,17 @@ class ReferenceTransformer(nn.Module):
                 "input_ids must be a (batch, sequence) prompt of at least one token, got shape "
                 f"{tuple(input_ids.shape)} (a single prompt needs a batch dimension: ids[None])"
             )
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        if (
+            isinstance(max_new_tokens, bool)
+            or not isinstance(max_new_tokens, int)
+            or max_new_tokens < 0
+        ):
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         if not temperature >= 0:
             raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature!r}")
-        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        if top_k is not None and (
+            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
+        ):
             raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
         # Checked once: the embedding fails on such an id as a bare IndexError on the CPU and as a
         # device-side assert, which leaves the CUDA context unusable, on a GPU.

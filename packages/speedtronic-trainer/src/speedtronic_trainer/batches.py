@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,9 +25,9 @@ def move_batch(batch: Any, device: torch.device, non_blocking: bool = False) -> 
 
 
 def shifts_labels_itself(model: torch.nn.Module) -> bool:
-    """Return True for a `transformers` causal LM (a `*ForCausalLM`, any class
-    `AutoModelForCausalLM` builds such as `GPT2LMHeadModel`, or a subclass of one): its forward
-    shifts `labels` by one position, and the trainer's labels are shifted already.
+    """Return True for a `transformers` causal LM (a `*ForCausalLM` or `*LMHeadModel` such as
+    GPT-2's, a class `AutoModelForCausalLM` builds, or a subclass of one): its forward shifts
+    `labels` by one position, and the trainer's labels are shifted already.
     """
     names = [
         cls.__name__ for cls in type(model).__mro__ if cls.__module__.startswith("transformers.")
@@ -34,17 +35,17 @@ def shifts_labels_itself(model: torch.nn.Module) -> bool:
     if not names:
         return False
     causal = _causal_lm_classes()
-    return any(name.endswith("ForCausalLM") or name in causal for name in names)
+    return any(name.endswith(("ForCausalLM", "LMHeadModel")) or name in causal for name in names)
 
 
 def _causal_lm_classes() -> frozenset[str]:
-    """Return the class names `AutoModelForCausalLM` builds: GPT-2's is `GPT2LMHeadModel`."""
-    try:
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    except ImportError:  # another transformers layout: the *ForCausalLM names still count
-        return frozenset()
+    """Return the class names `AutoModelForCausalLM` builds, when transformers has loaded that
+    table (it has for any model it built): transformers is not a dependency of this package.
+    """
+    auto = sys.modules.get("transformers.models.auto.modeling_auto")
+    table = getattr(auto, "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", {})
     names: set[str] = set()
-    for value in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+    for value in table.values():
         names.update([value] if isinstance(value, str) else value)
     return frozenset(names)
 

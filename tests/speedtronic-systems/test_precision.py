@@ -162,6 +162,20 @@ def test_auto_dtype_steers_cuda_only(fake_cuda, caplog):
     ]
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("native", [True, False])
+def test_a_half_dtype_hint_leaves_auto_on_cpu_to_the_hardware_and_model(
+    monkeypatch, caplog, dtype, native
+):
+    # The hint steers CUDA only: on CPU, auto with a CUDA hint decides as auto without one.
+    monkeypatch.setattr(precision, "cpu_bf16_supported", lambda: native)
+    for model in (_mlp(precision.CPU_BF16_MIN_WIDTH), _mlp(precision.CPU_BF16_MIN_WIDTH - 1)):
+        hinted = resolve_precision(Section(dtype=dtype), "cpu", model=model)
+        assert hinted == resolve_precision(Section(), "cpu", model=model)
+        assert hinted.reason == resolve_precision(Section(), "cpu", model=model).reason
+    assert fallbacks(caplog) == []
+
+
 def test_explicit_mode_wins_over_dtype(fake_cuda):
     assert resolve_precision(Section(mode="fp32", dtype="bf16"), "cuda").mode == "fp32"
     assert resolve_precision(Section(mode="fp16", dtype="bf16"), "cuda").mode == "fp16"
@@ -216,6 +230,7 @@ def test_explicit_bf16_on_cpu_without_support_falls_back_with_a_warning(monkeypa
 
 
 def test_cpu_bf16_capability_follows_what_pytorch_reports(monkeypatch):
+    monkeypatch.setattr(precision, "_x86_bf16_instructions", lambda: None)  # not an x86 CPU
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True, raising=False)
     assert precision.cpu_bf16_supported() is torch.backends.mkldnn.is_available()
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False, raising=False)
@@ -226,6 +241,34 @@ def test_cpu_bf16_capability_follows_what_pytorch_reports(monkeypatch):
 
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", broken, raising=False)
     assert precision.cpu_bf16_supported() is False
+
+
+@pytest.mark.parametrize(
+    "avx512_bf16, amx, native", [(False, False, False), (True, False, True), (False, True, True)]
+)
+def test_an_x86_cpu_needs_bf16_instructions_not_only_onednns_avx512_probe(
+    monkeypatch, avx512_bf16, amx, native
+):
+    # oneDNN says yes on any AVX512 CPU (Skylake to Ice Lake servers), where BF16 is emulated.
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True, raising=False)
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
+    monkeypatch.setattr(precision.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    assert precision.cpu_bf16_supported() is native
+    wide = _mlp(precision.CPU_BF16_MIN_WIDTH)
+    assert resolve_precision(Section(), "cpu", model=wide).mode == ("bf16" if native else "fp32")
+    assert resolve_precision("bf16", "cpu").mode == ("bf16" if native else "fp32")
+
+
+def test_other_cpus_and_a_torch_without_the_x86_probes_keep_onednns_answer(monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(precision.platform, "machine", lambda: "aarch64")
+    assert precision._x86_bf16_instructions() is None
+    monkeypatch.setattr(precision.platform, "machine", lambda: "x86_64")
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported", raising=False)
+    assert precision._x86_bf16_instructions() is None
 
 
 @pytest.mark.parametrize("mode", ["bf16", "fp16"])

@@ -13,11 +13,15 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Return the mean cross-entropy of (..., V) logits over labels != IGNORE_INDEX.
 
     Labels are already shifted (one next-token label per position). With every label ignored the
-    loss is 0, not NaN. Computed in float32: half-precision cross entropy loses accuracy for large
-    vocabularies.
+    loss is 0, not NaN. Computed in at least float32 (float64 logits stay float64): half-precision
+    cross entropy loses accuracy for large vocabularies.
     """
+    flat = logits.flatten(0, -2)
     total = F.cross_entropy(
-        logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+        flat.to(torch.promote_types(flat.dtype, torch.float32)),
+        labels.flatten(),
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
     )
     return total / (labels != IGNORE_INDEX).sum().clamp_min(1)
 

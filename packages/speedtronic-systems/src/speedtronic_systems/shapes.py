@@ -270,6 +270,8 @@ def validate_startup_shapes(
             value=vocab,
             alignment=align,
             reason="the output projection is a vocab-wide GEMM",
+            # Padded up: fewer rows than the tokenizer's ids would not hold every token.
+            suggested=-(-vocab // align) * align,
         )
     log = logger if logger is not None else _logger
     for warning in warnings:

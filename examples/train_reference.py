@@ -45,6 +45,7 @@ def main(output_dir: str = "runs/example") -> None:
             "model": {"name": "tiny_mlp_lm", "vocab_size": 64, "max_seq_len": 16, "d_model": 32},
             "data": {"num_tokens": 256, "micro_batch_size": 4, "target_batch_size": 8},
             "optimizer": "muon",
+            "scheduler": {"warmup_steps": 1},  # the default 100 would outlast these 6 steps
             "precision": "fp32",
             "checkpoint": {"every_steps": 3},
         }

@@ -145,17 +145,25 @@ class FakeStream:
         self.waited_for.append(other.name)
 
 
-def test_hooks_enter_and_leave_stage_streams_in_order(monkeypatch):
-    """The CUDA bookkeeping, run on CPU with fake streams: which stream is current, who waits for
-    whom.
+def fake_cuda(monkeypatch) -> list[FakeStream]:
+    """Make torch.cuda's stream calls work on CPU with FakeStreams named A, B, C, ...; return the
+    one-item list holding the current stream (the caller's, "default", at first).
     """
-    default = FakeStream("default")
-    current = [default]
-    made = iter("ABC")
+    current = [FakeStream("default")]
+    made = iter("ABCDEFGH")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream(next(made)))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current[0])
     monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: current.__setitem__(0, stream))
+    return current
+
+
+def test_hooks_enter_and_leave_stage_streams_in_order(monkeypatch):
+    """The CUDA bookkeeping, run on CPU with fake streams: which stream is current, who waits for
+    whom.
+    """
+    current = fake_cuda(monkeypatch)
+    default = current[0]
     model = Branchy(depth=1)
     scheduler = StageStreamScheduler(model, "cuda", num_streams=3)
     assert [(s.name, s.stream_index) for s in scheduler.stages] == [
@@ -203,13 +211,8 @@ def test_a_stage_that_raises_hands_the_callers_stream_back_at_finish(monkeypatch
     """A forward that raises inside a stage skips its exit hook: finish() (the trainer's
     `finally`) still makes the caller's stream current again, so later work is not left on it.
     """
-    default = FakeStream("default")
-    current = [default]
-    made = iter("AB")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream(next(made)))
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current[0])
-    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: current.__setitem__(0, stream))
+    current = fake_cuda(monkeypatch)
+    default = current[0]
     model = Branchy(depth=1)
     scheduler = StageStreamScheduler(model, "cuda", num_streams=2)
 

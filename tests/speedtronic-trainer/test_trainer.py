@@ -652,61 +652,44 @@ def test_validation_loss_every_eval_every_steps():
     assert trainer.evaluate(max_batches=4) != pytest.approx(one_batch, rel=1e-6)
 
 
-def test_a_transformers_causal_lm_trains_on_the_already_shifted_labels():
-    """A transformers *ForCausalLM shifts `labels` itself: given the trainer's shifted labels it
+def _llama(transformers):
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    return transformers.LlamaForCausalLM(config)
+
+
+def _gpt2(transformers):  # what AutoModelForCausalLM builds for GPT-2: no *ForCausalLM name
+    no_dropout = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=8, n_layer=1, n_head=2, n_positions=16, **no_dropout
+    )
+    return transformers.GPT2LMHeadModel(config)
+
+
+@pytest.mark.parametrize("build", [_llama, _gpt2], ids=["llama", "gpt2"])
+def test_a_transformers_causal_lm_trains_on_the_already_shifted_labels(build):
+    """A transformers causal LM shifts `labels` itself: given the trainer's shifted labels it
     would score (and learn) the token after next. It is called without them instead.
     """
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    llama = transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-        )
-    )
-    samples = [TokenDataset(n=4)[i] for i in range(2)]
+    model = build(transformers)  # without dropout: the reference logits are the step's
     loader = make_loader(TokenDataset(n=4), batch_size=2)
-    trainer = make_trainer(llama, loader, eval_dataloader=loader, sections={"data": {}})
-    inputs = torch.stack([s["input_ids"] for s in samples])
-    labels = torch.stack([s["labels"] for s in samples])
-    with torch.no_grad():
-        logits = llama(input_ids=inputs).logits
-    expected = F.cross_entropy(logits.flatten(0, 1), labels.flatten()).item()
-    assert trainer.evaluate(max_batches=1) == pytest.approx(expected, rel=1e-5)
-    trainer.fit(1)
-    assert hook_of(trainer).values("train_step", "loss") == [pytest.approx(expected, rel=1e-5)]
-    assert "LlamaForCausalLM shifts labels itself" in trainer.logger.stream.getvalue()
-
-
-def test_gpt2_lm_head_model_trains_on_the_already_shifted_labels():
-    # AutoModelForCausalLM builds GPT2LMHeadModel for GPT-2: no *ForCausalLM name, same shift.
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    gpt2 = transformers.GPT2LMHeadModel(
-        transformers.GPT2Config(
-            vocab_size=VOCAB,
-            n_embd=8,
-            n_layer=1,
-            n_head=2,
-            n_positions=16,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-        )
-    )
-    loader = make_loader(TokenDataset(n=4), batch_size=2)
-    trainer = make_trainer(gpt2, loader, eval_dataloader=loader, sections={"data": {}})
+    trainer = make_trainer(model, loader, eval_dataloader=loader, sections={"data": {}})
     batch = next(iter(loader))
     with torch.no_grad():
-        logits = gpt2(input_ids=batch["input_ids"]).logits
+        logits = model(input_ids=batch["input_ids"]).logits
     expected = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten()).item()
     assert trainer.evaluate(max_batches=1) == pytest.approx(expected, rel=1e-5)
     trainer.fit(1)
     assert hook_of(trainer).values("train_step", "loss") == [pytest.approx(expected, rel=1e-5)]
+    assert f"{type(model).__name__} shifts labels itself" in trainer.logger.stream.getvalue()
 
 
 def test_a_one_shot_eval_iterator_is_refused_once_exhausted():

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+# The tests expect the resume command a plain shell prints, also when the suite runs under
+# `hatch run` (whose environment makes it `hatch run speedtronic ...`). Dropped at import, before
+# any test module copies os.environ for the processes it starts.
+os.environ.pop("HATCH_ENV_ACTIVE", None)
 
 
 @pytest.fixture(scope="session")

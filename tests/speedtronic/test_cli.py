@@ -626,6 +626,23 @@ def test_every_option_has_help_and_sample_states_what_the_docs_say():
     assert f"`--val-fraction` (0 <= F < 1) defaults to {val_fraction.default}" in docs
 
 
+def test_the_help_names_what_the_commands_take(capsys):
+    from speedtronic.cli import main
+
+    # `sample runs/quickstart` and `export runs/quickstart OUT` take the run's folder (docs/cli.md)
+    for command in ("sample", "export"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "a run's folder" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit):
+        main(["plot", "--help"])
+    assert "a folder for loss_curve.png" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    # A custom model with generate() samples too.
+    assert "sample    generate text from a checkpoint\n" in capsys.readouterr().out
+
+
 def test_a_reader_that_leaves_early_ends_the_command_quietly():
     # `speedtronic validate CONFIG | head -8`: the pipe closes before the output is all written.
     read, write = os.pipe()
@@ -793,6 +810,24 @@ def test_a_stop_in_the_last_evaluation_saves_the_last_step_with_nothing_to_resum
         "step target: nothing is left to resume"
     ]
     assert checkpoint.is_file()
+
+
+def test_the_resume_command_runs_from_the_shell_that_started_hatch_run(monkeypatch):
+    import argparse
+
+    from speedtronic.train_end import resume_command
+
+    args = argparse.Namespace(
+        config="configs/quickstart.yaml", overrides=[], max_steps=600, device=None,
+        cuda_overlay="configs/quickstart-cuda.yaml",
+    )  # fmt: skip
+    tail = "configs/quickstart.yaml --max-steps 600 --cuda-overlay configs/quickstart-cuda.yaml"
+    assert resume_command(args) == f"speedtronic train {tail} --resume"
+    # `hatch run train`: the console script is on the hatch environment's PATH alone.
+    monkeypatch.setenv("HATCH_ENV_ACTIVE", "default")
+    assert resume_command(args) == f"hatch run speedtronic train {tail} --resume"
+    monkeypatch.setenv("HATCH_ENV_ACTIVE", "bench")
+    assert resume_command(args) == f"hatch run bench:speedtronic train {tail} --resume"
 
 
 def test_a_fresh_run_that_fails_does_not_send_the_user_to_an_earlier_runs_checkpoint(

@@ -53,6 +53,8 @@ def test_reference_example_trains_and_resumes(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "first run: step 3" in result.stdout and "resumed run: step 6" in result.stdout
+    # The shipped example runs clean: no warning asking the reader to fix its settings.
+    assert "WARNING" not in result.stdout + result.stderr, result.stdout
 
 
 def test_optimizers_doc_example_keeps_the_head_on_adamw():

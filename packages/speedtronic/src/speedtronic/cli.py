@@ -70,7 +70,9 @@ MAX_NEW_TOKENS = 2**24
 MAX_TEMPERATURE = 1e6
 MAX_SEED = 2**63 - 1  # torch.manual_seed's limit
 # What sample and export take (speedtronic.artifacts.resolve_checkpoint).
-CHECKPOINT_HELP = "a step_<n>.pt or step_<n>.dcp, or a run's checkpoints folder or its latest file"
+CHECKPOINT_HELP = (
+    "a step_<n>.pt or step_<n>.dcp, or a run's folder, its checkpoints folder or its latest file"
+)
 
 
 PARTS = (
@@ -181,9 +183,14 @@ def _parser() -> argparse.ArgumentParser:
 
     plot = commands.add_parser("plot", help="plot loss, learning rate and tokens/s to a PNG")
     plot.add_argument("metrics", help="a run directory or its metrics.jsonl")
-    plot.add_argument("-o", "--output", help="PNG path (default: beside the metrics file)")
+    plot.add_argument(
+        "-o",
+        "--output",
+        help="image path, or a folder for loss_curve.png (default: beside the metrics file)",
+    )
 
-    sample = commands.add_parser("sample", help="generate text from a reference-model checkpoint")
+    # Any model with a generate() method samples, not only the reference transformer.
+    sample = commands.add_parser("sample", help="generate text from a checkpoint")
     sample.add_argument("checkpoint", help=CHECKPOINT_HELP)
     sample.add_argument(
         "--prompt", default="\n", metavar="TEXT", help="text to continue (default: a newline)"

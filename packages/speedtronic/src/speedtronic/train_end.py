@@ -18,9 +18,12 @@ from speedtronic_systems.parallel import elastic_restarts
 
 def resume_command(args: argparse.Namespace) -> str:
     """Return the `speedtronic train ... --resume` command that continues this run; a secret
-    override is shown as a placeholder, never its value.
+    override is shown as a placeholder, never its value. Under `hatch run` it starts with
+    `hatch run`: the console script is on the hatch environment's PATH, not the shell's.
     """
     words = ["speedtronic", "train", args.config]
+    if env := os.environ.get("HATCH_ENV_ACTIVE"):
+        words[:1] = ["hatch", "run", "speedtronic" if env == "default" else f"{env}:speedtronic"]
     if getattr(args, "nproc_per_node", None) is not None:  # torchrun's launcher: launch again
         words += ["--nproc-per-node", str(args.nproc_per_node)]
         if args.rdzv_endpoint:

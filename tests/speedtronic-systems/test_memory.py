@@ -26,6 +26,19 @@ def test_parameter_count_of_the_reference_shapes():
     assert untied == (per_layer + 8 + 160, 160)
 
 
+def test_fsdp_ranks_each_hold_their_share_of_the_model_state(monkeypatch):
+    # A model sharded because it does not fit one device was refused by the unsharded estimate.
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    whole = estimate_training_memory(config(parallel={"data_parallel": "ddp"}))
+    shared = estimate_training_memory(config(parallel={"data_parallel": "fsdp"}))
+    assert (shared.parameters, shared.gradients, shared.optimizer_state) == (
+        whole.parameters // 4,
+        whole.gradients // 4,
+        whole.optimizer_state // 4,
+    )
+    assert (shared.activations, shared.batches) == (whole.activations, whole.batches)
+
+
 def test_estimate_parts_follow_the_settings():
     adamw = estimate_training_memory(config(precision="fp32"))
     count, _ = reference_parameter_count(config().model)

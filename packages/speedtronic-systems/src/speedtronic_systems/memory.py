@@ -81,9 +81,10 @@ def reference_parameter_count(model: Any) -> tuple[int, int]:
 
 
 def estimate_training_memory(config: Any) -> MemoryEstimate:
-    """Return the memory a whole config's run needs at least: the reference model's parameters,
-    gradients, optimizer state and activations (zero for a registered custom model, whose size is
-    unknown until it is built), plus the micro-batches one optimizer step holds.
+    """Return the memory a whole config's run needs at least, per process: the reference model's
+    parameters, gradients, optimizer state and activations (zero for a registered custom model,
+    whose size is unknown until it is built), plus the micro-batches one optimizer step holds.
+    Under FSDP2 each of WORLD_SIZE processes holds its share of the first three.
     """
     model = resolve_section(config, "model")
     data = resolve_section(config, "data")
@@ -108,10 +109,13 @@ def estimate_training_memory(config: Any) -> MemoryEstimate:
     activations = tokens * (
         model.n_layer * per_layer * act_bytes + 2 * model.vocab_size * FP32_BYTES
     )
+    # FSDP2 shards them over the ranks (the model is sharded because it does not fit one device).
+    sharded = resolve_section(config, "parallel").data_parallel == "fsdp"
+    shards = max(1, int(os.environ.get("WORLD_SIZE", "1"))) if sharded else 1
     return MemoryEstimate(
-        parameters=count * FP32_BYTES,
-        gradients=count * FP32_BYTES,
-        optimizer_state=states * FP32_BYTES,
+        parameters=count * FP32_BYTES // shards,
+        gradients=count * FP32_BYTES // shards,
+        optimizer_state=states * FP32_BYTES // shards,
         activations=activations,
         batches=batches,
     )

@@ -160,22 +160,32 @@ def check_settings(state: Mapping[str, Any], config: Any) -> None:
     _check_optimizer_name(state, config)
 
 
+def weight_misfits(model: torch.nn.Module, weights: Mapping[str, Any]) -> list[str]:
+    """Return, one short phrase each, every way `weights` (a model state dict) does not fit
+    `model`: shape mismatches, then missing and unexpected names; empty when it loads strictly.
+    """
+    current = model.state_dict()
+    problems = [
+        f"size mismatch for {name}: checkpoint {_shape(weights[name])}, model {_shape(value)}"
+        for name, value in current.items()
+        if name in weights and _shape(weights[name]) != _shape(value)
+    ]
+    problems += [f"missing {name}" for name in current if name not in weights]
+    return problems + [f"unexpected {name}" for name in weights if name not in current]
+
+
+def describe_misfits(problems: list[str]) -> str:
+    """Return the first of `problems` and how many more there are."""
+    return problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+
+
 def check_model_fits(model: torch.nn.Module, state: Mapping[str, Any], config: Any = None) -> None:
     """Raise CheckpointMismatch naming the first mismatch between a checkpoint's weights and
     `model`, how many there are, and the model settings that differ; load nothing.
     """
-    saved = state["model"]
-    current = model.state_dict()
-    problems = [
-        f"size mismatch for {name}: checkpoint {_shape(saved[name])}, model {_shape(value)}"
-        for name, value in current.items()
-        if name in saved and _shape(saved[name]) != _shape(value)
-    ]
-    problems += [f"missing {name}" for name in current if name not in saved]
-    problems += [f"unexpected {name}" for name in saved if name not in current]
+    problems = weight_misfits(model, state["model"])
     if not problems:
         return
-    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
     settings = _config_differences(state.get("config"), config, "model")
     hint = (
         f"the checkpoint was written with other model settings ({_describe('model', settings)}): "
@@ -183,7 +193,8 @@ def check_model_fits(model: torch.nn.Module, state: Mapping[str, Any], config: A
         else ""
     )
     raise CheckpointMismatch(
-        f"checkpoint {_where(state)} does not fit this model: {problems[0]}{more}; {hint}resume "
+        f"checkpoint {_where(state)} does not fit this model: {describe_misfits(problems)}; "
+        f"{hint}resume "
         "with the model settings it was written with, or start a new run in another "
         "run.output_dir"
     )
@@ -322,8 +333,10 @@ __all__ = [
     "check_settings",
     "check_tokenizer",
     "describe_load_error",
+    "describe_misfits",
     "group_settings",
     "load_checkpoint_file",
     "restore_model",
     "restore_optimizer",
+    "weight_misfits",
 ]

@@ -88,6 +88,7 @@ def _model_from_state(state: dict[str, Any], path: PathLike) -> tuple[Any, Any]:
     from speedtronic_config import SpeedtronicConfig
     from speedtronic_model import build_model
     from speedtronic_trainer import CheckpointError
+    from speedtronic_trainer.checkpoint_checks import describe_misfits, weight_misfits
     from speedtronic_trainer.sharded import load_sharded
 
     config = SpeedtronicConfig.from_dict(state["config"])
@@ -98,22 +99,20 @@ def _model_from_state(state: dict[str, Any], path: PathLike) -> tuple[Any, Any]:
         except CheckpointError as error:  # damaged shards, as read_checkpoint reports a bad file
             raise UsageError(str(error)) from None
     else:
-        try:
-            model.load_state_dict(state["model"])
-        except RuntimeError as error:  # torch's message is a line per tensor: name the first
-            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-            detail = lines[1] if len(lines) > 1 else lines[0] if lines else type(error).__name__
-            detail = detail if len(detail) <= 160 else f"{detail[:160]} ..."  # a list of keys
-            if state["config"] is None:  # a Trainer built without config= records none
-                raise UsageError(
-                    f"{path}: the checkpoint records no config (its Trainer was built without "
-                    f"config=), and the default model does not take its weights ({detail}); "
-                    "pass config= to the Trainer that writes it, or load its 'model' entry into "
-                    "your model yourself"
-                ) from None
+        problems = weight_misfits(model, state["model"])
+        if problems and state["config"] is None:  # a Trainer built without config= records none
             raise UsageError(
-                f"{path}: the weights do not fit the model its config describes ({detail})"
-            ) from None
+                f"{path}: the checkpoint records no config (its Trainer was built without "
+                f"config=), and the default model does not take its weights "
+                f"({describe_misfits(problems)}); pass config= to the Trainer that writes it, or "
+                "load its 'model' entry into your model yourself"
+            )
+        if problems:
+            raise UsageError(
+                f"{path}: the weights do not fit the model its config describes "
+                f"({describe_misfits(problems)})"
+            )
+        model.load_state_dict(state["model"])
     return model.eval(), config
 
 

@@ -109,3 +109,44 @@ def test_hooks_from_names_builds_tensorboard_under_log_dir(tmp_path):
     (hook,) = hooks_from_names(["TensorBoard"], log_dir=str(tmp_path))
     assert isinstance(hook, TensorboardHook) and hook.log_dir == str(tmp_path / "tensorboard")
     hook.close()
+
+
+def _with_stepless_events(hook, steps):
+    """Deliver train_step records 1..steps, with three events that carry no step (DiLoCo's
+    diloco/upload names its local_step) after step 2.
+    """
+    for step in range(1, steps + 1):
+        hook.on_event("train_step", {"step": step, "loss": 1.0 / step})
+        if step == 2:
+            for _ in range(3):
+                hook.on_event("diloco/upload", {"local_step": 2, "base_outer_step": 0})
+
+
+@pytest.mark.skipif(
+    not HAS_WANDB, reason="wandb not installed (pip install speedtronic-trainer[wandb])"
+)
+def test_wandb_events_without_a_step_do_not_drop_later_steps(tmp_path, monkeypatch):
+    # Logged with step=None, each advanced wandb's own step: the next train_step records were
+    # "less than the current step" and wandb dropped them (steps 3 and 4 here).
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    hook = WandbHook(project="speedtronic-test", mode="offline", dir=str(tmp_path))
+    _with_stepless_events(hook, 4)
+    # wandb commits a step's row when a later step arrives: step 3's is the last committed.
+    summary = dict(hook.run.summary)
+    hook.close()
+    assert summary["_step"] == 3 and summary["train_step/loss"] == pytest.approx(1 / 3)
+    assert summary["diloco/upload/local_step"] == 2
+
+
+@pytest.mark.skipif(not HAS_TENSORBOARD, reason=NO_TENSORBOARD)
+def test_tensorboard_events_without_a_step_go_at_the_latest_step(tmp_path):
+    # add_scalar(global_step=None) wrote them at step 0, left of the whole run.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    hook = TensorboardHook(str(tmp_path / "tb"))
+    _with_stepless_events(hook, 3)
+    hook.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("diloco/upload/local_step")] == [2, 2, 2]
+    assert [e.step for e in events.Scalars("train_step/loss")] == [1, 2, 3]

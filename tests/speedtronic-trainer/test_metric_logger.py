@@ -145,3 +145,20 @@ def test_files_deleted_mid_run_are_written_again(tmp_path):
     assert [r["step"] for r in records] == [2]
     assert "train_step step=2" in (folder / "run.log").read_text()
     assert stream.getvalue().count("was deleted during the run") == 2
+
+
+def test_jsonl_records_are_strict_json(tmp_path):
+    # json.dumps writes NaN/Infinity, which jq and JSON.parse refuse (the whole file with them).
+    path = tmp_path / "metrics.jsonl"
+    hook = RecordingHook()
+    logger = MetricLogger(stream=io.StringIO(), json_file=str(path), hooks=[hook])
+    nan, inf = float("nan"), float("inf")
+    logger.emit("eval", {"step": 3, "val_loss": nan, "extra": [1.0, -inf], "n": 2})
+    logger.close()
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    record = json.loads(path.read_text(), parse_constant=refuse)
+    assert record["val_loss"] is None and record["extra"] == [1.0, None] and record["n"] == 2
+    assert hook.events[0][1]["val_loss"] != hook.events[0][1]["val_loss"]  # hooks still get NaN

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+import json
 import math
 
 import pytest
@@ -461,6 +462,50 @@ def test_skip_policy_gives_up_on_a_diverged_run():
         make_trainer(model, sections={"run": {"nonfinite_loss": "skip"}}).fit(2)
 
 
+def _strict_records(path):
+    """Parse a JSONL file as strict JSON (RFC 8259: no NaN/Infinity), as jq and JSON.parse do."""
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
+
+
+class NaNGradAtCall(TinyLM):
+    """A finite loss with a NaN gradient at the given calls (d sqrt(x)/dx at x = 0)."""
+
+    def __init__(self, bad_calls):
+        super().__init__()
+        self.bad_calls, self.calls = set(bad_calls), 0
+
+    def forward(self, input_ids, labels=None, **_):
+        self.calls += 1
+        out = super().forward(input_ids)
+        if self.calls in self.bad_calls:
+            out["logits"] = out["logits"] + torch.sqrt(self.head.weight.sum() * 0.0)
+        return out
+
+
+@pytest.mark.parametrize(
+    ("model", "reason"), [(NaNAtCall({2}), "loss"), (NaNGradAtCall({2}), "grad_norm")]
+)
+def test_a_skip_record_is_strict_json_and_says_why(tmp_path, model, reason):
+    # A skipped step's record held `"loss": NaN` (jq/JSON.parse refuse the whole file), and a
+    # skip for a non-finite gradient norm (with a finite loss) did not say why.
+    path = tmp_path / "metrics.jsonl"
+    hook = RecordingHook()
+    logger = MetricLogger(stream=io.StringIO(), json_file=str(path), hooks=[hook])
+    make_trainer(model, logger=logger, sections={"run": {"nonfinite_loss": "skip"}}).fit(3)
+    logger.close()
+    skips = [r for r in _strict_records(path) if r["event"] == "nonfinite_skip"]
+    assert len(skips) == 1 and skips[0]["step"] == 2 and skips[0]["reason"] == reason
+    if reason == "loss":
+        assert skips[0]["loss"] is None  # NaN in memory, null on disk
+        assert math.isnan(hook.values("nonfinite_skip", "loss")[0])
+    else:
+        assert math.isfinite(skips[0]["loss"]) and skips[0]["grad_norm"] is None
+
+
 def test_bad_nonfinite_policy_is_rejected():
     with pytest.raises(ValueError, match="run.nonfinite_loss"):
         make_config(run={"nonfinite_loss": "ignore"})
@@ -652,6 +697,24 @@ def test_validation_loss_every_eval_every_steps():
     assert trainer.evaluate(max_batches=4) != pytest.approx(one_batch, rel=1e-6)
 
 
+def test_validation_loss_without_token_labels_weighs_an_uneven_last_batch_by_its_size():
+    # Float targets (regression) have no label count: each batch counted once, so a last batch
+    # of 1 sample weighed as much as one of 2 and the validation loss was not the split's mean.
+    class Regression(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(1))
+
+        def forward(self, x, y):
+            return F.mse_loss(self.w * x, y)
+
+    x, y = torch.arange(5.0), torch.zeros(5)  # per-sample losses 0, 1, 4, 9, 16
+    eval_loader = DataLoader(TensorDataset(x, y), batch_size=2)  # batches of 2, 2, 1
+    loader = DataLoader(TensorDataset(x, y))
+    trainer = make_trainer(Regression(), loader, eval_dataloader=eval_loader)
+    assert trainer.evaluate() == pytest.approx((0 + 1 + 4 + 9 + 16) / 5)
+
+
 def _llama(transformers):
     config = transformers.LlamaConfig(
         vocab_size=VOCAB,
@@ -746,6 +809,42 @@ def test_train_step_metrics_cadence_and_fields():
     fields = {"loss", "loss_last", "lr", "tokens_per_s", "samples_per_s", "step_time_s"}
     assert fields | {"mfu_vs_matmul_probe"} <= records[0].keys()
     assert records[0]["lr"] == 0.1
+
+
+def test_train_step_records_the_learning_rate_the_step_used():
+    # The record was read after scheduler.step(): step N logged step N+1's rate (warmup step 1
+    # trained at 0.01 and logged 0.02; a cosine run's last step logged the floor it never used).
+    class RecordingSGD(torch.optim.SGD):
+        def step(self, closure=None):
+            self.used.append(self.param_groups[0]["lr"])
+            return super().step(closure)
+
+    model = TinyLM()
+    optimizer = RecordingSGD(model.parameters(), lr=0.1)
+    optimizer.used = []
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10))
+    trainer = make_trainer(model, optimizer=optimizer, scheduler=warmup)
+    trainer.fit(3)
+    assert hook_of(trainer).values("train_step", "lr") == pytest.approx(optimizer.used)
+    assert optimizer.used == pytest.approx([0.01, 0.02, 0.03])
+
+
+def test_interval_loss_weighs_each_step_by_its_valid_labels():
+    # A record's loss is the mean over the interval's label tokens; weighting each step by its
+    # input tokens instead over-counted steps whose labels were mostly ignored (padding, prompts).
+    dataset = TokenDataset(n=4, ignore_every=6)  # sample i ignores i % 6 of its 6 labels
+
+    def losses(every_steps):
+        torch.manual_seed(0)
+        hook = RecordingHook()
+        logger = MetricLogger(stream=io.StringIO(), every_steps=every_steps, hooks=[hook])
+        make_trainer(TinyLM(), make_loader(dataset, batch_size=1), logger=logger).fit(4)
+        return hook.values("train_step", "loss")
+
+    per_step, per_interval = losses(1), losses(4)
+    labels = [int((dataset[i]["labels"] != -100).sum()) for i in range(4)]  # 6, 5, 4, 3
+    expected = sum(x * n for x, n in zip(per_step, labels, strict=True)) / sum(labels)
+    assert per_interval == [pytest.approx(expected, rel=1e-6)]
 
 
 @pytest.mark.parametrize("grad_clip", [1.0, None])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 from interop_testkit import noisy_checkpoint, run_config
 
@@ -113,3 +114,19 @@ def test_the_curve_stops_at_the_checkpoint_step(tmp_path, byte_shards, monkeypat
     config = SpeedtronicConfig.from_dict(state["config"])
     write_model_card(tmp_path / "out", config, state, checkpoint=checkpoint, tokenizer=BYTES)
     assert [list(x) for x in plotted] == [[1, 2, 3, 4]]
+
+
+def test_a_nonfinite_val_loss_reads_alike_as_nan_or_null(tmp_path):
+    # Metrics files now write a non-finite value as null (strict JSON); older ones hold NaN. The
+    # card reports that last evaluation either way, not an earlier finite one.
+    from speedtronic.plotting import read_metrics
+
+    for literal in ("NaN", "null"):
+        path = tmp_path / f"{literal}.jsonl"
+        path.write_text(
+            '{"event": "eval", "step": 2, "val_loss": 2.5}\n'
+            f'{{"event": "eval", "step": 4, "val_loss": {literal}}}\n'
+            f'{{"event": "nonfinite_skip", "step": 5, "loss": {literal}, "reason": "loss"}}\n'
+        )
+        step, value = final_val_loss(read_metrics(path), 5)
+        assert step == 4 and math.isnan(value)

@@ -125,3 +125,16 @@ def test_a_target_that_cannot_be_written_is_a_usage_error(tmp_path, monkeypatch,
     with pytest.raises(UsageError, match="cannot write there \\(Permission denied\\)") as caught:
         plot_metrics(metrics(tmp_path), tmp_path / "c.png" if given else None)
     assert str(caught.value).startswith("-o " if given else str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("literal", ["NaN", "null"])
+def test_a_skip_record_plots_alike_as_nan_or_null(tmp_path, literal):
+    # Metrics files now write non-finite values as null; older ones hold NaN: both still plot.
+    path = metrics(tmp_path)
+    path.write_text(
+        path.read_text().replace(
+            '{"torn": ', f'{{"event": "nonfinite_skip", "step": 4, "loss": {literal}}}\n'
+        )
+    )
+    assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, 4]
+    assert plot_metrics(path).read_bytes()[:8] == PNG

@@ -16,6 +16,12 @@ def _scalars(payload: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def _step(payload: dict[str, Any]) -> int | None:
+    """Return the payload's integer step, or None when it has none."""
+    step = payload.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 def _missing(package: str, extra: str) -> ImportError:
     return ImportError(
         f"{package} is not installed; install it with `pip install speedtronic-trainer[{extra}]` "
@@ -37,10 +43,19 @@ class WandbHook:
         self.run = wandb.init(project=project, **settings)
 
     def on_event(self, event: str, payload: dict[str, Any]) -> None:
-        """Log the payload's scalars under `<event>/<name>` at the payload's step."""
+        """Log the payload's scalars under `<event>/<name>` at the payload's step, or into the
+        latest step's row when it has none (DiLoCo's events).
+        """
         scalars = {f"{event}/{k}": v for k, v in _scalars(payload).items()}
-        if scalars:
-            self.run.log(scalars, step=payload.get("step"))
+        step = _step(payload)
+        if not scalars:
+            return
+        if step is None:
+            # step=None would commit and advance wandb's own step past the trainer's, and wandb
+            # drops every later record "less than the current step".
+            self.run.log(scalars, commit=False)
+        else:
+            self.run.log(scalars, step=step)
 
     def close(self) -> None:
         """Finish the run, flushing offline files."""
@@ -57,10 +72,12 @@ class TensorboardHook:
             raise _missing("tensorboard", "tensorboard") from exc
         self.log_dir = str(log_dir)
         self.writer = SummaryWriter(log_dir=self.log_dir)
+        self._step = 0  # the latest step seen: where events without one go (None would be 0)
 
     def on_event(self, event: str, payload: dict[str, Any]) -> None:
-        """Add the payload's scalars at the payload's step."""
-        step = payload.get("step")
+        """Add the payload's scalars at the payload's step, or the latest step without one."""
+        step = _step(payload)
+        self._step = step = self._step if step is None else step
         for name, value in _scalars(payload).items():
             self.writer.add_scalar(f"{event}/{name}", value, global_step=step)
 

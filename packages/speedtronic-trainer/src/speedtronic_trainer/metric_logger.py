@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -107,9 +108,8 @@ class MetricLogger:
         self._write_text(logging.INFO, line, console=self.console_metrics or event != "train_step")
         self._json = self._reopen_if_deleted(self._json, self.json_file)
         if self._json is not None:
-            self._json.write(
-                json.dumps({"event": event, "time": time.time(), **payload}, default=str) + "\n"
-            )
+            record = _strict_json({"event": event, "time": time.time(), **payload})
+            self._json.write(json.dumps(record, default=str, allow_nan=False) + "\n")
             self._json.flush()
         for hook in self.hooks:
             try:
@@ -180,6 +180,19 @@ class MetricLogger:
                         self._write_text(
                             logging.WARNING, f"hook {hook_name(hook)} failed to close: {exc}"
                         )
+
+
+def _strict_json(value: Any) -> Any:
+    """Return value with every NaN/inf float (in dicts, lists, tuples) as None: json.dumps would
+    write NaN/Infinity, which is not JSON (jq and JSON.parse refuse the whole file).
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(item) for item in value]
+    return value
 
 
 def _format_metrics(metrics: dict[str, Any]) -> str:

@@ -48,7 +48,7 @@ def adamw_branch_lr(optimizer: Any) -> float | None:
 
 
 class StepMetrics:
-    """Build the train_step record over the logging interval: the token-weighted mean loss,
+    """Build the train_step record over the logging interval: the label-weighted mean loss,
     tokens/s and samples/s of every step since the last record, the last step's loss, grad norm
     and lr, MFU and memory.
     """
@@ -66,9 +66,13 @@ class StepMetrics:
         self.utilization_key = "mfu" if datasheet is not None else "mfu_vs_matmul_probe"
         self._interval = _Interval()
 
-    def add(self, *, loss: float, samples: int, tokens: int, seconds: float) -> None:
-        """Count one applied step into the current logging interval."""
-        self._interval.add(loss, samples, tokens, seconds)
+    def add(
+        self, *, loss: float, samples: int, tokens: int, seconds: float, labels: int | None = None
+    ) -> None:
+        """Count one applied step into the current logging interval; its loss weighs by its valid
+        labels (the tokens its loss is the mean over), or by its input tokens without labels.
+        """
+        self._interval.add(loss, samples, tokens, seconds, tokens if labels is None else labels)
 
     def record(
         self,
@@ -109,19 +113,20 @@ class _Interval:
     """Sums over the steps since the last train_step record."""
 
     def __init__(self) -> None:
-        self.steps = self.samples = self.tokens = 0
+        self.steps = self.samples = self.tokens = self.weight = 0
         self.seconds = self.weighted_loss = 0.0
 
-    def add(self, loss: float, samples: int, tokens: int, seconds: float) -> None:
+    def add(self, loss: float, samples: int, tokens: int, seconds: float, weight: int) -> None:
         self.steps += 1
         self.samples += samples
         self.tokens += tokens
         self.seconds += seconds
-        self.weighted_loss += loss * tokens
+        self.weight += weight
+        self.weighted_loss += loss * weight
 
     def mean_loss(self, fallback: float) -> float:
-        """Return the token-weighted mean loss of the interval (fallback without tokens)."""
-        return self.weighted_loss / self.tokens if self.tokens else fallback
+        """Return the interval's mean loss over its valid labels (fallback without any)."""
+        return self.weighted_loss / self.weight if self.weight else fallback
 
 
 __all__ = ["StepMetrics", "memory_usage_bytes", "model_flops_per_token"]

@@ -147,6 +147,7 @@ class StepOutcome:
     applied: bool
     seconds: float = 0.0
     stop: str | None = None  # a rank received this signal: every rank stops after this step
+    labels: int | None = None  # valid label positions over every rank; None: no labels
 
 
 @dataclass
@@ -385,30 +386,33 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ step
 
-    def _microbatch_weights(self, microbatches: list[Any]) -> list[float]:
-        """Return each microbatch's share of the update over every rank: its share of the step's
-        valid labels when labels exist, else one share of the k microbatches on each of the ranks.
+    def _microbatch_weights(self, microbatches: list[Any]) -> tuple[list[float], int | None]:
+        """Return each microbatch's share of the update over every rank (its share of the step's
+        valid labels when labels exist, else one share of the k microbatches on each of the
+        ranks), and the step's valid labels over every rank (None without labels).
         """
         counts = [valid_label_count(b) for b in microbatches]
         if any(c is None for c in counts):
-            return [1.0 / (len(microbatches) * self.parallel.world_size)] * len(microbatches)
+            return [1.0 / (len(microbatches) * self.parallel.world_size)] * len(microbatches), None
         # Token-weighted over the whole global batch: the label count summed over all ranks.
         total = self.parallel.all_reduce_sum([float(sum(counts))])[0]  # type: ignore[arg-type]
         # With no valid label in the whole step the loss is undefined; NaN weights route it to
         # the non-finite policy.
-        return [c / total if total else math.nan for c in counts]  # type: ignore[operator]
+        weights = [c / total if total else math.nan for c in counts]  # type: ignore[operator]
+        return weights, int(total)
 
-    def _accumulate(self, microbatches: list[Any]) -> tuple[float, int, int]:
+    def _accumulate(self, microbatches: list[Any]) -> tuple[float, int, int, int | None]:
         """Run forward/backward over this rank's microbatches; return (its share of the step
-        loss, samples, tokens). Gradients are reduced across ranks on the last microbatch, or on
-        every one where syncs_every_microbatch says so (FSDP2's sharded accumulation).
+        loss, samples, tokens, the step's valid labels over every rank). Gradients are reduced
+        across ranks on the last microbatch, or on every one where syncs_every_microbatch says so
+        (FSDP2's sharded accumulation).
         """
         # DDP and FSDP average gradients over ranks; scaling by the world size turns that
         # average back into the token-weighted sum over the global batch.
         scale = float(self.parallel.world_size)
         step_loss: torch.Tensor | None = None
         samples = tokens = 0
-        weights = self._microbatch_weights(microbatches)
+        weights, labels = self._microbatch_weights(microbatches)
         last = len(microbatches) - 1
         for index, (batch, weight) in enumerate(zip(microbatches, weights, strict=True)):
             n, t = batch_size_and_tokens(batch)
@@ -427,7 +431,7 @@ class Trainer:
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         # Some microbatch always ran: one process skips a label-less one only while another has
         # labels (none anywhere makes the weights NaN, not 0); under data parallelism all run.
-        return float(step_loss), samples, tokens  # type: ignore[arg-type]
+        return float(step_loss), samples, tokens, labels  # type: ignore[arg-type]
 
     def _train_step(self, stop_requested: Callable[[], str | None] = lambda: None) -> StepOutcome:
         """Run one optimizer update; a non-finite loss or gradient norm is not applied. Every
@@ -440,7 +444,7 @@ class Trainer:
         if self._stage_scheduler is not None:
             self._stage_scheduler.begin()
         try:
-            loss, samples, tokens = self._accumulate(microbatches)
+            loss, samples, tokens, labels = self._accumulate(microbatches)
         finally:
             if self._stage_scheduler is not None:
                 self._stage_scheduler.finish()
@@ -468,7 +472,9 @@ class Trainer:
             self.optimizer.step()
         seconds = time.perf_counter() - started
         stop = _agreed_signal(terms, interrupts)
-        return StepOutcome(loss, grad_norm, int(samples), int(tokens), applied, seconds, stop)
+        return StepOutcome(
+            loss, grad_norm, int(samples), int(tokens), applied, seconds, stop, labels
+        )
 
     def _clip_gradients(self) -> float | None:
         clip = self.config.optimizer.grad_clip
@@ -540,9 +546,17 @@ class Trainer:
                     f"the run has diverged ({hint})"
                 )
             )
+        # `reason` names the value that was non-finite: a finite loss can have inf/NaN gradients.
+        loss_ok = math.isfinite(outcome.loss)
         self.logger.emit(
             "nonfinite_skip",
-            {"step": self.step + 1, "loss": outcome.loss, "skipped_steps": self.skipped_steps},
+            {
+                "step": self.step + 1,
+                "loss": outcome.loss,
+                "skipped_steps": self.skipped_steps,
+                "reason": "grad_norm" if loss_ok else "loss",
+                **({"grad_norm": outcome.grad_norm} if loss_ok else {}),
+            },
         )
 
     def _advance(self, outcome: StepOutcome) -> None:
@@ -562,9 +576,9 @@ class Trainer:
     # -------------------------------------------------------------------------------- evaluation
 
     def evaluate(self, max_batches: int | None = None) -> float | None:
-        """Return the validation loss (mean over valid labels) over up to max_batches eval
-        batches per rank, summed over every rank's batches; every rank stops at the shortest
-        rank's share.
+        """Return the validation loss (mean over valid labels, or over samples for batches
+        without token labels) over up to max_batches eval batches per rank, summed over every
+        rank's batches; every rank stops at the shortest rank's share.
         """
         return self._evaluate(max_batches)[0]
 
@@ -620,7 +634,8 @@ class Trainer:
                     if count == 0:
                         continue  # run only to join the peers' collectives (FSDP2 gathers)
                     loss = float(loss_from_output(output, batch))
-                share = float(count) if count is not None else 1.0
+                # A batch's loss is its mean over its labels, or (float targets) its samples.
+                share = float(count if count is not None else batch_size_and_tokens(batch)[0])
                 total, weight = total + loss * share, weight + share
         finally:
             self.model.train(was_training)
@@ -1068,10 +1083,12 @@ class Trainer:
             self._handle_nonfinite(outcome, progress.consecutive_skips)
             return outcome
         progress.consecutive_skips = 0
+        # The rates this step trained at: _advance's scheduler.step() sets the next step's.
+        rates = (self.optimizer.param_groups[0]["lr"], adamw_branch_lr(self.optimizer))
         self._advance(outcome)
         self._guard.applied()
         progress.final_loss = outcome.loss
-        self._log_step(outcome)
+        self._log_step(outcome, rates)
         tokens_per_s = outcome.tokens / outcome.seconds if outcome.seconds > 0 else 0.0
         bar.update(self.step, outcome.loss, tokens_per_s)
         evaluated, stop = self._maybe_evaluate(stop_requested)
@@ -1135,24 +1152,25 @@ class Trainer:
         manager = self.checkpoint_manager
         return manager is not None and manager.enabled and self.parallel.mode == "none"
 
-    def _log_step(self, outcome: StepOutcome) -> None:
+    def _log_step(self, outcome: StepOutcome, rates: tuple[float, float | None]) -> None:
         """Count the step into the logging interval; emit the interval's record when it is due
-        (a single step's loss is too noisy to plot).
+        (a single step's loss is too noisy to plot). `rates`: the step's lr and AdamW-branch lr.
         """
         self._metrics.add(
             loss=outcome.loss,
             samples=outcome.samples,
             tokens=outcome.tokens,
             seconds=outcome.seconds,
+            labels=outcome.labels,
         )
         if not self.logger.wants_step(self.step):
             return
         record = self._metrics.record(
             step=self.step,
             loss=outcome.loss,
-            lr=self.optimizer.param_groups[0]["lr"],
+            lr=rates[0],
             grad_norm=outcome.grad_norm,
-            lr_adamw=adamw_branch_lr(self.optimizer),
+            lr_adamw=rates[1],
         )
         self.logger.emit("train_step", record)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,13 @@ def find_metrics(config: Any, checkpoint: Path) -> Path | None:
 
 
 def final_val_loss(records: list[dict[str, Any]], step: int) -> tuple[int, float] | None:
-    """Return (step, val_loss) of the last evaluation at or before step, or None."""
+    """Return (step, val_loss) of the last evaluation at or before step, or None; a non-finite
+    loss (null in a metrics file, NaN in an older one) is NaN.
+    """
     evals = [
-        (r["step"], r["val_loss"])
+        (r["step"], math.nan if r["val_loss"] is None else r["val_loss"])
         for r in records
-        if r.get("val_loss") is not None and isinstance(r.get("step"), int) and r["step"] <= step
+        if "val_loss" in r and isinstance(r.get("step"), int) and r["step"] <= step
     ]
     return evals[-1] if evals else None
 

@@ -52,6 +52,37 @@ def test_new_files_get_the_usual_permissions(tmp_path, temp_kind):
     assert (tmp_path / "f").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o755], ids=oct)
+def test_a_rewrite_keeps_the_files_permissions(tmp_path, temp_kind, mode):
+    # Found: a 0600 file holding a secret came back 0644 after a rewrite.
+    target = tmp_path / "secrets.yaml"
+    target.write_bytes(b"old")
+    target.chmod(mode)
+    atomic_write_bytes(target, b"new")
+    assert target.read_bytes() == b"new"
+    assert target.stat().st_mode & 0o777 == mode
+
+
+def test_a_rewrite_through_a_symlink_writes_its_target(tmp_path, temp_kind):
+    # Found: the link was replaced by a regular file and the file it named kept the old text.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    real = shared / "config.yaml"
+    real.write_text("old")
+    real.chmod(0o600)
+    (tmp_path / "run").mkdir()
+    hop = tmp_path / "run" / "hop.yaml"
+    hop.symlink_to(real)  # absolute
+    link = tmp_path / "run" / "config.yaml"
+    link.symlink_to("hop.yaml")  # relative, through another link
+    assert atomic_write_text(link, "new") == link
+    assert link.is_symlink() and os.readlink(link) == "hop.yaml"
+    assert hop.is_symlink() and real.read_text() == "new" and link.read_text() == "new"
+    assert real.stat().st_mode & 0o777 == 0o600
+    assert sorted(os.listdir(shared)) == ["config.yaml"]
+    assert sorted(os.listdir(tmp_path / "run")) == ["config.yaml", "hop.yaml"]
+
+
 def test_json_round_trips_and_bad_values_never_touch_the_disk(tmp_path, temp_kind):
     target = tmp_path / "latest.json"
     atomic_json_dump({"step": 3, "file": "ckpt-3.pt"}, target)

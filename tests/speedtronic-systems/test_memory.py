@@ -117,3 +117,22 @@ def test_a_container_limit_lower_than_ram_is_the_limit(monkeypatch, tmp_path):
     assert device_memory("cpu") == (1_000_000, "cpu (container memory limit)")
     limit.write_text("max\n")  # no limit set
     assert device_memory("cpu")[1] == "cpu (RAM)"
+
+
+def test_processes_on_one_machine_share_its_ram(monkeypatch):
+    # torchrun --nproc_per_node N on CPU: N copies of the run draw from the one RAM, so each gets
+    # 1/N of it. Found: every process compared itself with the whole RAM and N copies that
+    # could not fit together all started.
+    small = config()
+    limit, _ = device_memory("cpu")
+    fitting = limit // estimate_training_memory(small).total
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(fitting))
+    check_training_memory(small, "cpu")  # exactly as many copies as fit: allowed
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(fitting + 1))
+    with pytest.raises(ConfigError) as caught:
+        check_training_memory(small, "cpu")
+    message = str(caught.value)
+    assert f"shared by {fitting + 1} processes on this machine" in message
+    assert "--nproc_per_node" in message and "\n" not in message
+    # The switch still turns the check off.
+    check_training_memory(config(run={"memory_check": False}), "cpu")

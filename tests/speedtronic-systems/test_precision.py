@@ -14,6 +14,7 @@ from speedtronic_systems.precision import (
     PrecisionError,
     agree_precision,
     autocast_context,
+    datasheet_peak_flops,
     device_peak_flops,
     make_grad_scaler,
     parameter_count,
@@ -443,6 +444,31 @@ def test_parameter_count_counts_shared_weights_once():
 def test_known_gpus_use_their_datasheet_peak(fake_cuda, name, dtype, expected):
     fake_cuda["name"] = name
     assert device_peak_flops("cuda", dtype) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        # Cards whose names contain a known card's name: not that card, so no datasheet peak.
+        ("NVIDIA L40", None),
+        ("NVIDIA RTX A1000", None),
+        ("NVIDIA RTX A1000 6GB Laptop GPU", None),
+        # The cards in the table keep their numbers, however the driver spells the variant.
+        ("NVIDIA L40S", 362e12),
+        ("NVIDIA L4", 121e12),
+        ("NVIDIA A100 80GB PCIe", 312e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("nvidia h100 pcie", 756e12),
+        ("NVIDIA H100 NVL", 989e12),
+        ("NVIDIA GH200 480GB", 989e12),
+        ("NVIDIA GeForce RTX 4090", 165e12),
+        ("NVIDIA A10G", 70e12),
+        ("Tesla T4", 65e12),
+    ],
+)
+def test_datasheet_peaks_match_whole_card_names(fake_cuda, name, expected):
+    fake_cuda["name"] = name
+    assert datasheet_peak_flops("cuda", torch.float16) == expected
 
 
 def test_unknown_gpus_and_missing_dtypes_are_measured(fake_cuda, monkeypatch):

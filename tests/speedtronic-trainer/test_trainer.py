@@ -3,6 +3,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -330,6 +331,7 @@ def test_compiled_model_is_used_when_it_works(monkeypatch):
 
 @pytest.mark.parametrize("done, compiled", [(1, False), (0, True)])
 def test_compile_auto_weighs_the_steps_left_after_a_resume(monkeypatch, done, compiled):
+    monkeypatch.setenv("CXX", sys.executable)  # any executable: torch.compile is faked below
     break_even = 4
     monkeypatch.setattr(compile_choice, "CPU_COMPILE_BREAK_EVEN_STEPS", break_even)
     calls = []
@@ -347,6 +349,21 @@ def test_compile_auto_weighs_the_steps_left_after_a_resume(monkeypatch, done, co
     expected = f"{break_even - done} steps" if compiled else f"{break_even - done} steps on CPU"
     assert f"compile: auto -> {'on' if compiled else 'off'}" in stream.getvalue()
     assert stream.getvalue().count("compile: auto") == 1 and expected in stream.getvalue()
+
+
+def test_compile_auto_without_a_cpp_compiler_trains_eagerly_and_says_why(monkeypatch, tmp_path):
+    # Found: "compile: auto -> on", then inductor's InvalidCxxCompiler warning at the first step.
+    monkeypatch.setattr(compile_choice, "CPU_COMPILE_BREAK_EVEN_STEPS", 2)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no g++
+    stream = io.StringIO()
+    trainer = make_trainer(
+        logger=MetricLogger(stream=stream), sections={"compile": "auto", "run": {"max_steps": 2}}
+    )
+    trainer.fit()
+    log = stream.getvalue()
+    assert "compile: auto -> off (auto: no C++ compiler for torch.compile on CPU" in log
+    assert trainer._compiled is None and "compiled model failed" not in log
 
 
 @pytest.mark.parametrize(

@@ -240,14 +240,26 @@ def _os_error(error: BaseException) -> OSError | None:
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]) -> Path:
     """Write `path` through `write(file)` atomically and durably; on any failure the old file
-    stays. A failed write raises the OSError behind it (errno ENOSPC for a full disk).
+    stays. A file that exists keeps its permission bits, and a symlink keeps pointing at the file
+    it names, which is the one rewritten. A failed write raises the OSError behind it (errno
+    ENOSPC for a full disk).
     """
-    path = Path(path)
+    given = Path(path)
+    # The rename replaces a name, so rename onto the file the link names, not the link itself.
+    path = Path(os.path.realpath(given)) if given.is_symlink() else given
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        # Read, write and execute bits only: like a write in place, a rewrite never carries
+        # setuid/setgid over.
+        mode: int | None = os.stat(path).st_mode & 0o777
+    except FileNotFoundError:
+        mode = None  # a new file: open()'s 0o666 through the umask
     fd, temp_name = _open_anonymous(path.parent), None
     if fd is None:
         fd, temp_name = _open_named(path)
     try:
+        if mode is not None and hasattr(os, "fchmod"):  # Windows before 3.13 has no fchmod
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb", closefd=False) as handle:
             write(handle)
             handle.flush()
@@ -267,7 +279,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]
     finally:
         os.close(fd)
     fsync_folder(path.parent)
-    return path
+    return given
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:

@@ -159,15 +159,31 @@ def check_training_memory(config: Any, device: torch.device | str) -> MemoryEsti
     if not resolve_section(config, "run").memory_check or available is None:
         return estimate
     limit, what = available
+    has = format_bytes(limit)
+    # Each CUDA process has a GPU of its own; every other device draws on the machine's one RAM,
+    # which the LOCAL_WORLD_SIZE processes torchrun started on it share.
+    local = 1 if torch.device(device).type == "cuda" else _local_processes()
+    if local > 1:
+        limit //= local
+        has += f" shared by {local} processes on this machine ({format_bytes(limit)} each)"
     if estimate.total > limit:
+        fewer = ", or fewer processes (torchrun --nproc_per_node)" if local > 1 else ""
         raise ConfigError(
             "",
-            f"this run needs at least {estimate.describe()} of memory, but {what} has "
-            f"{format_bytes(limit)}",
+            f"this run needs at least {estimate.describe()} of memory, but {what} has {has}",
             allowed="lower model.n_layer, model.d_model, model.vocab_size or "
-            "data.micro_batch_size (or set run.memory_check: false if the estimate is wrong)",
+            f"data.micro_batch_size{fewer} (or set run.memory_check: false if the estimate is "
+            "wrong)",
         )
     return estimate
+
+
+def _local_processes() -> int:
+    """Return how many processes torchrun started on this machine (1 outside torchrun)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
 
 
 __all__ = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import platform
+import re
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -365,8 +366,10 @@ def parameter_count(model: torch.nn.Module, *, trainable_only: bool = False) -> 
 
 # Dense (no sparsity) matmul peaks in FLOP/s from the vendors' datasheets: (BF16, FP16, FP32).
 # FP32 is the non-tensor-core rate, since PyTorch's default matmul precision does not use TF32.
-# Longer names first: the first substring match of the device name wins.
+# A key matches whole words of the device name (an "L40" is not an "L4", an "RTX A1000" not an
+# "A100"); the longest matching key wins ("H100 PCIe" over "H100").
 PEAK_FLOPS: tuple[tuple[str, tuple[float | None, float, float]], ...] = (
+    ("GH200", (989e12, 989e12, 67e12)),
     ("H200", (989e12, 989e12, 67e12)),
     ("H100 PCIe", (756e12, 756e12, 51e12)),
     ("H100", (989e12, 989e12, 67e12)),
@@ -401,12 +404,26 @@ def datasheet_peak_flops(
     if device.type != "cuda":
         return None
     resolved = _dtype_of(dtype)
-    name = _cuda_device_name(device)
-    for key, peaks in PEAK_FLOPS:
-        if key.lower() in name.lower():
-            # None: the GPU lacks this dtype in hardware (the probe measures what emulation does)
-            return peaks[(torch.bfloat16, torch.float16, torch.float32).index(resolved)]
-    return None
+    words = _name_words(_cuda_device_name(device))
+    matches = [
+        (len(key), peaks) for key, peaks in PEAK_FLOPS if _contains_words(words, _name_words(key))
+    ]
+    if not matches:
+        return None
+    _, peaks = max(matches, key=lambda match: match[0])
+    # None: the GPU lacks this dtype in hardware (the probe measures what emulation does)
+    return peaks[(torch.bfloat16, torch.float16, torch.float32).index(resolved)]
+
+
+def _name_words(name: str) -> tuple[str, ...]:
+    """Return a GPU name's words, lower-cased: `NVIDIA A100-SXM4-80GB` -> (nvidia, a100, sxm4,
+    80gb).
+    """
+    return tuple(re.findall(r"[a-z0-9]+", name.lower()))
+
+
+def _contains_words(words: tuple[str, ...], key: tuple[str, ...]) -> bool:
+    return any(words[i : i + len(key)] == key for i in range(len(words) - len(key) + 1))
 
 
 def device_peak_flops(

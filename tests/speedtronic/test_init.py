@@ -98,3 +98,33 @@ def test_import_is_lazy_and_validate_needs_no_torch(tmp_path):
         "assert 'torch' not in sys.modules, 'validate pulled torch'; sys.exit(rc)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_registry_stays_the_model_registry_after_its_module_is_imported():
+    # 2.0 bound `speedtronic.registry` to the ModelRegistry instance; importing the submodule of
+    # the same name (as any `from speedtronic.registry import ...` does) must not rebind it.
+    code = (
+        "import speedtronic, speedtronic.registry as via_import; "
+        "from speedtronic.registry import ModelRegistry, registry; "
+        "assert speedtronic.registry is registry, speedtronic.registry; "
+        "assert via_import is registry, via_import; "
+        "from speedtronic import registry as via_from; assert via_from is registry; "
+        "assert isinstance(registry, ModelRegistry)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_20_submodules_are_attributes_of_the_package():
+    # 2.0's `import speedtronic` imported config, optimizers, shapes, ... so
+    # `speedtronic.config.load_config(...)` worked without importing the submodule; now lazily.
+    code = (
+        "import sys, speedtronic; "
+        "assert speedtronic.config.load_config({'max_steps': 3}).run.max_steps == 3; "
+        "assert 'torch' not in sys.modules, 'speedtronic.config pulled torch'; "
+        f"names = {[path.removeprefix('speedtronic.') for path in SHIMS]!r}; "
+        "mods = [n for n in names if '.' not in n and n != 'registry'] + ['runtime', 'cli']; "
+        "assert all(getattr(speedtronic, n) is sys.modules['speedtronic.' + n] for n in mods); "
+        "assert speedtronic.optimizers.Muon is speedtronic.Muon; "
+        "assert speedtronic.distributed.tensors is sys.modules['speedtronic.distributed.tensors']"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -7,6 +7,8 @@ use, so `import speedtronic` (and `speedtronic validate`) never pays for torch.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 from speedtronic.__about__ import __version__
@@ -69,8 +71,34 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
+# 2.0 modules that are attributes of the package (2.0's `import speedtronic` imported several, so
+# `speedtronic.config.load_config(...)` worked without importing the submodule). `registry` is
+# the name of the ModelRegistry instance, as in 2.0.
+_SUBMODULES = frozenset(
+    [
+        "checkpoint",
+        "cli",
+        "config",
+        "data",
+        "distributed",
+        "hooks",
+        "integrations",
+        "model",
+        "module_utils",
+        "optimizers",
+        "precision",
+        "profiling",
+        "runtime",
+        "scheduling",
+        "shapes",
+        "trainer",
+    ]
+)
+
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"speedtronic.{name}")  # the import binds it here
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'speedtronic' has no attribute {name!r}")
@@ -80,4 +108,18 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | _SUBMODULES)
+
+
+class _Package(types.ModuleType):
+    """The package module: importing its submodule `registry` keeps `speedtronic.registry` the
+    ModelRegistry instance, as 2.0 bound it (the import system sets the submodule on the package).
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "registry" and isinstance(value, types.ModuleType):
+            value = value.registry
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

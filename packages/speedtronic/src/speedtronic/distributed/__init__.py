@@ -1,5 +1,6 @@
 """2.0 import path `speedtronic.distributed`: the DumbDiLoCo API of speedtronic_diloco and its
-2.0 aliases.
+2.0 aliases. Imported through the 2.0 submodules, so that (as in 2.0) each of them, `.tensors`
+included, is an attribute of this package.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from speedtronic.distributed.hub import (
     HubTransport,
     HubUnavailable,
 )
-from speedtronic_diloco.outer import MasterOuterLoop, NesterovOuterOptimizer
-from speedtronic_diloco.tensors import (
+from speedtronic.distributed.outer import MasterOuterLoop, NesterovOuterOptimizer
+from speedtronic.distributed.tensors import (
     average_deltas,
     compute_pseudo_gradient,
     load_delta,

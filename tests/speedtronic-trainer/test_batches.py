@@ -34,6 +34,13 @@ def test_every_output_form_yields_the_same_loss(output):
     assert torch.allclose(loss_from_output(output, BATCH), EXPECTED)
 
 
+@pytest.mark.parametrize("wrap", [lambda t: t, lambda t: {"loss": t}, lambda t: (t, LOGITS)])
+def test_a_one_element_loss_counts_as_a_scalar(wrap):
+    # nn.DataParallel and some wrappers return a loss of shape [1]; backward() takes it, as 2.0 did.
+    loss = loss_from_output(wrap(EXPECTED.reshape(1)), BATCH)
+    assert loss.shape == () and torch.equal(loss, EXPECTED)
+
+
 def test_logits_from_tuple_batches_use_the_second_item_as_labels():
     assert torch.allclose(loss_from_output((LOGITS,), (BATCH["input_ids"], LABELS)), EXPECTED)
 

@@ -116,9 +116,15 @@ def _loss_from_logits(logits: torch.Tensor, batch: Any) -> torch.Tensor:
     return causal_lm_loss(logits, labels)
 
 
+def _one_element(tensor: torch.Tensor) -> bool:
+    return tensor.dim() == 1 and tensor.numel() == 1
+
+
 def loss_from_output(output: Any, batch: Any) -> torch.Tensor:
     """Return the scalar loss of any supported model output form (loss, mapping, tuple, logits)."""
     if isinstance(output, torch.Tensor):
+        if _one_element(output):  # a [1] loss (nn.DataParallel returns one): backward takes it
+            return output.reshape(())
         if output.dim() != 0:
             raise ValueError(
                 f"the model returned a tensor of shape {tuple(output.shape)}; a bare tensor is "
@@ -136,8 +142,8 @@ def loss_from_output(output: Any, batch: Any) -> torch.Tensor:
         )
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         first = output[0]
-        if first.dim() == 0:
-            return first
+        if first.dim() == 0 or _one_element(first):
+            return first.reshape(())
         if first.dim() == 3:
             return _loss_from_logits(first, batch)
         raise ValueError(

@@ -505,3 +505,31 @@ def test_a_rank_left_without_a_batch_is_named_before_the_first_step(tmp_path, sh
         build_dataloader(streamed, world_size=4), "training"
     )
     assert rank_share_problem(build_dataloader(streamed, world_size=3), "training") is None
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+@pytest.mark.parametrize(("world", "workers"), [(2, 0), (3, 0), (2, 2)])
+def test_streamed_text_gives_every_rank_the_same_whole_rounds_of_batches(
+    tmp_path, drop_last, world, workers
+):
+    from speedtronic_data.rank_shares import rank_share_problem
+
+    # 23 blocks of 8 in batches of 3: 7 whole batches and one of 2 blocks. Dealt in turn, some
+    # rank would get a batch more than another every epoch (and start its next epoch apart).
+    text = tmp_path / "bytes.txt"
+    text.write_bytes(bytes(32 + i // 8 for i in range(23 * 8 + 1)))  # block k starts with 32 + k
+    data = section(
+        text_path=str(text), block_size=8, micro_batch_size=3, drop_last=drop_last,
+        num_workers=workers,
+    )  # fmt: skip
+    shares = [
+        [b["input_ids"][:, 0].tolist() for b in build_dataloader(data, rank=r, world_size=world)]
+        for r in range(world)
+    ]
+    batches = [[32 + k for k in range(g * 3, min(g * 3 + 3, 23))] for g in range(8)]
+    if drop_last:
+        batches = batches[:7]
+    rounds = len(batches) // world  # only rounds in which every rank gets a batch
+    for rank, share in enumerate(shares):
+        assert sorted(share) == sorted(batches[rank : rounds * world : world])
+    assert rank_share_problem(build_dataloader(data, world_size=world), "training") is None

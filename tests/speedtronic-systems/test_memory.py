@@ -133,6 +133,6 @@ def test_processes_on_one_machine_share_its_ram(monkeypatch):
         check_training_memory(small, "cpu")
     message = str(caught.value)
     assert f"shared by {fitting + 1} processes on this machine" in message
-    assert "--nproc_per_node" in message and "\n" not in message
+    assert "--nproc-per-node" in message and "\n" not in message
     # The switch still turns the check off.
     check_training_memory(config(run={"memory_check": False}), "cpu")

@@ -662,3 +662,85 @@ def test_a_restart_of_a_fresh_run_beside_an_earlier_runs_checkpoints_starts_fres
         if run.poll() is None:
             run.terminate()  # torchrun passes it to the workers
             run.wait(timeout=120)
+
+
+def rank_positions(checkpoint: Path) -> list[tuple[int, int]]:
+    """Return each rank's (epoch, batches consumed) that a DDP checkpoint recorded."""
+    import torch
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    return [(r["data"]["epoch"], r["data"]["consumed"]) for r in state["rank_states"]]
+
+
+def step_losses(out: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if r["event"] == "train_step"}
+
+
+def test_streamed_text_gives_every_rank_the_same_batches_an_epoch_and_resumes_exactly(tmp_path):
+    # 700 bytes: 21 blocks of 32, 5 whole batches of 4. Dealt in turn, rank 0 would get 3 of them
+    # an epoch and rank 1 2, so rank 1 would start its next epoch a step early and repeat its
+    # share half again as often; every rank takes only whole rounds (2 batches each).
+    text = tmp_path / "corpus.txt"
+    text.write_bytes(bytes(range(97, 123)) * 26 + b"\n" * 24)
+    data = ["--set", f"data.text_path={text}", "--set", "model.vocab_size=256"]
+    data += ["--set", "scheduler.max_steps=6", "--set", "checkpoint.every_steps=3"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    runs = [
+        train(whole, "--nproc-per-node", "2", *data, "--max-steps", "6"),
+        train(parts, "--nproc-per-node", "2", *data, "--max-steps", "3"),
+    ]
+    logs = [whole.with_suffix(".log"), parts.with_suffix(".log")]
+    assert wait_all(runs, logs, timeout=240) == [0, 0], tails(logs)
+    # Both ranks stand at the same place of the same epoch at every checkpoint.
+    assert rank_positions(whole / "checkpoints" / "step_3.pt") == [(1, 1), (1, 1)]
+    assert rank_positions(whole / "checkpoints" / "step_6.pt") == [(2, 2), (2, 2)]
+    # Rank 0 alone writes the metrics: one record a step.
+    assert sorted(step_losses(whole)) == [1, 2, 3, 4, 5, 6]
+    resumed = tmp_path / "resumed.log"
+    run = train(parts, "--nproc-per-node", "2", *data, "--max-steps", "6", "--resume", log=resumed)
+    assert wait_all([run], [resumed], timeout=240) == [0], tails([resumed])
+    assert "resumed at step 3" in resumed.read_text()
+    # The resumed run trains on the batches the uninterrupted one did: the same losses.
+    assert rank_positions(parts / "checkpoints" / "step_6.pt") == [(2, 2), (2, 2)]
+    expected, got = step_losses(whole), step_losses(parts)
+    assert [got[s] for s in (4, 5, 6)] == pytest.approx([expected[s] for s in (4, 5, 6)], 1e-6)
+
+
+def test_ranks_that_share_a_nodes_ram_are_refused_what_only_one_of_them_fits(tmp_path):
+    import resource
+
+    from speedtronic_config import SpeedtronicConfig, apply_overrides
+    from speedtronic_config.loading import read_source
+    from speedtronic_systems.memory import device_memory, estimate_training_memory
+
+    def estimate(layers: int) -> int:
+        values = apply_overrides(read_source(str(ROOT / "configs" / "smoke.yaml")), sizes(layers))
+        return estimate_training_memory(SpeedtronicConfig.from_dict(values)).total
+
+    def sizes(layers: int) -> list[str]:
+        return ["model.d_model=1024", "model.n_head=8", f"model.n_layer={layers}"]
+
+    # A model that one process fits (about 70% of this machine's RAM) but two do not.
+    ram, _ = device_memory("cpu")
+    per_layer = estimate(2) - estimate(1)
+    layers = max(1, int((0.7 * ram - estimate(1)) // per_layer) + 1)
+    assert estimate(layers) < ram < 2 * estimate(layers)
+    out = tmp_path / "run"
+    extra = [arg for size in sizes(layers) for arg in ("--set", size)]
+    # Bounded address space: a run the check let through fails allocating, not the machine.
+    cap = lambda: resource.setrlimit(resource.RLIMIT_AS, (8 * 2**30, 8 * 2**30))  # noqa: E731
+    command = [sys.executable, "-m", "speedtronic", "train", str(ROOT / "configs" / "smoke.yaml")]
+    command += ["--nproc-per-node", "2", "--set", "parallel.data_parallel=ddp"]
+    command += ["--set", f"run.output_dir={out}", *extra]
+    run = subprocess.run(
+        command, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=240, preexec_fn=cap
+    )
+    said = [line for line in run.stderr.splitlines() if line.startswith("speedtronic train:")]
+    assert run.returncode == 2, run.stderr[-3000:]
+    # One line, from rank 0, for the whole group: what a process needs, and the node's RAM
+    # shared by its two processes.
+    assert len(said) == 1 and "rank" not in said[0], run.stderr[-3000:]
+    assert "but cpu (RAM) has" in said[0] and " shared by 2 processes on this machine" in said[0]
+    assert "--nproc-per-node" in said[0] and "run.memory_check" in said[0]
+    assert not out.exists()  # refused before its first checkpoint: no folder left behind

@@ -105,6 +105,7 @@ class ResumableLoader(DataLoader):
             # Workers get a copy of the dataset when the pass starts, so set this first.
             self.dataset.start_block, self.dataset.batch_size = skip, self.batch_size
             self.dataset.rank, self.dataset.world_size = self.rank, self.world_size
+            self.dataset.drop_last = self.drop_last
             return 0
         return (
             skip // self.batch_size

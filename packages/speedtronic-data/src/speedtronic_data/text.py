@@ -145,7 +145,20 @@ class TextFileTokenDataset(IterableDataset[dict[str, torch.Tensor]]):
         # Set by ResumableLoader: blocks before start_block are skipped; workers take whole batches
         # in turn.
         self.start_block, self.batch_size = 0, 1
-        self.rank, self.world_size = 0, 1  # set by ResumableLoader under data parallelism
+        # Set by ResumableLoader under data parallelism.
+        self.rank, self.world_size, self.drop_last = 0, 1, False
+
+    def _round_gate(self, index: int) -> tuple[int, int]:
+        """Return the round of block `index` and the block whose arrival shows that every rank
+        gets a batch of that round: the round's last block under drop_last, else the first block
+        of the last rank's batch. One process has rounds of one batch and no gate to wait for.
+        """
+        if self.world_size == 1:
+            return index, index
+        batch = self.batch_size
+        round_ = index // (batch * self.world_size)
+        first_of_last = (round_ * self.world_size + self.world_size - 1) * batch
+        return round_, first_of_last + batch - 1 if self.drop_last else first_of_last
 
     def _too_short(self, tokens: int) -> str:
         return (
@@ -159,15 +172,24 @@ class TextFileTokenDataset(IterableDataset[dict[str, torch.Tensor]]):
         blocks = iter_blocks(
             iter_token_chunks(self.path, self.tokenizer, self.vocab_size), self.block_size
         )
+        # Ranks take batches in turn, a round of world_size at a time. A rank yields a round's
+        # blocks only once the stream shows that every rank gets its batch of that round (a
+        # whole one under drop_last), so every rank has the same batches an epoch: one with an
+        # extra batch would start its next epoch a step later and the others would repeat
+        # their shares more often.
+        released, held = -1, []  # the last round every rank gets; this rank's blocks waiting
         index = -1
         for index, block in enumerate(blocks):
             if plan.owns(index):
                 # Views, no copy: blocks are slices of a buffer that is never written after it is
-                # built.
-                yield {
-                    "input_ids": torch.from_numpy(block[:-1]),
-                    "labels": torch.from_numpy(block[1:]),
-                }
+                # built (so holding them back is safe too).
+                inputs, labels = torch.from_numpy(block[:-1]), torch.from_numpy(block[1:])
+                held.append({"input_ids": inputs, "labels": labels})
+            round_, gate = self._round_gate(index)
+            released = round_ if index == gate else released
+            if round_ <= released:
+                yield from held
+                held.clear()
         if index < 0:
             raise DataError(
                 self._too_short(

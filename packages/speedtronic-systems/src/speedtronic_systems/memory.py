@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from speedtronic_config import ConfigError, ModelConfig, resolve_section
+from speedtronic_config.errors import on_every_rank
 
 FP32_BYTES = 4
 TOKEN_BYTES = 8  # batches hold int64 input ids and labels
@@ -167,13 +168,16 @@ def check_training_memory(config: Any, device: torch.device | str) -> MemoryEsti
         limit //= local
         has += f" shared by {local} processes on this machine ({format_bytes(limit)} each)"
     if estimate.total > limit:
-        fewer = ", or fewer processes (torchrun --nproc_per_node)" if local > 1 else ""
-        raise ConfigError(
-            "",
-            f"this run needs at least {estimate.describe()} of memory, but {what} has {has}",
-            allowed="lower model.n_layer, model.d_model, model.vocab_size or "
-            f"data.micro_batch_size{fewer} (or set run.memory_check: false if the estimate is "
-            "wrong)",
+        fewer = ", or fewer processes (--nproc-per-node)" if local > 1 else ""
+        # Every rank of a node computes it alike (total RAM, not free): the group reports it once.
+        raise on_every_rank(
+            ConfigError(
+                "",
+                f"this run needs at least {estimate.describe()} of memory, but {what} has {has}",
+                allowed="lower model.n_layer, model.d_model, model.vocab_size or "
+                f"data.micro_batch_size{fewer} (or set run.memory_check: false if the estimate is "
+                "wrong)",
+            )
         )
     return estimate
 

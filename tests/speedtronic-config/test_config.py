@@ -110,6 +110,19 @@ def test_scheduler_horizon_follows_from_python_and_after_mutation():
     assert explicit.validate().scheduler.max_steps == 50
 
 
+def test_a_horizon_assigned_in_python_is_kept_even_at_the_followed_value():
+    # docs/migrating.md restores 2.0's schedule with "set scheduler.max_steps explicitly"; an
+    # assignment equal to the value it followed (1000, the default target) was taken for unset,
+    # and the run.max_steps edit below moved it to 3000 silently.
+    config = SpeedtronicConfig()
+    config.scheduler.max_steps = 1000
+    config.run.max_steps = 3000
+    assert config.validate().scheduler.max_steps == 1000
+    assert config.to_dict()["scheduler"]["max_steps"] == 1000
+    config.scheduler.max_steps = None  # unset again: follows the target
+    assert config.validate().scheduler.max_steps == 3000 and config.scheduler.follows_target
+
+
 def test_derived_fields_follow_their_source_after_mutation():
     # build_runtime validates an edited config: derived fields kept the old source's value, so a
     # raised max_seq_len trained at the old length and a smaller one or vocab_size was refused.

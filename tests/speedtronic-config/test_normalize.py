@@ -28,6 +28,20 @@ def test_unknown_root_key_suggests():
         canonical({"modle": {}})
 
 
+@pytest.mark.parametrize("key, nested", [("model.n_layer", "model"), ("run.max_steps", "run")])
+def test_a_dotted_root_key_names_the_nested_form(key, nested):
+    # The --set / --cuda-overlay form in a config file (configs/quickstart-cuda.yaml is an
+    # overlay): was "unknown key; valid keys: <all 25>", or for run.max_steps "did you mean
+    # max_steps?".
+    field = key.split(".")[1]
+    with pytest.raises(ConfigError) as caught:
+        canonical({key: 3})
+    assert str(caught.value) == (
+        f"{key}: unknown key (a dotted name is the --set and --cuda-overlay form); "
+        f"nest it in a config file: {nested}: {{{field}: ...}}"
+    )
+
+
 def test_section_must_be_a_mapping():
     with pytest.raises(ConfigError, match=r"^model: expected a mapping"):
         canonical({"model": [1]})

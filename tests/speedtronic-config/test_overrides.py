@@ -153,6 +153,15 @@ def test_a_mapping_for_a_section_changes_only_the_fields_it_names():
     assert apply_overrides(raw, ["model=null", "model={n_layer: 6}"])["model"] == {"n_layer": 6}
 
 
+@pytest.mark.parametrize("section", ["optimizer", "precision"])
+def test_null_resets_a_shorthand_section_written_as_a_mapping(section):
+    # docs/cli.md: `--set model=null` resets a section. For these two it set the shorthand field
+    # (`optimizer.name: must not be null`) when the file wrote the section as a mapping.
+    raw = {"optimizer": {"name": "muon", "lr": 0.01}, "precision": {"mode": "bf16"}}
+    config = SpeedtronicConfig.from_dict(apply_overrides(raw, [f"{section}=null"]))
+    assert getattr(config, section) == type(getattr(config, section))()
+
+
 def test_a_run_mapping_wins_over_the_top_level_aliases_it_names():
     result = apply_overrides({"name": "old", "seed": 3}, ["run={name: new}"])
     assert result == {"seed": 3, "run": {"name": "new"}}

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import datetime
 from dataclasses import asdict
 
 import pytest
@@ -290,6 +291,12 @@ REJECTED = [
     (DataConfig, {"text_path": "a\x00b"}, "data.text_path"),
     (DataConfig, {"dataset": ""}, "data.dataset"),
     (DataConfig, {"dataset": "d\x00.pt"}, "data.dataset"),
+    # a YAML number, boolean, list, mapping or date is no path: train failed with a TypeError
+    (DataConfig, {"dataset": 3}, "data.dataset"),
+    (DataConfig, {"dataset": True}, "data.dataset"),
+    (DataConfig, {"dataset": ["a.pt"]}, "data.dataset"),
+    (DataConfig, {"dataset": {"path": "a.pt"}}, "data.dataset"),
+    (DataConfig, {"dataset": datetime.date(2024, 6, 1)}, "data.dataset"),
     (CheckpointConfig, {"directory": "ck\x00"}, "checkpoint.directory"),
     (LoggingConfig, {"json_file": ""}, "logging.json_file"),
     (DistributedConfig, {"state_dir": " "}, "distributed.state_dir"),

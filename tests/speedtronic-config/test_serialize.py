@@ -61,3 +61,10 @@ def test_redact_and_dump_helpers():
     assert yaml.safe_load(dump_yaml({"data": {"dataset": object(), "x": [1, (2, 3)]}})) == {
         "data": {"dataset": None, "x": [1, [2, 3]]}
     }
+
+
+def test_a_dataset_path_object_is_saved_as_its_path(tmp_path):
+    # A pathlib path in data.dataset was written as `dataset: null`: save() lost the data source.
+    config = SpeedtronicConfig.from_dict({"data": {"dataset": tmp_path / "train_*.bin"}})
+    saved = SpeedtronicConfig.from_yaml(config.save(tmp_path / "run.yaml"))
+    assert saved.data.dataset == str(tmp_path / "train_*.bin")

@@ -156,6 +156,13 @@ def test_dataset_setting_loads_saved_datasets_and_shard_globs(tmp_path, shards):
         build_dataloader(section(dataset=str(tmp_path / "dict.pt"), trust_pickle=True))
 
 
+def test_a_dataset_object_that_is_no_dataset_names_the_setting():
+    # A Python object kept in data.dataset that is neither a Dataset nor a path: was a TypeError
+    # from pathlib ("expected str, bytes or os.PathLike object"), exit 1, naming nothing.
+    with pytest.raises(DataError, match=r"^data.dataset holds a SimpleNamespace, not a torch"):
+        build_dataloader(section(dataset=SimpleNamespace(rows=[1, 2])))
+
+
 class Payload:
     def __reduce__(self):
         return (print, ("pickled code ran",))

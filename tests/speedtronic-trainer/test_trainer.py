@@ -4,6 +4,7 @@ import io
 import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -565,6 +566,27 @@ def test_checkpoint_contents(tmp_path):
     assert state["scheduler"]["last_epoch"] == 2
     assert state["data"]["consumed"] == 4
     assert "hf_secret" not in (tmp_path / "step_2.pt").read_bytes().decode("latin-1")
+
+
+@pytest.mark.parametrize("dataset", [TokenDataset(), Path("data/train_*.bin")])
+def test_a_config_holding_a_dataset_object_or_path_resumes(tmp_path, dataset):
+    # data.dataset may hold a Dataset object (or a path object) in Python. The checkpoint's config
+    # pickled it, and weights-only loading refused every checkpoint: "no loadable checkpoint ...
+    # Unsupported global: GLOBAL trainer_testkit.TokenDataset" (pathlib.PosixPath).
+    def trainer(stream):
+        return make_trainer(
+            checkpoint_manager=CheckpointManager(tmp_path, every_steps=2),
+            sections={"data": {"dataset": dataset}},
+            logger=MetricLogger(stream=stream),
+        )
+
+    trainer(io.StringIO()).fit(2)
+    saved = CheckpointManager(tmp_path).load_latest()["config"]["data"]["dataset"]
+    assert saved == (str(dataset) if isinstance(dataset, Path) else None)  # plain data only
+    stream = io.StringIO()
+    resumed = trainer(stream)
+    assert resumed.resume_latest() and resumed.step == 2
+    assert "data.dataset" not in stream.getvalue()  # the same setting: no "changed" warning
 
 
 def test_final_checkpoint_saved_off_interval(tmp_path):

@@ -76,6 +76,8 @@ def test_validate_applies_set_overrides(tmp_path):
         ("model:\n  n_head: 0\n", ["model.n_head"]),
         ("- just\n- a list\n", ["mapping"]),
         ("model: {n_layer: [\n", ["line"]),
+        # passed validate, then train failed with a TypeError naming no setting, exit 1
+        ("data:\n  dataset: 2024\n", ["data.dataset", "quote"]),
     ],
 )
 def test_bad_configs_exit_2_in_one_line(tmp_path, content, fragments):

@@ -196,6 +196,9 @@ def test_workers_get_longer_than_torchruns_30_s_to_stop_and_a_diloco_node_its_la
     assert shutdown_timeout(smoke, None) == STOP_GRACE_S > 30
     assert shutdown_timeout(diloco, None) == STOP_GRACE_S + math.ceil(lanes)
     assert shutdown_timeout(diloco, 7) == 7  # --shutdown-timeout decides
+    off = diloco.to_dict()
+    off["distributed"]["mode"] = "disabled"  # 2.0's switch: no node, so no lanes to wait for
+    assert shutdown_timeout(SpeedtronicConfig.from_dict(off), None) == STOP_GRACE_S
     # The torch this suite runs (CI's) has the flag: the launcher passes it.
     assert torchrun_has_shutdown_timeout()
 

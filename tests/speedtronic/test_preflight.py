@@ -80,3 +80,17 @@ def test_a_file_in_the_way_of_the_shared_folder_repository_names_the_endpoint(tm
     cfg = config(tmp_path, distributed={**distributed, "endpoint": str(tmp_path / "shared")})
     with pytest.raises(ConfigError, match=r"^distributed.endpoint: cannot write to .*org/run"):
         check_output_paths(cfg)
+
+
+@pytest.mark.parametrize("mode", ["disabled", "single"])
+def test_diloco_switched_off_by_mode_writes_no_node_state(tmp_path, mode):
+    # 2.0 switches DiLoCo off with mode: disabled/single even when enabled: true; such a run has
+    # no node: no state folder, and no shared folder (endpoint is not required then).
+    distributed = {"enabled": True, "mode": mode, "transport": "filesystem"}
+    cfg = config(tmp_path, distributed=distributed)
+    assert [setting for setting, _ in output_folders(cfg)] == [
+        "run.output_dir",
+        "checkpoint.directory",
+    ]
+    check_output_paths(cfg)
+    assert not (tmp_path / "run" / ".speedtronic").exists()

@@ -60,6 +60,13 @@ def unknown_field(path: str, key: Any, valid: list[str] | tuple[str, ...]) -> Co
     """Return unknown_key's error, or, for a field of other sections, one naming them (`lr` at the
     top level: did you mean optimizer.lr?): a name close to one here is a weaker hint.
     """
+    section, dot, rest = str(key).partition(".")
+    if not path and dot and section in (*SECTIONS, *SECTION_ALIASES, "compile"):
+        return ConfigError(
+            str(key),
+            "unknown key (a dotted name is the --set and --cuda-overlay form)",
+            allowed=f"nest it in a config file: {section}: {{{rest}: ...}}",
+        )
     owners = [
         f"{name}.{key}"
         for name, cls in SECTIONS.items()

@@ -116,6 +116,7 @@ def _set(tree: dict[str, Any], root: str, name: str | None, value: Any) -> None:
         and root in SHORTHAND_FIELD
         and isinstance(tree.get(root), Mapping)
         and not isinstance(value, Mapping)
+        and value is not None  # null resets the whole section, as for every other one
     ):
         name = SHORTHAND_FIELD[root]  # keep the section's other fields
     current = _fields(root, tree.get(root))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -76,6 +77,10 @@ def _choice(section: Any, name: str, choices: tuple[str, ...]) -> None:
         value,
         f"choose one of {', '.join(choices)}",
     )
+
+
+# YAML values (besides strings) that cannot name a dataset: data.dataset takes any other object.
+_YAML_NON_PATHS = (bool, int, float, list, tuple, dict, set, bytes, datetime.date)
 
 
 def derive(section: Any, name: str, value: Any) -> None:
@@ -256,6 +261,16 @@ class DataConfig:
         _at_most(self, MAX_STEPS, "max_steps", "eval_every", "eval_steps")
         if isinstance(self.dataset, str):  # Any-typed (it may hold a Dataset object): check here
             self.dataset = coerce(self.dataset, "str", "data.dataset")
+        # What YAML makes of an unquoted name (2024, true) or a nested value is no path and no
+        # Dataset: it passed here and failed in the loader as a TypeError naming no setting.
+        _check(
+            not isinstance(self.dataset, _YAML_NON_PATHS),
+            "data.dataset",
+            "expected a path (a torch.save'd Dataset or a .bin shard glob), or a Dataset object "
+            "in Python",
+            self.dataset,
+            "quote a file name YAML reads as a number, boolean or date",
+        )
         _not_blank(self, "shard_path", "val_shard_path", "text_path", "val_text_path", "dataset")
         _check(
             self.target_batch_size >= self.micro_batch_size,
@@ -346,8 +361,15 @@ class SchedulerConfig:
     min_lr_ratio: float = 0.1
     decay_ratio: float = 0.2
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "max_steps":  # set by the user (constructor included): no longer following
+            self.__dict__["_auto_horizon"] = None
+        super().__setattr__(name, value)
+
     def __post_init__(self) -> None:
+        following = self.__dict__.get("_auto_horizon")
         coerce_fields(self, self.SECTION)
+        self.__dict__["_auto_horizon"] = following  # converting a value is no user assignment
         self.name = self.name.lower()
         _choice(self, "name", ("cosine", "constant", "wsd"))
         _check(
@@ -359,10 +381,7 @@ class SchedulerConfig:
         _positive(self, "max_steps")
         _at_most(self, MAX_STEPS, "warmup_steps", "max_steps")
         if self.max_steps is None:
-            self.max_steps = DEFAULT_SCHEDULE_HORIZON
-            self._auto_horizon: int | None = DEFAULT_SCHEDULE_HORIZON
-        elif not hasattr(self, "_auto_horizon"):
-            self._auto_horizon = None
+            self._fill(DEFAULT_SCHEDULE_HORIZON)
         _check(
             0.0 <= self.min_lr_ratio <= 1.0,
             "scheduler.min_lr_ratio",
@@ -381,12 +400,18 @@ class SchedulerConfig:
         """Return True when max_steps was not set by the user and so tracks the run's step
         target.
         """
-        return self._auto_horizon is not None and self.max_steps == self._auto_horizon
+        following = self.__dict__.get("_auto_horizon")
+        return following is not None and self.max_steps == following
 
     def follow_target(self, target: int) -> None:
         """Set an unset horizon to `target`; an explicit max_steps is kept."""
         if self.follows_target:
-            self.max_steps = self._auto_horizon = target
+            self._fill(target)
+
+    def _fill(self, horizon: int) -> None:
+        """Set max_steps to a horizon worked out for it, still following the step target."""
+        object.__setattr__(self, "max_steps", horizon)
+        self.__dict__["_auto_horizon"] = horizon
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import fields
 from typing import Any
 
@@ -30,16 +31,22 @@ def redact(tree: dict[str, Any]) -> dict[str, Any]:
     return tree
 
 
-def _plain(value: Any) -> Any:
+def plain_data(value: Any) -> Any:
+    """Return a to_dict tree (or one field) as YAML-safe data, path objects as strings.
+
+    Any other object (data.dataset = a Dataset) becomes None: it has no saved form.
+    """
     if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
+        return {key: plain_data(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
+        return [plain_data(item) for item in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
-    return None  # a programmatic object (data.dataset = Dataset) has no YAML form
+    return None
 
 
 def dump_yaml(tree: dict[str, Any]) -> str:
     """Return YAML text for a to_dict tree, sections in declaration order."""
-    return yaml.safe_dump(_plain(tree), sort_keys=False, default_flow_style=False)
+    return yaml.safe_dump(plain_data(tree), sort_keys=False, default_flow_style=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,11 @@ def _config_dataset(
     """
     if isinstance(value, (Dataset, IterableDataset)):
         return value
+    if not isinstance(value, (str, os.PathLike)):  # str() of it would name no file
+        raise DataError(
+            f"data.dataset holds a {type(value).__name__}, not a torch Dataset or a path; give a "
+            "Dataset object, a .bin shard glob, or a file written by torch.save(dataset)"
+        )
     if str(value).endswith(".bin"):
         return TokenShardDataset(str(value), block_size, vocab_size, setting="data.dataset")
     path = Path(value)

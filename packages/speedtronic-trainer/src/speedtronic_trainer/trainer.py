@@ -16,6 +16,7 @@ import torch
 
 from speedtronic_config import ConfigError, SpeedtronicConfig
 from speedtronic_config.errors import on_every_rank
+from speedtronic_config.serialize import plain_data
 from speedtronic_systems.compile_choice import resolve_compile
 from speedtronic_systems.cpu_allocator import apply_cpu_allocator
 from speedtronic_systems.parallel import (
@@ -695,7 +696,9 @@ class Trainer:
         """
         if not self._config_given:
             return None
-        values = self.config.to_dict(redact_secrets=True)
+        # Plain data: a Dataset object in data.dataset would be pickled into every checkpoint,
+        # and weights-only loading refuses it (no checkpoint of the run would resume).
+        values = plain_data(self.config.to_dict(redact_secrets=True))
         values["optimizer"].update(self._kept_rates)
         return values
 
@@ -887,7 +890,8 @@ class Trainer:
         saved = (state.get("config") or {}).get("data") or {}
         current = self.config.data
         for name in DATA_ORDER_FIELDS:
-            if name in saved and saved[name] != getattr(current, name):
+            # Compared as saved: a path object as its string, a Dataset object not at all.
+            if name in saved and saved[name] != plain_data(getattr(current, name)):
                 self.logger.warning(
                     "data.%s is %r here but %r in the checkpoint: the restored data position "
                     "counts the checkpoint's batches, so this run does not continue the data "

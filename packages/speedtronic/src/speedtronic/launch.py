@@ -215,7 +215,7 @@ def shutdown_timeout(config: Any, requested: int | None) -> int:
     """
     if requested is not None:
         return requested
-    lanes = config.distributed.delta_upload_shutdown_timeout if config.distributed.enabled else 0
+    lanes = config.distributed.delta_upload_shutdown_timeout if config.distributed.active else 0
     return STOP_GRACE_S + math.ceil(lanes)
 
 

@@ -32,7 +32,7 @@ def output_folders(config: SpeedtronicConfig) -> list[tuple[str, Path]]:
         directory = Path(config.checkpoint.directory)
         folders.append(("checkpoint.directory", output / directory))  # absolute paths stay
     folders += [(setting, path.parent) for setting, path in output_files(config)]
-    if config.distributed.enabled:
+    if config.distributed.active:  # not mode: disabled/single, which build no node
         try:
             from speedtronic_diloco.identity import resolve_identity
         except ImportError:  # build_coordinator names the package to install

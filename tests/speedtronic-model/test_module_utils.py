@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch.nn as nn
 
@@ -70,3 +72,23 @@ def test_failing_hook_warns_instead_of_raising():
         match="Failing.set_gradient_checkpointing\\(True\\) failed.*boom",
     ):
         assert set_gradient_checkpointing(module) is module
+
+
+def test_a_transformers_model_is_switched_by_its_current_method():
+    """transformers 5.x deprecated gradient_checkpointing_enable/disable (FutureWarning; gone in
+    6) for activation_checkpointing_enable/disable: the helper calls the current pair.
+    """
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config)
+    if not hasattr(model, "activation_checkpointing_enable"):
+        pytest.skip("this transformers has only gradient_checkpointing_enable")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        set_gradient_checkpointing(model, True)
+        assert model.model.layers[0].gradient_checkpointing
+        set_gradient_checkpointing(model, False)
+    assert not model.model.layers[0].gradient_checkpointing

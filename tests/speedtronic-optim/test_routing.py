@@ -77,3 +77,53 @@ def test_bad_override_and_non_matrix_muon_override(make_lm) -> None:
     model.ln_f._speedtronic_optimizer_role = "muon"
     with pytest.raises(ValueError, match=r"ln_f.weight has shape \(16,\)"):
         route_parameters(model)
+
+
+def _transformers_lm(kind: str, tied: bool = False) -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    if kind == "gpt2":
+        config = transformers.GPT2Config(
+            vocab_size=32, n_embd=8, n_layer=2, n_head=2, n_positions=8
+        )
+        return transformers.GPT2LMHeadModel(config)
+    sizes = dict(
+        vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tied,
+    )  # fmt: skip
+    family = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}[kind]
+    config = getattr(transformers, f"{family}Config")(**sizes)
+    return getattr(transformers, f"{family}ForCausalLM")(config)
+
+
+# The hidden matrices of each family, by module name; GPT-2's are transformers' Conv1D, a linear
+# layer that stores its weight as (in, out).
+_HIDDEN = {
+    "llama": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+              "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
+    "gpt2": ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"),
+}  # fmt: skip
+_HIDDEN["qwen2"] = _HIDDEN["mistral"] = _HIDDEN["llama"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "tied"),
+    [("llama", False), ("llama", True), ("qwen2", False), ("mistral", False), ("gpt2", True)],
+)
+def test_transformers_models_route_their_hidden_matrices_to_muon(kind: str, tied: bool) -> None:
+    """Every hidden projection of a transformers causal LM goes to Muon; embeddings, the head,
+    norms and biases to AdamW; a tied head once. GPT-2's Conv1D projections went to AdamW, so
+    `optimizer: muon` trained GPT-2 with no Muon at all.
+    """
+    model = _transformers_lm(kind, tied)
+    routing = route_parameters(model)
+    stack = "transformer.h" if kind == "gpt2" else "model.layers"
+    expected = {f"{stack}.{i}.{name}.weight" for i in range(2) for name in _HIDDEN[kind]}
+    assert set(routing.muon_names) == expected == _names(model, routing.muon)
+    embeddings = {"transformer.wte.weight", "transformer.wpe.weight"}
+    if kind != "gpt2":
+        embeddings = {"model.embed_tokens.weight"} | ({"lm_head.weight"} if not tied else set())
+    assert embeddings <= set(routing.adamw_names)
+    head = model.get_output_embeddings().weight
+    assert all(p is not head for p in routing.muon)
+    routed = [id(p) for p in routing.muon + routing.adamw]
+    assert len(routed) == len(set(routed)) == len({id(p) for p in model.parameters()})

@@ -549,3 +549,39 @@ def test_a_checkpoint_without_a_config_or_of_another_model_is_one_usage_line(tmp
     with pytest.raises(UsageError, match="do not fit the model its config describes"):
         export_hf(tmp_path / "edited.pt", tmp_path / "hf")
     assert main(["export", str(tmp_path / "checkpoints"), str(tmp_path / "out")]) == 2
+
+
+@pytest.mark.parametrize("with_config", [True, False], ids=["config", "no-config"])
+def test_a_checkpoint_of_a_model_of_ones_own_is_refused_in_one_line_that_says_so(
+    tmp_path, capsys, with_config
+):
+    """A transformers model trained through Trainer(model=...) leaves a checkpoint that sample
+    and export cannot rebuild (they build model.name): the line blamed a size mismatch for
+    lm_head.weight, or advised passing config=, as if another setting would fit it.
+    """
+    transformers = pytest.importorskip("transformers")
+    from speedtronic.cli import main
+    from speedtronic_trainer import CheckpointManager, Trainer
+
+    config = transformers.LlamaConfig(
+        vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    model = transformers.LlamaForCausalLM(config)
+    ids = torch.randint(0, 32, (1, 8))
+    batch = {"input_ids": ids, "labels": ids.roll(-1, 1)}
+    manager = CheckpointManager(tmp_path / "checkpoints", every_steps=1)
+    sections = {"data": {"micro_batch_size": 1, "target_batch_size": 1}} if with_config else None
+    optimizer = torch.optim.AdamW(model.parameters())
+    Trainer(
+        model, optimizer, [batch], device="cpu", config=sections, checkpoint_manager=manager
+    ).fit(1)
+    capsys.readouterr()
+    assert main(["sample", str(tmp_path / "checkpoints"), "--max-new-tokens", "1"]) == 2
+    assert main(["export", str(tmp_path / "checkpoints"), str(tmp_path / "out")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        assert "holds the weights of another model than reference_transformer" in line
+        assert "model.embed_tokens.weight" in line and "size mismatch" not in line
+        assert "load_state_dict(checkpoint['model'])" in line

@@ -15,7 +15,8 @@ def set_gradient_checkpointing(module: Any, enabled: bool = True) -> Any:
 
     Speedtronic does not inspect transformer internals: a module opts in by exposing
     `set_gradient_checkpointing(enabled)`, or the Hugging Face pair
-    `gradient_checkpointing_enable()` / `gradient_checkpointing_disable()`. A missing or failing
+    `activation_checkpointing_enable()` / `_disable()` (older transformers:
+    `gradient_checkpointing_enable()` / `_disable()`). A missing or failing
     hook warns (GradientCheckpointingWarning) instead of stopping the run (docs/architecture.md,
     failure policies).
     """
@@ -45,12 +46,13 @@ def _hook(module: Any, enabled: bool):
     own = getattr(module, "set_gradient_checkpointing", None)
     if callable(own):
         return lambda: own(enabled)
-    hf = getattr(
-        module,
-        "gradient_checkpointing_enable" if enabled else "gradient_checkpointing_disable",
-        None,
-    )
-    return hf if callable(hf) else None
+    # Newer transformers 5 releases renamed the pair (the old names warn; gone in 6).
+    verb = "enable" if enabled else "disable"
+    for name in (f"activation_checkpointing_{verb}", f"gradient_checkpointing_{verb}"):
+        hf = getattr(module, name, None)
+        if callable(hf):
+            return hf
+    return None
 
 
 __all__ = ["GradientCheckpointingWarning", "set_gradient_checkpointing"]

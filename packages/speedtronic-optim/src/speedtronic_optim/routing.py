@@ -31,6 +31,19 @@ def _is_embedding_or_head(name: str, module: nn.Module) -> bool:
     return any(leaf == key or leaf.startswith(key) for key in _HEAD_NAMES)
 
 
+def _is_linear(module: nn.Module) -> bool:
+    """Return True for nn.Linear and for transformers' Conv1D (GPT-2's projections: a linear
+    layer whose weight is stored as (in, out)), recognized by class without importing
+    transformers.
+    """
+    if isinstance(module, nn.Linear):
+        return True
+    return any(
+        cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers.")
+        for cls in type(module).__mro__
+    )
+
+
 def _role_override(module: nn.Module, qualified: str) -> str | None:
     role = getattr(module, ROLE_ATTRIBUTE, None)
     if role is not None and role not in ROLES:
@@ -39,7 +52,9 @@ def _role_override(module: nn.Module, qualified: str) -> str | None:
 
 
 def route_parameters(model: nn.Module) -> ParameterRouting:
-    """Route hidden nn.Linear weights to Muon, other trainable tensors to AdamW; skip frozen ones.
+    """Route hidden linear weights to Muon, other trainable tensors to AdamW; skip frozen ones.
+
+    Linear: nn.Linear, and transformers' Conv1D (GPT-2's projections).
 
     Each parameter appears once even when tied (its first owner decides; a tie with an embedding
     always sends it to AdamW). ``module._speedtronic_optimizer_role = "muon" | "adamw"`` overrides.
@@ -59,7 +74,7 @@ def route_parameters(model: nn.Module) -> ParameterRouting:
             if override is not None:
                 role = override
             elif (
-                isinstance(module, nn.Linear)
+                _is_linear(module)
                 and param_name == "weight"
                 and param.ndim == 2
                 and not _is_embedding_or_head(module_name, module)

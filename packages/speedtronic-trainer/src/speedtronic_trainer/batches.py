@@ -101,6 +101,29 @@ def valid_label_count(batch: Any) -> int | None:
     return int((labels != IGNORE_INDEX).sum())
 
 
+def unshifted_labels(batch: Any) -> bool:
+    """Return True when a batch's labels are its input ids (transformers' unshifted convention).
+
+    That is: equal to the input ids at every labelled position, and not the next input ids there
+    (a constant row is both). Such a model shifts labels itself; the trainer's are shifted already.
+    """
+    labels = batch_labels(batch)
+    if labels is None:
+        return False
+    inputs = batch.get("input_ids") if isinstance(batch, Mapping) else batch[0]
+    if not isinstance(inputs, torch.Tensor) or inputs.shape != labels.shape:
+        return False
+    if labels.dim() < 1 or labels.is_floating_point() or inputs.is_floating_point():
+        return False
+    valid = labels != IGNORE_INDEX
+    if int(valid.sum()) < 2:
+        return False
+    same = bool(((labels == inputs) | ~valid).all())
+    ahead = valid[..., :-1]
+    shifted = bool(((labels[..., :-1] == inputs[..., 1:]) | ~ahead).all())
+    return same and not shifted
+
+
 def _loss_from_logits(logits: torch.Tensor, batch: Any) -> torch.Tensor:
     labels = batch_labels(batch)
     if labels is None:
@@ -164,5 +187,6 @@ __all__ = [
     "loss_from_output",
     "move_batch",
     "shifts_labels_itself",
+    "unshifted_labels",
     "valid_label_count",
 ]

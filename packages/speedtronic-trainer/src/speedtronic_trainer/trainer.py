@@ -44,6 +44,7 @@ from speedtronic_trainer.batches import (
     loss_from_output,
     move_batch,
     shifts_labels_itself,
+    unshifted_labels,
     valid_label_count,
 )
 from speedtronic_trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
@@ -280,6 +281,7 @@ class Trainer:
                 "called without them and the trainer takes the loss from its logits",
                 type(unwrap_model(self.model)).__name__,
             )
+        self._labels_checked = self._labels_to_model  # see _check_labels_shifted
         self._compiled: Any | None = None
         self._compile_decided = False
         self._compiled_ok = False
@@ -322,21 +324,28 @@ class Trainer:
             )
 
     def _enable_gradient_checkpointing(self) -> None:
-        hook = getattr(unwrap_model(self.model), "set_gradient_checkpointing", None)
-        if not callable(hook):
+        model = unwrap_model(self.model)
+        own = getattr(model, "set_gradient_checkpointing", None)
+        # A transformers model has its own switch (what speedtronic.set_gradient_checkpointing
+        # also calls); 2.0 looked for ours alone and trained such a model without checkpointing.
+        # Newer transformers 5 releases renamed gradient_checkpointing_enable (it warns; gone in 6).
+        name = "set_gradient_checkpointing(True)"
+        hook = partial(own, True) if callable(own) else None
+        for switch in ("activation_checkpointing_enable", "gradient_checkpointing_enable"):
+            if hook is None and callable(getattr(model, switch, None)):
+                name, hook = f"{switch}()", getattr(model, switch)
+        if hook is None:
             self.logger.warning(
                 "gradient_checkpointing is on but %s has no set_gradient_checkpointing(enabled) "
                 "hook; training without it",
-                type(unwrap_model(self.model)).__name__,
+                type(model).__name__,
             )
             return
         try:
-            hook(True)
+            hook()
         except Exception as exc:  # a capability, not a requirement: degrade and say so
             self.logger.warning(
-                "set_gradient_checkpointing(True) failed (%s: %s); training without it",
-                type(exc).__name__,
-                exc,
+                "%s failed (%s: %s); training without it", name, type(exc).__name__, exc
             )
 
     def _decide_compile(self, remaining_steps: int) -> None:
@@ -441,6 +450,8 @@ class Trainer:
         started = time.perf_counter()
         self._guard.begin(self._stream.state_dict() if self._saves_emergency() else None)
         microbatches = [next(self._stream) for _ in range(self._accumulation)]
+        if not self._labels_checked:
+            self._check_labels_shifted(microbatches[0])
         self.optimizer.zero_grad(set_to_none=True)
         if self._stage_scheduler is not None:
             self._stage_scheduler.begin()
@@ -475,6 +486,24 @@ class Trainer:
         stop = _agreed_signal(terms, interrupts)
         return StepOutcome(
             loss, grad_norm, int(samples), int(tokens), applied, seconds, stop, labels
+        )
+
+    def _check_labels_shifted(self, batch: Any) -> None:
+        """Refuse, before any update, a first batch whose labels are the input ids (a
+        transformers collator's labels): the model shifting labels itself is called without them,
+        so it would learn to repeat its input. Agreed over the ranks: all raise, none waits. Once
+        a batch passes, no other is checked (one comparison per trainer, not per step).
+        """
+        if not self.parallel.any(unshifted_labels(batch)):
+            self._labels_checked = True
+            return
+        raise on_every_rank(
+            ValueError(
+                f"the batch's labels equal input_ids at every labelled position: they are not "
+                f"shifted, and {type(unwrap_model(self.model)).__name__} is called without "
+                "them, so it would learn to repeat its input; give the trainer shifted labels "
+                "(labels[:, t] = input_ids[:, t + 1], -100 at the end), as its loaders do"
+            )
         )
 
     def _clip_gradients(self) -> float | None:

@@ -84,6 +84,26 @@ def read_checkpoint(path: PathLike) -> dict[str, Any]:
     return state
 
 
+def _refuse_another_model(
+    model: Any, weights: Mapping[str, Any], name: str, path: PathLike
+) -> None:
+    """Raise UsageError when most of `model`'s weight names are not in `weights`: the checkpoint
+    is of a model the user passed to Trainer(model=...) (a transformers model, say), which no
+    model setting rebuilds, and a size mismatch would be the wrong thing to name.
+    """
+    ours = model.state_dict().keys()
+    foreign = [key for key in weights if key not in ours]
+    if not foreign or sum(key in weights for key in ours) * 2 > len(ours):
+        return  # the model's own names: another size or a damaged file, named by the caller
+    raise UsageError(
+        f"{path}: the checkpoint holds the weights of another model than {name} (such as "
+        f"{foreign[0]}; {len(foreign)} of its {len(weights)} are not {name}'s): sample and export "
+        "rebuild model.name, not a model passed to Trainer(model=...); load them into that model "
+        "(model.load_state_dict(checkpoint['model']) after checkpoint = torch.load(PATH)) and use "
+        "its own tools (transformers: save_pretrained, generate)"
+    )
+
+
 def _model_from_state(state: dict[str, Any], path: PathLike) -> tuple[Any, Any]:
     from speedtronic_config import SpeedtronicConfig
     from speedtronic_model import build_model
@@ -100,6 +120,8 @@ def _model_from_state(state: dict[str, Any], path: PathLike) -> tuple[Any, Any]:
             raise UsageError(str(error)) from None
     else:
         problems = weight_misfits(model, state["model"])
+        if problems:
+            _refuse_another_model(model, state["model"], config.model.name, path)
         if problems and state["config"] is None:  # a Trainer built without config= records none
             raise UsageError(
                 f"{path}: the checkpoint records no config (its Trainer was built without "

@@ -431,3 +431,7 @@ def test_token_is_not_in_the_repr():
     text = repr(DistributedConfig(token="hf_secret_value"))
     assert "hf_secret_value" not in text and "token='<redacted>'" in text
     assert "token=None" in repr(DistributedConfig())
+
+
+def test_the_distributed_repr_shows_fields_only():
+    assert "SECTION" not in repr(DistributedConfig())  # a ClassVar, not a setting

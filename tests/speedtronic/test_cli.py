@@ -849,3 +849,19 @@ def test_a_fresh_run_that_fails_does_not_send_the_user_to_an_earlier_runs_checkp
     earlier = tmp_path / "run" / "checkpoints" / "step_8.pt"
     assert f"; no checkpoint of this run was written ({earlier} is an earlier run's)" in line
     assert "--resume" not in line
+
+
+def test_speedtronic_debug_0_keeps_the_one_line_and_1_raises(tmp_path, capsys, monkeypatch):
+    from speedtronic.cli import main
+
+    config = str(tiny_config(tmp_path))
+    diverging = ["--set", "optimizer=adamw", "--set", "optimizer.lr=1e38", "--max-steps", "3"]
+    for off in ("0", "false", ""):  # documented as =1: a 0 is "off", not a traceback
+        monkeypatch.setenv("SPEEDTRONIC_DEBUG", off)
+        assert (
+            main(["train", config, *diverging, "--set", f"run.output_dir={tmp_path}/{off}x"]) == 1
+        )
+        assert "NonFiniteLossError" in capsys.readouterr().err
+    monkeypatch.setenv("SPEEDTRONIC_DEBUG", "1")
+    with pytest.raises(Exception, match="non-finite|diverged"):
+        main(["train", config, *diverging, "--set", f"run.output_dir={tmp_path}/on"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from speedtronic_config.coerce import coerce, coerce_fields
@@ -706,7 +706,7 @@ class DistributedConfig:
 
     def __repr__(self) -> str:
         # The token must never reach a log line, even through repr(config).
-        shown = {spec: getattr(self, spec) for spec in self.__dataclass_fields__}
+        shown = {spec.name: getattr(self, spec.name) for spec in fields(self)}  # not ClassVars
         if shown["token"] is not None:
             shown["token"] = "<redacted>"
         return "DistributedConfig(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"

@@ -618,7 +618,7 @@ def _run(argv: Sequence[str] | None) -> int:
         if _is_usage_error(error):
             _report(args.command, _one_line(error), error)
             return USAGE_ERROR
-        if os.environ.get("SPEEDTRONIC_DEBUG"):
+        if os.environ.get("SPEEDTRONIC_DEBUG", "").strip().lower() not in {"", "0", "false", "no"}:
             raise
         what = _one_line(error)
         if not isinstance(error, RunFailed):

@@ -56,3 +56,22 @@ def test_trainer_logs_plain_lines_when_not_a_terminal(capsys):
     assert stream.getvalue().count("train_step") == 2
     err = capsys.readouterr().err
     assert "step/s" not in err and "s/step" not in err
+
+
+def test_a_log_line_written_while_the_bar_is_drawn_starts_on_its_own_line():
+    from speedtronic_trainer import MetricLogger
+
+    terminal = FakeTerminal()
+    bar = ProgressBar(total=10, initial=0, enabled=True, stream=terminal)
+    bar.update(3, 1.5, 100.0)
+    logger = MetricLogger(stream=terminal)
+    logger.info("eval step=3 val_loss=1.4")
+    bar.update(4, 1.4, 100.0)
+    bar.close()
+    text = terminal.getvalue()
+    at = text.index(" INFO eval step=3")
+    line_start = text.rfind("\n", 0, at) + 1
+    before = text[line_start:at].split("\r")[-1]  # what a terminal shows before the line
+    # Without lifting the bar, the line was appended to the bar's ("... tok_s=100]2026-...").
+    assert before.strip() == "" or before[:4].isdigit(), repr(text[line_start : at + 30])
+    assert "4/10" in text[at:]  # the bar is drawn again after the line

@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from speedtronic_config import LoggingConfig, resolve_section
 from speedtronic_trainer.hooks import deliver, hook_name
+from speedtronic_trainer.progress import write_beside_bars
 
 _DEFAULTS = LoggingConfig()
 _LEVELS = {
@@ -136,8 +137,7 @@ class MetricLogger:
             return
         line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {logging.getLevelName(level)} {message}\n"
         if console and self.stream is not None:
-            self.stream.write(line)
-            self.stream.flush()
+            write_beside_bars(self.stream, line)
         self._text = self._reopen_if_deleted(self._text, self.file)
         if self._text is not None:
             self._text.write(line)

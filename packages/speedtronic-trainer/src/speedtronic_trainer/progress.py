@@ -58,4 +58,18 @@ class ProgressBar:
             self._bar = None
 
 
-__all__ = ["ProgressBar", "progress_enabled"]
+def write_beside_bars(stream: TextIO, text: str) -> None:
+    """Write `text` to `stream` and flush; while a progress bar is drawn (tqdm loaded), lift it
+    first and redraw it after, so a log line starts on a line of its own, not inside the bar.
+    """
+    tqdm = sys.modules.get("tqdm")  # imported only once a bar was drawn, or by another library
+    if tqdm is None:
+        stream.write(text)
+        stream.flush()
+        return
+    with tqdm.tqdm.external_write_mode(file=stream):
+        stream.write(text)
+        stream.flush()
+
+
+__all__ = ["ProgressBar", "progress_enabled", "write_beside_bars"]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from speedtronic.cli import main
+from speedtronic.errors import PEER_FAILED
 from speedtronic.group_exit import exit_process
 from speedtronic.launch import (
     STOP_GRACE_S,
@@ -747,3 +748,37 @@ def test_ranks_that_share_a_nodes_ram_are_refused_what_only_one_of_them_fits(tmp
     assert "but cpu (RAM) has" in said[0] and " shared by 2 processes on this machine" in said[0]
     assert "--nproc-per-node" in said[0] and "run.memory_check" in said[0]
     assert not out.exists()  # refused before its first checkpoint: no folder left behind
+
+
+def test_a_rank_whose_peer_failed_says_so_instead_of_gloos_connection_error(tmp_path):
+    # Rank 0 alone builds the TensorBoard hook: a file where its folder goes fails it alone, and
+    # rank 1, in a collective with it, loses its connection.
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "tensorboard").write_text("")
+    run = train(out, "--nproc-per-node", "2", "--set", "logging.hooks=[tensorboard]")
+    log = out.with_suffix(".log")
+    assert wait_all([run], [log], timeout=240) == [1], tails([log])
+    said = [line for line in log.read_text().splitlines() if line.startswith("speedtronic train:")]
+    # The failing rank's own line, then (unless torchrun stopped it first) the survivor's one
+    # line, which names no error of its own; gloo's text never shows.
+    assert said[0].startswith("speedtronic train: rank 0: FileExistsError: "), tails([log])
+    assert said[-1].startswith("speedtronic train: RuntimeError: data-parallel workers failed")
+    assert set(said[1:-1]) <= {f"speedtronic train: rank 1: {PEER_FAILED}"}, tails([log])
+    assert "GLHF" not in log.read_text() and "by peer" not in log.read_text(), tails([log])
+
+
+def test_sigterm_to_a_worker_before_its_first_step_says_nothing_was_saved(tmp_path):
+    out = tmp_path / "run"
+    run = train(out, "--nproc-per-node", "2")
+    log = out.with_suffix(".log")
+    # As soon as rank 1 exists: it is still importing torch, far from its training loop.
+    wait_for(lambda: 1 in workers(run.pid), "rank 1's process", run, timeout=60)
+    os.kill(workers(run.pid)[1], signal.SIGTERM)
+    assert wait_all([run], [log], timeout=120) == [143], tails([log])
+    said = [line for line in log.read_text().splitlines() if line.startswith("speedtronic train:")]
+    assert said == [
+        "speedtronic train: a worker was stopped by SIGTERM before training started: "
+        "nothing was saved"
+    ], tails([log])
+    assert not (out / "checkpoints" / "latest").exists()

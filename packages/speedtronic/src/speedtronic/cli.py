@@ -16,10 +16,12 @@ from typing import Any, NoReturn
 
 from speedtronic.errors import (
     BROKEN_PIPE_EXIT,
+    PEER_FAILED,
     RUNTIME_ERROR,
     USAGE_ERROR,
     RunFailed,
     UsageError,
+    peer_failed,
     print_line,
     signal_exit_code,
 )
@@ -620,6 +622,10 @@ def _run(argv: Sequence[str] | None) -> int:
             return USAGE_ERROR
         if os.environ.get("SPEEDTRONIC_DEBUG", "").strip().lower() not in {"", "0", "false", "no"}:
             raise
+        if peer_failed(error):  # this rank's traceback says nothing of what failed
+            run_failed = isinstance(error, RunFailed)  # else before or after the loop
+            _report(args.command, _one_line(error) if run_failed else PEER_FAILED, error)
+            return RUNTIME_ERROR
         what = _one_line(error)
         if not isinstance(error, RunFailed):
             what = f"{type(error).__name__}: {what}"

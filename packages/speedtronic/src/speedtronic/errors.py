@@ -14,6 +14,13 @@ SIGNAL_EXIT_BASE = 128
 # tool SIGPIPE ended (128 + 13), so `set -o pipefail` still tells it from success.
 BROKEN_PIPE_EXIT = SIGNAL_EXIT_BASE + 13
 
+# What a data-parallel rank says when a collective failed because a peer rank died or left: that
+# peer's own line says what went wrong, gloo's text here would read as this rank's failure.
+PEER_FAILED = "stopped because another rank failed (see that rank's error)"
+# gloo's words for a peer whose process ended mid-collective: its socket closed or reset, or a
+# write to it found the pipe broken ("Connection closed by peer ... a remote worker crashing").
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
 
 def signal_exit_code(name: str) -> int:
     """Return the exit code of a run stopped by the signal `name` (SIGTERM: 143, SIGINT: 130)."""
@@ -23,6 +30,24 @@ def signal_exit_code(name: str) -> int:
 def first_line(error: BaseException) -> str:
     """Return the first non-empty line of an error's message, stripped ("" when it has none)."""
     return next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+
+
+def peer_failed(error: BaseException) -> bool:
+    """Return True when `error`, or an error it was raised from, is gloo's for a peer rank whose
+    connection closed mid-collective (that rank failed or was killed).
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current)
+        # torch raises gloo's errors as RuntimeError (DistBackendError is one); the message names
+        # gloo's transport source file.
+        if isinstance(current, RuntimeError) and "gloo" in text:
+            if any(words in text for words in _PEER_GONE):
+                return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def print_line(text: str) -> None:
@@ -45,12 +70,14 @@ class RunFailed(RuntimeError):
 
 __all__ = [
     "BROKEN_PIPE_EXIT",
+    "PEER_FAILED",
     "RUNTIME_ERROR",
     "SIGNAL_EXIT_BASE",
     "USAGE_ERROR",
     "RunFailed",
     "UsageError",
     "first_line",
+    "peer_failed",
     "print_line",
     "signal_exit_code",
 ]

@@ -260,6 +260,7 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
         shutdown_timeout(config, args.shutdown_timeout) if torchrun_has_shutdown_timeout() else None
     )
     agent_lines = _ExplainedWorkerExits()
+    saved_before = _latest_checkpoint(config)
     try:
         with _quiet_agent_lines(agent_lines):
             run(parse_args(torchrun_arguments(args, argv, grace_s)))
@@ -272,6 +273,8 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
         codes = {info.exitcode for info in failure.failures.values()}
         stopped = preempted_exit_code(codes)
         if stopped is not None:  # the workers checkpointed and said how to resume
+            if codes == {-signal.SIGTERM}:  # ...unless none was in its loop, which handles it
+                print_line(unhandled_stop_line(config, saved_before))
             return stopped
         # Each said which setting to fix (torchrun stops the rest: -15); exit as one process does.
         if codes - {-signal.SIGTERM} == {USAGE_ERROR}:
@@ -284,6 +287,39 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
             f"data-parallel workers failed: {ranks}; see their errors above"
         ) from None
     return 0
+
+
+def _latest_checkpoint(config: Any) -> tuple[Any, int] | None:
+    """Return the run's latest checkpoint and when its pointer was written, else None."""
+    from speedtronic_trainer import CheckpointManager
+
+    checkpoints = CheckpointManager.from_config(config.checkpoint, output_dir=config.run.output_dir)
+    with contextlib.suppress(OSError):  # unreadable: as good as none
+        latest = checkpoints.latest_path()
+        if latest is not None:
+            return latest, latest.stat().st_mtime_ns
+    return None
+
+
+def unhandled_stop_line(config: Any, saved_before: tuple[Any, int] | None) -> str:
+    """Return the launcher's line on a group whose workers all died of SIGTERM: a worker outside
+    its training loop (which checkpoints and says so) was sent one, and torchrun stopped the rest.
+    With no checkpoint written since the launch where the loop would have saved a final one, it
+    came before training started.
+    """
+    saved = _latest_checkpoint(config)
+    section = config.checkpoint
+    if saved == saved_before and section.enabled and section.save_final:
+        return (
+            "speedtronic train: a worker was stopped by SIGTERM before training started: "
+            "nothing was saved"
+        )
+    where = (
+        f"latest checkpoint: {saved[0]}"
+        if saved is not None and saved != saved_before
+        else "no checkpoint of this run was written"
+    )
+    return f"speedtronic train: a worker was stopped by SIGTERM outside its training steps; {where}"
 
 
 def killed_line(
@@ -380,5 +416,6 @@ __all__ = [
     "shutdown_timeout",
     "torchrun_arguments",
     "torchrun_has_shutdown_timeout",
+    "unhandled_stop_line",
     "worker_arguments",
 ]

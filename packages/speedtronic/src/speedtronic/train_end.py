@@ -10,7 +10,14 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from speedtronic.errors import RunFailed, first_line, print_line, signal_exit_code
+from speedtronic.errors import (
+    PEER_FAILED,
+    RunFailed,
+    first_line,
+    peer_failed,
+    print_line,
+    signal_exit_code,
+)
 from speedtronic_config.errors import on_every_rank, raised_on_every_rank
 from speedtronic_config.secrets import is_secret_path
 from speedtronic_systems.parallel import elastic_restarts
@@ -99,6 +106,8 @@ def run_failed(error: Exception, trainer: Any, args: argparse.Namespace) -> RunF
 def _failure_line(error: Exception, trainer: Any, args: argparse.Namespace) -> str:
     first = first_line(error)
     what = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    if peer_failed(error):  # gloo's text would read as this rank's own failure
+        what = PEER_FAILED
     from speedtronic_trainer import CheckpointError
 
     if (restart := restart_note()) is not None:  # torchrun restarts the group, not the user

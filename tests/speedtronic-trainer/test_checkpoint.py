@@ -71,6 +71,21 @@ def test_prune_keeps_the_newest_and_the_pointed_file(tmp_path):
     assert len(list(tmp_path.glob("step_*.pt"))) == 3
 
 
+def test_prune_keeps_keep_last_of_this_runs_own_beside_an_earlier_runs_later_steps(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    for step in (10, 20, 30):  # an earlier run's
+        manager.save(step, state(step))
+    for step in (1, 2, 3):  # a run started fresh in the same folder
+        manager.save(step, state(step))
+    # Its own two newest stay for a fallback; the earlier run's are left as they were.
+    assert sorted(p.name for p in tmp_path.glob("step_*.pt")) == [
+        "step_2.pt",
+        "step_20.pt",
+        "step_3.pt",
+        "step_30.pt",
+    ]
+
+
 def test_load_latest_is_none_without_checkpoints(tmp_path):
     assert CheckpointManager(tmp_path / "missing").load_latest() is None
     assert CheckpointManager(tmp_path / "missing").latest_path() is None
@@ -88,6 +103,39 @@ def test_truncated_latest_raises_naming_the_file_and_resume_falls_back(tmp_path)
     assert loaded["step"] == 1
     assert len(warnings) == 1 and warnings[0].endswith("; trying an older checkpoint")
     assert "step_2.pt" in warnings[0] and "delete it" not in warnings[0]  # one advice, not two
+
+
+def test_a_latest_pointer_naming_a_deleted_file_is_reported_in_one_line(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=None)
+    manager.save(8, state(8))
+    manager.save(10, state(10)).unlink()  # deleted by hand: its two steps are not in step_8
+    warnings: list[str] = []
+    assert manager.load_latest(warn=warnings.append)["step"] == 8
+    assert warnings == [
+        f"`latest` in {tmp_path} names step_10.pt, which does not exist; resuming from the "
+        "newest checkpoint there, step_8.pt"
+    ]
+    (tmp_path / "latest").write_text("{not json")
+    warnings.clear()
+    assert manager.load_latest(warn=warnings.append)["step"] == 8
+    assert len(warnings) == 1 and "`latest` in" in warnings[0] and "unreadable" in warnings[0]
+
+
+def test_a_corrupt_latest_falls_back_to_an_older_checkpoint_never_a_newer_one(tmp_path):
+    # step_10 is an earlier run's, which this run (steps 1 and 2) started fresh beside.
+    manager = CheckpointManager(tmp_path, keep_last=None)
+    manager.save(10, state(10))
+    manager.save(1, state(1))
+    manager.save(2, state(2)).write_bytes(b"garbage")
+    warnings: list[str] = []
+    assert manager.load_latest(warn=warnings.append)["step"] == 1
+    assert len(warnings) == 1 and "step_2.pt" in warnings[0]
+    (tmp_path / "step_1.pt").unlink()
+    with pytest.raises(CheckpointError, match="no loadable checkpoint") as refused:
+        manager.load_latest(warn=warnings.append)
+    assert str(refused.value).endswith(
+        "not tried: step_10.pt, past the step `latest` names (an earlier run's)"
+    )
 
 
 def test_fallback_is_reported_in_one_line_on_stderr_by_default(tmp_path, capsys):

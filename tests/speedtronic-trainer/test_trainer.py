@@ -653,6 +653,33 @@ def test_exact_resume_reproduces_losses_bit_for_bit(tmp_path):
         assert torch.equal(a, b)
 
 
+def test_the_first_record_after_a_resume_averages_its_whole_logging_interval(tmp_path):
+    def run(path):
+        trainer = build_run(path)
+        trainer.logger.every_steps = 4
+        return trainer
+
+    uninterrupted = run(tmp_path / "a")
+    uninterrupted.fit(8)
+    first = run(tmp_path / "b")
+    first.fit(6)  # its last checkpoint is mid-interval: steps 5 and 6 are not logged yet
+    resumed = run(tmp_path / "b")
+    resumed.resume_latest()
+    resumed.fit(8)
+    records = [
+        {k: p[k] for k in ("step", "loss", "loss_last")}
+        for trainer in (first, resumed)
+        for e, p in hook_of(trainer).events
+        if e == "train_step"
+    ]
+    expected = [
+        {k: p[k] for k in ("step", "loss", "loss_last")}
+        for e, p in hook_of(uninterrupted).events
+        if e == "train_step"
+    ]
+    assert records == expected  # step 8's loss is the mean of steps 5-8, not of 7-8
+
+
 class CountingStream(IterableDataset):
     """An iterable dataset with its own resumable position, as the built-in datasets provide."""
 

@@ -865,3 +865,18 @@ def test_speedtronic_debug_0_keeps_the_one_line_and_1_raises(tmp_path, capsys, m
     monkeypatch.setenv("SPEEDTRONIC_DEBUG", "1")
     with pytest.raises(Exception, match="non-finite|diverged"):
         main(["train", config, *diverging, "--set", f"run.output_dir={tmp_path}/on"])
+
+
+def test_the_summary_names_the_checkpoint_a_resume_fell_back_to(tmp_path, capsys):
+    from speedtronic.cli import main
+
+    config = str(tiny_config(tmp_path, checkpoint="{every_steps: 4, keep_last: null}"))
+    assert main(["train", config]) == 0  # step_4.pt, step_8.pt
+    checkpoints = tmp_path / "run" / "checkpoints"
+    (checkpoints / "step_8.pt").write_bytes(b"garbage")  # `latest` names it
+    capsys.readouterr()
+    assert main(["train", config, "--resume", "--max-steps", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "\nnothing to train: already at step 4;" in out
+    # The state this run holds, not the corrupt file `latest` still names.
+    assert f"\ncheckpoint: {checkpoints / 'step_4.pt'}\n" in out, out

@@ -287,6 +287,29 @@ def test_a_resume_that_moves_the_schedules_horizon_says_so(tmp_path):
     assert len([line for line in log.read_text().splitlines() if "WARNING" in line]) == 1
 
 
+def test_a_resume_at_a_target_below_its_checkpoint_warns_nothing_and_deletes_nothing(tmp_path):
+    log = tmp_path / "train.log"
+    config = small_config(
+        tmp_path, max_steps=4, scheduler={"warmup_steps": 3}, logging={"file": str(log)}
+    )
+    runtime.train_from_config(config)
+    folder = tmp_path / "checkpoints"
+    before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    # A lowered target moves an unset horizon and falls inside the warmup, but no step trains.
+    trainer, _ = runtime.build_runtime({**config, "max_steps": 2}, resume=True)
+    result = trainer.fit()
+    trainer.close()
+    assert (result.steps, result.steps_run) == (4, 0)
+    assert "WARNING" not in log.read_text(), log.read_text()
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before
+    # A run that does train only inside its warmup is still told so.
+    fresh = small_config(
+        tmp_path / "fresh", max_steps=2, scheduler={"warmup_steps": 3}, logging={"file": str(log)}
+    )
+    runtime.build_runtime(fresh)[0].close()
+    assert "scheduler.warmup_steps is 3 but the run ends at step 2" in log.read_text()
+
+
 def test_a_changed_batch_or_window_on_resume_is_named_in_one_warning_each(tmp_path):
     log = tmp_path / "train.log"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import random
 import re
@@ -170,16 +171,38 @@ class CheckpointManager:
         """Return the checkpoint the latest pointer names, else the highest-numbered file, else
         None.
         """
-        pointer = self.directory / LATEST_POINTER
-        if pointer.is_file():
-            try:
-                target = self.directory / json.loads(pointer.read_text())["file"]
-            except (ValueError, KeyError, TypeError):
-                target = None  # a damaged pointer is not fatal: the step files are the truth
-            if target is not None and target.exists():
-                return target
+        target = self._pointer_target()
+        if isinstance(target, Path) and target.exists():
+            return target
         paths = self.checkpoint_paths()
         return paths[-1] if paths else None
+
+    def _pointer_target(self) -> Path | str | None:
+        """Return the path the latest pointer names, None without a pointer, or "unreadable"."""
+        pointer = self.directory / LATEST_POINTER
+        if not pointer.is_file():
+            return None
+        try:
+            return self.directory / json.loads(pointer.read_text())["file"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return "unreadable"  # a damaged pointer is not fatal: the step files are the truth
+
+    def _pointer_fallback(self, latest: Path) -> str | None:
+        """Return one line when the pointer names no existing checkpoint and `latest`, the newest
+        step file, is resumed instead: the steps after that file are lost, which must not go unsaid.
+        """
+        target = self._pointer_target()
+        if target is None or (isinstance(target, Path) and target.exists()):
+            return None
+        what = (
+            "is unreadable"
+            if isinstance(target, str)
+            else f"names {target.name}, which does not exist"
+        )
+        return (
+            f"`latest` in {self.directory} {what}; resuming from the newest checkpoint there, "
+            f"{latest.name}"
+        )
 
     def load(
         self, path: str | os.PathLike[str], *, hint: str | None = RESUME_HINT
@@ -215,7 +238,14 @@ class CheckpointManager:
         if latest is None:
             return None
         warn = warn or _warn_on_stderr
-        candidates = [latest] + [p for p in reversed(self.checkpoint_paths()) if p != latest]
+        fallback = self._pointer_fallback(latest)
+        if fallback is not None:
+            warn(fallback)
+        # Only older ones: a step past the one `latest` names is an earlier run's, which this
+        # run started fresh beside (or rewound from), not a state of this run.
+        candidates = [latest] + [
+            p for p in reversed(self.checkpoint_paths()) if _step_of(p) < _step_of(latest)
+        ]
         failures: list[str] = []
         for path in candidates:
             try:
@@ -226,6 +256,11 @@ class CheckpointManager:
                 continue
             state.setdefault("checkpoint_path", str(path))
             return state
+        newer = [p.name for p in self.checkpoint_paths() if _step_of(p) > _step_of(latest)]
+        if newer:
+            failures.append(
+                f"not tried: {', '.join(newer)}, past the step `latest` names (an earlier run's)"
+            )
         raise CheckpointError(f"no loadable checkpoint in {self.directory}: " + "; ".join(failures))
 
     def checkpoint_paths(self) -> list[Path]:
@@ -240,14 +275,18 @@ class CheckpointManager:
         return [p for _, p in sorted(found)]
 
     def prune(self) -> None:
-        """Delete all but the newest keep_last checkpoints, never the one the latest pointer
-        names, and any temp file an interrupted save left.
+        """Delete all but the newest keep_last checkpoints up to the one the latest pointer names
+        (never that one), and any temp file an interrupted save left.
         """
         self.remove_stale_temp_files()
         if self.keep_last is None:
             return
         keep = self.latest_path()
-        for path in self.checkpoint_paths()[: -self.keep_last]:
+        # keep_last counts this run's own: steps past the one `latest` names are an earlier
+        # run's (a fresh start beside it), kept until this run saves their steps.
+        limit = _step_of(keep) if keep is not None else math.inf
+        own = [path for path in self.checkpoint_paths() if _step_of(path) <= limit]
+        for path in own[: -self.keep_last]:
             if path == keep:
                 continue
             if path.is_dir():
@@ -289,6 +328,14 @@ class CheckpointManager:
         else:
             shutil.copy2(source, destination)
         return destination
+
+
+def _step_of(path: Path) -> float:
+    """Return the step of a step_<n>.pt file or step_<n>.dcp folder; infinity for a file of
+    another name a hand-edited pointer names (then every step file counts as older).
+    """
+    match = _STEP_FILE.match(path.name)
+    return int(match.group(1)) if match else math.inf
 
 
 def capture_rng_state() -> dict[str, Any]:

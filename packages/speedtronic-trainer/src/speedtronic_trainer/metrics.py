@@ -74,6 +74,22 @@ class StepMetrics:
         """
         self._interval.add(loss, samples, tokens, seconds, tokens if labels is None else labels)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Return the sums of the steps since the last record: a checkpoint mid-interval keeps
+        them, so the first record after a resume averages the same steps an uninterrupted run's
+        does.
+        """
+        return dict(vars(self._interval))
+
+    def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
+        """Restore the interval state_dict returned; None (a checkpoint without it) starts a new
+        interval.
+        """
+        self._interval = _Interval()
+        for name, value in (state or {}).items():
+            if hasattr(self._interval, name):
+                setattr(self._interval, name, type(getattr(self._interval, name))(value))
+
     def record(
         self,
         *,

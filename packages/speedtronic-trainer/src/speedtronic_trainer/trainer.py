@@ -713,6 +713,7 @@ class Trainer:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "rng": capture_rng_state(),
             "data": self._stream.state_dict(),
+            "log_interval": self._metrics.state_dict(),
             # Secrets never reach a checkpoint; a trainer without a config saves none.
             "config": self._config_record(),
             "coordinator": self.coordinator.state_dict() if self.coordinator is not None else None,
@@ -823,6 +824,7 @@ class Trainer:
         self.samples = int(state.get("samples", 0))
         self.tokens = int(state.get("tokens", 0))
         self.skipped_steps = int(state.get("skipped_steps", 0))
+        self._metrics.load_state_dict(state.get("log_interval"))
         self._restore_rank_state(state)
         if state.get("checkpoint_path") is not None:
             self.last_checkpoint = Path(state["checkpoint_path"])
@@ -893,6 +895,8 @@ class Trainer:
         current = self.config.scheduler
         if not self._config_given or current.name == "constant":
             return
+        if self.max_steps is not None and self.max_steps <= int(state.get("step", 0)):
+            return  # a target at or below the checkpoint trains no step under the new horizon
         try:
             saved = SpeedtronicConfig.from_dict(state.get("config") or {}).scheduler.max_steps
         except (ConfigError, TypeError, ValueError):  # a config this version cannot read

@@ -371,7 +371,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from speedtronic.train_end import report_signal_stop, run_failed
 
     # An explicit --max-steps is the target even when data.max_steps is set.
-    trainer, manager = build_runtime(config, resume=args.resume, max_steps=args.max_steps)
+    trainer, _ = build_runtime(config, resume=args.resume, max_steps=args.max_steps)
     if announce and metrics is not None and trainer.step == 0:  # built, and not resumed
         _set_aside_earlier_metrics(metrics)
     if trainer.parallel.mode != "none":
@@ -390,7 +390,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
             result, args, announce=trainer.parallel.is_main, target=trainer.max_steps
         )
     if trainer.parallel.is_main:  # one summary for the whole group
-        print_run_summary(config, result, manager.latest_path())
+        # This run's own checkpoint (written, or resumed from): the folder's `latest` may name a
+        # corrupt file the resume fell back from, or an earlier run's.
+        print_run_summary(config, result, trainer.last_checkpoint)
     return 0
 
 

@@ -174,15 +174,6 @@ def _assemble(
         logger.info("model.init_from: weights loaded from %s", config.model.init_from)
     coordinator = build_coordinator(config, model, logger, parallel)  # 10
     target = max_steps if max_steps is not None else config.step_target  # 11
-    warmup = config.scheduler.warmup_steps
-    if warmup > target > 0:  # common with a short --max-steps: a run at a fraction of its lr
-        logger.warning(
-            "scheduler.warmup_steps is %d but the run ends at step %d: the learning rate never "
-            "reaches optimizer.lr; lower it (e.g. --set scheduler.warmup_steps=%d)",
-            warmup,
-            target,
-            max(1, target // 10),
-        )
     # 12: the trainer resolves the precision plan and the startup shape report, once.
     trainer = Trainer(
         model,
@@ -211,7 +202,25 @@ def _assemble(
             manager.directory,
             earlier.name,
         )
+    _warn_if_warmup_outlasts(config, target, trainer.step, logger)
     return trainer, manager
+
+
+def _warn_if_warmup_outlasts(
+    config: SpeedtronicConfig, target: int, start: int, logger: MetricLogger
+) -> None:
+    """Warn when the steps this run trains (after any resume) all fall inside the warmup; a
+    target at or below the resumed step trains none, and is left unwarned.
+    """
+    warmup = config.scheduler.warmup_steps
+    if warmup > target > start:  # common with a short --max-steps: a run at a fraction of its lr
+        logger.warning(
+            "scheduler.warmup_steps is %d but the run ends at step %d: the learning rate never "
+            "reaches optimizer.lr; lower it (e.g. --set scheduler.warmup_steps=%d)",
+            warmup,
+            target,
+            max(1, target // 10),
+        )
 
 
 # The key, in the part of torchrun's agent store every restart round shares, naming the earlier

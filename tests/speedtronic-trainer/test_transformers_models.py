@@ -188,3 +188,10 @@ def test_unshifted_labels_are_refused_before_a_transformers_model_learns_to_copy
     constant["labels"][:, -1] = -100
     constant["attention_mask"][:] = True
     assert make_trainer(_llama(), [constant]).fit(1).steps == 1
+    # Validation batches of that form would score copying the input: refused alike.
+    checked = make_trainer(_llama(), batches)
+    checked.eval_dataloader = [unshifted]
+    with pytest.raises(ValueError, match=r"labels equal input_ids .* give the eval_dataloader"):
+        checked.evaluate()
+    checked.eval_dataloader = batches
+    assert checked.evaluate() is not None

@@ -497,11 +497,15 @@ class Trainer:
         if not self.parallel.any(unshifted_labels(batch)):
             self._labels_checked = True
             return
-        raise on_every_rank(
+        raise self._unshifted_labels_error("it would learn to repeat its input", "trainer")
+
+    def _unshifted_labels_error(self, consequence: str, who: str) -> ValueError:
+        """Return the error for labels equal to the input ids (raised alike on every rank)."""
+        return on_every_rank(
             ValueError(
                 f"the batch's labels equal input_ids at every labelled position: they are not "
                 f"shifted, and {type(unwrap_model(self.model)).__name__} is called without "
-                "them, so it would learn to repeat its input; give the trainer shifted labels "
+                f"them, so {consequence}; give the {who} shifted labels "
                 "(labels[:, t] = input_ids[:, t + 1], -100 at the end), as its loaders do"
             )
         )
@@ -635,12 +639,19 @@ class Trainer:
             for _ in itertools.count() if limit is None else range(limit):
                 batch = next(batches, None)
                 received = stop_requested()
+                # The first batch of a model that shifts labels itself is checked as training's
+                # is: with labels equal to its input ids, val_loss would score copying the input.
+                unshifted = read == 0 and not self._labels_to_model and unshifted_labels(batch)
                 # One collective a batch agrees on both ends. A streamed split deals its last
                 # batch to one rank only: a forward there alone would wait on peers already
                 # summing (FSDP2 gathers, DDP buffer broadcasts).
-                ended, terms, interrupts = self.parallel.all_reduce_sum(
-                    [batch is None, *_signal_counts(received)]
+                ended, terms, interrupts, unshifted = self.parallel.all_reduce_sum(
+                    [batch is None, *_signal_counts(received), unshifted]
                 )
+                if unshifted:
+                    raise self._unshifted_labels_error(
+                        "its val_loss would score copying the input", "eval_dataloader"
+                    )
                 stop = _agreed_signal(terms, interrupts)
                 if ended and not read and batches is self.eval_dataloader:
                     # A one-shot iterator gives its batches to the first evaluation only; every

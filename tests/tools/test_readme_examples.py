@@ -1,4 +1,5 @@
-"""Each package README's Python example runs as written, in a fresh process and folder.
+"""Each package README's Python example runs as written, in a fresh process and folder; the
+repository README's and docs/'s snippets hold as far as they run alone.
 
 A package README is the page a user of that package alone reads first; its example is copied,
 not read, so a setting default or a renamed argument must fail here before it fails there.
@@ -43,3 +44,109 @@ def test_package_readme_example_runs(readme, tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, f"{readme.relative_to(ROOT)}:\n{done.stderr[-3000:]}"
+
+
+# The repository README and the guides under docs/ (the generated inventory aside): their snippets
+# need a run's files (a checkpoint, shards, a Hub), so here each is checked as far as it runs alone.
+DOCS = [
+    ROOT / "README.md",
+    *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "source-inventory.md"),
+]
+
+
+def _doc_blocks(language: str) -> list[tuple[str, str]]:
+    """Return (file:line, text) of every ```language block in the docs."""
+    fence = re.compile(rf"^```{language}\n(.*?)^```$", re.DOTALL | re.MULTILINE)
+    found = []
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        for match in fence.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            found.append((f"{path.relative_to(ROOT)}:{line}", match[1]))
+    return found
+
+
+def _cli_arguments(command: str) -> list[str] | None:
+    """Return the speedtronic arguments of one shell command, or None when it runs something else.
+
+    `hatch run SCRIPT ARGS` becomes the speedtronic command of that hatch.toml script, and a
+    documentation placeholder (`...`, `[--flag]` for an optional one) is read as the flag alone.
+    """
+    import shlex
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    words = [w.strip("[]") for w in shlex.split(command, comments=True) if w not in ("&", "...")]
+    if words[:2] == ["hatch", "run"]:
+        scripts = tomllib.loads((ROOT / "hatch.toml").read_text())["envs"]["default"]["scripts"]
+        script = scripts.get(words[2])
+        if words[2] != "speedtronic" and script is None:
+            return None
+        if script is not None:
+            script = script[-1] if isinstance(script, list) else script
+            if "speedtronic" not in script.split():
+                return None
+            words = [*shlex.split(script.replace("{args}", "")), *words[3:]]
+        else:
+            words = words[2:]
+    if "speedtronic" not in words or "=" in words[0]:
+        return None
+    return words[words.index("speedtronic") + 1 :]
+
+
+def _doc_commands() -> list[tuple[str, str]]:
+    commands = []
+    for where, text in _doc_blocks("bash"):
+        for line in text.replace("\\\n", " ").splitlines():
+            for command in re.split(r"&&|;|\|", line):
+                if _cli_arguments(command) is not None:
+                    commands.append((where, command.strip()))
+    return commands
+
+
+@pytest.mark.parametrize(("where", "text"), _doc_blocks("yaml"), ids=lambda x: x)
+def test_docs_yaml_snippet_is_a_valid_config(where, text):
+    from speedtronic_config import SpeedtronicConfig
+
+    SpeedtronicConfig.load(text)  # a ConfigError names the key that is wrong
+
+
+@pytest.mark.parametrize(("where", "command"), _doc_commands(), ids=lambda x: x)
+def test_docs_cli_command_has_the_arguments_the_cli_takes(where, command, capsys):
+    from speedtronic.cli import _cuda_overrides, _load_config, _parser
+
+    parser, words = _parser(), _cli_arguments(command)
+    try:
+        args = parser.parse_args(words)
+    except SystemExit as stop:  # a renamed flag or command: argparse's one line and exit 2
+        pytest.fail(f"{where}: {command}\n{capsys.readouterr().err}exit {stop.code}")
+    # argparse also takes a flag's prefix (--val-frac), which a reader would copy as a name.
+    flags = parser.commands[args.command]._option_string_actions
+    assert [w for w in words if w.startswith("--") and w.split("=")[0] not in flags] == [], where
+    if args.command in ("train", "validate"):
+        # Its --set keys and values hold on the shipped config it names (a placeholder such as
+        # CONFIG: on the defaults); a ConfigError names the one that does not.
+        config = ROOT / args.config
+        overlay = getattr(args, "cuda_overlay", None)
+        overlay = _cuda_overrides(str(ROOT / overlay)) if overlay else []
+        _load_config(str(config) if config.is_file() else {}, [*overlay, *args.overrides])
+
+
+@pytest.mark.parametrize(("where", "text"), _doc_blocks("python"), ids=lambda x: x)
+def test_docs_python_snippet_compiles_and_its_imports_exist(where, text):
+    import ast
+
+    tree = ast.parse(text, filename=where)
+    imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    if any(node.module == "transformers" for node in imports if isinstance(node, ast.ImportFrom)):
+        pytest.importorskip("transformers")
+    exec(compile(ast.Module(body=imports, type_ignores=[]), where, "exec"), {})
+
+
+def test_docs_have_snippets_each_check_reads():
+    # A fence the patterns miss (```sh, an indented one) would silently check nothing.
+    assert len(_doc_blocks("yaml")) >= 3 and len(_doc_blocks("python")) >= 7
+    assert len(_doc_commands()) >= 20

@@ -395,6 +395,25 @@ def test_generate_keeps_the_prompt_dtype():
     assert small().generate(tokens(0, 4), 2).shape == (0, 6)  # an empty batch stays empty
 
 
+def test_generate_stops_where_every_row_has_emitted_eos_token_id():
+    # transformers' generate stops at the export's eos_token_id; generate ran on past it.
+    model = small()
+    prompt = tokens(2, 4)
+    full = model.generate(prompt, 12, temperature=0.0)
+    eos = int(full[0, 6])  # one of row 0's new tokens
+    out = model.generate(prompt, 12, temperature=0.0, eos_token_id=eos)
+    ends = [next((t for t in range(4, 16) if full[row, t] == eos), 15) for row in range(2)]
+    assert out.size(1) == max(ends) + 1
+    for row, end in enumerate(ends):  # as far as its eos, the row is the greedy one
+        assert torch.equal(out[row, : end + 1], full[row, : end + 1])
+        assert (out[row, end + 1 :] == eos).all()  # a finished row is padded with eos
+    one = model.generate(prompt[:1], 12, temperature=0.0, eos_token_id=eos)
+    assert torch.equal(one[0], full[0, : ends[0] + 1])  # a single prompt ends on its eos
+    assert small().generate(tokens(0, 4), 2, eos_token_id=eos).shape == (0, 6)
+    with pytest.raises(ValueError, match="eos_token_id must be None or an id below 97"):
+        model.generate(prompt, 2, eos_token_id=97)
+
+
 def test_flops_per_token_follows_palm():
     model = small()
     cfg = model.config

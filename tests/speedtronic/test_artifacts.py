@@ -63,6 +63,32 @@ def test_greedy_generate_equals_sample_at_temperature_0(tmp_path, checkpoint):
     )
 
 
+def test_sample_stops_at_the_tokenizers_eos_as_transformers_generate_does(tmp_path, bpe_json):
+    # sample ran on past <|endoftext|>, which the export's generation_config names: greedy text
+    # differed from transformers' generate, which stops there.
+    transformers = pytest.importorskip("transformers")
+    shards = prepare(tmp_path / "shards", bpe_json)
+    checkpoint = noisy_checkpoint(run_config(tmp_path / "run", shards, tie_weights=False), step=4)
+    out = export_hf(checkpoint, tmp_path / "hf")
+    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    assert model.generation_config.eos_token_id == 0  # <|endoftext|>
+    ours, _ = load_checkpoint_model(checkpoint)
+
+    def encode(text):
+        return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+
+    def emits_eos(token):  # its text encodes back to that one token, and greedy emits eos
+        ids = encode(tokenizer.decode([token]))
+        return ids.tolist() == [[token]] and 0 in ours.generate(ids, 24, temperature=0)[0, 1:]
+
+    prompt = tokenizer.decode([next(filter(emits_eos, range(1, 300)))])
+    theirs = model.generate(encode(prompt), max_new_tokens=24, do_sample=False)[0].tolist()
+    assert theirs[-1] == 0 and len(theirs) < 25  # transformers stops at eos
+    text = sample_text(checkpoint, prompt, max_new_tokens=24, temperature=0)
+    assert text == tokenizer.decode(theirs) and text.endswith("<|endoftext|>")
+
+
 def test_export_import_export_is_byte_identical(tmp_path, checkpoint, byte_shards):
     first = export_hf(checkpoint, tmp_path / "first")
     config = run_config(tmp_path / "run2", byte_shards, tie_weights=False)

@@ -357,9 +357,11 @@ class ReferenceTransformer(nn.Module):
         top_k: int | None = None,
         *,
         generator: torch.Generator | None = None,
+        eos_token_id: int | None = None,
     ) -> torch.Tensor:
         """Return input_ids (B, T) extended by max_new_tokens sampled ids, in its dtype and on its
-        device; temperature 0 is greedy.
+        device; temperature 0 is greedy. With eos_token_id, a row ends at that id (later ids are
+        it again) and sampling stops once every row has, as transformers' generate does.
         """
         if input_ids.dim() != 2 or input_ids.size(1) == 0:
             # Else cropping the context fails as a bare IndexError ("too many indices").
@@ -379,10 +381,19 @@ class ReferenceTransformer(nn.Module):
             isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
         ):
             raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
+        vocab = self.config.vocab_size
+        if eos_token_id is not None and (
+            isinstance(eos_token_id, bool)
+            or not isinstance(eos_token_id, int)
+            or not 0 <= eos_token_id < vocab
+        ):
+            raise ValueError(
+                f"eos_token_id must be None or an id below {vocab} (model.vocab_size), got "
+                f"{eos_token_id!r}"
+            )
         # Checked once: the embedding fails on such an id as a bare IndexError on the CPU and as a
         # device-side assert, which leaves the CUDA context unusable, on a GPU.
         low, high = (int(v) for v in torch.aminmax(input_ids)) if input_ids.numel() else (0, 0)
-        vocab = self.config.vocab_size
         if low < 0 or high >= vocab:
             raise ValueError(
                 f"input_ids hold token id {low if low < 0 else high}, outside the model's "
@@ -391,6 +402,7 @@ class ReferenceTransformer(nn.Module):
             )
         was_training = self.training
         self.eval()  # sampling should never see dropout
+        finished = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
         try:
             for _ in range(max_new_tokens):
                 context = input_ids[
@@ -398,8 +410,14 @@ class ReferenceTransformer(nn.Module):
                 ]  # crop: RoPE was cached for block_size
                 logits = self(context)["logits"][:, -1, :].float()  # (B, V)
                 next_ids = _sample(logits, temperature, top_k, generator)
+                if eos_token_id is not None:  # a finished row repeats eos, as transformers pads
+                    next_ids = next_ids.masked_fill(finished[:, None], eos_token_id)
+                    finished |= next_ids[:, 0] == eos_token_id
                 # cat would promote an int32 prompt to the sampled int64: keep the caller's dtype
                 input_ids = torch.cat((input_ids, next_ids.to(input_ids.dtype)), dim=1)
+                # One host sync per token, only with eos_token_id; an empty batch runs to the end.
+                if eos_token_id is not None and input_ids.size(0) and bool(finished.all()):
+                    break
         finally:
             self.train(was_training)
         return input_ids

@@ -298,10 +298,30 @@ def sample_text(
             "(model.vocab_size, fixed by training); use only text the run's tokenizer maps below it"
         )
     ids = torch.tensor([prompt_ids], dtype=torch.long)
+    # The export's generation_config names this eos, and transformers' generate stops there.
+    stop = _eos_token_id(codec, model)
     torch.manual_seed(seed)
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k)
+        out = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k, **stop)
     return codec.decode(out[0].tolist())
+
+
+def _eos_token_id(codec: Any, model: Any) -> dict[str, int]:
+    """Return {"eos_token_id": id} for a tokenizer.json with an end-of-text special token (as
+    export_hf writes it to generation_config.json) whose model's generate() takes it, else {}.
+    """
+    import inspect
+
+    from speedtronic_data.hf_tokenizer import special_tokens
+
+    text = getattr(codec, "text", None)  # a JsonTokenizer's tokenizer.json; bytes have no eos
+    if not isinstance(text, str):
+        return {}
+    eos = special_tokens(json.loads(text))[1]
+    # _check_fits has kept the tokenizer's ids below the model's vocabulary.
+    if eos is None or "eos_token_id" not in inspect.signature(model.generate).parameters:
+        return {}  # a custom model's generate() as sample asks for it: (ids, n, temperature, top_k)
+    return {"eos_token_id": eos[1]}
 
 
 def export_checkpoint(path: PathLike, out_dir: PathLike) -> Path:

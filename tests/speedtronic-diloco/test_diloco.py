@@ -326,6 +326,35 @@ def test_resumed_worker_starts_from_the_latest_global(server, tmp_path):
     master.stop()
 
 
+@pytest.mark.parametrize("reset", [True, False])
+def test_a_global_installed_at_start_asks_for_the_inner_optimizer_reset(server, tmp_path, reset):
+    """A resumed node restores its AdamW moments from its checkpoint, then installs a newer global
+    over its weights at start: as at a boundary install, reset_inner_optimizer clears them (start
+    said nothing, so the moments of the discarded trajectory drove the first steps).
+    """
+    master, master_net, master_opt = node(server, tmp_path, "master")
+    master.start()
+    assert master.reset_after_start  # installed outer step 0 over its own start
+    worker, _, _ = node(server, tmp_path, "w1", reset_inner_optimizer=reset)
+    worker.start()
+    checkpoint = worker.state_dict()  # taken at outer step 0
+    train(master, master_net, master_opt, 4, seed=1)
+    assert master.master.sync_once() == 1
+    resumed, _, _ = node(server, tmp_path, "w1", reset_inner_optimizer=reset)
+    resumed.prepare_state(checkpoint)
+    resumed.start()
+    assert resumed.last_global_step == 1 and resumed.reset_after_start is reset
+    resumed.stop()
+    # Resumed with nothing newer to install, its checkpointed moments stay.
+    again, _, _ = node(server, tmp_path, "w1", reset_inner_optimizer=reset)
+    again.prepare_state(resumed.state_dict())
+    again.start()
+    assert again.last_global_step == 1 and again.reset_after_start is False
+    again.stop()
+    worker.stop()
+    master.stop()
+
+
 def test_a_resumed_node_sends_its_work_since_the_last_boundary_before_installing(server, tmp_path):
     """A checkpoint between boundaries (checkpoint.every_steps 50, inner_steps 20; or a SIGTERM)
     holds steps no delta carried yet. Resumed, the node installed the newer global over them, and

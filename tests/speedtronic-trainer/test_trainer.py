@@ -220,6 +220,9 @@ class FakeCoordinator:
 
     def start(self):
         self.calls.append(("start",))
+        self.reset_after_start = self.reset_at_start
+
+    reset_at_start = False
 
     def after_optimizer_step(self, model, step):
         self.calls.append(("step", step))
@@ -272,6 +275,26 @@ def test_truthy_coordinator_result_resets_inner_optimizer(reset):
     assert len(optimizer.state) > 0
     trainer.fit(2)
     assert (len(optimizer.state) == 0) is reset
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_a_global_installed_at_coordinator_start_resets_the_inner_optimizer(reset):
+    # A resumed DiLoCo node installs a newer global over its checkpointed weights at start: its
+    # restored AdamW moments belong to the trajectory it discarded.
+    model = TinyLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    coordinator = FakeCoordinator()
+    trainer = make_trainer(
+        model,
+        optimizer=optimizer,
+        coordinator=coordinator,
+        sections={"distributed": {"reset_inner_optimizer": reset}},
+    )
+    trainer.fit(1)
+    coordinator.reset_at_start = True
+    trainer.fit(2)
+    steps = {int(state["step"]) for state in optimizer.state.values()}
+    assert steps == ({1} if reset else {2})
 
 
 # --------------------------------------------------------------------------- compile, features

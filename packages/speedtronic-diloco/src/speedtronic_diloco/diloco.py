@@ -158,6 +158,10 @@ class DumbDiLoCoCoordinator:
         # Set from a signal handler (interrupt), so a plain flag: an Event's lock could be held by
         # the very code the handler interrupted.
         self._interrupted = False
+        # Set by start(): it installed a global over the module, so (with reset_inner_optimizer)
+        # the trainer clears the inner optimizer, as after a boundary install. A resumed node's
+        # checkpointed moments belong to the weights the install discarded.
+        self.reset_after_start = False
 
     # -- read-only views ---------------------------------------------------------------------
     @property
@@ -190,12 +194,19 @@ class DumbDiLoCoCoordinator:
         """Connect, recover or publish the global model, install it on every rank and start the
         I/O lanes (rank 0).
         """
+        self.reset_after_start = False
         if self._started:
             return
         self._interrupted = False  # a stop requested during an earlier fit() is over
         self._apply_prepared_state()
         read_state = self.group.state_reader(self.model)
-        self._agree(lambda: (None, self._connect(read_state)))
+
+        def connect() -> tuple[bool, GlobalCandidate | None]:
+            candidate = self._connect(read_state)
+            return candidate is not None, candidate
+
+        installed = self._agree(connect)
+        self.reset_after_start = installed and self.settings.reset_inner_optimizer
         if self.group.is_lead:
             self._start_lanes(read_state)
         self._started = True

@@ -601,11 +601,15 @@ class Trainer:
         self.samples += outcome.samples
         self.tokens += outcome.tokens
         if self.coordinator is not None:
-            reset = self.coordinator.after_optimizer_step(self.model, self.step)
-            if reset and self.config.distributed.reset_inner_optimizer:
-                # Facades (hybrid Muon, cautious) expose a live state view whose clear() reaches
-                # every child optimizer.
-                self.optimizer.state.clear()
+            if self.coordinator.after_optimizer_step(self.model, self.step):
+                self._reset_inner_optimizer()
+
+    def _reset_inner_optimizer(self) -> None:
+        """Clear the optimizer state when distributed.reset_inner_optimizer is on."""
+        if self.config.distributed.reset_inner_optimizer:
+            # Facades (hybrid Muon, cautious) expose a live state view whose clear() reaches
+            # every child optimizer.
+            self.optimizer.state.clear()
 
     # -------------------------------------------------------------------------------- evaluation
 
@@ -1091,6 +1095,10 @@ class Trainer:
                 if self.coordinator is not None:
                     # Under the handlers: a signal ends its wait for a first global model.
                     self.coordinator.start()
+                    # A coordinator that installed a global at start (a resumed DiLoCo node) asks
+                    # for the reset a boundary install gets.
+                    if getattr(self.coordinator, "reset_after_start", False):
+                        self._reset_inner_optimizer()
                     progress.stopped_by = self._agreed_stop(stop.received)
                 while self.step < target and progress.stopped_by is None:
                     outcome = self._run_step(progress, bar, lambda: stop.received)

@@ -462,6 +462,8 @@ def test_grad_scaler_path_steps_and_checkpoints_scaler(monkeypatch, tmp_path):
 
 
 class NaNAtCall(TinyLM):
+    """A NaN loss at the given calls."""
+
     def __init__(self, bad_calls):
         super().__init__()
         self.bad_calls, self.calls = set(bad_calls), 0
@@ -470,8 +472,11 @@ class NaNAtCall(TinyLM):
         self.calls += 1
         out = super().forward(input_ids)
         if self.calls in self.bad_calls:
-            out["logits"] = out["logits"] * float("nan")
+            out["logits"] = self.spoil(out["logits"])
         return out
+
+    def spoil(self, logits):
+        return logits * float("nan")
 
 
 def test_nonfinite_stop_policy_raises_without_checkpoint(tmp_path):
@@ -512,19 +517,11 @@ def _strict_records(path):
     return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
 
 
-class NaNGradAtCall(TinyLM):
+class NaNGradAtCall(NaNAtCall):
     """A finite loss with a NaN gradient at the given calls (d sqrt(x)/dx at x = 0)."""
 
-    def __init__(self, bad_calls):
-        super().__init__()
-        self.bad_calls, self.calls = set(bad_calls), 0
-
-    def forward(self, input_ids, labels=None, **_):
-        self.calls += 1
-        out = super().forward(input_ids)
-        if self.calls in self.bad_calls:
-            out["logits"] = out["logits"] + torch.sqrt(self.head.weight.sum() * 0.0)
-        return out
+    def spoil(self, logits):
+        return logits + torch.sqrt(self.head.weight.sum() * 0.0)
 
 
 @pytest.mark.parametrize(

@@ -17,47 +17,23 @@ transformers = pytest.importorskip("transformers")
 VOCAB, WIDTH = 48, 16
 
 
+def _decoder(family: str, tied: bool = False):
+    """A tiny random-init Llama-style causal LM of transformers' `family` (Llama, Qwen2, ...)."""
+    config = getattr(transformers, f"{family}Config")(
+        vocab_size=VOCAB,
+        hidden_size=WIDTH,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+        tie_word_embeddings=tied,
+    )
+    return getattr(transformers, f"{family}ForCausalLM")(config)
+
+
 def _llama(tied: bool = False):
-    return transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=WIDTH,
-            intermediate_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=32,
-            tie_word_embeddings=tied,
-        )
-    )
-
-
-def _qwen2():
-    return transformers.Qwen2ForCausalLM(
-        transformers.Qwen2Config(
-            vocab_size=VOCAB,
-            hidden_size=WIDTH,
-            intermediate_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=32,
-        )
-    )
-
-
-def _mistral():
-    return transformers.MistralForCausalLM(
-        transformers.MistralConfig(
-            vocab_size=VOCAB,
-            hidden_size=WIDTH,
-            intermediate_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=32,
-        )
-    )
+    return _decoder("Llama", tied)
 
 
 def _gpt2():
@@ -68,7 +44,12 @@ def _gpt2():
     return transformers.GPT2LMHeadModel(config)
 
 
-BUILDERS = {"llama": _llama, "qwen2": _qwen2, "mistral": _mistral, "gpt2": _gpt2}
+BUILDERS = {
+    "llama": _llama,
+    "qwen2": lambda: _decoder("Qwen2"),
+    "mistral": lambda: _decoder("Mistral"),
+    "gpt2": _gpt2,
+}
 
 
 def padded_batches(count: int, rows: int = 2, width: int = 8, seed: int = 1) -> list[dict]:

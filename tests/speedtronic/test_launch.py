@@ -762,7 +762,9 @@ def test_a_rank_whose_peer_failed_says_so_instead_of_gloos_connection_error(tmp_
     said = [line for line in log.read_text().splitlines() if line.startswith("speedtronic train:")]
     # The failing rank's own line, then (unless torchrun stopped it first) the survivor's one
     # line, which names no error of its own; gloo's text never shows.
-    assert said[0].startswith("speedtronic train: rank 0: FileExistsError: "), tails([log])
+    # FileExistsError, or ImportError where tensorboard is not installed: rank 0's own error.
+    assert said[0].startswith("speedtronic train: rank 0: "), tails([log])
+    assert said[0].split(": ")[2] in ("FileExistsError", "ImportError"), tails([log])
     assert said[-1].startswith("speedtronic train: RuntimeError: data-parallel workers failed")
     assert set(said[1:-1]) <= {f"speedtronic train: rank 1: {PEER_FAILED}"}, tails([log])
     assert "GLHF" not in log.read_text() and "by peer" not in log.read_text(), tails([log])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from speedtronic_systems.checkpointing import gradient_checkpointing_switch
+
 
 class GradientCheckpointingWarning(UserWarning):
     """A module could not switch gradient checkpointing; training continues without the change."""
@@ -20,8 +22,8 @@ def set_gradient_checkpointing(module: Any, enabled: bool = True) -> Any:
     hook warns (GradientCheckpointingWarning) instead of stopping the run (docs/architecture.md,
     failure policies).
     """
-    hook = _hook(module, enabled)
-    if hook is None:
+    switch = gradient_checkpointing_switch(module, enabled)
+    if switch is None:
         if enabled:
             warnings.warn(
                 f"{type(module).__name__} has no set_gradient_checkpointing(enabled) method; "
@@ -30,29 +32,17 @@ def set_gradient_checkpointing(module: Any, enabled: bool = True) -> Any:
                 stacklevel=2,
             )
         return module
+    name, hook = switch
     try:
         hook()
     except Exception as exc:  # a user hook may fail in any way; the run goes on without it
         warnings.warn(
-            f"{type(module).__name__}.set_gradient_checkpointing({enabled}) failed: {exc!r}; "
+            f"{type(module).__name__}.{name} failed: {exc!r}; "
             "continuing with the module's previous setting.",
             GradientCheckpointingWarning,
             stacklevel=2,
         )
     return module
-
-
-def _hook(module: Any, enabled: bool):
-    own = getattr(module, "set_gradient_checkpointing", None)
-    if callable(own):
-        return lambda: own(enabled)
-    # Newer transformers 5 releases renamed the pair (the old names warn; gone in 6).
-    verb = "enable" if enabled else "disable"
-    for name in (f"activation_checkpointing_{verb}", f"gradient_checkpointing_{verb}"):
-        hf = getattr(module, name, None)
-        if callable(hf):
-            return hf
-    return None
 
 
 __all__ = ["GradientCheckpointingWarning", "set_gradient_checkpointing"]

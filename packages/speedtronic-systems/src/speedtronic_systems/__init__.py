@@ -1,11 +1,13 @@
 """speedtronic-systems: device and precision resolution, startup shape checks, CUDA stage streams,
-the CPU allocator setting, atomic torch.save and the causal LM loss.
+the CPU allocator setting, atomic torch.save, the causal LM loss and a module's
+gradient-checkpointing switch.
 """
 
 from __future__ import annotations
 
 from speedtronic_systems.__about__ import __version__
 from speedtronic_systems.atomic import atomic_torch_save
+from speedtronic_systems.checkpointing import gradient_checkpointing_switch
 from speedtronic_systems.compile_choice import resolve_compile
 from speedtronic_systems.cpu_allocator import apply_cpu_allocator, resolve_cpu_allocator
 from speedtronic_systems.loss import IGNORE_INDEX, causal_lm_loss
@@ -62,6 +64,7 @@ __all__ = [
     "datasheet_peak_flops",
     "device_peak_flops",
     "estimate_training_memory",
+    "gradient_checkpointing_switch",
     "make_grad_scaler",
     "parameter_count",
     "resolve_compile",

@@ -17,6 +17,7 @@ import torch
 from speedtronic_config import ConfigError, SpeedtronicConfig
 from speedtronic_config.errors import on_every_rank
 from speedtronic_config.serialize import plain_data
+from speedtronic_systems.checkpointing import gradient_checkpointing_switch
 from speedtronic_systems.compile_choice import resolve_compile
 from speedtronic_systems.cpu_allocator import apply_cpu_allocator
 from speedtronic_systems.parallel import (
@@ -325,22 +326,17 @@ class Trainer:
 
     def _enable_gradient_checkpointing(self) -> None:
         model = unwrap_model(self.model)
-        own = getattr(model, "set_gradient_checkpointing", None)
         # A transformers model has its own switch (what speedtronic.set_gradient_checkpointing
         # also calls); 2.0 looked for ours alone and trained such a model without checkpointing.
-        # Newer transformers 5 releases renamed gradient_checkpointing_enable (it warns; gone in 6).
-        name = "set_gradient_checkpointing(True)"
-        hook = partial(own, True) if callable(own) else None
-        for switch in ("activation_checkpointing_enable", "gradient_checkpointing_enable"):
-            if hook is None and callable(getattr(model, switch, None)):
-                name, hook = f"{switch}()", getattr(model, switch)
-        if hook is None:
+        switch = gradient_checkpointing_switch(model, True)
+        if switch is None:
             self.logger.warning(
                 "gradient_checkpointing is on but %s has no set_gradient_checkpointing(enabled) "
                 "hook; training without it",
                 type(model).__name__,
             )
             return
+        name, hook = switch
         try:
             hook()
         except Exception as exc:  # a capability, not a requirement: degrade and say so

@@ -84,23 +84,38 @@ def read_checkpoint(path: PathLike) -> dict[str, Any]:
     return state
 
 
-def _refuse_another_model(
-    model: Any, weights: Mapping[str, Any], name: str, path: PathLike
-) -> None:
-    """Raise UsageError when most of `model`'s weight names are not in `weights`: the checkpoint
-    is of a model the user passed to Trainer(model=...) (a transformers model, say), which no
-    model setting rebuilds, and a size mismatch would be the wrong thing to name.
+def _misfit_error(
+    problems: list[str], model: Any, state: dict[str, Any], name: str, path: PathLike
+) -> UsageError:
+    """Return the UsageError naming why a checkpoint's weights do not load into `model`, the
+    model.name `name` rebuilt from its config: another model's weights, no recorded config, or
+    another size (or a damaged file).
     """
+    from speedtronic_trainer.checkpoint_checks import describe_misfits
+
+    weights = state["model"]
     ours = model.state_dict().keys()
     foreign = [key for key in weights if key not in ours]
-    if not foreign or sum(key in weights for key in ours) * 2 > len(ours):
-        return  # the model's own names: another size or a damaged file, named by the caller
-    raise UsageError(
-        f"{path}: the checkpoint holds the weights of another model than {name} (such as "
-        f"{foreign[0]}; {len(foreign)} of its {len(weights)} are not {name}'s): sample and export "
-        "rebuild model.name, not a model passed to Trainer(model=...); load them into that model "
-        "(model.load_state_dict(checkpoint['model']) after checkpoint = torch.load(PATH)) and use "
-        "its own tools (transformers: save_pretrained, generate)"
+    if foreign and sum(key in weights for key in ours) * 2 <= len(ours):
+        # A model the user passed to Trainer(model=...) (a transformers model, say): no model
+        # setting rebuilds it, so naming a size mismatch would send the user the wrong way.
+        return UsageError(
+            f"{path}: the checkpoint holds the weights of another model than {name} (such as "
+            f"{foreign[0]}; {len(foreign)} of its {len(weights)} are not {name}'s): sample and "
+            "export rebuild model.name, not a model passed to Trainer(model=...); load them into "
+            "that model (model.load_state_dict(checkpoint['model']) after checkpoint = "
+            "torch.load(PATH)) and use its own tools (transformers: save_pretrained, generate)"
+        )
+    if state["config"] is None:  # a Trainer built without config= records none
+        return UsageError(
+            f"{path}: the checkpoint records no config (its Trainer was built without "
+            f"config=), and the default model does not take its weights "
+            f"({describe_misfits(problems)}); pass config= to the Trainer that writes it, or "
+            "load its 'model' entry into your model yourself"
+        )
+    return UsageError(
+        f"{path}: the weights do not fit the model its config describes "
+        f"({describe_misfits(problems)})"
     )
 
 
@@ -108,7 +123,7 @@ def _model_from_state(state: dict[str, Any], path: PathLike) -> tuple[Any, Any]:
     from speedtronic_config import SpeedtronicConfig
     from speedtronic_model import build_model
     from speedtronic_trainer import CheckpointError
-    from speedtronic_trainer.checkpoint_checks import describe_misfits, weight_misfits
+    from speedtronic_trainer.checkpoint_checks import weight_misfits
     from speedtronic_trainer.sharded import load_sharded
 
     config = SpeedtronicConfig.from_dict(state["config"])
@@ -121,19 +136,7 @@ def _model_from_state(state: dict[str, Any], path: PathLike) -> tuple[Any, Any]:
     else:
         problems = weight_misfits(model, state["model"])
         if problems:
-            _refuse_another_model(model, state["model"], config.model.name, path)
-        if problems and state["config"] is None:  # a Trainer built without config= records none
-            raise UsageError(
-                f"{path}: the checkpoint records no config (its Trainer was built without "
-                f"config=), and the default model does not take its weights "
-                f"({describe_misfits(problems)}); pass config= to the Trainer that writes it, or "
-                "load its 'model' entry into your model yourself"
-            )
-        if problems:
-            raise UsageError(
-                f"{path}: the weights do not fit the model its config describes "
-                f"({describe_misfits(problems)})"
-            )
+            raise _misfit_error(problems, model, state, config.model.name, path)
         model.load_state_dict(state["model"])
     return model.eval(), config
 

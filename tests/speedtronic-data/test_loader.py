@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -201,6 +202,11 @@ class _Counting(IterableDataset):
             yield {"input_ids": torch.full((4,), i), "labels": torch.full((4,), i)}
 
 
+def _position(state):
+    """Return a loader state's (epoch, batches, samples)."""
+    return state["epoch"], state["batches"], state["samples"]
+
+
 def _resume_cases(shards, text_file):
     return {
         "synthetic shuffled": section(shuffle=True),
@@ -238,7 +244,7 @@ def test_resume_yields_exactly_the_remaining_batches(shards, text_file, case, st
     for _ in range(stop_at):
         taken.append(next(iterator)["input_ids"])
     state = loader_state(first)
-    assert state == {"epoch": 0, "batches": stop_at}
+    assert _position(state) == (0, stop_at, stop_at * first.batch_size)
     resumed = build()
     restore_loader(resumed, state)
     rest = [b["input_ids"] for _ in range(2) for b in resumed]
@@ -270,16 +276,55 @@ def test_a_state_saved_after_the_last_batch_of_an_epoch_resumes_in_the_next(
     stream = infinite_batches(first)
     taken = [next(stream)["input_ids"] for _ in range(per_epoch)]
     state = loader_state(first)
-    assert state == {"epoch": 0, "batches": per_epoch}
+    assert _position(state) == (0, per_epoch, per_epoch * first.batch_size)
     resumed = build()
     restore_loader(resumed, state)
     stream = infinite_batches(resumed)
     got = taken + [next(stream)["input_ids"] for _ in range(per_epoch)]
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
-    assert loader_state(resumed) == {"epoch": 1, "batches": per_epoch}
+    assert _position(loader_state(resumed)) == (1, per_epoch, per_epoch * first.batch_size)
     plain = build()  # a for loop sees the same: the rest of epoch 0, then epoch 1
     restore_loader(plain, state)
     assert [len(list(plain)), len(list(plain))] == [0, per_epoch]
+
+
+@pytest.mark.parametrize("case", ["shards shuffled", "text"])
+def test_a_resume_at_another_batch_size_continues_at_the_same_sample(shards, text_file, case):
+    # A run resumed with a smaller data.micro_batch_size (a GPU with less memory) must neither
+    # skip nor repeat samples: 3 batches of 4 are samples 0-11, so the next one starts at 12.
+    config = _resume_cases(shards, text_file)[case]
+
+    def batches_of(size):
+        sizes = {"micro_batch_size": size, "target_batch_size": size}
+        return build_dataloader(vars(config) | sizes)
+
+    one_by_one = [batch["input_ids"][0] for batch in batches_of(1)]
+    first = build_dataloader(config)
+    iterator = iter(first)
+    for _ in range(3):
+        next(iterator)
+    resumed = batches_of(6)
+    restore_loader(resumed, loader_state(first))
+    assert torch.equal(next(iter(resumed))["input_ids"], torch.stack(one_by_one[12:18]))
+
+
+@pytest.mark.parametrize("case", ["shards shuffled", "text"])
+def test_resuming_over_data_that_changed_on_disk_warns(shards, text_file, case):
+    config = _resume_cases(shards, text_file)[case]
+    first = build_dataloader(config)
+    iterator = iter(first)
+    for _ in range(3):
+        next(iterator)
+    state = loader_state(first)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same data: no warning
+        restore_loader(build_dataloader(config), state)
+    if case == "text":  # more text appended to the file
+        text_file.write_text(text_file.read_text() + "appended line\n" * 20)
+    else:  # the second shard prepared again from other text
+        write_shard(shards / "train_000001.bin", np.arange(200) % 64)
+    with pytest.warns(UserWarning, match="changed since, so training does not continue"):
+        restore_loader(build_dataloader(config), state)
 
 
 def test_calling_iter_without_drawing_does_not_start_an_epoch():
@@ -294,7 +339,7 @@ def test_state_round_trip_and_bad_states():
     list(loader)
     it = iter(loader)
     next(it)
-    assert loader.state_dict() == {"epoch": 1, "batches": 1}
+    assert loader.state_dict() == {"epoch": 1, "batches": 1, "samples": 4, "data_size": 40}
     with pytest.raises(DataError, match="not a ResumableLoader state"):
         loader.load_state_dict({"epoch": 1})
     with pytest.raises(DataError, match="'samples': int"):
@@ -396,6 +441,8 @@ def test_dataset_state_resumes_at_exactly_the_next_batch(shards, fields, stop_at
     assert resumed.state_dict() == {
         "epoch": epoch,
         "batches": within,
+        "samples": within * 4,
+        "data_size": len(dataset),
     }  # the loader shares the dataset's position
     rest = [(b["input_ids"], b["labels"]) for _ in range(3 - epoch) for b in resumed]
     got = taken + rest
@@ -414,18 +461,14 @@ def test_dataset_state_resumes_under_another_batch_size(shards):
     state = dataset.state_dict()  # 12 windows of epoch 0
     fresh, resumed = _shard_run(shards, shuffle=True, micro_batch_size=5)
     fresh.load_state_dict(state)
-    assert resumed.state_dict() == {"epoch": 0, "batches": 3, "samples": 12}
+    assert _position(resumed.state_dict()) == (0, 3, 12)
     batch = next(iter(resumed))
     order = list(
         ResumableSampler(len(fresh), shuffle=True, seed=7)
     )  # epoch 0 of seed 7, from the start
     windows = _windows(shards)
     assert batch["input_ids"].tolist() == [windows[i][:-1].tolist() for i in order[12:17]]
-    assert fresh.state_dict()["windows"] == 17 and resumed.state_dict() == {
-        "epoch": 0,
-        "batches": 4,
-        "samples": 17,
-    }
+    assert fresh.state_dict()["windows"] == 17 and _position(resumed.state_dict()) == (0, 4, 17)
     _, other = _shard_run(shards, shuffle=True, micro_batch_size=5)
     other.load_state_dict(resumed.state_dict())  # the loader's form keeps the exact window too
     assert next(iter(other))["input_ids"].tolist() == [

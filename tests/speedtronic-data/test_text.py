@@ -5,7 +5,13 @@ import torch
 from torch.utils.data import DataLoader
 
 import speedtronic_data.text as text_module
-from speedtronic_data import DataError, TextFileTokenDataset, collate_causal
+from speedtronic_data import (
+    DataError,
+    JsonTokenizer,
+    TextFileTokenDataset,
+    build_dataloader,
+    collate_causal,
+)
 
 TEXT = "".join(f"line {i}: the quick brown fox é\n" for i in range(200))
 
@@ -83,6 +89,27 @@ def test_token_id_beyond_vocab_names_file_id_and_vocab(text_file):
     ds = TextFileTokenDataset(text_file, 8, tokenizer=lambda t: [0, 99, 5] * 10, vocab_size=50)
     with pytest.raises(DataError, match=r"corpus.txt.*token id 99 is >= vocab_size 50"):
         next(iter(ds))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused_when_the_loader_is_built(
+    text_file, bpe_json, workers
+):
+    # Not at the first batch, where a worker would wrap it in a traceback: before any step.
+    config = {"text_path": str(text_file), "block_size": 8, "vocab_size": 256}
+    config |= {"micro_batch_size": 2, "target_batch_size": 2, "num_workers": workers}
+    tokenizer = JsonTokenizer.from_file(bpe_json)
+    ids = tokenizer.vocab_size
+    assert ids > 256
+    with pytest.raises(DataError) as refused:
+        build_dataloader(config, tokenizer=tokenizer)
+    assert str(refused.value) == (
+        f"data.text_path {str(text_file)!r} is tokenized by tokenizer.json ({ids} ids) but "
+        "data.vocab_size (model.vocab_size unless set) is 256; set model.vocab_size (and "
+        f"data.vocab_size, if set) to at least {ids} or tokenize it with a tokenizer of at most "
+        "256 ids"
+    )
+    next(iter(build_dataloader({**config, "vocab_size": ids}, tokenizer=tokenizer)))
 
 
 def test_invalid_utf8_names_the_offset(tmp_path):

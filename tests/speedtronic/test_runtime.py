@@ -362,10 +362,12 @@ def test_resuming_onto_data_of_another_tokenizer_is_refused(tmp_path, bpe_json):
     state = torch.load(saved, weights_only=True)
     del state["tokenizer"]  # as 2.0 wrote it: resumed without the check
     torch.save(state, saved)
-    trainer, _ = runtime.build_runtime(
-        bpe_config(tmp_path, shard_path=f"{bpe}/train_*.bin"), resume=True
-    )
+    log = tmp_path / "train.log"
+    config = bpe_config(tmp_path, shard_path=f"{bpe}/train_*.bin")
+    trainer, _ = runtime.build_runtime({**config, "logging": {"file": str(log)}}, resume=True)
     assert trainer.step == 2
+    # Other shards under the same setting: the saved data position means nothing, and says so.
+    assert "its files (or data.block_size) changed since" in log.read_text()
 
 
 def test_validation_data_is_held_to_the_training_tokenizer(tmp_path, bpe_json):

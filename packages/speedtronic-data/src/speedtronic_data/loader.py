@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -123,22 +124,46 @@ class ResumableLoader(DataLoader):
             position.samples += self.batch_size
             yield batch
 
+    def _data_size(self) -> tuple[int, str] | None:
+        """Return the size of the data the position points into and its unit: a map-style
+        dataset's samples, a streamed text file's bytes; None when unknown (an iterable Dataset).
+        """
+        if isinstance(self.sampler, ResumableSampler):
+            return self.sampler.size, "samples"
+        if isinstance(self.dataset, TextFileTokenDataset):
+            return self.dataset.path.stat().st_size, "bytes of text"
+        return None
+
     def state_dict(self) -> dict[str, int]:
-        """Return {"epoch", "batches"}: the pass in progress and how many of its batches were handed
-        out (plus "samples" when a dataset state saved at another batch size left the position
-        between batches)."""
+        """Return {"epoch", "batches", "samples"}: the pass in progress, how many of its batches
+        were handed out and the samples they held (so a resume at another batch size continues
+        at the same sample), plus "data_size" when the data's size is known (see _data_size).
+        """
         samples, size = self.position.samples, self.batch_size
-        state = {"epoch": self.position.epoch, "batches": -(-samples // size)}
-        if samples % size:
-            state["samples"] = samples
+        state = {"epoch": self.position.epoch, "batches": -(-samples // size), "samples": samples}
+        known = self._data_size()
+        if known is not None:
+            state["data_size"] = known[0]
         return state
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Make the next pass continue epoch state["epoch"] after state["batches"] batches."""
+        """Make the next pass continue epoch state["epoch"] after state["samples"] samples (a
+        state without them: after state["batches"] batches of this loader's batch size); warn
+        when the data's size differs from the saved one, as the position then means nothing.
+        """
         epoch, batches = read_state(state, "batches", "ResumableLoader")
         samples = batches * self.batch_size
         if "samples" in state:
             samples = read_state(state, "samples", "ResumableLoader")[1]
+        known = self._data_size()
+        if known is not None and state.get("data_size", known[0]) != known[0]:
+            warnings.warn(
+                f"the saved data position (epoch {epoch}, {samples} samples in) was taken over "
+                f"{state['data_size']} {known[1]}, but the data now holds {known[0]}: its files "
+                "(or data.block_size) changed since, so training does not continue where it "
+                "stopped; resume on the data it was saved over, or start a new run",
+                stacklevel=2,
+            )
         self.position.resume_at(epoch, samples, f"loader state {state!r}")
 
 

@@ -189,7 +189,8 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
         # Which tokenizer wrote them (tokenizer_record.json beside the shards): a vocabulary too
         # small for it fails here, in one line, not at the first out-of-range id mid-epoch.
         self.tokenizer = shards_record(s.path for s in self.shards)
-        check_vocab(self.tokenizer, vocab_size, str(self.shards[0].path.parent))
+        folder = self.shards[0].path.parent
+        check_vocab(self.tokenizer, vocab_size, f"token shards in {folder} were written by")
         windows = [max(0, (s.num_tokens - 1) // block_size) for s in self.shards]
         self.offsets = np.concatenate([[0], np.cumsum(windows)]).astype(
             np.int64

@@ -14,6 +14,7 @@ from torch.utils.data import IterableDataset
 from speedtronic_data.errors import DataError, check_positive_int
 from speedtronic_data.partition import block_plan
 from speedtronic_data.tokenizer import CharTokenizer, check_ids, encode_text, is_byte_tokenizer
+from speedtronic_data.tokenizer_record import check_vocab, record_for
 
 CHUNK_BYTES = 1 << 20  # read granularity: memory stays O(chunk + block) for any file size
 
@@ -140,6 +141,11 @@ class TextFileTokenDataset(IterableDataset[dict[str, torch.Tensor]]):
         self.path = check_text_file(Path(path), setting)
         self.block_size, self.vocab_size = block_size, vocab_size
         self.tokenizer = tokenizer if tokenizer is not None else CharTokenizer(vocab_size)
+        record = record_for(self.tokenizer)
+        if record.kind != "bytes":  # bytes below a cut vocabulary are checked as they are read
+            # Now, not at the first id past it: a worker would raise it inside a traceback.
+            subject = f"{setting} {str(self.path)!r} is tokenized by"
+            check_vocab(record, vocab_size, subject, "tokenize it with")
         if is_byte_tokenizer(self.tokenizer) and self.path.stat().st_size <= block_size:
             raise DataError(self._too_short(self.path.stat().st_size))
         # Set by ResumableLoader: blocks before start_block are skipped; workers take whole batches

@@ -266,15 +266,21 @@ def shards_record(shard_paths: Iterable[str | Path]) -> TokenizerRecord:
     return first
 
 
-def check_vocab(record: TokenizerRecord, vocab_size: int | None, where: str) -> None:
-    """Raise DataError when the model's vocabulary cannot hold every id the tokenizer emits."""
+def check_vocab(
+    record: TokenizerRecord,
+    vocab_size: int | None,
+    subject: str,
+    fix: str = "prepare the shards with",
+) -> None:
+    """Raise DataError when the model's vocabulary cannot hold every id the tokenizer emits;
+    `subject` names the data and ends in a verb ("token shards in data/web were written by").
+    """
     if vocab_size is None or record.vocab_size is None or record.vocab_size <= vocab_size:
         return
     raise DataError(
-        f"token shards in {where} were written by {record.describe()} but data.vocab_size "
-        f"(model.vocab_size unless set) is {vocab_size:,}; set model.vocab_size (and "
-        f"data.vocab_size, if set) to at least {record.vocab_size} or prepare the shards with a "
-        f"tokenizer of at most {vocab_size:,} ids"
+        f"{subject} {record.describe()} but data.vocab_size (model.vocab_size unless set) is "
+        f"{vocab_size:,}; set model.vocab_size (and data.vocab_size, if set) to at least "
+        f"{record.vocab_size} or {fix} a tokenizer of at most {vocab_size:,} ids"
     )
 
 

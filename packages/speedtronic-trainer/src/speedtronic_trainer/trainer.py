@@ -6,6 +6,7 @@ import itertools
 import math
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -984,7 +985,12 @@ class Trainer:
             )
             return
         if mine.get("data") is not None:
-            self._stream.load_state_dict(mine["data"])
+            # A loader warns when the data changed since the checkpoint: said in the run's log.
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                self._stream.load_state_dict(mine["data"])
+            for warning in caught:
+                self.logger.warning("%s", warning.message)
         restore_rng_state(mine.get("rng"))
 
     def resume_latest(self) -> bool:

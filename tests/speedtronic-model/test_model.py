@@ -10,6 +10,7 @@ from speedtronic_config import ConfigError
 from speedtronic_model.model import (
     CausalSelfAttention,
     GPTConfig,
+    KVCache,
     ReferenceTransformer,
     RotaryEmbedding,
     _attention_mask,
@@ -425,3 +426,94 @@ def test_flops_per_token_follows_palm():
     assert model.flops_per_token(8) == 6 * n + 12 * 2 * 4 * 8 * 8
     # Untying adds a lookup table that does no matmul: the head is counted either way, once.
     assert small(tie_weights=False).flops_per_token() == model.flops_per_token()
+
+
+# -- incremental decoding (KVCache) ---------------------------------------------------------
+
+
+def _positions_computed(model: ReferenceTransformer) -> list[int]:
+    """Record the sequence length of every forward call of model."""
+    lengths: list[int] = []
+    model.register_forward_pre_hook(
+        lambda _, args, kwargs: lengths.append(args[0].size(1)), with_kwargs=True
+    )
+    return lengths
+
+
+@pytest.mark.parametrize(
+    "n_kv_head, sampling",
+    [(4, dict(temperature=0.0)), (2, dict(temperature=1.0)), (1, dict(temperature=1.5, top_k=3))],
+    ids=["mha-greedy", "gqa-sampled", "mqa-top-k"],
+)
+def test_cached_generate_gives_the_tokens_of_recomputing_the_window(n_kv_head, sampling):
+    # 4 prompt tokens + 20 new ones run past block_size 16: the window slides for the last 8.
+    model = small(n_kv_head=n_kv_head)
+    prompt = tokens(3, 4)
+
+    def run(use_cache: bool) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(5)
+        return model.generate(prompt, 20, **sampling, generator=generator, use_cache=use_cache)
+
+    assert torch.equal(run(True), run(False))
+
+
+def test_generate_decodes_one_position_per_token_while_the_window_fits():
+    # Every token recomputed the whole window: 4, 5, ..., 16, then 16 per token once it slides.
+    model = small()
+    lengths = _positions_computed(model)
+    out = model.generate(tokens(2, 4), 20, temperature=0.0)
+    assert lengths == [4] + [1] * 12 + [16] * 7  # the prompt, then one position per token
+    assert torch.equal(out, model.generate(tokens(2, 4), 20, temperature=0.0, use_cache=False))
+    lengths.clear()
+    model.generate(tokens(2, 20), 3, temperature=0.0)  # a prompt past the window never caches
+    assert lengths == [16] * 3
+
+
+def test_a_forward_that_drops_kv_cache_still_generates_the_window_tokens():
+    # A subclass whose forward passes only the 2.0 arguments on keeps the recomputing path.
+    class Legacy(ReferenceTransformer):
+        def forward(self, input_ids, labels=None, attention_mask=None, **_):
+            return super().forward(input_ids, labels, attention_mask)
+
+    torch.manual_seed(0)
+    legacy = Legacy(**SMALL)
+    out = legacy.generate(tokens(2, 4), 20, temperature=0.0)
+    assert torch.equal(out, small().generate(tokens(2, 4), 20, temperature=0.0, use_cache=False))
+
+
+def test_kv_cache_forward_gives_the_full_forward_logits():
+    model = small().eval()
+    ids = tokens(2, 16)
+    full = model(ids)["logits"]
+    cache = KVCache(16)
+    steps = [model(ids[:, :5], kv_cache=cache)["logits"]]
+    steps += [model(ids[:, t : t + 1], kv_cache=cache)["logits"] for t in range(5, 16)]
+    assert cache.length == 16
+    torch.testing.assert_close(torch.cat(steps, dim=1), full)
+    with pytest.raises(ValueError, match=r"kv_cache is full \(16 of block_size 16"):
+        model(ids[:, :1], kv_cache=cache)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda m, c: m(tokens(2, 4), kv_cache=KVCache(8)), "pass KVCache\\(model.config"),
+        (lambda m, c: m(tokens(2, 4), labels=tokens(2, 4), kv_cache=c), "neither labels"),
+        (lambda m, c: (m(tokens(2, 4), kv_cache=c), m(tokens(2, 2), kv_cache=c)), "one more"),
+    ],
+)
+def test_kv_cache_misuse_is_a_one_line_error(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(small().eval(), KVCache(16))
+
+
+def test_top_k_keeps_the_tokens_tied_with_the_kth_as_transformers_does():
+    # Not a defect: transformers' TopKLogitsWarper keeps every logit >= the k-th, ties included.
+    transformers = pytest.importorskip("transformers")
+    from speedtronic_model.model import _sample
+
+    logits = torch.tensor([[5.0, 3.0, 3.0, 3.0, 1.0]]).expand(256, 5)
+    warped = transformers.TopKLogitsWarper(2)(None, logits)
+    theirs = set(torch.nonzero(warped[0].isfinite()).flatten().tolist())
+    ours = set(_sample(logits, 1.0, 2, torch.Generator().manual_seed(0)).flatten().tolist())
+    assert ours == theirs == {0, 1, 2, 3}

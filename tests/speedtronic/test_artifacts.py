@@ -217,6 +217,36 @@ def test_a_malicious_checkpoint_is_refused_in_one_line_for_sample_and_export(tmp
     assert "never contains" in message
 
 
+def test_sample_leaves_the_global_rng_alone_and_keeps_each_seeds_text(checkpoint):
+    # sample_text called torch.manual_seed(seed): a caller's global RNG stream was reset.
+    from speedtronic_data import CharTokenizer
+
+    model, _ = load_checkpoint_model(checkpoint)
+    prompt = torch.tensor([list(b"def ")])
+    args = {"max_new_tokens": 40, "temperature": 1.0}  # past max_seq_len 32: the window slides
+    for seed in (0, 3):
+        torch.manual_seed(seed)  # what a seed gave before: the global generator, reseeded
+        before = CharTokenizer().decode(model.generate(prompt, **args)[0].tolist())
+        torch.manual_seed(1234)
+        state = torch.get_rng_state()
+        assert sample_text(checkpoint, "def ", seed=seed, tokenizer="bytes", **args) == before
+        assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_a_generate_without_a_generator_samples_in_a_forked_rng():
+    from speedtronic.artifacts import _seeded_generate
+
+    class Custom:  # a user's model: generate(ids, n, temperature=, top_k=) on the global RNG
+        def generate(self, ids, n, temperature=1.0, top_k=None):
+            return torch.randint(0, 256, (1, n))
+
+    torch.manual_seed(3)
+    expected = torch.randint(0, 256, (1, 5))
+    state = torch.get_rng_state()
+    assert torch.equal(_seeded_generate(Custom(), 3, None, 5, temperature=1.0), expected)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_sample_escapes_control_characters_only_on_a_terminal(checkpoint, capsys, monkeypatch):
     from speedtronic.cli import main
 

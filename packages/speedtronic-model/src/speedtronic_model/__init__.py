@@ -16,6 +16,7 @@ _EXPORTS: dict[str, str] = {
         [
             "CausalSelfAttention",
             "GPTConfig",
+            "KVCache",
             "RMSNorm",
             "ReferenceTransformer",
             "RotaryEmbedding",

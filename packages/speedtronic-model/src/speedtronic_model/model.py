@@ -138,6 +138,35 @@ class RotaryEmbedding(nn.Module):
         )
 
 
+class KVCache:
+    """Each layer's rotated keys and values of the tokens a model has seen so far, for incremental
+    decoding: pass one to forward(kv_cache=) and that call computes only its new tokens, attending
+    to every earlier call's too. Positions count from the cache's first token; it holds at most
+    max_len tokens (the model's block_size). generate() keeps one per call.
+    """
+
+    def __init__(self, max_len: int) -> None:
+        self.max_len = max_len
+        self.length = 0  # tokens stored, advanced by the model after every layer has stored them
+        self._keys: list[torch.Tensor] = []  # per layer (B, KV, max_len, D), allocated on first use
+        self._values: list[torch.Tensor] = []
+
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store layer's new (B, KV, T, D) keys and values; return all of that layer's so far."""
+        if layer == len(self._keys):  # preallocated: no copy of the whole history per token
+            shape = (*k.shape[:2], self.max_len, k.size(-1))
+            self._keys.append(k.new_empty(shape))
+            self._values.append(v.new_empty(shape))
+        start, end = self.length, self.length + k.size(2)
+        self._keys[layer][:, :, start:end] = k
+        self._values[layer][:, :, start:end] = v
+        if start == 0:  # the prompt attends to exactly the tensors an uncached forward would
+            return k, v
+        return self._keys[layer][:, :, :end], self._values[layer][:, :, :end]
+
+
 class CausalSelfAttention(nn.Module):
     """Causal self-attention with grouped-query heads (n_kv_head key/value heads shared by n_head
     queries).
@@ -158,10 +187,16 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(
-        self, x: torch.Tensor, rope: RotaryEmbedding, attention_mask: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        rope: RotaryEmbedding,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        kv_cache: KVCache | None = None,
+        layer: int = 0,
     ) -> torch.Tensor:
         """Attend causally; attention_mask is None or a (B, 1, T, T) bool mask that already holds
-        causality.
+        causality. With kv_cache, x's tokens follow the cached ones (slot `layer` of it).
         """
         B, T, C = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
@@ -171,8 +206,12 @@ class CausalSelfAttention(nn.Module):
         v = (
             self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         )  # (B, KV, T, D)
-        cos, sin = rope(T, x.device, q.dtype)
+        start = 0 if kv_cache is None else kv_cache.length
+        cos, sin = rope(start + T, x.device, q.dtype)
+        cos, sin = cos[start:], sin[start:]  # the new tokens' positions
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv_cache is not None:
+            k, v = kv_cache.update(layer, k, v)
         # enable_gqa lets SDPA broadcast KV heads itself; measured faster on CPU than
         # repeat_interleave (bench/gqa_attention.py) and it never materializes the copies.
         y = F.scaled_dot_product_attention(
@@ -180,7 +219,9 @@ class CausalSelfAttention(nn.Module):
             k,
             v,
             attn_mask=attention_mask,
-            is_causal=attention_mask is None,
+            # A cached step's tokens see every earlier one; SDPA's is_causal would align the
+            # queries with the first keys instead (forward only allows one token after a prompt).
+            is_causal=attention_mask is None and start == 0,
             dropout_p=self.dropout if self.training else 0.0,
             enable_gqa=self.n_kv_head != self.n_head,
         )  # (B, H, T, D)
@@ -217,21 +258,33 @@ class TransformerBlock(nn.Module):
         self.gradient_checkpointing = config.gradient_checkpointing
 
     def forward(
-        self, x: torch.Tensor, rope: RotaryEmbedding, attention_mask: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        rope: RotaryEmbedding,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        kv_cache: KVCache | None = None,
+        layer: int = 0,
     ) -> torch.Tensor:
         """Return the block output (B, T, C), checkpointed when enabled and gradients are
-        recorded.
+        recorded; kv_cache and layer as CausalSelfAttention takes them.
         """
-        if self.gradient_checkpointing and torch.is_grad_enabled():
+        if self.gradient_checkpointing and torch.is_grad_enabled() and kv_cache is None:
             # Non-reentrant checkpointing restores the RNG state, so dropout masks match on
             # recompute.
             return checkpoint(self._forward, x, rope, attention_mask, use_reentrant=False)
-        return self._forward(x, rope, attention_mask)
+        return self._forward(x, rope, attention_mask, kv_cache=kv_cache, layer=layer)
 
     def _forward(
-        self, x: torch.Tensor, rope: RotaryEmbedding, attention_mask: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        rope: RotaryEmbedding,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        kv_cache: KVCache | None = None,
+        layer: int = 0,
     ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, attention_mask)
+        x = x + self.attn(self.attn_norm(x), rope, attention_mask, kv_cache=kv_cache, layer=layer)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -280,16 +333,21 @@ class ReferenceTransformer(nn.Module):
         input_ids: torch.Tensor,
         labels: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        *,
+        kv_cache: KVCache | None = None,
         **_: Any,
     ) -> dict[str, torch.Tensor]:
         """Return {"logits": (B, T, V)} plus "loss" when labels (already shifted, -100 ignored) are
-        given.
+        given. With kv_cache (a KVCache(block_size)), input_ids continue the tokens it holds: the
+        prompt first, then one token per call, as generate() decodes.
         """
-        T = self._check_inputs(input_ids, labels, attention_mask)
+        T = self._check_inputs(input_ids, labels, attention_mask, kv_cache)
         mask = _attention_mask(attention_mask, T)  # None or (B, 1, T, T)
         x = self.drop(self.tok_emb(input_ids))  # (B, T, C)
-        for block in self.blocks:
-            x = block(x, self.rope, mask)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, self.rope, mask, kv_cache=kv_cache, layer=layer)
+        if kv_cache is not None:
+            kv_cache.length += T
         logits = self.lm_head(self.norm(x))  # (B, T, V)
         if labels is None:
             return {"logits": logits}
@@ -300,6 +358,7 @@ class ReferenceTransformer(nn.Module):
         input_ids: torch.Tensor,
         labels: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
+        kv_cache: KVCache | None = None,
     ) -> int:
         if input_ids.dim() != 2:
             raise ValueError(
@@ -311,6 +370,8 @@ class ReferenceTransformer(nn.Module):
                 f"sequence length {T} exceeds block_size {self.config.block_size}; "
                 "crop the input or raise model.max_seq_len"
             )
+        if kv_cache is not None:
+            self._check_cache(kv_cache, T, labels, attention_mask)
         if labels is not None and labels.shape != input_ids.shape:
             raise ValueError(
                 f"labels shape {tuple(labels.shape)} != input_ids shape {tuple(input_ids.shape)}; "
@@ -323,6 +384,31 @@ class ReferenceTransformer(nn.Module):
                 f"{tuple(input_ids.shape)}"
             )
         return T
+
+    def _check_cache(
+        self,
+        kv_cache: KVCache,
+        T: int,
+        labels: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+    ) -> None:
+        if kv_cache.max_len != self.config.block_size:
+            raise ValueError(
+                f"kv_cache holds {kv_cache.max_len} tokens but block_size is "
+                f"{self.config.block_size}; pass KVCache(model.config.block_size)"
+            )
+        if labels is not None or attention_mask is not None:
+            raise ValueError("kv_cache is for decoding: pass neither labels nor attention_mask")
+        if kv_cache.length and T != 1:
+            raise ValueError(
+                f"a kv_cache that holds tokens takes one more per call, got {T}; start a new "
+                "KVCache for a new prompt"
+            )
+        if kv_cache.length + T > self.config.block_size:
+            raise ValueError(
+                f"kv_cache is full ({kv_cache.length} of block_size {self.config.block_size} "
+                "tokens); past it, run the latest block_size tokens without a cache"
+            )
 
     def num_parameters(self, *, non_embedding: bool = False) -> int:
         """Return the unique parameter count; non_embedding drops the token lookup table unless it
@@ -358,10 +444,14 @@ class ReferenceTransformer(nn.Module):
         *,
         generator: torch.Generator | None = None,
         eos_token_id: int | None = None,
+        use_cache: bool = True,
     ) -> torch.Tensor:
         """Return input_ids (B, T) extended by max_new_tokens sampled ids, in its dtype and on its
         device; temperature 0 is greedy. With eos_token_id, a row ends at that id (later ids are
-        it again) and sampling stops once every row has, as transformers' generate does.
+        it again) and sampling stops once every row has, as transformers' generate does. The model
+        sees the latest block_size tokens. use_cache keeps each layer's keys and values (KVCache),
+        so a token costs one position, not the whole window, while the sequence fits block_size;
+        past it every token recomputes the window, as use_cache=False always does.
         """
         if input_ids.dim() != 2 or input_ids.size(1) == 0:
             # Else cropping the context fails as a bare IndexError ("too many indices").
@@ -403,12 +493,21 @@ class ReferenceTransformer(nn.Module):
         was_training = self.training
         self.eval()  # sampling should never see dropout
         finished = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
+        block_size = self.config.block_size
+        cache = KVCache(block_size)  # allocated on first use: nothing when use_cache=False
         try:
             for _ in range(max_new_tokens):
-                context = input_ids[
-                    :, -self.config.block_size :
-                ]  # crop: RoPE was cached for block_size
-                logits = self(context)["logits"][:, -1, :].float()  # (B, V)
+                if use_cache and input_ids.size(1) <= block_size:
+                    # The tokens the cache has not seen: the prompt, then the last sampled one.
+                    # A subclass's forward that drops kv_cache leaves it empty, so it is given
+                    # the whole sequence every time, as without a cache.
+                    logits = self(input_ids[:, cache.length :], kv_cache=cache)["logits"]
+                else:
+                    # Once the window slides every position's hidden state changes (earlier
+                    # layers no longer see the dropped token): a cache would not give these
+                    # logits, so the latest block_size tokens are recomputed.
+                    logits = self(input_ids[:, -block_size:])["logits"]
+                logits = logits[:, -1, :].float()  # (B, V)
                 next_ids = _sample(logits, temperature, top_k, generator)
                 if eos_token_id is not None:  # a finished row repeats eos, as transformers pads
                     next_ids = next_ids.masked_fill(finished[:, None], eos_token_id)
@@ -467,6 +566,7 @@ def _attention_mask(attention_mask: torch.Tensor | None, T: int) -> torch.Tensor
 __all__ = [
     "CausalSelfAttention",
     "GPTConfig",
+    "KVCache",
     "RMSNorm",
     "ReferenceTransformer",
     "RotaryEmbedding",

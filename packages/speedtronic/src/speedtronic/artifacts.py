@@ -120,6 +120,8 @@ def _misfit_error(
 
 
 def _model_from_state(state: dict[str, Any], path: PathLike) -> tuple[Any, Any]:
+    import torch
+
     from speedtronic_config import SpeedtronicConfig
     from speedtronic_model import build_model
     from speedtronic_trainer import CheckpointError
@@ -127,7 +129,9 @@ def _model_from_state(state: dict[str, Any], path: PathLike) -> tuple[Any, Any]:
     from speedtronic_trainer.sharded import load_sharded
 
     config = SpeedtronicConfig.from_dict(state["config"])
-    model = build_model(config.model)  # model.init_from is not applied: the checkpoint has weights
+    # The initial weights are replaced by the checkpoint's: drawing them leaves the caller's RNG be.
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(config.model)  # model.init_from is not applied: the checkpoint's are
     if "sharded" in state:  # FSDP shards, gathered into this one process
         try:
             load_sharded(Path(state["sharded"]), model, None)
@@ -303,18 +307,40 @@ def sample_text(
     ids = torch.tensor([prompt_ids], dtype=torch.long)
     # The export's generation_config names this eos, and transformers' generate stops there.
     stop = _eos_token_id(codec, model)
-    torch.manual_seed(seed)
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens, temperature=temperature, top_k=top_k, **stop)
+        out = _seeded_generate(
+            model, seed, ids, max_new_tokens, temperature=temperature, top_k=top_k, **stop
+        )
     return codec.decode(out[0].tolist())
+
+
+def _seeded_generate(model: Any, seed: int, *args: Any, **kwargs: Any) -> Any:
+    """Return model.generate(*args, **kwargs) sampling from torch's CPU generator seeded with seed,
+    leaving the caller's global RNG state as it was: through generate's own generator= where it
+    takes one (the reference model's), else with the default generator forked around the call.
+    """
+    import torch
+
+    # A fresh generator seeded with seed draws what the default one did after manual_seed(seed):
+    # the same seed gives the same text as before.
+    if _takes(model.generate, "generator"):
+        return model.generate(*args, generator=torch.Generator().manual_seed(seed), **kwargs)
+    with torch.random.fork_rng(devices=[]):  # the model is on the CPU (_model_from_state)
+        torch.default_generator.manual_seed(seed)
+        return model.generate(*args, **kwargs)
+
+
+def _takes(function: Any, name: str) -> bool:
+    """Return whether function has a parameter called name."""
+    import inspect
+
+    return name in inspect.signature(function).parameters
 
 
 def _eos_token_id(codec: Any, model: Any) -> dict[str, int]:
     """Return {"eos_token_id": id} for a tokenizer.json with an end-of-text special token (as
     export_hf writes it to generation_config.json) whose model's generate() takes it, else {}.
     """
-    import inspect
-
     from speedtronic_data.hf_tokenizer import special_tokens
 
     text = getattr(codec, "text", None)  # a JsonTokenizer's tokenizer.json; bytes have no eos
@@ -322,7 +348,7 @@ def _eos_token_id(codec: Any, model: Any) -> dict[str, int]:
         return {}
     eos = special_tokens(json.loads(text))[1]
     # _check_fits has kept the tokenizer's ids below the model's vocabulary.
-    if eos is None or "eos_token_id" not in inspect.signature(model.generate).parameters:
+    if eos is None or not _takes(model.generate, "eos_token_id"):
         return {}  # a custom model's generate() as sample asks for it: (ids, n, temperature, top_k)
     return {"eos_token_id": eos[1]}
 

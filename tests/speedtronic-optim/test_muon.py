@@ -174,6 +174,16 @@ def test_state_saved_without_the_newer_group_options_loads_and_steps() -> None:
     torch.testing.assert_close(clone, param)
 
 
+def test_loading_state_keeps_how_the_parameters_are_stored() -> None:
+    # A state saved before `transposed` existed (or by another layout) must not flip the live
+    # groups' orientation: a resumed GPT-2 run would change its update rule.
+    optimizer = Muon([{"params": [torch.nn.Parameter(torch.randn(4, 6))], "transposed": True}])
+    saved = copy.deepcopy(optimizer.state_dict())
+    del saved["param_groups"][0]["transposed"]
+    optimizer.load_state_dict(saved)
+    assert optimizer.param_groups[0]["transposed"] is True
+
+
 def test_auto_work_dtype_tracks_bf16_support(monkeypatch) -> None:
     from speedtronic_optim.newton_schulz import fast_work_dtype
 
@@ -253,6 +263,7 @@ def test_empty_matrices_step_as_no_ops(shape: tuple[int, int], muon_plus: bool) 
         ({"ns_steps": 2.5}, TypeError, "Muon param group 0 ns_steps"),
         ({"adjust_lr": "orignal"}, ValueError, "Muon param group 0 adjust_lr"),
         ({"ns_coefficients": "polar"}, ValueError, "Muon param group 0 ns_coefficients"),
+        ({"transposed": "yes"}, TypeError, "Muon param group 0 transposed"),
     ],
 )
 def test_per_group_options_are_checked_when_the_group_is_added(group, error, fragment) -> None:

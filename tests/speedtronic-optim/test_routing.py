@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from speedtronic_optim import route_parameters
+from speedtronic_optim import Muon, build_optimizer, route_parameters
 
 
 def _names(model: nn.Module, params: list[torch.Tensor]) -> set[str]:
@@ -127,3 +127,32 @@ def test_transformers_models_route_their_hidden_matrices_to_muon(kind: str, tied
     assert all(p is not head for p in routing.muon)
     routed = [id(p) for p in routing.muon + routing.adamw]
     assert len(routed) == len(set(routed)) == len({id(p) for p in model.parameters()})
+
+
+@pytest.mark.parametrize("muon_plus", [False, True])
+def test_conv1d_weights_update_as_the_transposed_linear_weights_they_stand_for(
+    muon_plus: bool,
+) -> None:
+    """transformers' Conv1D stores GPT-2's projections as (in, out). Muon read them as (out, in):
+    `adjust_lr="original"` scaled c_fc's update by 1 instead of 2 (c_proj's by 2 instead of 1)
+    and Muon+'s `row_col` normalized input features where it normalizes output ones. Routed
+    Conv1D weights are marked `transposed`, so each update is its nn.Linear twin's, transposed.
+    """
+    torch.manual_seed(0)
+    model = _transformers_lm("gpt2")
+    routing = route_parameters(model)
+    assert [id(p) for p in routing.transposed] == [id(p) for p in routing.muon]
+    twins = [nn.Parameter(param.detach().mT.clone()) for param in routing.muon]
+    for param, twin in zip(routing.muon, twins, strict=True):
+        param.grad = torch.randn_like(param)
+        twin.grad = param.grad.mT.clone()
+    options = dict(lr=0.1, adjust_lr="original", muon_plus=muon_plus, ns_dtype=torch.float32)
+    Muon(routing.muon_param_groups(), **options).step()
+    Muon(twins, **options).step()
+    for param, twin in zip(routing.muon, twins, strict=True):
+        torch.testing.assert_close(param.detach(), twin.detach().mT, rtol=1e-5, atol=1e-6)
+    # The trainer's optimizer (build_optimizer) marks them itself; Linear models stay one group.
+    hybrid = build_optimizer(model, {"name": "muon", "muon_plus": True})
+    assert [(len(g["params"]), g["transposed"]) for g in hybrid.muon.param_groups] == [(8, True)]
+    llama = build_optimizer(_transformers_lm("llama"), {"name": "muon"})
+    assert [(len(g["params"]), g["transposed"]) for g in llama.muon.param_groups] == [(14, False)]

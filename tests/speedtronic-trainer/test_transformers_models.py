@@ -5,9 +5,11 @@ trainer: the loss is transformers' own, padding is excluded, accumulation and fe
 from __future__ import annotations
 
 import io
+import warnings
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from trainer_testkit import RecordingHook, make_config
 
 from speedtronic_trainer import MetricLogger, Trainer
@@ -99,6 +101,8 @@ def test_the_reported_loss_is_transformers_own_loss_on_padded_batches(name):
     trainer.fit(2)
     losses = trainer.logger.hooks[0].values("train_step", "loss")
     assert losses == [pytest.approx(value, abs=1e-5) for value in expected]
+    # `tokens` (and tokens/s) count input positions, pads included (docs/concepts.md#metrics).
+    assert trainer.tokens == sum(batch["input_ids"].numel() for batch in batches)
 
 
 def test_accumulated_padded_microbatches_train_as_one_batch():
@@ -176,3 +180,40 @@ def test_unshifted_labels_are_refused_before_a_transformers_model_learns_to_copy
         checked.evaluate()
     checked.eval_dataloader = batches
     assert checked.evaluate() is not None
+
+
+def test_a_checkpoint_names_the_models_class_and_a_resume_into_another_names_both(tmp_path):
+    """A checkpoint of Trainer(config=..., model=<transformers model>) described its weights only
+    by the config's default `model.name: reference_transformer`; it records the model's class,
+    and a resume into a model of another class names both instead of only a missing weight.
+    """
+    from speedtronic_trainer import CheckpointManager, CheckpointMismatch
+
+    def trainer(model):
+        manager = CheckpointManager(tmp_path, every_steps=1)
+        config = make_config(data={"micro_batch_size": 2, "target_batch_size": 2})
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        batches = padded_batches(1)
+        return Trainer(
+            model, optimizer, batches, device="cpu", config=config, checkpoint_manager=manager
+        )
+
+    first = trainer(_gpt2())
+    first.fit(1)
+    state = first.checkpoint_manager.load_latest()
+    assert state["config"]["model"]["name"] == "reference_transformer"  # the config's, as given
+    gpt2 = "transformers.models.gpt2.modeling_gpt2.GPT2LMHeadModel"
+    assert state["model_class"] == gpt2
+    llama = "transformers.models.llama.modeling_llama.LlamaForCausalLM"
+    with pytest.raises(CheckpointMismatch, match=f"holds a {gpt2}'s weights, .* is a {llama}"):
+        trainer(_llama()).resume(state)
+    trainer(_gpt2()).resume(state)  # its own class resumes
+    # A sharded (.dcp) one alike, checked by its .metadata: it failed in DCP's load with "could
+    # not be loaded (RuntimeError: Missing key ...); move it out of the checkpoints folder".
+    folder = tmp_path / "step_1.dcp"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP's "assuming a single process"
+        dcp.save({"model": state.pop("model")}, checkpoint_id=str(folder), no_dist=True)
+    state.pop("optimizer")
+    with pytest.raises(CheckpointMismatch, match=f"holds a {gpt2}'s weights, .* is a {llama}"):
+        trainer(_llama()).resume({**state, "sharded": str(folder)})

@@ -613,11 +613,20 @@ def test_a_checkpoint_of_a_model_of_ones_own_is_refused_in_one_line_that_says_so
 ):
     """A transformers model trained through Trainer(model=...) leaves a checkpoint that sample
     and export cannot rebuild (they build model.name): the line blamed a size mismatch for
-    lm_head.weight, or advised passing config=, as if another setting would fit it.
+    lm_head.weight, or advised passing config=, as if another setting would fit it. The
+    checkpoint names the model's class (its config's model.name is the default's); a sharded
+    .dcp of it got "could not be loaded (RuntimeError: Missing key ...); move it out of the
+    checkpoints folder", as if it were damaged. A checkpoint without the class (2.0) is told by
+    its weights' names.
     """
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
     transformers = pytest.importorskip("transformers")
     from speedtronic.cli import main
     from speedtronic_trainer import CheckpointManager, Trainer
+    from speedtronic_trainer.sharded import load_sharded
 
     config = transformers.LlamaConfig(
         vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
@@ -632,12 +641,36 @@ def test_a_checkpoint_of_a_model_of_ones_own_is_refused_in_one_line_that_says_so
     Trainer(
         model, optimizer, [batch], device="cpu", config=sections, checkpoint_manager=manager
     ).fit(1)
+    state = torch.load(tmp_path / "checkpoints" / "step_1.pt", weights_only=True)
+    held = "transformers.models.llama.modeling_llama.LlamaForCausalLM"
+    assert state["model_class"] == held
+    # The same weights as a sharded folder, and both as 2.0 wrote them (no class recorded).
+    sharded = CheckpointManager(tmp_path / "sharded")
+    staging = sharded.sharded_staging_for(1)
+    staging.mkdir(parents=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP's "assuming a single process"
+        dcp.save({"model": state["model"]}, checkpoint_id=str(staging), no_dist=True)
+    rest = {key: value for key, value in state.items() if key not in ("model", "optimizer")}
+    folder = sharded.publish_sharded(staging, rest)
+    old = {key: value for key, value in state.items() if key != "model_class"}
+    torch.save(old, tmp_path / "old.pt")
+    shutil.copytree(folder, tmp_path / "old.dcp")
+    torch.save(rest | {"model_class": None}, tmp_path / "old.dcp" / "trainer_state.pt")
+    paths = [tmp_path / "checkpoints", folder, tmp_path / "old.pt", tmp_path / "old.dcp"]
     capsys.readouterr()
-    assert main(["sample", str(tmp_path / "checkpoints"), "--max-new-tokens", "1"]) == 2
-    assert main(["export", str(tmp_path / "checkpoints"), str(tmp_path / "out")]) == 2
+    for path in paths:
+        assert main(["sample", str(path), "--max-new-tokens", "1"]) == 2
+        assert main(["export", str(path), str(tmp_path / "out")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 2
-    for line in lines:
-        assert "holds the weights of another model than reference_transformer" in line
+    assert len(lines) == 2 * len(paths)
+    for index, line in enumerate(lines):
+        other = f"a {held}" if index < 4 else "another model"
+        assert f"holds the weights of {other}, not of model.name reference_transformer" in line
         assert "model.embed_tokens.weight" in line and "size mismatch" not in line
-        assert "load_state_dict(checkpoint['model'])" in line
+        dense = "load_state_dict(checkpoint['model'])"
+        assert (dense if index // 2 % 2 == 0 else "sharded.load_sharded(Path(PATH)") in line
+    # The advice for a sharded one works: the weights load into a model of their class.
+    reloaded = transformers.LlamaForCausalLM(config)
+    load_sharded(folder, reloaded, None)
+    assert all(torch.equal(reloaded.state_dict()[k], v) for k, v in state["model"].items())

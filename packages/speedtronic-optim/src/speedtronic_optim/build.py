@@ -76,7 +76,7 @@ def build_optimizer(
         if "muon_lr" in rates:  # an unset adamw_lr: the AdamW branch runs at lr, as in 2.0
             rates.setdefault("adamw_lr", rates["muon_lr"])
         optimizer = HybridOptimizer(
-            routing.muon,
+            routing.muon_param_groups(),
             routing.adamw,
             **rates,
             **_given(section, _HYBRID_FIELDS),

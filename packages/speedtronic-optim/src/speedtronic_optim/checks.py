@@ -117,6 +117,7 @@ _RULES: dict[str, Callable[[str, Any], None]] = {
     "ns_dtype": check_dtype,
     "nesterov": check_flag,
     "muon_plus": check_flag,
+    "transposed": check_flag,
     "cautious": check_flag,
     "fused": functools.partial(check_flag, optional=True),
     "distributed": functools.partial(check_flag, optional=True),

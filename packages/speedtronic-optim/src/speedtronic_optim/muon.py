@@ -43,6 +43,7 @@ _CHECKED = (
     "norm_eps",
     "muon_plus",
     "ns_dtype",
+    "transposed",
 )
 _CHOICES = {"adjust_lr": ADJUST_LR, "normalize_mode": NORMALIZE_MODES, "ns_method": METHODS}
 
@@ -74,7 +75,7 @@ def _check_options(owner: str, options: dict[str, Any]) -> None:
 
 def adjusted_lr(lr: float, rule: str, shape: torch.Size) -> float:
     """Return the per-matrix lr: sqrt(max(1, rows/cols)) (original) or 0.2*sqrt(max) (AdamW RMS)."""
-    rows, cols = shape[-2], shape[-1]
+    rows, cols = shape[-2], shape[-1]  # (out, in), as nn.Linear stores them
     if rule == "original":
         return lr * math.sqrt(max(1.0, rows / max(cols, 1)))  # a 0-column matrix: no update
     if rule == "match_rms_adamw":
@@ -95,6 +96,10 @@ class Muon(Optimizer):
     splits FSDP2 (DTensor) parameters over their mesh; True also splits plain parameters, which
     must then be DDP replicas, over ``process_group`` (default: the world); False makes every
     rank do all the work. Without a process group of more than one rank nothing is split.
+    ``transposed=True`` (a group option) marks matrices stored (in, out), as transformers'
+    ``Conv1D`` stores GPT-2's: each is updated as its (out, in) transpose would be, for the rules
+    that read rows and columns (``adjust_lr="original"``, Muon+'s ``normalize_mode``).
+    ``route_parameters(model).muon_param_groups()`` sets it for Conv1D weights.
     """
 
     def __init__(
@@ -114,6 +119,7 @@ class Muon(Optimizer):
         ns_coefficients: str | Sequence[Coefficients] = "reference",
         ns_method: str = "auto",
         ns_dtype: torch.dtype | None = None,
+        transposed: bool = False,
         distributed: bool | None = None,
         process_group: Any = None,
     ) -> None:
@@ -137,6 +143,7 @@ class Muon(Optimizer):
             ns_coefficients=ns_coefficients,
             ns_method=ns_method,
             ns_dtype=ns_dtype,
+            transposed=transposed,
         )
         # Checked here, not first at step(): a typo fails when the optimizer is built.
         _check_options("Muon", defaults)
@@ -158,6 +165,15 @@ class Muon(Optimizer):
             for key in (*_CHECKED, *_CHOICES, "ns_coefficients"):  # every Muon option
                 if key in self.defaults:
                     group.setdefault(key, self.defaults[key])
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a saved state; each group keeps its own ``transposed``: it describes how this
+        optimizer's parameters are stored, which a state saved before it existed cannot know.
+        """
+        layouts = [group["transposed"] for group in self.param_groups]
+        super().load_state_dict(state_dict)
+        for group, transposed in zip(self.param_groups, layouts, strict=True):
+            group["transposed"] = transposed
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group after checking every parameter is a 2-D matrix."""
@@ -252,8 +268,11 @@ class Muon(Optimizer):
 
     def _polar(self, group: dict[str, Any], directions: list[torch.Tensor]) -> torch.Tensor:
         """Return the stacked (Muon+ normalized) orthogonal updates of same-shaped directions."""
+        stacked = torch.stack(directions)
+        if group["transposed"]:  # work on the (out, in) matrices: rows are output features
+            stacked = stacked.mT
         polar = orthogonalize(
-            torch.stack(directions),
+            stacked,
             group["ns_steps"],
             group["eps"],
             coefficients=group["ns_coefficients"],
@@ -267,7 +286,7 @@ class Muon(Optimizer):
                 polar, mode=group["normalize_mode"], eps=group["norm_eps"]
             )
             update = match_polar_scale(update, polar, eps=group["norm_eps"])
-        return update
+        return update.mT if group["transposed"] else update
 
     def _apply(
         self,
@@ -278,6 +297,8 @@ class Muon(Optimizer):
     ) -> None:
         """Decay and update `params` (whole matrices or shards of matrices of `shape`)."""
         lr, weight_decay = group["lr"], group["weight_decay"]
+        if group["transposed"]:
+            shape = torch.Size((shape[-1], shape[-2]))
         if weight_decay:
             torch._foreach_mul_(params, 1 - lr * weight_decay)
         torch._foreach_add_(params, updates, alpha=-adjusted_lr(lr, group["adjust_lr"], shape))

@@ -377,6 +377,20 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
+def model_class_name(model: nn.Module) -> str:
+    """Return the qualified name of the user's model class (what a checkpoint records): seen
+    through a DDP wrapper and past the ``FSDP<Name>`` subclass FSDP2's fully_shard makes.
+    """
+    try:
+        from torch.distributed.fsdp import FSDPModule
+
+        wrappers: tuple[type, ...] = (FSDPModule,)
+    except ImportError:  # torch built without distributed support: nothing is FSDP2-wrapped
+        wrappers = ()
+    cls = next(c for c in type(unwrap_model(model)).__mro__ if not issubclass(c, wrappers))
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def check_optimizer_after_wrapping(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Raise ParallelError when the optimizer holds parameters the wrapped model no longer uses:
     an optimizer built before fully_shard would silently never update the sharded weights.
@@ -444,6 +458,7 @@ __all__ = [
     "gradient_sync",
     "init_parallel",
     "launched_world_size",
+    "model_class_name",
     "resolve_backend",
     "shutdown_parallel",
     "syncs_every_microbatch",

@@ -16,6 +16,7 @@ import torch
 
 from speedtronic_config import ModelConfig
 from speedtronic_config.tokenizer_identity import describe_tokenizer, encode_alike
+from speedtronic_systems.parallel import model_class_name
 
 # 2.0 pickled NumPy's RNG state (a tuple holding a uint32 ndarray). weights_only loading stays on;
 # it admits exactly the types that array needs, under the names NumPy 1 and NumPy 2 pickle them.
@@ -187,16 +188,17 @@ def check_model_fits(model: torch.nn.Module, state: Mapping[str, Any], config: A
     if not problems:
         return
     settings = _config_differences(state.get("config"), config, "model")
-    hint = (
-        f"the checkpoint was written with other model settings ({_describe('model', settings)}): "
-        if settings
-        else ""
-    )
+    held, ours = state.get("model_class"), model_class_name(model)
+    if held is not None and held != ours:  # 2.0 checkpoints record no class
+        fix = f"it holds a {held}'s weights, this run's model is a {ours}: resume with that model"
+    else:
+        fix = "resume with the model settings it was written with"
+        if settings:
+            written = _describe("model", settings)
+            fix = f"the checkpoint was written with other model settings ({written}): {fix}"
     raise CheckpointMismatch(
         f"checkpoint {_where(state)} does not fit this model: {describe_misfits(problems)}; "
-        f"{hint}resume "
-        "with the model settings it was written with, or start a new run in another "
-        "run.output_dir"
+        f"{fix}, or start a new run in another run.output_dir"
     )
 
 

@@ -72,6 +72,29 @@ def damaged_shards(path: Path) -> str | None:
     return None
 
 
+def sharded_model_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Return the model weights a sharded checkpoint holds as meta tensors (names, whole shapes
+    and dtypes from its .metadata; no shard is read), to check them against a model before
+    loading; CheckpointError when the .metadata is unreadable.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    try:
+        metadata = FileSystemReader(str(path)).read_metadata()
+    except Exception as error:  # a torn .metadata fails as a pickle, EOF or attribute error
+        raise CheckpointError(
+            f"sharded checkpoint {path} has an unreadable .metadata ({type(error).__name__})"
+        ) from error
+    return {
+        key.removeprefix("model."): torch.empty(
+            entry.size, dtype=entry.properties.dtype, device="meta"
+        )
+        for key, entry in metadata.state_dict_metadata.items()
+        if key.startswith("model.") and isinstance(entry, TensorStorageMetadata)
+    }
+
+
 def load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
     """Load a sharded checkpoint into `model` (and `optimizer`), resharding to this world size;
     CheckpointError in one line when DCP cannot read it.

@@ -27,6 +27,7 @@ from speedtronic_systems.parallel import (
     check_batch_split,
     check_optimizer_after_wrapping,
     gradient_sync,
+    model_class_name,
     syncs_every_microbatch,
     torchrun_worker,
     total_norm,
@@ -69,6 +70,7 @@ from speedtronic_trainer.sharded import (
     load_sharded,
     save_sharded,
     shard_optimizer_state,
+    sharded_model_weights,
 )
 
 CHECKPOINT_FORMAT = 1
@@ -728,6 +730,8 @@ class Trainer:
             "log_interval": self._metrics.state_dict(),
             # Secrets never reach a checkpoint; a trainer without a config saves none.
             "config": self._config_record(),
+            # What the weights belong to: config.model.name describes only models built from it.
+            "model_class": model_class_name(self.model),
             "coordinator": self.coordinator.state_dict() if self.coordinator is not None else None,
             "tokenizer": self.tokenizer,
         }
@@ -950,16 +954,20 @@ class Trainer:
         """Load the model and optimizer: FSDP shards through DCP (any world size), else the
         state dict every rank reads from the same file (an FSDP2 model keeps its shards of it).
         """
+        # One line naming the mismatch and the fix (another model size or optimizer).
+        config = self.config if self._config_given else None
         if "sharded" in state:
-            load_sharded(Path(state["sharded"]), self.model, self.optimizer)
+            path = Path(state["sharded"])
+            # Checked by the names and shapes its .metadata records, as a file's weights are.
+            weights = sharded_model_weights(path)
+            check_model_fits(unwrap_model(self.model), {**state, "model": weights}, config)
+            load_sharded(path, self.model, self.optimizer)
             return
         missing = [key for key in ("step", "model", "optimizer") if key not in state]
         if missing:
             raise ValueError(
                 f"checkpoint state lacks {missing}; it was not written by this trainer"
             )
-        # One line naming the mismatch and the fix (another model size or optimizer).
-        config = self.config if self._config_given else None
         sharded = self.parallel.mode == "fsdp"
         load = load_full_model_state if sharded else torch.nn.Module.load_state_dict
         # Checked, then the optimizer (put back if refused), then the weights: a checkpoint

@@ -85,26 +85,47 @@ def read_checkpoint(path: PathLike) -> dict[str, Any]:
 
 
 def _misfit_error(
-    problems: list[str], model: Any, state: dict[str, Any], name: str, path: PathLike
+    problems: list[str],
+    model: Any,
+    weights: Mapping[str, Any],
+    state: dict[str, Any],
+    name: str,
+    path: PathLike,
 ) -> UsageError:
-    """Return the UsageError naming why a checkpoint's weights do not load into `model`, the
+    """Return the UsageError naming why a checkpoint's `weights` do not load into `model`, the
     model.name `name` rebuilt from its config: another model's weights, no recorded config, or
     another size (or a damaged file).
     """
+    from speedtronic_systems.parallel import model_class_name
     from speedtronic_trainer.checkpoint_checks import describe_misfits
 
-    weights = state["model"]
     ours = model.state_dict().keys()
     foreign = [key for key in weights if key not in ours]
-    if foreign and sum(key in weights for key in ours) * 2 <= len(ours):
+    held = state.get("model_class")  # None: written by 2.0, which recorded no class
+    if held is not None and held != model_class_name(model):
+        other = f"a {held}"
+    elif held is None and foreign and sum(key in weights for key in ours) * 2 <= len(ours):
+        other = "another model"
+    else:
+        other = None
+    if other is not None:
         # A model the user passed to Trainer(model=...) (a transformers model, say): no model
         # setting rebuilds it, so naming a size mismatch would send the user the wrong way.
+        found = (
+            f"such as {foreign[0]}; {len(foreign)} of its {len(weights)} are not {name}'s"
+            if foreign
+            else describe_misfits(problems)
+        )
+        load = (
+            "speedtronic_trainer.sharded.load_sharded(Path(PATH), model, None)"
+            if "sharded" in state
+            else "model.load_state_dict(checkpoint['model']) after checkpoint = torch.load(PATH)"
+        )
         return UsageError(
-            f"{path}: the checkpoint holds the weights of another model than {name} (such as "
-            f"{foreign[0]}; {len(foreign)} of its {len(weights)} are not {name}'s): sample and "
-            "export rebuild model.name, not a model passed to Trainer(model=...); load them into "
-            "that model (model.load_state_dict(checkpoint['model']) after checkpoint = "
-            "torch.load(PATH)) and use its own tools (transformers: save_pretrained, generate)"
+            f"{path}: the checkpoint holds the weights of {other}, not of model.name {name} "
+            f"({found}): sample and export rebuild model.name, not a model passed to "
+            f"Trainer(model=...); load them into that model ({load}) and use its own tools "
+            "(transformers: save_pretrained, generate)"
         )
     if state["config"] is None:  # a Trainer built without config= records none
         return UsageError(
@@ -126,22 +147,25 @@ def _model_from_state(state: dict[str, Any], path: PathLike) -> tuple[Any, Any]:
     from speedtronic_model import build_model
     from speedtronic_trainer import CheckpointError
     from speedtronic_trainer.checkpoint_checks import weight_misfits
-    from speedtronic_trainer.sharded import load_sharded
+    from speedtronic_trainer.sharded import load_sharded, sharded_model_weights
 
     config = SpeedtronicConfig.from_dict(state["config"])
     # The initial weights are replaced by the checkpoint's: drawing them leaves the caller's RNG be.
     with torch.random.fork_rng(devices=[]):
         model = build_model(config.model)  # model.init_from is not applied: the checkpoint's are
-    if "sharded" in state:  # FSDP shards, gathered into this one process
-        try:
-            load_sharded(Path(state["sharded"]), model, None)
-        except CheckpointError as error:  # damaged shards, as read_checkpoint reports a bad file
-            raise UsageError(str(error)) from None
-    else:
-        problems = weight_misfits(model, state["model"])
+    try:
+        # FSDP shards are checked by the names and shapes their .metadata records.
+        sharded = Path(state["sharded"]) if "sharded" in state else None
+        weights = state["model"] if sharded is None else sharded_model_weights(sharded)
+        problems = weight_misfits(model, weights)
         if problems:
-            raise _misfit_error(problems, model, state, config.model.name, path)
-        model.load_state_dict(state["model"])
+            raise _misfit_error(problems, model, weights, state, config.model.name, path)
+        if sharded is None:
+            model.load_state_dict(weights)
+        else:  # gathered into this one process
+            load_sharded(sharded, model, None)
+    except CheckpointError as error:  # damaged shards, as read_checkpoint reports a bad file
+        raise UsageError(str(error)) from None
     return model.eval(), config
 
 

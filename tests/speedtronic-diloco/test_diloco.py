@@ -723,7 +723,10 @@ def test_a_node_id_claimed_by_another_process_stops_the_first_one(server, tmp_pa
     first, net, opt = node(server, tmp_path, "w1", seed=1)
     first.start()
     train(first, net, opt, 4, seed=1)  # its first delta claims w1
+    # A requeued job resumed from the first one's checkpoint while the first still runs.
     second, net2, opt2 = node(server, tmp_path / "second", "w1", seed=2)
+    net2.load_state_dict(net.state_dict())
+    second.prepare_state(first.state_dict())
     second.start()
     train(second, net2, opt2, 4, seed=2)
     with pytest.raises(
@@ -732,6 +735,27 @@ def test_a_node_id_claimed_by_another_process_stops_the_first_one(server, tmp_pa
         train(first, net, opt, 4, seed=3)
     train(second, net2, opt2, 4, seed=4)  # the newer claim trains on
     for coordinator in (first, second, master):
+        coordinator.stop()
+
+
+def test_a_worker_started_afresh_under_a_used_node_id_refuses_at_start(server, tmp_path):
+    # Restarted without its checkpoint, a worker counted its steps from 0 again: its step-4
+    # delta took the name of the earlier process's, unread by the master, and overwrote it.
+    master, _, _ = node(server, tmp_path, "master")
+    master.start()
+    first, net, opt = node(server, tmp_path, "w1", seed=1)
+    first.start()
+    train(first, net, opt, 4, seed=1)
+    first.stop()  # the process ends; its delta waits for the master's next round
+    again, _, _ = node(server, tmp_path / "again", "w1", seed=2)
+    with pytest.raises(HubError, match=r"node 'w1' already ran in org/run .*--resume.*node_id"):
+        again.start()
+    other, net3, opt3 = node(server, tmp_path / "other", "w3", seed=3)
+    other.start()  # a new node id starts as before
+    train(other, net3, opt3, 4, seed=2)
+    assert master.master.sync_once() == 1  # the earlier w1's delta and w3's, both applied
+    assert master.master.processed_filenames == {delta_path("w1", 4, 0), delta_path("w3", 4, 0)}
+    for coordinator in (other, master):
         coordinator.stop()
 
 

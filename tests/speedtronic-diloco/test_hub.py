@@ -22,7 +22,7 @@ from speedtronic_diloco.hub import (
     HubUnavailable,
     build_hub_client,
 )
-from speedtronic_diloco.tensors import delta_path
+from speedtronic_diloco.tensors import delta_path, from_safetensors_bytes
 from speedtronic_diloco.transport import FilesystemTransport, HfApiTransport
 
 
@@ -193,6 +193,25 @@ def test_transient_failures_back_off_then_succeed_or_give_up(server, tmp_path, t
     with pytest.raises(HubUnavailable, match="failed 4 times"):
         client.write_json("b.json", 2)
     assert sleeps == [0.5, 1.0, 1.5]
+
+
+def test_a_429_on_a_delta_upload_and_a_503_on_its_download_back_off_with_a_warning(
+    server, tmp_path, caplog
+):
+    sleeps = []
+    client = HubClient(
+        "org/run",
+        transport=HfApiTransport("org/run", endpoint=server.url, cache_dir=tmp_path),
+        retry_initial=0.5,
+        sleeper=sleeps.append,
+    )
+    client.create_repo()
+    server.faults.add("429", method="POST", path="/commit/")
+    path = client.upload_delta({"w": torch.ones(3)}, node_id="n", local_step=1, base_outer_step=0)
+    server.faults.add("503", method="GET", path="/resolve/")  # the file's bytes, not its HEAD
+    assert torch.equal(from_safetensors_bytes(client.read_bytes(path))["w"], torch.ones(3))
+    assert sleeps == [0.5, 0.5] and not server.faults.script
+    assert caplog.text.count("(attempt 1/6), retrying in 0.50s") == 2
 
 
 def test_permanent_errors_are_not_retried(server, tmp_path):

@@ -155,6 +155,7 @@ class DumbDiLoCoCoordinator:
         # check the claim is still its own.
         self._session = uuid.uuid4().hex
         self._claimed = False
+        self._resumed = False  # DiLoCo state came from a checkpoint (checked at start)
         # Set from a signal handler (interrupt), so a plain flag: an Event's lock could be held by
         # the very code the handler interrupted.
         self._interrupted = False
@@ -217,6 +218,8 @@ class DumbDiLoCoCoordinator:
             self.hub = build_hub_client(self.settings, logger=self.logger)
         if self.identity.role == "master":
             self._start_master(read_state)
+        elif not self._resumed:
+            self._refuse_a_used_node_id()
         if self._last_global_step < 0:
             return self._first_global()
         # resumed: a restart begins from the latest global version it can read (docs/diloco.md)
@@ -224,6 +227,33 @@ class DumbDiLoCoCoordinator:
         if candidate is not None:
             self._keep_local_work(read_state)
         return candidate
+
+    def _refuse_a_used_node_id(self) -> None:
+        """Raise HubError when a worker starts without its checkpoint's DiLoCo state under a node id
+        an earlier process claimed.
+
+        Its local steps count from 0 again, so its deltas take that process's names
+        (deltas/<id>/step-N-base-B): one the master had not read yet was overwritten, and one it
+        had applied made the new delta look applied, and it was never read. A master is exempt:
+        its outer state is on its own disk (or adopted from the Hub) and a requeued master takes
+        over its id by design.
+        """
+        try:
+            session = self.hub.node_session(self.identity.node_id)
+        except HubRefused:
+            raise
+        except (HubError, OSError) as exc:  # the claim before the first delta still guards
+            self.logger.warning("could not read the claim of this node id: %s", _failure(exc))
+            return
+        if session in (None, self._session):
+            return
+        node = self.identity.node_id
+        raise HubError(
+            f"node {node!r} already ran in {self.hub.repo_id} (nodes/{node}.json) and this "
+            "process starts without its checkpoint: its deltas would take that process's names "
+            f"(deltas/{node}/step-N-...), overwriting them or being mistaken for them; resume it "
+            "(--resume, the same run.output_dir) or give this node a new distributed.node_id"
+        )
 
     def _keep_local_work(self, read_state: StateReader) -> None:
         """Before a resumed node installs a newer global over its checkpointed model, queue the
@@ -808,6 +838,7 @@ class DumbDiLoCoCoordinator:
         state, self._prepared = self._prepared, None
         if not state:
             return
+        self._resumed = True
         self._local_step = int(state.get("local_step", 0))
         self._last_global_step = int(state.get("last_global_step", -1))
         if not self.group.is_lead:  # every rank reads rank 0's checkpoint; the rest is rank 0's

@@ -13,6 +13,7 @@ from speedtronic_config import (
     LoggingConfig,
     ModelConfig,
     OptimizerConfig,
+    ParallelConfig,
     PrecisionConfig,
     RunConfig,
     SchedulerConfig,
@@ -309,6 +310,12 @@ REJECTED = [
     (DistributedConfig, {"repo_id": "/etc"}, "distributed.repo_id"),
     (DistributedConfig, {"repo_id": "org/"}, "distributed.repo_id"),
     (DistributedConfig, {"repo_id": "a b"}, "distributed.repo_id"),
+    # a Hub id huggingface_hub refuses failed only when the node started
+    (DistributedConfig, {"repo_id": "org/name/extra"}, "distributed.repo_id"),
+    (DistributedConfig, {"repo_id": "org/my--run"}, "distributed.repo_id"),
+    (DistributedConfig, {"repo_id": "org/run.git"}, "distributed.repo_id"),
+    (DistributedConfig, {"repo_id": "-org/run"}, "distributed.repo_id"),
+    (DistributedConfig, {"repo_id": "org/" + "r" * 97}, "distributed.repo_id"),
 ]
 
 
@@ -377,7 +384,8 @@ ACCEPTED = [
     (ModelConfig, {"n_layer": 2**16, "vocab_size": 2**32, "max_seq_len": 2**24}),
     (DataConfig, {"micro_batch_size": 2**24, "target_batch_size": 2**24, "num_workers": 1024}),
     (DistributedConfig, {"repo_id": "team.a/run_1-x", "global_wait_timeout": 1e8}),
-    (DistributedConfig, {"repo_id": "team/project/run-1"}),
+    # a folder inside the endpoint: any depth (the Hub takes NAME or NAMESPACE/NAME)
+    (DistributedConfig, {"repo_id": "team/project/run-1", "transport": "filesystem"}),
 ]
 
 
@@ -435,3 +443,28 @@ def test_token_is_not_in_the_repr():
 
 def test_the_distributed_repr_shows_fields_only():
     assert "SECTION" not in repr(DistributedConfig())  # a ClassVar, not a setting
+
+
+# Every field that takes one of a fixed set of words: each folds case alike (`role: Master`
+# was refused while `optimizer: AdamW` was accepted).
+CHOICE_FIELDS = [
+    (RunConfig, "nonfinite_loss", "skip"),
+    (RunConfig, "cpu_allocator", "caching"),
+    (OptimizerConfig, "name", "muon"),
+    (SchedulerConfig, "name", "wsd"),
+    (PrecisionConfig, "mode", "bf16"),
+    (PrecisionConfig, "dtype", "fp16"),
+    (ParallelConfig, "data_parallel", "ddp"),
+    (ParallelConfig, "fsdp_param_dtype", "bf16"),
+    (DistributedConfig, "mode", "disabled"),
+    (DistributedConfig, "role", "master"),
+    (DistributedConfig, "transport", "filesystem"),
+    (DistributedConfig, "delta_upload_overflow", "block"),
+]
+
+
+@pytest.mark.parametrize(("cls", "name", "value"), CHOICE_FIELDS)
+def test_every_choice_field_folds_case(cls, name, value):
+    assert getattr(cls(**{name: value.capitalize()}), name) == value
+    with pytest.raises(ConfigError, match=rf"{cls.SECTION}\.{name}: .*choose one of .*{value}"):
+        cls(**{name: "nonsense"})

@@ -307,3 +307,28 @@ def test_build_hub_client_from_a_config_section(tmp_path, server, token):
         build_hub_client(SimpleNamespace(repo_id="a/b", transport="s3"))
     with pytest.raises(ValueError, match="retry"):
         HubClient("a/b", transport=fs.transport, retry_initial=2.0, retry_max=1.0)
+
+
+@pytest.mark.parametrize(
+    "repo_id",
+    ["run", "org/run", "a/b", "Org_1/run-2.x", "o" * 96 + "/" + "r" * 96, "org/name/extra",
+     "org/my--run", "org/a..b", "org/run.git", "-org/run", "org/run-", ".org/run", "org/_run_",
+     "org/" + "r" * 97, "org//run", "/run", "org/ru n", "org/rün"],
+)  # fmt: skip
+def test_config_accepts_exactly_the_hub_repo_ids_huggingface_hub_does(repo_id):
+    # speedtronic-config cannot import huggingface_hub: its own check must agree with it.
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    from speedtronic_config import ConfigError, DistributedConfig
+
+    try:
+        validate_repo_id(repo_id)
+        hub_accepts = True
+    except HFValidationError:
+        hub_accepts = False
+    try:
+        DistributedConfig(repo_id=repo_id, transport="hub")
+        config_accepts = True
+    except ConfigError:
+        config_accepts = False
+    assert config_accepts == hub_accepts

@@ -508,6 +508,27 @@ def test_skip_policy_gives_up_on_a_diverged_run():
         make_trainer(model, sections={"run": {"nonfinite_loss": "skip"}}).fit(2)
 
 
+def test_a_streak_of_skips_is_one_console_line_and_a_summary_but_a_record_each(tmp_path):
+    # Up to 49 near-identical nonfinite_skip lines scrolled past before a diverged run stopped.
+    path, console = tmp_path / "metrics.jsonl", io.StringIO()
+    hook = RecordingHook()
+    logger = MetricLogger(stream=console, json_file=str(path), hooks=[hook])
+    model = NaNAtCall({2, 3, 4, 5, 7})  # a streak of 4 skips at step 2, then 1 at step 3
+    result = make_trainer(model, logger=logger, sections={"run": {"nonfinite_loss": "skip"}}).fit(4)
+    logger.close()
+    assert result.skipped_steps == 5
+    skips = [r["step"] for r in _strict_records(path) if r["event"] == "nonfinite_skip"]
+    assert skips == hook.values("nonfinite_skip", "step") == [2, 2, 2, 2, 3]
+    lines = [line for line in console.getvalue().splitlines() if "nonfinite_skip" in line]
+    assert len(lines) == 3, lines
+    assert "step=2" in lines[0] and "skipped_steps=1" in lines[0]
+    summary = "3 more updates skipped at step 2 (4 skipped in all); each has a nonfinite_skip"
+    assert lines[1].endswith(
+        f"WARNING nonfinite_skip: {summary} record in the metrics file and hooks"
+    )
+    assert "step=3" in lines[2] and "skipped_steps=5" in lines[2]
+
+
 def _strict_records(path):
     """Parse a JSONL file as strict JSON (RFC 8259: no NaN/Infinity), as jq and JSON.parse do."""
 

@@ -880,3 +880,17 @@ def test_the_summary_names_the_checkpoint_a_resume_fell_back_to(tmp_path, capsys
     assert "\nnothing to train: already at step 4;" in out
     # The state this run holds, not the corrupt file `latest` still names.
     assert f"\ncheckpoint: {checkpoints / 'step_4.pt'}\n" in out, out
+
+
+def test_a_hook_whose_package_is_missing_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    from speedtronic.cli import main
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails: not there
+    config = tiny_config(tmp_path, logging="{hooks: [tensorboard]}", max_steps="1")
+    # It was exit 1, "ImportError: ... (set SPEEDTRONIC_DEBUG=1 for the traceback)".
+    assert main(["train", str(config)]) == 2
+    assert capsys.readouterr().err.endswith(
+        "speedtronic train: tensorboard is not installed; install it with `pip install "
+        "speedtronic-trainer[tensorboard]` or remove it from logging.hooks\n"
+    )
+    assert not (tmp_path / "run").exists()  # refused before training: nothing left behind

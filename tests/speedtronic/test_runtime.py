@@ -457,3 +457,26 @@ def test_train_from_config_destroys_its_ddp_group_at_shutdown(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["steps"] == 2 and seen["after_shutdown"] == seen["before"], seen
+
+
+def test_a_run_that_saved_nothing_leaves_no_empty_checkpoint_folder(tmp_path):
+    import gc
+
+    import torch
+
+    from speedtronic_trainer import NonFiniteLossError
+
+    output = tmp_path / "run"
+    (output / "logs").mkdir(parents=True)  # there before the run: kept, though empty
+    config = small_config(output, logging={"json_file": str(output / "logs" / "m" / "x.jsonl")})
+    trainer, manager = runtime.build_runtime(config)
+    assert manager.directory.is_dir()  # made (and write-probed) before the first step
+    with torch.no_grad():  # the first step's loss is NaN: stopped before any checkpoint
+        for parameter in trainer.model.parameters():
+            parameter.fill_(float("nan"))
+    with pytest.raises(NonFiniteLossError):
+        trainer.fit()
+    del trainer
+    gc.collect()
+    assert not manager.directory.exists()  # it left an empty checkpoints/ folder
+    assert (output / "logs" / "m" / "x.jsonl").is_file() and (output / "logs").is_dir()

@@ -17,6 +17,11 @@ _BACKEND = re.compile(
     r"auto|gloo|nccl|mpi|((cpu|cuda):(gloo|nccl|mpi))(,(cpu|cuda):(gloo|nccl|mpi))*"
 )
 _REPO_PART = re.compile(r"[A-Za-z0-9_.-]+")
+# A Hub repository id, as huggingface_hub.utils.validate_repo_id checks it (this package cannot
+# import it; tests compare the two): NAME or NAMESPACE/NAME, each 1 to 96 of [A-Za-z0-9_.-] not
+# starting or ending with '-' or '.', no '--' or '..', no '.git' ending.
+_HUB_NAME = r"\w(?:[\w.-]{0,94}\w)?"
+_HUB_REPO_ID = re.compile(rf"(?!.*(?:--|\.\.))(?!.*\.git$)(?:{_HUB_NAME}/)?{_HUB_NAME}", re.ASCII)
 
 # Upper bounds: far beyond any real run, low enough that a typo (1e20 layers, a batch of 1e30)
 # is refused here instead of hanging, exhausting memory or overflowing inside torch. Whether a
@@ -69,7 +74,13 @@ def _not_blank(section: Any, *names: str) -> None:
 
 
 def _choice(section: Any, name: str, choices: tuple[str, ...]) -> None:
+    """Fold the field to lower case (`role: Master`, `optimizer: AdamW`) and check it is one of
+    `choices`.
+    """
     value = getattr(section, name)
+    if isinstance(value, str):
+        value = value.lower()
+        setattr(section, name, value)
     _check(
         value in choices,
         f"{section.SECTION}.{name}",
@@ -317,7 +328,6 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
-        self.name = self.name.lower()
         _choice(self, "name", ("adamw", "muon"))
         _positive(self, "lr", "eps", "grad_clip", "muon_ns_steps", "muon_norm_eps", "adamw_lr")
         _at_most(self, 100, "muon_ns_steps")  # 5 is usual; each step is a few matmuls per matrix
@@ -370,7 +380,6 @@ class SchedulerConfig:
         following = self.__dict__.get("_auto_horizon")
         coerce_fields(self, self.SECTION)
         self.__dict__["_auto_horizon"] = following  # converting a value is no user assignment
-        self.name = self.name.lower()
         _choice(self, "name", ("cosine", "constant", "wsd"))
         _check(
             self.warmup_steps >= 0,
@@ -424,10 +433,8 @@ class PrecisionConfig:
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
-        self.mode = self.mode.lower()
         _choice(self, "mode", ("auto", "bf16", "fp16", "fp32"))
         if self.dtype is not None:
-            self.dtype = self.dtype.lower()
             _choice(self, "dtype", ("bf16", "fp16", "fp32"))
 
 
@@ -547,7 +554,6 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
-        self.data_parallel = self.data_parallel.lower()
         _choice(self, "data_parallel", ("none", "ddp", "fsdp"))
         self.backend = self.backend.strip().lower()
         _check(
@@ -561,7 +567,6 @@ class ParallelConfig:
         _at_most(self, MAX_SECONDS, "timeout_s")
         for name in ("fsdp_param_dtype", "fsdp_reduce_dtype"):
             if getattr(self, name) is not None:
-                setattr(self, name, getattr(self, name).lower())
                 _choice(self, name, ("bf16", "fp16", "fp32"))
 
 
@@ -650,6 +655,15 @@ class DistributedConfig:
                 self.repo_id,
                 "use letters, digits, '_', '.', '-' and '/' between names (no '..', no leading "
                 "'/'): with transport: filesystem it is a folder inside distributed.endpoint",
+            )
+            # huggingface_hub refuses any other id only when the node starts.
+            _check(
+                self.transport != "hub" or bool(_HUB_REPO_ID.fullmatch(self.repo_id)),
+                "distributed.repo_id",
+                "must be a Hub repository id, NAME or NAMESPACE/NAME, with transport: hub",
+                self.repo_id,
+                "each name 1-96 letters, digits, '_', '.', '-', not starting or ending with "
+                "'-' or '.', no '--' or '..', no '.git' ending",
             )
         _check(
             self.transport != "hub"

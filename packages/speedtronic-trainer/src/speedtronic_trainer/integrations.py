@@ -22,8 +22,14 @@ def _step(payload: dict[str, Any]) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
-def _missing(package: str, extra: str) -> ImportError:
-    return ImportError(
+class HookUnavailable(ImportError):
+    """A hook's package is not installed: the user's to fix (install it, or drop the hook), so the
+    CLI reports it as a usage error (exit 2).
+    """
+
+
+def _missing(package: str, extra: str) -> HookUnavailable:
+    return HookUnavailable(
         f"{package} is not installed; install it with `pip install speedtronic-trainer[{extra}]` "
         f"or remove it from logging.hooks"
     )
@@ -105,4 +111,4 @@ def hooks_from_names(names: list[str], *, log_dir: str = "runs") -> list[Any]:
     return hooks
 
 
-__all__ = ["TensorboardHook", "WandbHook", "hooks_from_names"]
+__all__ = ["HookUnavailable", "TensorboardHook", "WandbHook", "hooks_from_names"]

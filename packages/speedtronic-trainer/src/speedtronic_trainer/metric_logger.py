@@ -99,14 +99,18 @@ class MetricLogger:
         """Return True when a train_step record for `step` is due under every_steps."""
         return step % self.every_steps == 0
 
-    def emit(self, event: str, payload: dict[str, Any]) -> None:
-        """Record one event as a text line, a JSONL record and a hook call."""
+    def emit(self, event: str, payload: dict[str, Any], *, text: bool = True) -> None:
+        """Record one event as a text line (unless `text` is False), a JSONL record and a hook
+        call.
+        """
         with self._lock:
-            self._emit_locked(event, payload)
+            self._emit_locked(event, payload, text=text)
 
-    def _emit_locked(self, event: str, payload: dict[str, Any]) -> None:
-        line = f"{event} {_format_metrics(payload)}"
-        self._write_text(logging.INFO, line, console=self.console_metrics or event != "train_step")
+    def _emit_locked(self, event: str, payload: dict[str, Any], *, text: bool = True) -> None:
+        if text:
+            line = f"{event} {_format_metrics(payload)}"
+            console = self.console_metrics or event != "train_step"
+            self._write_text(logging.INFO, line, console=console)
         self._json = self._reopen_if_deleted(self._json, self.json_file)
         if self._json is not None:
             record = _strict_json({"event": event, "time": time.time(), **payload})

@@ -590,7 +590,26 @@ class Trainer:
                 "reason": "grad_norm" if loss_ok else "loss",
                 **({"grad_norm": outcome.grad_norm} if loss_ok else {}),
             },
+            # One text line per streak (up to 49 alike scrolled past); _end_skip_streak counts
+            # the rest.
+            text=consecutive == 1,
         )
+
+    def _end_skip_streak(self, progress: _FitProgress) -> None:
+        """Say how many updates were skipped after a streak's first (theirs are records only),
+        and start counting anew.
+        """
+        more = progress.consecutive_skips - 1
+        if more > 0:
+            self.logger.warning(
+                "nonfinite_skip: %d more update%s skipped at step %d (%d skipped in all); each "
+                "has a nonfinite_skip record in the metrics file and hooks",
+                more,
+                "s" if more > 1 else "",
+                self.step + 1,
+                self.skipped_steps,
+            )
+        progress.consecutive_skips = 0
 
     def _advance(self, outcome: StepOutcome) -> None:
         """Count an applied step: scheduler, counters, coordinator callback, optional reset."""
@@ -1148,7 +1167,7 @@ class Trainer:
             progress.consecutive_skips += 1
             self._handle_nonfinite(outcome, progress.consecutive_skips)
             return outcome
-        progress.consecutive_skips = 0
+        self._end_skip_streak(progress)
         # The rates this step trained at: _advance's scheduler.step() sets the next step's.
         rates = (self.optimizer.param_groups[0]["lr"], adamw_branch_lr(self.optimizer))
         self._advance(outcome)
@@ -1250,6 +1269,7 @@ class Trainer:
         """After the loop: a last evaluation when due (a signal cuts it short and stops the run),
         then the on-signal checkpoint or the final one, unless this step was just saved.
         """
+        self._end_skip_streak(progress)  # a signal can stop the run mid-streak
         written_now = progress.checkpoint_step == self.step
         every = self.config.data.eval_every
         last_evaluation = self.eval_dataloader is not None and every is not None

@@ -539,6 +539,7 @@ _USAGE_ERRORS = (
     # A checkpoint written with other model or optimizer settings (not a damaged file).
     ("speedtronic_trainer.checkpoint_checks", "CheckpointMismatch"),
     ("speedtronic.run_lock", "RunFolderBusy"),  # another live run writes the same folder
+    ("speedtronic_trainer.integrations", "HookUnavailable"),  # logging.hooks names a missing one
 )
 
 

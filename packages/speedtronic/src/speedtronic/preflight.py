@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,7 +109,11 @@ class NewOutputs:
     def __init__(self, config: SpeedtronicConfig) -> None:
         self.files = [path for _, path in output_files(config) if not path.exists()]
         self.locked = [path for path in run_folders(config) if not (path / LOCK_NAME).exists()]
-        self.folders = missing_folders(*(folder for _, folder in output_folders(config)))
+        folders = output_folders(config)
+        self.folders = missing_folders(*(folder for _, folder in folders))
+        self.checkpoint_folders = missing_folders(
+            *(folder for setting, folder in folders if setting == "checkpoint.directory")
+        )
 
     def remove(self) -> None:
         """Remove the files made since the snapshot (a refused run's logs and lock, unless a live
@@ -121,6 +126,14 @@ class NewOutputs:
         for folder in self.locked:
             remove_unheld_lock(folder)
         remove_empty_folders(self.folders)
+
+    def tie_to(self, owner: object) -> None:
+        """When `owner` (the run's trainer) goes, remove the checkpoint folder (and its parents)
+        made for the run if no checkpoint was written to it: a save makes it again. A folder
+        holding anything is kept; so is every other folder (a DiLoCo node's shared one may be
+        written by other nodes).
+        """
+        weakref.finalize(owner, remove_empty_folders, self.checkpoint_folders)
 
     @contextlib.contextmanager
     def removed_on_error(self) -> Iterator[None]:

@@ -141,6 +141,8 @@ def build_runtime(
             lock.release()
             raise
     lock.tie_to(trainer)
+    if parallel.is_main:  # one rank removes; every rank's saves are over when its trainer goes
+        outputs.tie_to(trainer)
     return trainer, manager
 
 

@@ -1,4 +1,7 @@
-"""Every CLI command, good and bad paths, in real subprocesses (`python -m speedtronic ...`)."""
+"""Every CLI command, good and bad paths: runs in real subprocesses (`python -m speedtronic ...`);
+refusals that stop before any work in this process (cli_testkit), where a spawn adds only an
+interpreter and a torch import.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +29,18 @@ def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.
         text=True,
         timeout=300,
     )
+
+
+@pytest.fixture
+def refused(capfd, monkeypatch):
+    """`speedtronic ARGS` in this process (cli_testkit), for commands refused before any work."""
+    from cli_testkit import run_in_process
+
+    def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(cwd)
+        return run_in_process(list(args), capfd)
+
+    return run
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *fragments: str) -> None:
@@ -181,10 +196,10 @@ def test_train_plot_sample_export_end_to_end(tmp_path):
         ("run.name: !!binary aGVsbG8=\n", "run.name: expected a string"),
     ],
 )
-def test_bad_cuda_overlay_exits_2_even_on_cpu(tmp_path, content, fragment):
+def test_bad_cuda_overlay_exits_2_even_on_cpu(tmp_path, refused, content, fragment):
     overlay = tmp_path / "cuda.yaml"
     overlay.write_text(content)
-    result = cli(
+    result = refused(
         "train",
         str(tiny_config(tmp_path)),
         "--device",
@@ -196,8 +211,8 @@ def test_bad_cuda_overlay_exits_2_even_on_cpu(tmp_path, content, fragment):
     assert_one_line_error(result, 2, fragment)
 
 
-def test_missing_cuda_overlay_names_the_path(tmp_path):
-    result = cli(
+def test_missing_cuda_overlay_names_the_path(tmp_path, refused):
+    result = refused(
         "train",
         str(tiny_config(tmp_path)),
         "--cuda-overlay",
@@ -273,20 +288,20 @@ def test_cuda_overlay_applies_on_a_gpu(tmp_path):
 
 
 @pytest.mark.parametrize("command", [["sample"], ["export"], ["plot"]])
-def test_commands_on_missing_paths_exit_2(tmp_path, command):
+def test_commands_on_missing_paths_exit_2(tmp_path, refused, command):
     args = [*command, str(tmp_path / "missing.pt")] + (
         [str(tmp_path / "out")] if command == ["export"] else []
     )
-    assert_one_line_error(cli(*args, cwd=tmp_path), 2, "missing.pt")
+    assert_one_line_error(refused(*args, cwd=tmp_path), 2, "missing.pt")
 
 
-def test_sample_on_a_non_checkpoint_exits_2(tmp_path):
+def test_sample_on_a_non_checkpoint_exits_2(tmp_path, refused):
     bogus = tmp_path / "bogus.pt"
     import torch
 
     torch.save({"weights": torch.zeros(2)}, bogus)
     assert_one_line_error(
-        cli("sample", str(bogus), cwd=tmp_path), 2, "not a Speedtronic trainer checkpoint"
+        refused("sample", str(bogus), cwd=tmp_path), 2, "not a Speedtronic trainer checkpoint"
     )
 
 
@@ -357,12 +372,12 @@ def test_a_model_from_an_installed_package_works_in_every_command(tmp_path):
     )
 
 
-def test_distributed_without_repo_is_a_config_error(tmp_path):
+def test_distributed_without_repo_is_a_config_error(tmp_path, refused):
     config = tiny_config(tmp_path, **{"distributed": "{enabled: true}"})
-    assert_one_line_error(cli("train", str(config), cwd=tmp_path), 2, "repo_id")
+    assert_one_line_error(refused("train", str(config), cwd=tmp_path), 2, "repo_id")
 
 
-def test_prepare_train_export_hf_and_sample_agree_with_transformers(tmp_path):
+def test_prepare_train_export_hf_and_sample_agree_with_transformers(tmp_path, refused):
     transformers = pytest.importorskip("transformers")
     result = cli("prepare", str(tmp_path / "data"), "--stdlib-bytes", "60000", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -401,9 +416,9 @@ def test_prepare_train_export_hf_and_sample_agree_with_transformers(tmp_path):
         (["--tokenizer", "bytes"], "--tokenizer needs --format hf"),
         (["--format", "hf", "--tokenizer", "gone.json"], "gone.json: no such file"),
     ]:
-        result = cli("export", str(checkpoint), str(tmp_path / "x"), *args, cwd=tmp_path)
+        result = refused("export", str(checkpoint), str(tmp_path / "x"), *args, cwd=tmp_path)
         assert_one_line_error(result, 2, fragment)
-    result = cli(
+    result = refused(
         "export", str(checkpoint), "x", "--format", "hf", "--max-shard-size", "lots", cwd=tmp_path
     )
     assert result.returncode == 2 and "is not a size" in result.stderr
@@ -414,7 +429,7 @@ def test_prepare_train_export_hf_and_sample_agree_with_transformers(tmp_path):
     assert _byte_size("5GB") == DEFAULT_MAX_SHARD_BYTES
 
 
-def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path):
+def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path, refused):
     pytest.importorskip("tokenizers")
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -433,7 +448,7 @@ def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path):
     assert result.returncode == 0, result.stderr
     config = tiny_config(tmp_path, **{"data": f"{{shard_path: {tmp_path / 'data'}/train_*.bin}}"})
     assert_one_line_error(  # a data setting unusable before training: a usage error
-        cli("train", str(config), cwd=tmp_path),
+        refused("train", str(config), cwd=tmp_path),
         2,
         "tokenizer.json (400 ids)",
         "is 128",
@@ -441,7 +456,7 @@ def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path):
     )
     assert not (tmp_path / "run").exists()  # refused: no empty run folder left behind
     assert_one_line_error(
-        cli(
+        refused(
             "train",
             str(config),
             "--set",
@@ -457,7 +472,7 @@ def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path):
     assert not (tmp_path / "run").exists()
     batch = ["--set", "data.micro_batch_size=4096", "--set", "data.target_batch_size=4096"]
     assert_one_line_error(  # one process, data short of one batch: refused before the first step
-        cli("train", str(config), "--set", "model.vocab_size=400", *batch, cwd=tmp_path),
+        refused("train", str(config), "--set", "model.vocab_size=400", *batch, cwd=tmp_path),
         2,
         "too few for one batch of 4096 x",
     )
@@ -717,9 +732,10 @@ def smoke_run(tmp_path_factory) -> tuple[Path, Path]:
         ("optimizer.name=adamw", "resume with --set optimizer.name=muon"),
     ],
 )
-def test_resuming_with_other_settings_is_a_usage_error(smoke_run, override, fragment):
+def test_resuming_with_other_settings_is_a_usage_error(smoke_run, refused, override, fragment):
     config, run = smoke_run
-    result = cli("train", str(config), "--resume", "--max-steps", "5", "--set", override, cwd=run)
+    resume = ["--resume", "--max-steps", "5", "--set", override]
+    result = refused("train", str(config), *resume, cwd=run)
     assert_one_line_error(result, 2, "speedtronic train: checkpoint ", fragment)
     assert "SPEEDTRONIC_DEBUG" not in result.stderr
 
@@ -739,11 +755,11 @@ def test_a_refused_export_leaves_no_folder_it_created(smoke_run, capsys, format_
     assert out.is_dir()
 
 
-def test_sample_names_what_the_checkpoint_cannot_take(smoke_run):
+def test_sample_names_what_the_checkpoint_cannot_take(smoke_run, refused):
     _, run = smoke_run
-    result = cli("sample", str(run / "checkpoints" / "step_3.pt"), cwd=run)
+    result = refused("sample", str(run / "checkpoints" / "step_3.pt"), cwd=run)
     assert_one_line_error(result, 2, "step_3.pt: no such checkpoint; ", "checkpoints has step_4.pt")
-    result = cli("sample", str(run / "checkpoints"), "--prompt", "é", cwd=run)
+    result = refused("sample", str(run / "checkpoints"), "--prompt", "é", cwd=run)
     assert_one_line_error(result, 2, "--prompt: token id 195 is past the model's 128 ids")
 
 

@@ -1,7 +1,7 @@
 """The fast subset of `hatch run reliability` (tools/reliability): a few of each probe, so CI keeps
-them honest, and the whole bad-input corpus (a minute or two: its expected lines drift with every
-reworded message, and the README counts its cases). The full run (20 SIGKILL trials, 2,000
-fuzzed inputs, every disk fault) is `hatch run reliability`.
+them honest, and the whole bad-input corpus (run in this process here, seconds: its expected lines
+drift with every reworded message, and the README counts its cases). The full run (20 SIGKILL
+trials, 2,000 fuzzed inputs, every disk fault) is `hatch run reliability`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "reliability"))
+sys.path.insert(0, str(ROOT / "tests" / "speedtronic"))
 
 import corpus  # noqa: E402
 import disks  # noqa: E402
@@ -22,6 +23,7 @@ import harness  # noqa: E402
 import kills  # noqa: E402
 import secrets_scan  # noqa: E402
 import signals  # noqa: E402
+from cli_testkit import run_in_process  # noqa: E402
 
 
 def failed(result: harness.Result) -> list[dict]:
@@ -50,7 +52,23 @@ def test_sigterm_and_sigint_checkpoint_and_exit_143_and_130(tmp_path):
     assert sorted(c["exit"] for c in result.cases) == [130, 143]
 
 
-def test_bad_inputs_are_one_line_with_their_exit_code_and_touch_nothing(tmp_path):
+def test_bad_inputs_are_one_line_with_their_exit_code_and_touch_nothing(
+    tmp_path, monkeypatch, capfd
+):
+    # Every case in this process, with a CLI process's environment (the env token set): the cases
+    # are refusals, and 88 spawned interpreters, each importing torch, took over a minute.
+    environment = harness.child_env(threads=None)
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "PYTHONUNBUFFERED"):
+        monkeypatch.setenv(name, environment[name])
+    monkeypatch.delenv("SPEEDTRONIC_DEBUG", raising=False)
+
+    def run_cli(args, cwd, *, label="", **_):
+        monkeypatch.chdir(cwd)
+        result = run_in_process(args, capfd)
+        harness.STREAMS.append((label, result.stdout + result.stderr))
+        return result
+
+    monkeypatch.setattr(corpus, "run_cli", run_cli)
     result = corpus.run(tmp_path, quick=False, rng=random.Random(19))
     assert result.passed, failed(result)
     assert result.figures["cases"] == len(corpus.cases())

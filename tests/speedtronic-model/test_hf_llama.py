@@ -224,6 +224,8 @@ def test_swish_is_silu_as_transformers_maps_it(tmp_path):
         ({"rms_norm_eps": 1e-6}, "rms_norm_eps 1e-06 does not map"),
         ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5000.0}}, "rope type 'llama3'"),
         ({"head_dim": 16}, "head_dim 16 does not map"),
+        # quantized weights keep their Llama names (scales beside them, or in the config)
+        ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config 'fp8' does not"),
     ],
 )
 def test_architecture_features_that_do_not_map(tmp_path, changes, fragment):
@@ -373,3 +375,15 @@ def test_a_custom_model_does_not_map(tmp_path):
     assert not list(tmp_path.iterdir())
     with pytest.raises(ConfigError, match="model.name.*0.weight"):
         load_llama(custom, tmp_path)
+
+
+def test_a_compiled_model_exports_and_loads_as_the_model_it_wraps(tmp_path):
+    # torch.compile wraps the model in an OptimizedModule (compiling only when called), which was
+    # refused as "does not map ... needs model.name: reference_transformer".
+    ours = model(**VARIANTS["gqa-tied"])
+    save_llama(ours, tmp_path / "plain")
+    save_llama(torch.compile(ours), tmp_path / "compiled")
+    assert files(tmp_path / "compiled") == files(tmp_path / "plain")
+    again = model(seed=1, **VARIANTS["gqa-tied"])
+    assert load_llama(torch.compile(again), tmp_path / "plain") is again
+    assert torch.equal(again(batch())["logits"], ours(batch())["logits"])

@@ -541,6 +541,28 @@ def test_an_export_replaces_the_files_an_earlier_one_wrote_and_no_others(tmp_pat
     assert {p.name for p in out.iterdir()} == MODEL_FILES | TOKENIZER_FILES | {"README.md"}
 
 
+def test_an_export_over_another_tokenizers_files_removes_those_that_change_its_ids(
+    tmp_path, checkpoint
+):
+    # Left by a Hub download (the init_from folder, say): transformers reads them with the
+    # exported tokenizer.json, adding tokens and setting another eos and pad.
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "special_tokens_map.json").write_text('{"eos_token": "</s>", "pad_token": "<pad>"}')
+    (out / "added_tokens.json").write_text('{"<extra>": 256}')
+    (out / "notes.txt").write_text("mine")
+    export_hf(checkpoint, out)
+    assert {p.name for p in out.iterdir()} == MODEL_FILES | TOKENIZER_FILES | {
+        "README.md",
+        "notes.txt",
+    }
+    transformers = pytest.importorskip("transformers")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    text = "é </s> <extra>"
+    assert tokenizer(text).input_ids == list(text.encode())
+    assert (len(tokenizer), tokenizer.eos_token, tokenizer.pad_token) == (256, None, None)
+
+
 def test_a_plain_export_over_a_sharded_hf_one_removes_its_shards(tmp_path, checkpoint):
     from speedtronic.artifacts import export_checkpoint
 

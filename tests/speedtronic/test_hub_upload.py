@@ -101,10 +101,15 @@ def test_cli_push_to_hub_private(tmp_path, server, checkpoint):
         assert remote[path.name] == path.read_bytes()
 
 
-def test_a_push_deletes_the_weights_an_earlier_push_left(tmp_path, server, checkpoint):
+def test_a_push_deletes_the_weights_and_tokenizer_files_an_earlier_push_left(
+    tmp_path, server, checkpoint
+):
     # transformers loads model.safetensors before an index: a stale one served the old weights.
     whole = export_hf(checkpoint, tmp_path / "whole")
     (whole / "loss_curve.png").write_bytes(b"an earlier run's curve")
+    # another tokenizer's files, which transformers would read with the new tokenizer.json
+    (whole / "special_tokens_map.json").write_text('{"eos_token": "</s>"}')
+    (whole / "added_tokens.json").write_text('{"<extra>": 256}')
     push_to_hub(whole, "me/tiny", endpoint=server.url)
     sharded = export_hf(checkpoint, tmp_path / "sharded", max_shard_bytes=20_000)
     (sharded / "notes.txt").write_text("mine")

@@ -22,6 +22,9 @@ from speedtronic_data.tokenizer_record import BYTE_IDS, TOKENIZER_JSON
 # saying which of its added tokens begins or ends a sequence.
 EOS_NAMES = ("</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>")
 BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "<|endoftext|>")
+# Files transformers reads beside tokenizer.json that add tokens or set bos/eos/pad: another
+# tokenizer's, left in the folder, would change the ids of the one written here.
+TOKENIZER_EXTRAS = ("special_tokens_map.json", "added_tokens.json")
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -119,6 +122,7 @@ def write_hf_tokenizer(
 __all__ = [
     "BOS_NAMES",
     "EOS_NAMES",
+    "TOKENIZER_EXTRAS",
     "byte_level_tokenizer_json",
     "bytes_to_unicode",
     "special_tokens",

@@ -62,6 +62,10 @@ def llama_names(model: ReferenceTransformer) -> list[tuple[str, str]]:
 
 
 def _require_reference(model: Any, what: str) -> ReferenceTransformer:
+    """Return the reference model itself, seen through torch.compile's wrapper; ConfigError for
+    any other model.
+    """
+    model = getattr(model, "_orig_mod", model)  # an OptimizedModule shares the model's weights
     if isinstance(model, ReferenceTransformer):
         return model
     params = [name for name, _ in getattr(model, "named_parameters", lambda: [])()]
@@ -288,6 +292,8 @@ def llama_mismatches(config: dict[str, Any], model: ReferenceTransformer) -> lis
         ("mlp_bias", bool(config.get("mlp_bias", False)), False),
         ("rope type", rope_type, "default"),
         ("rms_norm_eps", config.get("rms_norm_eps", 1e-6), _norm_eps(model)),
+        # quantized weights keep their Llama names, so only the config tells them apart
+        ("quantization_config", _quant_method(config), None),
     ]
     if head_dim is not None and isinstance(hidden, int) and isinstance(heads, int) and heads:
         fixed.append(("head_dim", head_dim, hidden // heads))
@@ -297,6 +303,14 @@ def llama_mismatches(config: dict[str, Any], model: ReferenceTransformer) -> lis
         if not (theirs == ours or _same_float(theirs, ours))
     ]
     return problems
+
+
+def _quant_method(config: dict[str, Any]) -> Any:
+    """Return the quant_method of a quantized checkpoint's config (None when unquantized)."""
+    quantization = config.get("quantization_config")
+    if isinstance(quantization, dict) and quantization:
+        return quantization.get("quant_method") or "unnamed"
+    return quantization or None
 
 
 def _same_float(a: Any, b: Any) -> bool:

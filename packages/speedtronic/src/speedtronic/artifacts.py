@@ -419,6 +419,20 @@ def load_exported(out_dir: PathLike) -> Any:
     return model.eval()
 
 
+def hf_replaced_files() -> tuple[str, ...]:
+    """Return the globs of the files an hf export replaces, deleting those it does not write.
+
+    Such a file in the export's folder or Hub repository was left by an earlier export or another
+    model (weights of other sharding, another tokenizer's extras, a loss curve), and transformers
+    would read it with the new files.
+    """
+    from speedtronic.model_card import CURVE_NAME
+    from speedtronic_data.hf_tokenizer import TOKENIZER_EXTRAS
+    from speedtronic_model.hf_llama import WEIGHT_FILES
+
+    return (*WEIGHT_FILES, *TOKENIZER_EXTRAS, CURVE_NAME)
+
+
 def export_hf(
     path: PathLike,
     out_dir: PathLike,
@@ -430,11 +444,11 @@ def export_hf(
     """Write a checkpoint as a `transformers` Llama folder (config.json, generation_config.json,
     safetensors weights, tokenizer.json, tokenizer_config.json, README.md model card); return it.
     """
-    from speedtronic.model_card import CURVE_NAME, write_model_card
+    from speedtronic.model_card import write_model_card
     from speedtronic_config.atomic import staged_files
     from speedtronic_data import write_hf_tokenizer
     from speedtronic_model import llama_config, save_llama
-    from speedtronic_model.hf_llama import DEFAULT_MAX_SHARD_BYTES, WEIGHT_FILES
+    from speedtronic_model.hf_llama import DEFAULT_MAX_SHARD_BYTES
 
     path = resolve_checkpoint(path)  # the model card looks for the run's metrics beside it
     out_dir = Path(out_dir)
@@ -445,7 +459,7 @@ def export_hf(
     record = _check_fits(codec, config, tokenizer)
     # Staged, then renamed in: a failure on the way (disk full, Ctrl-C) leaves an earlier export
     # in out_dir whole, not new weights beside an old card.
-    with staged_files(out_dir, replaces=(*WEIGHT_FILES, CURVE_NAME)) as stage:
+    with staged_files(out_dir, replaces=hf_replaced_files()) as stage:
         bos, eos = write_hf_tokenizer(stage, codec, model_max_length=config.model.max_seq_len)
         save_llama(
             model,

@@ -31,8 +31,8 @@ def push_to_hub(
     folder: Path, repo_id: str, *, private: bool = False, endpoint: str | None = None
 ) -> str:
     """Create the model repository if needed and upload every file of folder as one commit;
-    return the repository URL. Weight files and a loss curve an earlier push left that folder
-    lacks are deleted in that commit, as export deletes them locally.
+    return the repository URL. Weight files, tokenizer extras and a loss curve an earlier push
+    left that folder lacks are deleted in that commit, as export deletes them locally.
 
     The token is huggingface_hub's own: HF_TOKEN, else the `hf auth login` cache. Speedtronic
     never reads, prints or stores it. `endpoint` (default: HF_ENDPOINT, else huggingface.co)
@@ -40,8 +40,7 @@ def push_to_hub(
     """
     from huggingface_hub import HfApi
 
-    from speedtronic.model_card import CURVE_NAME
-    from speedtronic_model.hf_llama import WEIGHT_FILES
+    from speedtronic.artifacts import hf_replaced_files
 
     if not folder.is_dir():
         raise UsageError(f"{folder}: no such export folder")
@@ -56,7 +55,7 @@ def push_to_hub(
             commit_message="Upload a Speedtronic export",
             # A model.safetensors left by an earlier push would shadow new shards: transformers
             # loads it first. Files uploaded in this commit are never deleted.
-            delete_patterns=[*WEIGHT_FILES, CURVE_NAME],
+            delete_patterns=list(hf_replaced_files()),
         )
     except Exception as error:  # network, token, server: name where, and that nothing is lost
         raise RuntimeError(

@@ -24,6 +24,22 @@ def test_masks_misaligned_entries_and_rescales() -> None:
     torch.testing.assert_close(delta[:3], torch.full((3,), 1.1 * 4 / 4))
 
 
+def test_fp16_parameters_are_masked_and_scaled_as_float32_ones() -> None:
+    # The kept count (an fp16 sum) overflowed past 65504 entries, so the scale was 0 and nothing
+    # moved; and delta * grad of small values underflowed to 0, reverting descent entries.
+    for shape, value, grad in (((256, 257), 1.0, 1.0), ((4, 4), 0.01, 1e-3)):
+        param = torch.nn.Parameter(torch.full(shape, value, dtype=torch.float16))
+        before = param.detach().clone()
+        optimizer = CautiousOptimizer(torch.optim.SGD([param], lr=0.01))
+        param.grad = torch.full(shape, grad, dtype=torch.float16)
+        optimizer.step()
+        plain = (before.add(param.grad, alpha=-0.01) - before).float()  # SGD's own step
+        assert plain.abs().min() > 0  # every entry descends: all kept, scaled
+        expected = plain * (param.numel() / (param.numel() + 1))
+        # Within fp16's rounding of the parameter (one spacing is 6% of the small case's step).
+        torch.testing.assert_close((param.detach() - before).float(), expected, rtol=0.1, atol=0)
+
+
 def test_composes_with_muon_and_hybrid(tiny_lm, lm_loss) -> None:
     routing = route_parameters(tiny_lm)
     wrapped = CautiousOptimizer(

@@ -158,3 +158,34 @@ def test_a_parameter_in_both_branches_or_a_bare_tensor_is_refused() -> None:
 def test_a_process_group_that_is_not_one_is_refused_when_built() -> None:
     with pytest.raises(TypeError, match="Muon process_group: expected a torch.distributed"):
         HybridOptimizer([torch.nn.Parameter(torch.randn(4, 4))], [], muon_process_group="world")
+
+
+@pytest.mark.parametrize("cautious", [False, True])
+def test_state_dict_hooks_run_as_on_torch_optimizers(tiny_lm, lm_loss, cautious: bool) -> None:
+    # torch.optim's register_(load_)state_dict_*_hook: accepted by the facades, and never run.
+    opt = CautiousOptimizer(_hybrid(tiny_lm)) if cautious else _hybrid(tiny_lm)
+    calls = []
+    opt.register_state_dict_pre_hook(lambda optimizer: calls.append("save pre"))
+    opt.register_state_dict_post_hook(lambda optimizer, state: {**state, "extra": 1})
+    opt.register_load_state_dict_pre_hook(
+        lambda optimizer, state: {key: value for key, value in state.items() if key != "extra"}
+    )
+    opt.register_load_state_dict_post_hook(lambda optimizer: calls.append("load post"))
+    state = opt.state_dict()
+    assert state["extra"] == 1 and calls == ["save pre"]
+    opt.load_state_dict(state)  # the pre hook drops "extra", which check_keys would refuse
+    assert calls == ["save pre", "load post"]
+
+
+def test_state_of_a_parameter_not_stepped_yet_reads_as_torch_optimizers_do() -> None:
+    # torch.optim's state is a defaultdict: state[p] of a parameter with no state yet is a new {}
+    # (the usual way to seed it), while `in` and get() do not create it. The hybrid raised KeyError.
+    matrix, vector = torch.nn.Parameter(torch.randn(4, 4)), torch.nn.Parameter(torch.zeros(4))
+    hybrid, plain = HybridOptimizer([matrix], [vector]), torch.optim.AdamW([vector])
+    for optimizer, param in ((plain, vector), (hybrid, vector), (hybrid, matrix)):
+        assert param not in optimizer.state and optimizer.state.get(param) is None
+        optimizer.state[param]["seeded"] = 1
+        assert param in optimizer.state and optimizer.state.get(param) == {"seeded": 1}
+    assert hybrid.muon.state[matrix] == hybrid.adamw.state[vector] == {"seeded": 1}
+    with pytest.raises(KeyError, match=r"shape \(3,\) is not optimized"):
+        hybrid.state[torch.nn.Parameter(torch.zeros(3))]

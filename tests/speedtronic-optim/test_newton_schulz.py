@@ -169,3 +169,29 @@ def test_row_col_is_larger_than_muon_and_match_scale_fixes_it() -> None:
     rescaled = match_polar_scale(normalized, polar)
     assert math.isclose(rescaled.norm().item(), polar.norm().item(), rel_tol=1e-4)
     torch.testing.assert_close(rescaled / rescaled.norm(), normalized / normalized.norm())
+
+
+@pytest.mark.parametrize("function", [newton_schulz, orthogonalize, post_polar_normalize])
+def test_public_functions_refuse_what_they_would_silently_corrupt(function) -> None:
+    # Complex input lost its imaginary part and integer input came back as zeros, without an error.
+    with pytest.raises(TypeError, match="complex64.*view_as_real"):
+        function(torch.randn(4, 6, dtype=torch.cfloat))
+    with pytest.raises(TypeError, match="int64"):
+        function(torch.ones(4, 6, dtype=torch.int64))
+    with pytest.raises(TypeError, match="got a list"):
+        function([[1.0, 2.0], [3.0, 4.0]])
+    with pytest.raises(ValueError, match="eps"):
+        function(torch.randn(4, 6), eps=-1.0)
+
+
+def test_newton_schulz_arguments_are_checked() -> None:
+    g = torch.randn(4, 6)
+    with pytest.raises(TypeError, match="steps: expected an integer >= 0, got True"):
+        newton_schulz(g, steps=True)
+    with pytest.raises(TypeError, match="steps: expected an integer >= 0, got 2.5"):
+        newton_schulz(g, steps=2.5)
+    with pytest.raises(ValueError, match="dtype: expected None or one of"):
+        newton_schulz(g, dtype=torch.int32)
+    with pytest.raises(TypeError, match="dtype: expected None or one of"):
+        newton_schulz(g, dtype="float32")
+    assert torch.equal(newton_schulz(g, steps=0, dtype=torch.float32), g / (g.norm() + 1e-7))

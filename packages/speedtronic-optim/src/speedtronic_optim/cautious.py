@@ -8,7 +8,12 @@ from typing import Any
 import torch
 from torch.optim import Optimizer
 
-from speedtronic_optim.facade import evaluate_closure, init_facade
+from speedtronic_optim.facade import (
+    evaluate_closure,
+    hooked_load_state_dict,
+    hooked_state_dict,
+    init_facade,
+)
 
 
 class CautiousOptimizer(Optimizer):
@@ -80,7 +85,9 @@ class CautiousOptimizer(Optimizer):
         self.base.step()
         for param, before, grad in snapshot:
             delta = param.detach() - before
-            keep = (delta * grad < 0).to(delta.dtype)  # moves against the gradient: a descent entry
+            # Moves against the gradient: a descent entry. Signs, not delta * grad, which
+            # underflows to 0 in fp16; the count is an int64 sum, where fp16's overflows at 65504.
+            keep = delta.sign() * grad.sign() < 0
             scale = keep.numel() / (keep.sum() + 1)
             param.copy_(before.add_(delta.mul_(keep).mul_(scale)))
         return loss
@@ -90,12 +97,14 @@ class CautiousOptimizer(Optimizer):
         self.base.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the base optimizer's state dict (the wrapper keeps no state of its own)."""
-        return self.base.state_dict()
+        """Return the base optimizer's state dict (the wrapper keeps no state of its own), through
+        the wrapper's hooks.
+        """
+        return hooked_state_dict(self, self.base.state_dict)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load the base optimizer's state."""
-        self.base.load_state_dict(state_dict)
+        """Load the base optimizer's state through the wrapper's hooks."""
+        hooked_load_state_dict(self, state_dict, self.base.load_state_dict)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group to the base optimizer."""

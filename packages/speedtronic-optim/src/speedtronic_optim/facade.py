@@ -25,6 +25,34 @@ def init_facade(optimizer: Optimizer) -> None:
     optimizer._patch_step_function()
 
 
+def hooked_state_dict(optimizer: Optimizer, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Return ``build()`` through ``optimizer``'s state-dict hooks, as Optimizer.state_dict runs
+    them (a facade's own state_dict replaces that method, and would skip the hooks).
+    """
+    for pre_hook in optimizer._optimizer_state_dict_pre_hooks.values():
+        pre_hook(optimizer)
+    state_dict = build()
+    for post_hook in optimizer._optimizer_state_dict_post_hooks.values():
+        result = post_hook(optimizer, state_dict)
+        state_dict = state_dict if result is None else result
+    return state_dict
+
+
+def hooked_load_state_dict(
+    optimizer: Optimizer, state_dict: dict[str, Any], load: Callable[[dict[str, Any]], None]
+) -> None:
+    """Call ``load`` through ``optimizer``'s load-state-dict hooks, as Optimizer.load_state_dict
+    runs them (on a shallow copy, so a pre hook may edit it without touching the caller's).
+    """
+    state_dict = state_dict.copy() if isinstance(state_dict, dict) else state_dict
+    for pre_hook in optimizer._optimizer_load_state_dict_pre_hooks.values():
+        result = pre_hook(optimizer, state_dict)
+        state_dict = state_dict if result is None else result
+    load(state_dict)
+    for post_hook in optimizer._optimizer_load_state_dict_post_hooks.values():
+        post_hook(optimizer)
+
+
 def check_keys(state_dict: dict[str, Any], expected: set[str], owner: str) -> None:
     """Raise a clear error when a state dict was not saved by an optimizer of the same layout."""
     if not isinstance(state_dict, dict) or set(state_dict) != expected:
@@ -48,7 +76,8 @@ def evaluate_closure(closure: Callable[[], Any] | None) -> Any:
 class MergedState(MutableMapping):
     """A live view of several optimizers' per-parameter state as one mapping.
 
-    Reads find the child that holds a parameter; writes and deletes go to that child; clear()
+    Reads find the child that holds a parameter (a parameter without state yet gets a new {} in
+    its owner's, as torch.optim's defaultdict does); writes and deletes go to that child; clear()
     empties every child, so ``optimizer.state.clear()`` resets a facade as it does a plain
     torch optimizer.
     """
@@ -60,13 +89,25 @@ class MergedState(MutableMapping):
         for child in self._children():
             if any(p is param for group in child.param_groups for p in group["params"]):
                 return child
-        raise KeyError(param)
+        what = f"shape {tuple(param.shape)}" if isinstance(param, torch.Tensor) else "this key"
+        raise KeyError(f"the parameter of {what} is not optimized by this optimizer")
 
     def __getitem__(self, param: torch.Tensor) -> Any:
         for child in self._children():
             if param in child.state:
                 return child.state[param]
-        raise KeyError(param)
+        # As torch.optim's defaultdict state: a parameter with no state yet gets a new {}.
+        return self._owner(param).state[param]
+
+    def __contains__(self, param: object) -> bool:
+        return any(param in child.state for child in self._children())
+
+    def get(self, param: torch.Tensor, default: Any = None) -> Any:
+        """Return the parameter's state, or ``default`` (creating none, as dict.get)."""
+        for child in self._children():
+            if param in child.state:
+                return child.state[param]
+        return default
 
     def __setitem__(self, param: torch.Tensor, value: Any) -> None:
         self._owner(param).state[param] = value

@@ -16,7 +16,14 @@ from speedtronic_optim.adamw import (
     make_adamw,
 )
 from speedtronic_optim.checks import check_arguments, check_parameters
-from speedtronic_optim.facade import MergedState, check_keys, evaluate_closure, init_facade
+from speedtronic_optim.facade import (
+    MergedState,
+    check_keys,
+    evaluate_closure,
+    hooked_load_state_dict,
+    hooked_state_dict,
+    init_facade,
+)
 from speedtronic_optim.muon import Muon
 
 
@@ -182,11 +189,16 @@ class HybridOptimizer(Optimizer):
         return loss
 
     def state_dict(self) -> dict[str, Any]:
-        """Return {"muon": ..., "adamw": ...} for the children present."""
-        return {name: child.state_dict() for name, child in self.children.items()}
+        """Return {"muon": ..., "adamw": ...} for the children present (through its hooks)."""
+        return hooked_state_dict(
+            self, lambda: {name: child.state_dict() for name, child in self.children.items()}
+        )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a state saved by a HybridOptimizer with the same branches."""
+        """Load a state saved by a HybridOptimizer with the same branches (through its hooks)."""
+        hooked_load_state_dict(self, state_dict, self._load_children)
+
+    def _load_children(self, state_dict: dict[str, Any]) -> None:
         check_keys(state_dict, set(self.children), "HybridOptimizer")
         for name, child in self.children.items():
             child.load_state_dict(state_dict[name])

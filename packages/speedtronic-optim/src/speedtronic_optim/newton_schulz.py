@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
+from speedtronic_optim.checks import check_dtype, check_integer, check_number
+
 Coefficients = tuple[float, float, float]
 
 # Keller Jordan's quintic coefficients: one triple reused every step.
@@ -76,6 +78,21 @@ def coefficient_schedule(
     return [table[min(i, len(table) - 1)] for i in range(steps)]
 
 
+def _check_matrices(owner: str, matrix: object, eps: object) -> None:
+    """Raise unless ``matrix`` is a real floating (..., m, n) tensor and ``eps`` a number >= 0."""
+    if not isinstance(matrix, torch.Tensor):
+        raise TypeError(f"{owner} needs a (..., m, n) tensor; got a {type(matrix).__name__}")
+    if not matrix.is_floating_point():
+        # A cast would drop a complex input's imaginary part and round an integer one to zeros.
+        raise TypeError(
+            f"{owner} needs a real floating-point tensor; got {matrix.dtype}: pass a float "
+            "tensor (torch.view_as_real of a complex one)"
+        )
+    if matrix.ndim < 2:
+        raise ValueError(f"{owner} needs a (..., m, n) tensor; got shape {tuple(matrix.shape)}")
+    check_number(f"{owner} eps", eps, 0.0)
+
+
 def _addmm(
     bias: torch.Tensor, x: torch.Tensor, y: torch.Tensor, *, beta: float, alpha: float = 1.0
 ) -> torch.Tensor:
@@ -117,18 +134,15 @@ def orthogonalize(
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Return the Newton–Schulz polar-factor estimate in the work ``dtype`` (input untouched)."""
+    _check_matrices("newton_schulz", matrix, eps)
+    check_integer("newton_schulz steps", steps, 0)
+    check_dtype("newton_schulz dtype", dtype)
     if dtype is None:
         # Both amplify 16-bit rounding (see POLAR_EXPRESS and GRAM_DTYPES): they work in float32.
         polar_express = isinstance(coefficients, str) and coefficients == "polar_express"
         dtype = (
             torch.float32 if polar_express or method == "gram" else fast_work_dtype(matrix.device)
         )
-    if matrix.ndim < 2:
-        raise ValueError(
-            f"newton_schulz needs a (..., m, n) tensor; got shape {tuple(matrix.shape)}"
-        )
-    if steps < 0:
-        raise ValueError(f"newton_schulz steps must be >= 0; got {steps}")
     if method not in METHODS:
         raise ValueError(f"unknown Newton-Schulz method {method!r}; use one of {METHODS}")
     if method == "gram" and dtype not in GRAM_DTYPES:
@@ -199,11 +213,7 @@ def post_polar_normalize(
         raise ValueError(
             f"unknown post_polar_normalize mode {mode!r}; use one of {NORMALIZE_MODES}"
         )
-    if update.ndim < 2:
-        raise ValueError(
-            "post_polar_normalize needs a (..., rows, cols) tensor; got shape "
-            f"{tuple(update.shape)}"
-        )
+    _check_matrices("post_polar_normalize", update, eps)
     result = update.float()
     for axis in {"none": (), "row": (-1,), "col": (-2,), "row_col": (-1, -2), "col_row": (-2, -1)}[
         mode

@@ -481,6 +481,18 @@ def test_a_forward_that_drops_kv_cache_still_generates_the_window_tokens():
     assert torch.equal(out, small().generate(tokens(2, 4), 20, temperature=0.0, use_cache=False))
 
 
+def test_a_forward_without_kv_cache_or_keywords_generates_without_a_cache():
+    # Its forward takes only its own arguments: passing kv_cache= raised a TypeError.
+    class Strict(ReferenceTransformer):
+        def forward(self, input_ids, labels=None, attention_mask=None):
+            return super().forward(input_ids, labels, attention_mask)
+
+    torch.manual_seed(0)
+    strict = Strict(**SMALL)
+    out = strict.generate(tokens(2, 4), 20, temperature=0.0)
+    assert torch.equal(out, small().generate(tokens(2, 4), 20, temperature=0.0, use_cache=False))
+
+
 def test_kv_cache_forward_gives_the_full_forward_logits():
     model = small().eval()
     ids = tokens(2, 16)
@@ -505,6 +517,24 @@ def test_kv_cache_forward_gives_the_full_forward_logits():
 def test_kv_cache_misuse_is_a_one_line_error(call, message):
     with pytest.raises(ValueError, match=message):
         call(small().eval(), KVCache(16))
+
+
+@pytest.mark.parametrize(
+    "continued_by",
+    [
+        lambda m: small(n_kv_head=1).eval()(tokens(2, 1), kv_cache=m),  # ran silently
+        lambda m: small(n_layer=3).eval()(tokens(2, 1), kv_cache=m),  # read unwritten keys
+        lambda m: small().eval()(tokens(1, 1), kv_cache=m),
+        lambda m: small().eval().to(torch.bfloat16)(tokens(2, 1), kv_cache=m),
+    ],
+    ids=["fewer-kv-heads", "more-layers", "other-batch", "other-dtype"],
+)
+def test_a_kv_cache_continued_by_another_model_or_batch_is_a_one_line_error(continued_by):
+    cache = KVCache(16)
+    small().eval()(tokens(2, 4), kv_cache=cache)
+    with pytest.raises(ValueError, match=r"^kv_cache holds .* start a new KVCache") as caught:
+        continued_by(cache)
+    assert "\n" not in str(caught.value)
 
 
 def test_top_k_keeps_the_tokens_tied_with_the_kth_as_transformers_does():

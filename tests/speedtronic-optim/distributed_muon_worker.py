@@ -127,6 +127,21 @@ def compare(wrap: Callable, settings: dict, dtype: torch.dtype) -> float:
     )
 
 
+def transposed_diff(wrap: Callable, settings: dict) -> float:
+    """Largest difference between Muon(transposed=True) on matrices stored (in, out), as
+    transformers' Conv1D stores them, split as `settings` say, and one-process Muon on the
+    (out, in) matrices, transposed: the shape rules (adjust_lr="original", Muon+'s row_col) must
+    read the (out, in) view in the split step too.
+    """
+    shape_dependent = {"lr": 0.02, "adjust_lr": "original", "muon_plus": True, "weight_decay": 0.1}
+    flipped, _ = train(
+        lambda g: Muon(g, transposed=True, **shape_dependent, **settings),
+        lambda t: wrap(t.mT.contiguous()),
+    )
+    reference, _ = train(lambda g: Muon(g, distributed=False, **shape_dependent), lambda t: t)
+    return max_diff(flipped, [matrix.mT for matrix in reference])
+
+
 def counting(optimizer: Muon, seen: dict[str, int]) -> Muon:
     """Count in `seen` the matrices this rank orthogonalizes (wraps Muon's Newton–Schulz)."""
     polar = optimizer._polar
@@ -148,6 +163,7 @@ def replicated_checks(seen: dict) -> None:
         )
     reference, _ = train(lambda g: Muon(g, distributed=False, lr=0.02), plain)
     seen["moved"] = max_diff(reference, data()[0])  # the steps are real
+    seen["ddp_transposed_diff"] = transposed_diff(plain, {"distributed": True})
     # How many matrices each rank orthogonalizes: about half when told the parameters are
     # replicas; all of them otherwise (a process group alone does not make them replicas).
     for label, distributed in (("split", True), ("auto", None), ("all", False)):
@@ -168,6 +184,7 @@ def sharded_checks(seen: dict) -> None:
     shard = lambda t: distribute_tensor(t, mesh, [Shard(0)])  # noqa: E731
     for name, (settings, dtype) in VARIANTS.items():
         seen[f"fsdp_{name}_diff"] = compare(shard, {"lr": 0.02, **settings}, dtype)
+    seen["fsdp_transposed_diff"] = transposed_diff(shard, {})
     # Up front: every rank holds a sharded momentum for every matrix before any step.
     params = [torch.nn.Parameter(shard(start)) for start in data()[0]]
     fresh = Muon(params, lr=0.02)

@@ -51,6 +51,8 @@ def test_two_ranks_match_one_process(ranks, mode):
         # differently for strided and contiguous updates), in units of eps * |value|.
         assert seen[f"{mode}_bf16_params_diff"] <= 2 * 3
         assert seen[f"{mode}_cautious_diff"] <= 1e-6
+        # Conv1D-like (in, out) matrices: the transposes of the (out, in) run's.
+        assert seen[f"{mode}_transposed_diff"] <= 1e-6
 
 
 def test_each_replica_orthogonalizes_about_half_the_matrices(ranks):

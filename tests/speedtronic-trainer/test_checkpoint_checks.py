@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import warnings
 
 import pytest
 import torch
@@ -127,6 +128,38 @@ def test_missing_and_unexpected_weights_and_a_match():
     with pytest.raises(CheckpointError, match="missing 0.bias .and 1 more"):
         restore_model(target, {"model": saved})
     restore_model(target, {"model": model(4).state_dict()})
+
+
+class WithExtraState(torch.nn.Sequential):
+    """A module keeping a non-tensor entry in its state dict (get_extra_state), as
+    TransformerEngine's layers do."""
+
+    def get_extra_state(self):
+        return {"recipe": "delayed", "steps": 3}
+
+    def set_extra_state(self, state):
+        self.restored = state
+
+
+def test_a_sharded_checkpoint_is_checked_by_its_metadata_extra_state_included(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from speedtronic_trainer.sharded import sharded_model_weights
+
+    def extra(width: int) -> WithExtraState:
+        return WithExtraState(*model(width))
+
+    path = tmp_path / "step_2.dcp"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP's "assuming a single process"
+        dcp.save({"model": extra(4).state_dict()}, checkpoint_id=str(path), no_dist=True)
+    saved = {"model": sharded_model_weights(path), "checkpoint_path": str(path)}
+    # Its extra state is a shard entry by its name, not a missing weight.
+    restore_model(extra(4), saved, load=lambda *_: None)
+    with pytest.raises(CheckpointMismatch, match=r"size mismatch for 0.weight.*\(and 21 more\)"):
+        restore_model(extra(8), saved, load=lambda *_: None)
+    with pytest.raises(CheckpointMismatch, match="unexpected _extra_state"):
+        restore_model(model(4), saved, load=lambda *_: None)
 
 
 class TwoBranchOptimizer:

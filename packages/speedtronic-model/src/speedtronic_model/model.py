@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import inspect
 import math
 from dataclasses import dataclass, fields
 from typing import Any
@@ -155,16 +156,37 @@ class KVCache:
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store layer's new (B, KV, T, D) keys and values; return all of that layer's so far."""
-        if layer == len(self._keys):  # preallocated: no copy of the whole history per token
+        if layer == len(self._keys) and not self.length:  # preallocated: no copy per token
             shape = (*k.shape[:2], self.max_len, k.size(-1))
             self._keys.append(k.new_empty(shape))
             self._values.append(v.new_empty(shape))
+        self._check_fits(layer, k)
         start, end = self.length, self.length + k.size(2)
         self._keys[layer][:, :, start:end] = k
         self._values[layer][:, :, start:end] = v
         if start == 0:  # the prompt attends to exactly the tensors an uncached forward would
             return k, v
         return self._keys[layer][:, :, :end], self._values[layer][:, :, :end]
+
+    def _check_fits(self, layer: int, k: torch.Tensor) -> None:
+        """Raise ValueError when k is not what this cache holds for layer: another batch, dtype
+        or device, or another model's (a copy would broadcast into it, or read unwritten keys).
+        """
+
+        def layout(t: torch.Tensor) -> tuple[Any, ...]:  # (batch, kv heads, head dim, ...)
+            return (*t.shape[:2], t.size(-1), t.dtype, str(t.device))
+
+        held = self._keys[layer] if layer < len(self._keys) else None
+        if held is not None and layout(held) == layout(k):
+            return
+        holds = (
+            f"{layout(held)} for layer {layer}" if held is not None else f"{len(self._keys)} layers"
+        )
+        raise ValueError(
+            f"kv_cache holds {holds}, but this call's layer {layer} keys are {layout(k)} (batch, "
+            "kv heads, head dim, dtype, device): start a new KVCache for each model, batch and "
+            "dtype"
+        )
 
 
 class CausalSelfAttention(nn.Module):
@@ -494,6 +516,8 @@ class ReferenceTransformer(nn.Module):
         self.eval()  # sampling should never see dropout
         finished = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
         block_size = self.config.block_size
+        # A subclass's forward that takes neither kv_cache nor **kwargs would raise a TypeError.
+        use_cache = use_cache and _takes_keyword(self.forward, "kv_cache")
         cache = KVCache(block_size)  # allocated on first use: nothing when use_cache=False
         try:
             for _ in range(max_new_tokens):
@@ -520,6 +544,12 @@ class ReferenceTransformer(nn.Module):
         finally:
             self.train(was_training)
         return input_ids
+
+
+def _takes_keyword(function: Any, name: str) -> bool:
+    """Return whether function accepts the keyword argument name (by name or through **kwargs)."""
+    parameters = inspect.signature(function).parameters.values()
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 # Below this temperature plain division could overflow (a logit of 3.4e18 would); above it

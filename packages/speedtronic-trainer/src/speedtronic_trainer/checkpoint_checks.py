@@ -169,7 +169,10 @@ def weight_misfits(model: torch.nn.Module, weights: Mapping[str, Any]) -> list[s
     problems = [
         f"size mismatch for {name}: checkpoint {_shape(weights[name])}, model {_shape(value)}"
         for name, value in current.items()
-        if name in weights and _shape(weights[name]) != _shape(value)
+        # Two non-tensors (a module's extra state; a sharded checkpoint's is not read) have no size.
+        if name in weights
+        and (isinstance(weights[name], torch.Tensor) or isinstance(value, torch.Tensor))
+        and _shape(weights[name]) != _shape(value)
     ]
     problems += [f"missing {name}" for name in current if name not in weights]
     return problems + [f"unexpected {name}" for name in weights if name not in current]

@@ -72,10 +72,11 @@ def damaged_shards(path: Path) -> str | None:
     return None
 
 
-def sharded_model_weights(path: Path) -> dict[str, torch.Tensor]:
+def sharded_model_weights(path: Path) -> dict[str, torch.Tensor | None]:
     """Return the model weights a sharded checkpoint holds as meta tensors (names, whole shapes
     and dtypes from its .metadata; no shard is read), to check them against a model before
-    loading; CheckpointError when the .metadata is unreadable.
+    loading, and None for each non-tensor entry (a module's get_extra_state()); CheckpointError
+    when the .metadata is unreadable.
     """
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -86,13 +87,19 @@ def sharded_model_weights(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(
             f"sharded checkpoint {path} has an unreadable .metadata ({type(error).__name__})"
         ) from error
-    return {
-        key.removeprefix("model."): torch.empty(
-            entry.size, dtype=entry.properties.dtype, device="meta"
+    # DCP flattens a nested value (an extra state dict) into keys of its own: planner_data maps
+    # each key back to its path, ("model", state-dict key, ...).
+    paths = metadata.planner_data or {}
+    weights: dict[str, torch.Tensor | None] = {}
+    for key, entry in metadata.state_dict_metadata.items():
+        path_in_state = paths.get(key, tuple(key.split(".", 1)))
+        if len(path_in_state) < 2 or path_in_state[0] != "model":
+            continue
+        tensor = isinstance(entry, TensorStorageMetadata) and len(path_in_state) == 2
+        weights[path_in_state[1]] = (
+            torch.empty(entry.size, dtype=entry.properties.dtype, device="meta") if tensor else None
         )
-        for key, entry in metadata.state_dict_metadata.items()
-        if key.startswith("model.") and isinstance(entry, TensorStorageMetadata)
-    }
+    return weights
 
 
 def load_sharded(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:

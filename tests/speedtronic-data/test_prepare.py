@@ -102,7 +102,10 @@ def test_a_refused_input_or_output_leaves_no_folder(tmp_path):
         prepare_shards([tmp_path / "binary.txt"], out, progress=None)
     assert not (tmp_path / "new").exists()  # nor the parent made for it
     (tmp_path / "a-file").write_text("in the way")
-    with pytest.raises(DataError, match=r"^cannot write shards into '.*a-file/out' \(Not a dir"):
+    with pytest.raises(
+        DataError,
+        match=r"^cannot write shards into '.*a-file/out' \(.*a-file is a file, not a folder\)",
+    ):
         prepare_shards([], tmp_path / "a-file" / "out", texts=["text\n"], progress=None)
 
 

@@ -488,6 +488,8 @@ def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path, refus
         (["prepare", "out", "--stdlib-bytes", "-1"], "--stdlib-bytes: must be > 0"),
         (["sample", "c.pt", "--seed", "x"], "--seed: expected a number"),
         (["frobnicate"], "invalid choice"),
+        # INPUT is optional: argparse listed it as missing too (`required: out_dir, texts`)
+        (["prepare"], "the following arguments are required: OUT_DIR (see"),
     ],
 )
 def test_bad_arguments_are_one_line_exit_2(tmp_path, capsys, args, fragment):
@@ -523,6 +525,29 @@ def test_prepare_refuses_before_creating_its_folder(tmp_path, monkeypatch, capsy
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["prepare", "in-the-way", "a.txt"],
+        ["prepare", "in-the-way/out", "a.txt"],
+        ["export", "no-such-run", "in-the-way"],
+        ["plot", "metrics.jsonl", "-o", "in-the-way/curve.png"],
+    ],
+)
+def test_a_file_where_an_output_folder_goes_is_named(tmp_path, monkeypatch, capsys, args):
+    # mkdir's own words, `File exists` or `Not a directory`, named neither the file nor a fix.
+    from speedtronic.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in-the-way").write_text("a file")
+    (tmp_path / "a.txt").write_text("some text\n")
+    (tmp_path / "metrics.jsonl").write_text('{"event": "train_step", "step": 1, "loss": 4.0}\n')
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "(in-the-way is a file, not a folder); choose a writable folder" in err, err
+    assert len(err.strip().splitlines()) == 1 and (tmp_path / "in-the-way").read_text() == "a file"
+
+
 def test_ctrl_c_outside_the_training_loop_exits_130_in_one_line(monkeypatch, capsys):
     from speedtronic.cli import main
 
@@ -532,6 +557,46 @@ def test_ctrl_c_outside_the_training_loop_exits_130_in_one_line(monkeypatch, cap
     monkeypatch.setattr("speedtronic.corpus.prepare_corpus", interrupted)
     assert main(["prepare", "data/out"]) == 130  # 128 + SIGINT, as a shell (and 2.0) reported
     assert capsys.readouterr().err == "speedtronic prepare: interrupted\n"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["prepare", "out", "a.txt"],
+        ["train", "tiny.yaml"],
+        ["sample", "run"],
+        ["export", "run", "out"],
+    ],
+)
+def test_ctrl_c_while_torch_loads_is_not_lost(tmp_path, monkeypatch, capsys, args):
+    # torch's C init imports numpy and clears any error that raises, a KeyboardInterrupt too: a
+    # Ctrl-C in that second was lost, and `prepare` wrote its shards and exited 0. A module that
+    # does the same stands in for torch (already imported in this process).
+    module = f"swallows_ctrl_c_{args[0]}"
+    (tmp_path / f"{module}.py").write_text(
+        "import os, signal\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    for _ in range(100_000):\n"
+        "        pass  # Python's handler runs at the next bytecode, unless held\n"
+        "except KeyboardInterrupt:\n"
+        "    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # no __pycache__ beside it
+    monkeypatch.setattr("speedtronic.cli._TORCH", module, raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.txt").write_text("some text to tokenize\n" * 20)
+    tiny_config(tmp_path)
+    from speedtronic.cli import main
+
+    assert main(args) == 130
+    assert capsys.readouterr().err == f"speedtronic {args[0]}: interrupted\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "a.txt",
+        f"{module}.py",
+        "tiny.yaml",
+    ]
 
 
 def test_version_names_the_meta_package_and_every_part(capsys):
@@ -643,6 +708,37 @@ def test_every_option_has_help_and_sample_states_what_the_docs_say():
     assert f"`--val-fraction` (0 <= F < 1) defaults to {val_fraction.default}" in docs
 
 
+def test_the_usage_lines_match_the_commands_table():
+    # --help said `config`, `--max-steps MAX_STEPS`, `--text-column TEXT_COLUMN` where the table
+    # in docs/cli.md says `CONFIG`, `--max-steps N`, `--text-column NAME`.
+    import argparse
+
+    from speedtronic.cli import _parser
+
+    commands = next(
+        a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)
+    ).choices
+    docs = (ROOT / "docs" / "cli.md").read_text().replace("\\|", "|")
+    for name, command in commands.items():
+        row = next(line for line in docs.splitlines() if line.startswith(f"| `{name} "))
+        launch = [  # train's launch flags have a section of their own in the docs
+            action.dest
+            for group in command._action_groups
+            if group.title.startswith("data-parallel")
+            for action in group._group_actions
+        ]
+        for action in command._actions:
+            if isinstance(action, argparse._HelpAction) or action.dest in launch:
+                continue
+            if not action.option_strings:
+                shown = action.metavar
+            elif action.nargs == 0:
+                shown = action.option_strings[0]
+            else:
+                shown = f"{action.option_strings[0]} {action.metavar or '|'.join(action.choices)}"
+            assert shown in row, (name, shown, row)
+
+
 def test_the_help_names_what_the_commands_take(capsys):
     from speedtronic.cli import main
 
@@ -650,7 +746,13 @@ def test_the_help_names_what_the_commands_take(capsys):
     for command in ("sample", "export"):
         with pytest.raises(SystemExit):
             main([command, "--help"])
-        assert "a run's folder" in " ".join(capsys.readouterr().out.split())
+        text = " ".join(capsys.readouterr().out.split())
+        assert "a run's folder" in text and "a tokenizer.json or a folder holding one" in text
+    with pytest.raises(SystemExit):
+        main(["prepare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "tokenizer.json, or a folder holding one" in text  # as docs/cli.md says
+    assert "(default: text)" in text and "at least 1 (default: 8000000)" in text
     with pytest.raises(SystemExit):
         main(["plot", "--help"])
     assert "a folder for loss_curve.png" in " ".join(capsys.readouterr().out.split())

@@ -138,3 +138,20 @@ def test_a_skip_record_plots_alike_as_nan_or_null(tmp_path, literal):
     )
     assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, 4]
     assert plot_metrics(path).read_bytes()[:8] == PNG
+
+
+def test_a_run_of_one_logged_step_shows_its_point(tmp_path):
+    # A line through one point draws nothing: a run stopped after its first step plotted three
+    # empty panels. Its lone loss, rate and tokens/s points now show, as markers.
+    import matplotlib.image
+
+    path = tmp_path / "metrics.jsonl"
+    record = {"event": "train_step", "step": 1, "loss": 4.8, "lr": 1e-3, "tokens_per_s": 900.0}
+    path.write_text(json.dumps(record) + "\n")
+    pixels = matplotlib.image.imread(plot_metrics(path))[..., :3]
+
+    def drawn(color: tuple[int, int, int]) -> int:  # pixels of a series' colour (no legend)
+        return int((abs(pixels - [c / 255 for c in color]).max(axis=-1) < 0.05).sum())
+
+    assert drawn((44, 160, 44)) > 0  # tab:green, the learning rate
+    assert drawn((214, 39, 40)) > 0  # tab:red, tokens/s

@@ -47,7 +47,10 @@ def test_writable_folders_are_created_and_left_clean(tmp_path):
 
 def test_a_folder_under_a_file_names_the_setting(tmp_path):
     (tmp_path / "run").write_text("a file where the output folder should be")
-    with pytest.raises(ConfigError, match=r"^run.output_dir: cannot write to .*run"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^run.output_dir: cannot write to .*run \(.*run is a file, not a folder\)",
+    ):
         check_output_paths(config(tmp_path))
 
 

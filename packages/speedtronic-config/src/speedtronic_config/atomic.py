@@ -57,6 +57,17 @@ def probe_folder(folder: str | os.PathLike[str]) -> Path:
     return folder
 
 
+def unwritable_reason(folder: str | os.PathLike[str], error: OSError) -> str:
+    """Return why probe_folder(folder) failed, for a one-line error: the file in the way when a
+    part of the path is one (mkdir says only `File exists` or `Not a directory`), else the
+    system's reason.
+    """
+    for part in (Path(folder), *Path(folder).parents):
+        if part.exists() and not part.is_dir():
+            return f"{part} is a file, not a folder"
+    return error.strerror or str(error)
+
+
 def missing_folders(*folders: str | os.PathLike[str]) -> list[Path]:
     """Return the folders and parents of `folders` that do not exist yet, deepest first."""
     missing = {
@@ -319,4 +330,5 @@ __all__ = [
     "remove_stale_temp_files",
     "staged_files",
     "temp_glob",
+    "unwritable_reason",
 ]

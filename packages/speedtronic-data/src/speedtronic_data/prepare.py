@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from speedtronic_config.atomic import new_folders_removed_on_error, probe_folder
+from speedtronic_config.atomic import new_folders_removed_on_error, probe_folder, unwritable_reason
 from speedtronic_data.errors import DataError, check_positive_int
 from speedtronic_data.records import RecordSource, is_record_source, open_records
 from speedtronic_data.shards import write_shard
@@ -270,7 +270,8 @@ def prepare_shards(
             probe_folder(out)  # before tokenizing: an unwritable out_dir fails now, not an hour in
         except OSError as error:
             raise DataError(
-                f"cannot write shards into {str(out)!r} ({error.strerror or error})"
+                f"cannot write shards into {str(out)!r} ({unwritable_reason(out, error)}); "
+                "choose a writable folder"
             ) from None
         report = progress or (lambda line: None)
         writers = {

@@ -8,7 +8,9 @@ import itertools
 import os
 import re
 import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -138,9 +140,9 @@ def _parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="train from a YAML/JSON config")
     add_launch_arguments(train)
-    train.add_argument("config", help="config file path (or inline YAML)")
-    train.add_argument("--max-steps", type=int, help="absolute optimizer-step target")
-    train.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps")
+    train.add_argument("config", metavar="CONFIG", help="config file path (or inline YAML)")
+    train.add_argument("--max-steps", type=int, metavar="N", help="absolute optimizer-step target")
+    train.add_argument("--device", metavar="D", help="auto, cpu, cuda, cuda:N or mps")
     train.add_argument("--resume", action="store_true", help="resume from the latest checkpoint")
     _add_overrides(train)
     train.add_argument(
@@ -150,30 +152,38 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     validate = commands.add_parser("validate", help="print the normalized, redacted config")
-    validate.add_argument("config", help="config file path (or inline YAML)")
+    validate.add_argument("config", metavar="CONFIG", help="config file path (or inline YAML)")
     _add_overrides(validate)
 
     prepare = commands.add_parser("prepare", help="tokenize text into train/val token shards")
-    prepare.add_argument("out_dir", help="folder for the train/val shards")
+    prepare.add_argument("out_dir", metavar="OUT_DIR", help="folder for the train/val shards")
     prepare.add_argument(
         "texts",
         nargs="*",
+        metavar="INPUT",
+        default=[],  # else argparse lists INPUT among the missing arguments
         help="UTF-8 text files, .parquet or .jsonl files, or `datasets` save_to_disk folders "
         "(default: the Python stdlib corpus)",
     )
     prepare.add_argument(
         "--tokenizer",
         metavar="TOKENIZER_JSON",
-        help="a Hugging Face tokenizers tokenizer.json (default: the byte tokenizer)",
+        help="a Hugging Face tokenizers tokenizer.json, or a folder holding one "
+        "(default: the byte tokenizer)",
     )
     prepare.add_argument(
-        "--text-column", default="text", help="the text column of Parquet/JSONL/datasets inputs"
+        "--text-column",
+        default="text",
+        metavar="NAME",
+        help="the text column of Parquet/JSONL/datasets inputs (default: %(default)s)",
     )
     prepare.add_argument(
         "--stdlib-bytes",
         type=_number(int, 0, low_open=True),
         default=8_000_000,
-        help="size of the Python-stdlib corpus when no text files are given",
+        metavar="N",
+        help="size of the Python-stdlib corpus when no inputs are given, at least 1 "
+        "(default: %(default)s)",
     )
     prepare.add_argument(
         "--val-fraction",
@@ -184,16 +194,19 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     plot = commands.add_parser("plot", help="plot loss, learning rate and tokens/s to a PNG")
-    plot.add_argument("metrics", help="a run directory or its metrics.jsonl")
+    plot.add_argument(
+        "metrics", metavar="RUN_DIR_OR_JSONL", help="a run directory or its metrics.jsonl"
+    )
     plot.add_argument(
         "-o",
         "--output",
+        metavar="OUT",
         help="image path, or a folder for loss_curve.png (default: beside the metrics file)",
     )
 
     # Any model with a generate() method samples, not only the reference transformer.
     sample = commands.add_parser("sample", help="generate text from a checkpoint")
-    sample.add_argument("checkpoint", help=CHECKPOINT_HELP)
+    sample.add_argument("checkpoint", metavar="CHECKPOINT", help=CHECKPOINT_HELP)
     sample.add_argument(
         "--prompt", default="\n", metavar="TEXT", help="text to continue (default: a newline)"
     )
@@ -228,14 +241,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     sample.add_argument(
         "--tokenizer",
-        help="bytes or a tokenizer.json (default: the one recorded beside the run's shards)",
+        metavar="T",
+        help="bytes, a tokenizer.json or a folder holding one (default: the one recorded beside "
+        "the run's shards)",
     )
 
     export = commands.add_parser(
         "export", help="write the model as safetensors, or as a transformers Llama folder"
     )
-    export.add_argument("checkpoint", help=CHECKPOINT_HELP)
-    export.add_argument("out_dir", help="folder to write the export into")
+    export.add_argument("checkpoint", metavar="CHECKPOINT", help=CHECKPOINT_HELP)
+    export.add_argument("out_dir", metavar="OUT_DIR", help="folder to write the export into")
     export.add_argument(
         "--format",
         choices=("speedtronic", "hf"),
@@ -244,7 +259,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument(
         "--tokenizer",
-        help="hf: bytes or a tokenizer.json (default: the one recorded beside the run's shards)",
+        metavar="T",
+        help="hf: bytes, a tokenizer.json or a folder holding one (default: the one recorded "
+        "beside the run's shards)",
     )
     export.add_argument(
         "--max-shard-size",
@@ -346,6 +363,39 @@ def _train_config(args: argparse.Namespace, *, announce: bool = True) -> tuple[A
     return overlaid_config, overlaid_metrics
 
 
+_TORCH = "torch"  # a test puts a module in its place that swallows a Ctrl-C, as torch's does
+
+
+def _import_torch() -> None:
+    """Import torch with Ctrl-C held until it is loaded, then raise KeyboardInterrupt for it. One
+    raised inside the import was lost when torch's C init imports numpy (it clears any error that
+    raises: the command ran to its end), and, raised in the code torch's modules run with exec,
+    it has `python -m` end by SIGINT after its line, not exit 130. train, prepare, sample and
+    export call this once their quick checks are done (a usage error stays quick).
+    """
+    module = _TORCH
+    if (
+        module in sys.modules
+        or threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # ignored, or a host's
+    ):
+        __import__(module)
+        return
+    pressed = False
+
+    def hold(signum: int, frame: Any) -> None:
+        nonlocal pressed
+        pressed = True
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        __import__(module)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if pressed:
+        raise KeyboardInterrupt
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from speedtronic.report import print_run_summary
 
@@ -367,6 +417,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise
     if announce:
         _warn_synthetic_data(config)
+    _import_torch()
     from speedtronic.runtime import build_runtime
     from speedtronic.train_end import report_signal_stop, run_failed
 
@@ -448,6 +499,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from speedtronic.corpus import prepare_corpus
 
+    _import_torch()  # speedtronic_data's first import needs it
     prepare_corpus(
         Path(args.out_dir),  # created by prepare_shards once every argument is checked
         [Path(t) for t in args.texts],
@@ -470,6 +522,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     from speedtronic.artifacts import sample_text
     from speedtronic.report import for_terminal
 
+    _import_torch()
     text = sample_text(
         Path(args.checkpoint),
         args.prompt,
@@ -502,11 +555,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
         ]
         if extra:
             raise UsageError(f"{', '.join(extra)} need{'s' if len(extra) == 1 else ''} --format hf")
+        _import_torch()
         with _output_folder(Path(args.out_dir), "OUT_DIR") as folder:
             print(export_checkpoint(Path(args.checkpoint), folder))
         return 0
     if args.push_to_hub:
         check_repo_id(args.push_to_hub)  # before the export: nothing is written for a typo
+    _import_torch()
     with _output_folder(Path(args.out_dir), "OUT_DIR") as folder:
         out = export_hf(
             Path(args.checkpoint),
@@ -559,14 +614,19 @@ def _output_folder(path: Path, flag: str) -> Iterator[Path]:
     be written (a file in the way, read-only, no permission); a command that then fails (a missing
     checkpoint, say) leaves no folder it created behind.
     """
-    from speedtronic_config.atomic import new_folders_removed_on_error, probe_folder
+    from speedtronic_config.atomic import (
+        new_folders_removed_on_error,
+        probe_folder,
+        unwritable_reason,
+    )
 
     with new_folders_removed_on_error(path):
         try:
             folder = probe_folder(path)
         except OSError as error:
             raise UsageError(
-                f"{flag} {path}: cannot write there ({error.strerror or error})"
+                f"{flag} {path}: cannot write there ({unwritable_reason(path, error)}); "
+                "choose a writable folder"
             ) from None
         yield folder
 

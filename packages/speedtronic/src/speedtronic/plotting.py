@@ -71,6 +71,13 @@ def _series(
     return steps, [latest[s] for s in steps]
 
 
+def _draw(axes, steps: list[float], values: list[float], **style) -> None:
+    """Plot a series on `axes`; a lone point gets a marker (a line through one point draws
+    nothing: a run stopped after its first logged step would show empty panels).
+    """
+    axes.plot(steps, values, marker="o" if len(steps) == 1 else None, **style)
+
+
 def find_metrics_file(source: Path) -> Path:
     """Return the metrics.jsonl inside a run directory, or the file itself."""
     if source.is_dir():
@@ -105,7 +112,7 @@ def plot_metrics(
     import matplotlib.pyplot as plt
 
     fig, (ax_loss, ax_lr, ax_tps) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
-    ax_loss.plot(steps, loss, label="train loss", color="tab:blue")
+    _draw(ax_loss, steps, loss, label="train loss", color="tab:blue")
     val_steps, val_loss = _series(records, "val_loss", "eval")
     if val_steps:
         ax_loss.plot(val_steps, val_loss, "o-", label="val loss", color="tab:orange")
@@ -114,13 +121,13 @@ def plot_metrics(
     ax_loss.grid(alpha=0.3)
     adamw_steps, adamw_lr = _series(records, "lr_adamw")
     # With optimizer.adamw_lr, Muon's matrices and its AdamW branch follow two rates.
-    ax_lr.plot(*_series(records, "lr"), color="tab:green", label="lr" if adamw_steps else None)
+    _draw(ax_lr, *_series(records, "lr"), color="tab:green", label="lr" if adamw_steps else None)
     if adamw_steps:
-        ax_lr.plot(adamw_steps, adamw_lr, color="tab:purple", label="lr_adamw (AdamW branch)")
+        _draw(ax_lr, adamw_steps, adamw_lr, color="tab:purple", label="lr_adamw (AdamW branch)")
         ax_lr.legend()
     ax_lr.set_ylabel("learning rate")
     ax_lr.grid(alpha=0.3)
-    ax_tps.plot(*_series(records, "tokens_per_s"), color="tab:red")
+    _draw(ax_tps, *_series(records, "tokens_per_s"), color="tab:red")
     ax_tps.set_ylabel("tokens / s")
     ax_tps.set_xlabel("optimizer step")
     ax_tps.grid(alpha=0.3)
@@ -131,9 +138,16 @@ def plot_metrics(
         target.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(target, dpi=110)  # a folder without write permission fails here
     except OSError as error:
+        from speedtronic_config.atomic import unwritable_reason
+
         where = f"-o {target}" if output is not None else str(target)
-        fix = "" if output is not None else "; pass -o OUT.png to write it elsewhere"
-        raise UsageError(f"{where}: cannot write there ({error.strerror or error}){fix}") from None
+        fix = (
+            "choose a writable folder"
+            if output is not None
+            else "pass -o OUT.png to write it elsewhere"
+        )
+        reason = unwritable_reason(target.parent, error)
+        raise UsageError(f"{where}: cannot write there ({reason}); {fix}") from None
     finally:
         plt.close(fig)
     return target

@@ -14,7 +14,12 @@ from pathlib import Path
 
 from speedtronic.run_lock import LOCK_NAME, RunFolderBusy, remove_unheld_lock, run_folders
 from speedtronic_config import ConfigError, SpeedtronicConfig
-from speedtronic_config.atomic import missing_folders, probe_folder, remove_empty_folders
+from speedtronic_config.atomic import (
+    missing_folders,
+    probe_folder,
+    remove_empty_folders,
+    unwritable_reason,
+)
 
 
 def output_files(config: SpeedtronicConfig) -> list[tuple[str, Path]]:
@@ -61,7 +66,7 @@ def check_output_paths(config: SpeedtronicConfig) -> None:
         try:
             probe_folder(folder)
         except OSError as error:
-            reason = error.strerror or type(error).__name__
+            reason = unwritable_reason(folder, error)
             raise ConfigError(
                 setting,
                 f"cannot write to {folder} ({reason})",

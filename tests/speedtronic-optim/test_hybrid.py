@@ -189,3 +189,18 @@ def test_state_of_a_parameter_not_stepped_yet_reads_as_torch_optimizers_do() -> 
     assert hybrid.muon.state[matrix] == hybrid.adamw.state[vector] == {"seeded": 1}
     with pytest.raises(KeyError, match=r"shape \(3,\) is not optimized"):
         hybrid.state[torch.nn.Parameter(torch.zeros(3))]
+
+
+def test_setdefault_and_pop_of_a_parameter_without_state_act_as_torch_optimizers_do() -> None:
+    # dict.setdefault and dict.pop skip the defaultdict's new {}: setdefault stores its default
+    # and pop returns its default. Through state[p] they returned a new {} and dropped the default.
+    matrix, vector = torch.nn.Parameter(torch.randn(4, 4)), torch.nn.Parameter(torch.zeros(4))
+    hybrid, plain = HybridOptimizer([matrix], [vector]), torch.optim.AdamW([matrix, vector])
+    for optimizer in (plain, hybrid):
+        assert optimizer.state.setdefault(matrix, {"step": 7}) == {"step": 7}
+        assert optimizer.state[matrix] == {"step": 7}
+        assert optimizer.state.setdefault(matrix, {"step": 9}) == {"step": 7}
+        assert optimizer.state.pop(vector, "none") == "none" and vector not in optimizer.state
+        with pytest.raises(KeyError):
+            optimizer.state.pop(vector)
+        assert optimizer.state.pop(matrix) == {"step": 7} and len(optimizer.state) == 0

@@ -73,6 +73,9 @@ def evaluate_closure(closure: Callable[[], Any] | None) -> Any:
         return closure()
 
 
+_MISSING = object()  # MergedState._held's answer for a parameter without state
+
+
 class MergedState(MutableMapping):
     """A live view of several optimizers' per-parameter state as one mapping.
 
@@ -92,22 +95,43 @@ class MergedState(MutableMapping):
         what = f"shape {tuple(param.shape)}" if isinstance(param, torch.Tensor) else "this key"
         raise KeyError(f"the parameter of {what} is not optimized by this optimizer")
 
-    def __getitem__(self, param: torch.Tensor) -> Any:
+    def _held(self, param: object) -> Any:
+        """Return the state a child holds for ``param``, or _MISSING (creating none)."""
         for child in self._children():
             if param in child.state:
                 return child.state[param]
+        return _MISSING
+
+    def __getitem__(self, param: torch.Tensor) -> Any:
+        held = self._held(param)
         # As torch.optim's defaultdict state: a parameter with no state yet gets a new {}.
-        return self._owner(param).state[param]
+        return self._owner(param).state[param] if held is _MISSING else held
 
     def __contains__(self, param: object) -> bool:
-        return any(param in child.state for child in self._children())
+        return self._held(param) is not _MISSING
 
+    # get, setdefault and pop act as dict's, which skip the defaultdict's new {} (the Mapping
+    # mixins would read it through __getitem__: setdefault and pop then dropped their default).
     def get(self, param: torch.Tensor, default: Any = None) -> Any:
         """Return the parameter's state, or ``default`` (creating none, as dict.get)."""
+        held = self._held(param)
+        return default if held is _MISSING else held
+
+    def setdefault(self, param: torch.Tensor, default: Any = None) -> Any:
+        """Return the parameter's state, storing ``default`` as it when it has none."""
+        held = self._held(param)
+        if held is _MISSING:
+            self[param] = held = default
+        return held
+
+    def pop(self, param: torch.Tensor, *default: Any) -> Any:
+        """Remove and return the parameter's state, or return ``default`` when it has none."""
         for child in self._children():
             if param in child.state:
-                return child.state[param]
-        return default
+                return child.state.pop(param)
+        if default:
+            return default[0]
+        raise KeyError("this parameter has no optimizer state")
 
     def __setitem__(self, param: torch.Tensor, value: Any) -> None:
         self._owner(param).state[param] = value

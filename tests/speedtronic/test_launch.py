@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import logging
 import math
@@ -751,22 +752,24 @@ def test_ranks_that_share_a_nodes_ram_are_refused_what_only_one_of_them_fits(tmp
 
 
 def test_a_rank_whose_peer_failed_says_so_instead_of_gloos_connection_error(tmp_path):
-    # Rank 0 alone builds the TensorBoard hook: a file where its folder goes fails it alone, and
-    # rank 1, in a collective with it, loses its connection.
+    # Rank 0 alone builds the TensorBoard hook: a file where its folder goes fails it alone (where
+    # tensorboard is not installed, as in CI's isolated environment, the missing package does, a
+    # usage error), and rank 1, in a collective with it, loses its connection.
+    installed = importlib.util.find_spec("tensorboard") is not None
     out = tmp_path / "run"
     out.mkdir()
     (out / "tensorboard").write_text("")
     run = train(out, "--nproc-per-node", "2", "--set", "logging.hooks=[tensorboard]")
     log = out.with_suffix(".log")
-    assert wait_all([run], [log], timeout=240) == [1], tails([log])
+    assert wait_all([run], [log], timeout=240) == [1 if installed else 2], tails([log])
     said = [line for line in log.read_text().splitlines() if line.startswith("speedtronic train:")]
     # The failing rank's own line, then (unless torchrun stopped it first) the survivor's one
     # line, which names no error of its own; gloo's text never shows.
-    # FileExistsError, or ImportError where tensorboard is not installed: rank 0's own error.
-    assert said[0].startswith("speedtronic train: rank 0: "), tails([log])
-    assert said[0].split(": ")[2] in ("FileExistsError", "ImportError"), tails([log])
-    assert said[-1].startswith("speedtronic train: RuntimeError: data-parallel workers failed")
-    assert set(said[1:-1]) <= {f"speedtronic train: rank 1: {PEER_FAILED}"}, tails([log])
+    own = "FileExistsError: " if installed else "tensorboard is not installed; "
+    assert said[0].startswith(f"speedtronic train: rank 0: {own}"), tails([log])
+    if installed:  # a runtime failure: the launcher's summary line ends the log
+        assert said.pop().startswith("speedtronic train: RuntimeError: data-parallel workers")
+    assert set(said[1:]) <= {f"speedtronic train: rank 1: {PEER_FAILED}"}, tails([log])
     assert "GLHF" not in log.read_text() and "by peer" not in log.read_text(), tails([log])
 
 

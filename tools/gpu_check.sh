@@ -5,8 +5,9 @@
 #      bf16, torch.compile), 1000 steps;
 #   3. the 124M-parameter reference model, 50 steps with compile and bf16: tokens/s and MFU
 #      against the datasheet peak (tools/bench/bench_gpu.py), then where its step's GPU time
-#      goes by kernel family, what the trainer costs over a bare loop, and what twice the batch
-#      and CUDA graphs change (profile_gpu.py --variants; max_autotune is left out: minutes);
+#      goes by kernel family, what the trainer costs over a bare loop, and what twice the batch,
+#      CUDA graphs and a bf16 residual stream change (profile_gpu.py --variants; max_autotune is
+#      left out: minutes);
 #   4. the Muon benchmark at 12 layers x d_model 768 on the GPU (tools/bench/bench_optim.py);
 #   5. the main job's CUDA overlay under torchrun on NCCL, one rank (two ranks need two GPUs):
 #      FSDP2 saving a DCP checkpoint and resuming from it, then DDP (eager: the compiled path is 2).
@@ -52,8 +53,8 @@ step main-job 150 "$PYTHON" -m speedtronic train configs/quickstart.yaml \
   --cuda-overlay configs/quickstart-cuda.yaml --set run.output_dir="$OUT/quickstart" \
   --set logging.json_file="$OUT/quickstart/metrics.jsonl" --set checkpoint.enabled=false
 step gpu-124m 120 "$PYTHON" tools/bench/bench_gpu.py --out "$OUT/gpu.json"
-step gpu-profile 180 "$PYTHON" tools/bench/profile_gpu.py --out "$OUT/gpu_profile.json" \
-  --variants batch_x2 cuda_graphs
+step gpu-profile 240 "$PYTHON" tools/bench/profile_gpu.py --out "$OUT/gpu_profile.json" \
+  --variants batch_x2 cuda_graphs bf16_residual
 step muon 90 "$PYTHON" tools/bench/bench_optim.py --full --device cuda --world 1 --repeats 10 \
   --out "$OUT/optim_cuda.json"
 parallel=(configs/quickstart.yaml --cuda-overlay configs/quickstart-cuda.yaml --nproc-per-node 1

@@ -128,17 +128,34 @@ def test_gpu_benchmark_runs_on_cpu_with_a_tiny_model(monkeypatch, tmp_path: Path
     assert payload["flops_per_token"] > 0
 
 
+# CPU's rms_norm warns that a bf16 input with a float32 gain takes its unfused path.
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")
 def test_gpu_profile_runs_on_cpu_with_a_tiny_model(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.syspath_prepend(str(BENCH))
     import profile_gpu
 
     out = tmp_path / "gpu_profile.json"
     args = ["--device", "cpu", "--tiny", "--batch", "2", "--no-compile", "--out", str(out)]
-    assert profile_gpu.main([*args, "--variants", "batch_x2"]) == 0
+    # The dtype the first block's input has in each loop: the residual stream's.
+    stream_dtypes, bare_loop = [], profile_gpu._bare_loop
+
+    def recording_bare_loop(trainer, *rest):
+        block = trainer.model.blocks[0]
+        if not block._forward_pre_hooks:
+            block.register_forward_pre_hook(lambda _m, a: stream_dtypes.append(a[0].dtype))
+        return bare_loop(trainer, *rest)
+
+    monkeypatch.setattr(profile_gpu, "_bare_loop", recording_bare_loop)
+    assert profile_gpu.main([*args, "--variants", "batch_x2", "bf16_residual"]) == 0
+    monkeypatch.setattr(profile_gpu, "_bare_loop", bare_loop)
     payload = json.loads(out.read_text())
     assert payload["tokens_per_s"] > 0 and payload["profiled_ms_per_step"] > 0
-    doubled = payload["variants"]["batch_x2"]
-    assert doubled["batch"] == 4 and doubled["ratio"] > 0
+    doubled, bf16 = payload["variants"]["batch_x2"], payload["variants"]["bf16_residual"]
+    assert doubled["batch"] == 4 and doubled["ratio"] > 0 and not doubled["bf16_residual"]
+    assert bf16["batch"] == 2 and bf16["ratio"] > 0 and bf16["bf16_residual"]
+    # Plain loop, its profile and batch_x2 (8 + 30 + 5 + 8 + 30 steps) keep autocast's float32
+    # stream; only bf16_residual's 38 steps start the blocks in bf16, and its hook is removed.
+    assert stream_dtypes == [torch.float32] * 81 + [torch.bfloat16] * 38
     with pytest.raises(SystemExit) as refused:  # compile options need the compiled loop
         profile_gpu.main([*args, "--variants", "cuda_graphs"])
     assert refused.value.code == 2

@@ -6,7 +6,8 @@ tokens/s set beside bench_gpu's trainer figure shows what the trainer's bookkeep
 profiles five bare steps and sums the GPU kernels' time by family (matrix products, attention,
 Triton-fused elementwise/norm/loss kernels, optimizer, other), the question an MFU gap asks first.
 With --variants it also times the bare loop under settings not yet tried on a GPU (twice the batch,
-CUDA graphs, max-autotune), each as a ratio to the plain compiled loop measured in the same run.
+CUDA graphs, max-autotune, a bf16 residual stream), each as a ratio to the plain compiled loop
+measured in the same run.
 
 Usage: python tools/bench/profile_gpu.py [--batch 16] [--out PATH] [--variants NAME ...]
        [--tiny --device cpu --no-compile] (a CPU smoke run of this script; CPU time then)
@@ -22,7 +23,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from bench_gpu import MODEL_124M, TINY, add_run_arguments, config, cuda_missing
@@ -39,12 +40,24 @@ FAMILIES = (
     ("triton (fused elementwise, norms, loss)", ("triton", "compiledfxgraph")),
 )
 PROFILED_STEPS = 5
-# Candidates for the MFU gap, each timed as a bare loop beside the plain one: (batch factor,
-# torch.compile keywords). max-autotune benchmarks kernel choices while compiling: minutes on a GPU.
+
+
+class Variant(NamedTuple):
+    """A candidate for the MFU gap, timed as a bare loop beside the plain one."""
+
+    batch_factor: int = 1
+    compile_options: dict[str, str] | None = None
+    # Autocast keeps the residual stream (embedding output, every residual add, the norms'
+    # inputs) in float32: a bf16 one halves the bytes the Triton elementwise/norm kernels move.
+    bf16_residual: bool = False
+
+
+# max-autotune benchmarks kernel choices while compiling: minutes on a GPU.
 VARIANTS = {
-    "batch_x2": (2, {}),
-    "cuda_graphs": (1, {"mode": "reduce-overhead"}),
-    "max_autotune": (1, {"mode": "max-autotune-no-cudagraphs"}),
+    "batch_x2": Variant(batch_factor=2),
+    "cuda_graphs": Variant(compile_options={"mode": "reduce-overhead"}),
+    "max_autotune": Variant(compile_options={"mode": "max-autotune-no-cudagraphs"}),
+    "bf16_residual": Variant(bf16_residual=True),
 }
 
 
@@ -60,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu_profile.json")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=[])
     args = parser.parse_args(argv)
-    compiling = [name for name in args.variants if VARIANTS[name][1]]
+    compiling = [name for name in args.variants if VARIANTS[name].compile_options]
     if args.no_compile and compiling:
         parser.error(
             f"--variants {' '.join(compiling)} set torch.compile options; drop --no-compile"
@@ -198,19 +211,30 @@ def _variants(
     """Time the bare loop under each named variant; return its tokens/s and ratio to the plain."""
     model, results = trainer.model, {}
     for name in names:
-        factor, options = VARIANTS[name]
+        variant = VARIANTS[name]
+        options, factor = variant.compile_options or {}, variant.batch_factor
         torch._dynamo.reset()  # compiled afresh with these options, not from the plain loop's
         compiled = torch.compile(model, **options) if compile_ else model
         steps = _bare_loop(trainer, compiled, model_config, batch * factor)
+        # Cast where the stream starts; every later add and norm then stays bf16 under autocast.
+        hook = (
+            model.tok_emb.register_forward_hook(lambda _m, _i, out: out.to(torch.bfloat16))
+            if variant.bf16_residual
+            else None
+        )
         try:
             rate = statistics.median(_rates(steps, batch * factor * model_config["max_seq_len"]))
         except Exception as error:  # an untried setting may fail (memory, graphs): keep the rest
             trainer.optimizer.zero_grad(set_to_none=True)  # no half step's gradients carry over
             results[name] = {"batch": batch * factor, "error": f"{type(error).__name__}: {error}"}
             continue
+        finally:
+            if hook is not None:
+                hook.remove()
         results[name] = {
             "batch": batch * factor,
             "compile_options": options,
+            "bf16_residual": variant.bf16_residual,
             "tokens_per_s": rate,
             "ratio": rate / plain_tokens_per_s,
             "mfu": _mfu(model, trainer.device, rate),

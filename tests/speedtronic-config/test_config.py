@@ -12,6 +12,7 @@ from speedtronic_config import (
     RunConfig,
     SchedulerConfig,
     SpeedtronicConfig,
+    apply_overrides,
 )
 from speedtronic_config.normalize import ROOT_KEYS, SECTIONS, field_names
 
@@ -157,6 +158,29 @@ def test_root_flags_are_validated():
         with pytest.raises(ConfigError, match="^ooo_streams: must be between 1 and 8"):
             SpeedtronicConfig.from_dict({"ooo_streams": streams})
     assert SpeedtronicConfig.from_dict({"ooo_streams": 8, "ooo_backprop": True}).ooo_streams == 8
+
+
+def test_compile_mode_is_checked_and_kept_through_a_round_trip():
+    config = SpeedtronicConfig.from_dict({"compile": "auto", "compile_mode": "Max-Autotune"})
+    assert (config.compile, config.compile_mode) == ("auto", "max-autotune")
+    assert SpeedtronicConfig.from_dict(config.to_dict()).compile_mode == "max-autotune"
+    assert SpeedtronicConfig().compile_mode == "default"
+    with pytest.raises(ConfigError, match="^compile_mode: unsupported value .got 'fast'.; choose"):
+        SpeedtronicConfig.from_dict({"compile": True, "compile_mode": "fast"})
+    # A mode without compiling would be ignored in silence.
+    with pytest.raises(ConfigError, match="^compile_mode: has no effect while compile is false"):
+        SpeedtronicConfig.from_dict({"compile_mode": "reduce-overhead"})
+    config = SpeedtronicConfig(compile=True, compile_mode="reduce-overhead")
+    config.compile = False
+    with pytest.raises(ConfigError, match="^compile_mode: has no effect"):
+        config.validate()
+    hint = "^compile.mode: unknown key; set compile_mode at the top level$"
+    with pytest.raises(ConfigError, match=hint):
+        SpeedtronicConfig.from_dict({"compile": {"enabled": True, "mode": "max-autotune"}})
+    with pytest.raises(ConfigError, match=hint):
+        apply_overrides({"compile": True}, ["compile.mode=max-autotune"])
+    values = apply_overrides({"compile": True}, ["compile_mode=reduce-overhead"])
+    assert SpeedtronicConfig.from_dict(values).compile_mode == "reduce-overhead"
 
 
 def test_validate_rechecks_sections_after_mutation():

@@ -353,6 +353,15 @@ def test_compiled_model_is_used_when_it_works(monkeypatch):
     assert len(used) == 2
 
 
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune-no-cudagraphs"])
+def test_compile_mode_reaches_torch_compile(monkeypatch, mode):
+    modes = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: modes.append(kw) or model)
+    make_trainer(sections={"compile": True, "compile_mode": mode.upper()}).fit(1)
+    make_trainer(sections={"compile": True}).fit(1)
+    assert modes == [{"mode": mode}, {}]  # the default mode: torch.compile(model), as in 2.0
+
+
 @pytest.mark.parametrize("done, compiled", [(1, False), (0, True)])
 def test_compile_auto_weighs_the_steps_left_after_a_resume(monkeypatch, done, compiled):
     monkeypatch.setenv("CXX", sys.executable)  # any executable: torch.compile is faked below

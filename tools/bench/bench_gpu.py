@@ -8,6 +8,7 @@ steps after compilation; MFU divides the model's 6N + 12LHQT FLOPs per token by 
 peak the trainer knows for the GPU (speedtronic_systems.precision.PEAK_FLOPS).
 
 Usage: python tools/bench/bench_gpu.py [--steps 50] [--batch 16] [--device cuda]
+       [--compile-mode reduce-overhead] (CUDA graphs through the trainer's compile_mode)
        [--tiny] (a 2-layer model for a CPU smoke run of this script) [--out PATH]
 """
 
@@ -24,6 +25,7 @@ import torch
 
 from benchlib import RESULTS, machine_info, mfu_text, write_json
 from speedtronic.runtime import build_runtime
+from speedtronic_config.config import COMPILE_MODES
 from speedtronic_systems.precision import device_peak_flops
 
 MODEL_124M = {
@@ -82,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50)
     add_run_arguments(parser)
+    parser.add_argument("--compile-mode", choices=COMPILE_MODES, default="default")
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu.json")
     args = parser.parse_args(argv)
+    if args.no_compile and args.compile_mode != "default":
+        parser.error("--compile-mode needs the compiled model: drop --no-compile")
     if cuda_missing(args.device):
         return 2
     model = TINY if args.tiny else MODEL_124M
@@ -91,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
         values = config(model, args.steps, args.batch, args.device, not args.no_compile)
         values["run"]["output_dir"] = tmp
+        values["compile_mode"] = args.compile_mode
         trainer, _ = build_runtime(values)
         trainer.logger.hooks.append(
             lambda event, row: records.append(row) if event == "train_step" else None
@@ -110,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch": args.batch,
         "steps": args.steps,
         "compile": not args.no_compile,
+        "compile_mode": args.compile_mode,
         "precision": trainer.precision.mode,
         "tokens_per_s": tokens_per_s,
         "mfu": statistics.median(mfu) if mfu else None,

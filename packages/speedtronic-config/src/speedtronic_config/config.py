@@ -37,6 +37,8 @@ from speedtronic_config.sections import (
 from speedtronic_config.serialize import dump_yaml, redact, section_dict
 
 OOO_STREAMS_RANGE = (1, 8)
+# torch.compile's modes: reduce-overhead adds CUDA graphs, max-autotune benchmarks kernel choices.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass
@@ -59,6 +61,7 @@ class SpeedtronicConfig:
     ooo_streams: int = 4
     # 2.1: after 2.0's fields, so a 2.0 call that passes them by position still binds.
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    compile_mode: str = "default"  # torch.compile's mode, when compile is on
 
     def __post_init__(self) -> None:
         for name, cls in SECTIONS.items():
@@ -77,6 +80,7 @@ class SpeedtronicConfig:
         for name in ("gradient_checkpointing", "ooo_backprop"):
             setattr(self, name, coerce(getattr(self, name), "bool", name))
         self.compile = compile_flag(self.compile)
+        self._check_compile_mode()
         self.ooo_streams = coerce(self.ooo_streams, "int", "ooo_streams")
         low, high = OOO_STREAMS_RANGE
         if not low <= self.ooo_streams <= high:
@@ -119,6 +123,24 @@ class SpeedtronicConfig:
         self.scheduler.follow_target(self.step_target)
         if self.gradient_checkpointing or self.model.gradient_checkpointing:
             self.gradient_checkpointing = self.model.gradient_checkpointing = True
+
+    def _check_compile_mode(self) -> None:
+        mode = self.compile_mode
+        self.compile_mode = mode = mode.lower() if isinstance(mode, str) else mode
+        if mode not in COMPILE_MODES:
+            raise ConfigError(
+                "compile_mode",
+                "unsupported value",
+                value=mode,
+                allowed=f"choose one of {', '.join(COMPILE_MODES)}",
+            )
+        if mode != "default" and self.compile is False:
+            raise ConfigError(
+                "compile_mode",
+                "has no effect while compile is false",
+                value=mode,
+                allowed="set compile: true (or auto), or drop compile_mode",
+            )
 
     @property
     def step_target(self) -> int:

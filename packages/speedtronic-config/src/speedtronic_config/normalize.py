@@ -35,7 +35,7 @@ SECTIONS: dict[str, type] = {
     "shape_validation": ShapeValidationConfig,
     "parallel": ParallelConfig,
 }
-ROOT_FLAGS = ("gradient_checkpointing", "compile", "ooo_backprop", "ooo_streams")
+ROOT_FLAGS = ("gradient_checkpointing", "compile", "ooo_backprop", "ooo_streams", "compile_mode")
 RUN_ALIASES = ("name", "seed", "device", "max_steps", "output_dir", "log_every")
 SECTION_ALIASES = ("hub", "diloco")
 OPTIMIZER_ROOT_FIELDS = ("muon_plus", "cautious")
@@ -124,9 +124,18 @@ def _compile(value: Any) -> bool | str:
     if isinstance(value, Mapping):
         for key in value:
             if key != "enabled":
-                raise unknown_key("compile", key, ["enabled"])
+                raise unknown_compile_key(key)
         return compile_flag(value.get("enabled", False), "compile.enabled")
     return compile_flag(value, "compile")
+
+
+def unknown_compile_key(key: Any) -> ConfigError:
+    """Return the error for a key of the `compile: {enabled: ...}` mapping other than enabled."""
+    if key == "mode":  # torch.compile's mode is a root setting of its own
+        return ConfigError(
+            "compile.mode", "unknown key", allowed="set compile_mode at the top level"
+        )
+    return unknown_key("compile", key, ["enabled"])
 
 
 def compile_flag(value: Any, path: str = "compile") -> bool | str:
@@ -165,4 +174,5 @@ def canonical(values: Mapping[str, Any] | None) -> dict[str, Any]:
     result["compile"] = _compile(values.get("compile", False))
     result["ooo_backprop"] = coerce(values.get("ooo_backprop", False), "bool", "ooo_backprop")
     result["ooo_streams"] = coerce(values.get("ooo_streams", 4), "int", "ooo_streams")
+    result["compile_mode"] = values.get("compile_mode", "default")
     return result

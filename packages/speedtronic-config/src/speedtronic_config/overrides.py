@@ -19,6 +19,7 @@ from speedtronic_config.normalize import (
     SECTION_ALIASES,
     SECTIONS,
     field_names,
+    unknown_compile_key,
     unknown_field,
 )
 from speedtronic_config.secrets import is_secret_path
@@ -97,12 +98,10 @@ def _target(tree: dict[str, Any], parts: list[str]) -> tuple[str, str | None]:
             # (canonical refuses the two forms when they differ).
             return "optimizer", root
         return root, None
-    valid = (
-        ["enabled"]
-        if root == "compile"
-        else field_names(SECTIONS.get(root, SECTIONS["distributed"]))
-    )
-    if parts[1] not in valid:
+    if root == "compile":
+        if parts[1] != "enabled":
+            raise unknown_compile_key(parts[1])
+    elif parts[1] not in (valid := field_names(SECTIONS.get(root, SECTIONS["distributed"]))):
         raise unknown_field(root, parts[1], valid)
     if root == "distributed" and "distributed" not in tree:
         # Write into a hub:/diloco: alias the file already uses, so the two never conflict.

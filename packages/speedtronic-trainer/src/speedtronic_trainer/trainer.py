@@ -360,7 +360,9 @@ class Trainer:
 
     def _enable_compile(self) -> None:
         try:
-            self._compiled = torch.compile(self.model)
+            mode = self.config.compile_mode  # the default mode keeps 2.0's plain call
+            options = {} if mode == "default" else {"mode": mode}
+            self._compiled = torch.compile(self.model, **options)
         except Exception as exc:
             self.logger.warning(
                 "torch.compile failed (%s: %s); training eagerly", type(exc).__name__, exc

@@ -307,7 +307,33 @@ def test_the_run_summary_sample_is_escaped_and_indented():
     def generated(*_, **__) -> str:
         return "x\x1b[2Jy\r\nz\tw"
 
-    assert _sample(generated, Path("unused")) == "\n    x\\x1b[2Jy\\x0d\n    z\tw"
+    assert _sample(generated, Path("unused"), 256) == "\n    x\\x1b[2Jy\\x0d\n    z\tw"
+
+
+def test_the_run_summary_samples_a_vocabulary_too_small_for_its_prompt(tmp_path, capsys):
+    # "def " is bytes 100-102: past a 100-id vocabulary, the summary was "sample: skipped
+    # (--prompt: token id 102 is past ...)", naming a --prompt no one passed.
+    from types import SimpleNamespace
+
+    from speedtronic.report import print_run_summary
+
+    model = {"vocab_size": 100, "max_seq_len": 32, "n_layer": 1, "n_head": 2, "d_model": 16}
+    config = {
+        "run": {"device": "cpu", "output_dir": str(tmp_path / "run")},
+        "model": model,
+        "data": {"synthetic": True, "num_tokens": 8, "block_size": 32},
+    }
+    checkpoint = noisy_checkpoint(config)
+    _, saved = load_checkpoint_model(checkpoint)
+    result = SimpleNamespace(steps=1, steps_run=1, final_loss=4.6, elapsed_s=1.0, metrics={})
+    print_run_summary(saved, result, checkpoint)
+    out = capsys.readouterr().out
+    assert "\nsample:\n    " in out and "skipped" not in out, out
+    saved.model.vocab_size = 10  # below every byte of both prompts: skipped, saying why
+    print_run_summary(saved, result, checkpoint)
+    assert capsys.readouterr().out.endswith(
+        "\nsample: skipped (model.vocab_size 10 holds no byte of text to prompt with)\n"
+    )
 
 
 def test_public_functions_take_str_paths(tmp_path, checkpoint, monkeypatch):

@@ -865,6 +865,35 @@ def test_sample_names_what_the_checkpoint_cannot_take(smoke_run, refused):
     assert_one_line_error(result, 2, "--prompt: token id 195 is past the model's 128 ids")
 
 
+def test_an_hf_export_pairs_no_tokenizer_with_ids_past_the_model(smoke_run, refused, tmp_path):
+    _, run = smoke_run
+    checkpoint = run / "checkpoints" / "step_4.pt"
+    out = tmp_path / "hf"
+    result = refused("export", str(checkpoint), str(out), "--format", "hf", cwd=run)
+    assert_one_line_error(
+        result,
+        2,
+        "speedtronic export: the byte tokenizer has 256 ids but the model only 128 "
+        "(model.vocab_size), so transformers would look bytes from 128 up past its embedding; "
+        "train with model.vocab_size of at least 256, or export the weights alone (--format "
+        "speedtronic)",
+    )
+    assert not out.exists()
+    # Why: the pair it wrote before, loaded in transformers, fails on any text beyond ASCII.
+    transformers = pytest.importorskip("transformers")
+    from speedtronic.artifacts import load_checkpoint_model
+    from speedtronic_data import CharTokenizer, write_hf_tokenizer
+    from speedtronic_model import save_llama
+
+    model, config = load_checkpoint_model(checkpoint)
+    write_hf_tokenizer(out, CharTokenizer(), model_max_length=config.model.max_seq_len)
+    save_llama(model, out)
+    ids = transformers.AutoTokenizer.from_pretrained(out)("é", return_tensors="pt").input_ids
+    assert ids.tolist() == [[195, 169]]
+    with pytest.raises(IndexError):
+        transformers.AutoModelForCausalLM.from_pretrained(out)(ids)
+
+
 def test_train_export_and_sample_keep_to_the_checkpoints_tokenizer(tmp_path, capsys, bpe_json):
     from interop_testkit import prepare
 

@@ -325,11 +325,16 @@ def test_one_process_resumes_a_sharded_checkpoint_without_torchs_warning(trained
 def test_the_last_checkpoint_exports_to_transformers_with_the_trained_weights(trained, tmp_path):
     # A DDP step_3.pt and an FSDP2 step_3.dcp (shards gathered in one process) alike.
     transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models
+
     from speedtronic.artifacts import export_hf
     from speedtronic_model import build_model
 
     _, out, _ = trained
-    folder = export_hf(out / "run" / "checkpoints", tmp_path / "hf")
+    # The byte tokenizer's 256 ids do not fit the 64-id model (refused); one of 64 ids does.
+    small = tmp_path / "tokenizer.json"
+    Tokenizer(models.WordLevel({f"w{i}": i for i in range(64)}, unk_token="w0")).save(str(small))
+    folder = export_hf(out / "run" / "checkpoints", tmp_path / "hf", tokenizer=small)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     ours = build_model(config(out, "none")["model"]).eval()
     ours.load_state_dict(torch.load(out / "params_train.pt"))

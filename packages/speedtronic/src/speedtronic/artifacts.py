@@ -265,21 +265,29 @@ def _chosen_tokenizer(choice: PathLike) -> Any:
     return JsonTokenizer.from_file(tokenizer_file(choice))
 
 
-def _check_fits(codec: Any, config: Any, choice: PathLike | None) -> Any:
+def _check_fits(codec: Any, config: Any, choice: PathLike | None, *, export: bool = False) -> Any:
     """Return the tokenizer's record; UsageError when it has more ids than the model's vocabulary,
-    which a trained checkpoint cannot grow (the byte tokenizer may exceed a cut one).
+    which a trained checkpoint cannot grow. Only sample lets the byte tokenizer exceed a cut
+    vocabulary, as it refuses a prompt byte past it: an export would pair the model with a
+    tokenizer that hands transformers ids past its embedding (an IndexError on such text).
     """
     from speedtronic_data.tokenizer_record import record_for
 
     record = record_for(codec)
     ours, theirs = config.model.vocab_size, record.vocab_size
-    if record.kind != "bytes" and theirs is not None and theirs > ours:
-        fix = "omit --tokenizer" if choice is not None else "pass it with --tokenizer"
+    if theirs is None or theirs <= ours or (record.kind == "bytes" and not export):
+        return record
+    if record.kind == "bytes":  # every byte needs its id: only a larger model takes them all
         raise UsageError(
-            f"the tokenizer has {theirs:,} ids but the model only {ours:,} (model.vocab_size); "
-            f"use the tokenizer the run trained with ({fix})"
+            f"the byte tokenizer has {theirs} ids but the model only {ours:,} (model.vocab_size), "
+            f"so transformers would look bytes from {ours} up past its embedding; train with "
+            "model.vocab_size of at least 256, or export the weights alone (--format speedtronic)"
         )
-    return record
+    fix = "omit --tokenizer" if choice is not None else "pass it with --tokenizer"
+    raise UsageError(
+        f"the tokenizer has {theirs:,} ids but the model only {ours:,} (model.vocab_size); "
+        f"use the tokenizer the run trained with ({fix})"
+    )
 
 
 def sample_text(
@@ -456,7 +464,7 @@ def export_hf(
     model, config = _model_from_state(state, path)
     llama_config(model)  # a model that does not map fails here, before anything is written
     codec = resolve_tokenizer(config, tokenizer, recorded=state.get("tokenizer"), checkpoint=path)
-    record = _check_fits(codec, config, tokenizer)
+    record = _check_fits(codec, config, tokenizer, export=True)
     # Staged, then renamed in: a failure on the way (disk full, Ctrl-C) leaves an earlier export
     # in out_dir whole, not new weights beside an old card.
     with staged_files(out_dir, replaces=hf_replaced_files()) as stage:

@@ -72,7 +72,8 @@ def print_run_summary(config: Any, result: Any, checkpoint: Path | None) -> None
     if checkpoint is not None:
         lines.append(f"checkpoint: {checkpoint}")
         if config.model.name in ModelConfig.REFERENCE_NAMES:
-            lines.append(_reported("sample", lambda: _sample(sample_text, checkpoint)))
+            vocab = config.model.vocab_size
+            lines.append(_reported("sample", lambda: _sample(sample_text, checkpoint, vocab)))
     print("\n".join(lines))
     if math.isnan(result.final_loss or 0.0):
         raise RuntimeError("training ended with a non-finite loss")
@@ -103,6 +104,16 @@ def _validation_line(config: Any, val_loss: float) -> str:
     return line if entropy is None else f"{line} (unigram entropy of the corpus: {entropy:.3f})"
 
 
-def _sample(sample_text: Callable[..., str], checkpoint: Path) -> str:
-    text = for_terminal(sample_text(checkpoint, "def ", max_new_tokens=160))
+# What the summary's sample continues: code (the quickstart's corpus), else sample's own default.
+_SUMMARY_PROMPTS = ("def ", "\n")
+
+
+def _sample(sample_text: Callable[..., str], checkpoint: Path, vocab_size: int) -> str:
+    # The first prompt whose bytes the vocabulary holds: a byte-level one cut below "f" (102)
+    # refuses "def ", naming a --prompt no one passed; a tokenizer.json's ids all fit (sample
+    # checks that), whatever the bytes.
+    prompt = next((p for p in _SUMMARY_PROMPTS if max(p.encode()) < vocab_size), None)
+    if prompt is None:
+        raise UsageError(f"model.vocab_size {vocab_size} holds no byte of text to prompt with")
+    text = for_terminal(sample_text(checkpoint, prompt, max_new_tokens=160))
     return "\n" + "\n".join("    " + line for line in text.splitlines())

@@ -759,6 +759,31 @@ def test_a_worker_started_afresh_under_a_used_node_id_refuses_at_start(server, t
         coordinator.stop()
 
 
+def test_a_master_started_afresh_under_a_used_node_id_refuses_and_a_resumed_one_loses_nothing(
+    server, tmp_path
+):
+    # A master trains and sends deltas like a worker: restarted without its checkpoint (its outer
+    # state still on disk), its step-4 delta overwrote the unread one of the process before it.
+    first, net, opt = node(server, tmp_path, "master")
+    first.start()
+    train(first, net, opt, 4, seed=1)  # deltas/master/step-4-base-0, not read yet
+    first.master.stop()  # the process dies: no last round
+    again, _, _ = node(server, tmp_path, "master")
+    with pytest.raises(HubError, match=r"node 'master' already ran in org/run .*--resume"):
+        again.start()
+    resumed, net2, opt2 = node(server, tmp_path, "master")
+    net2.load_state_dict(net.state_dict())
+    resumed.prepare_state(first.state_dict())
+    resumed.start()
+    train(resumed, net2, opt2, 4, seed=2)
+    assert resumed.master.sync_once() == 1  # the earlier process's delta and its own, both
+    assert resumed.master.processed_filenames == {
+        delta_path("master", 4, 0),
+        delta_path("master", 8, 0),
+    }
+    resumed.stop()
+
+
 def test_a_second_master_takes_over_and_the_first_publishes_nothing_more(server, tmp_path, caplog):
     # A requeued master job can start while the old one still runs: two masters publishing
     # forked the global model. The newer one claims the id at start; the older one stops.
@@ -767,10 +792,14 @@ def test_a_second_master_takes_over_and_the_first_publishes_nothing_more(server,
     worker, wnet, wopt = node(server, tmp_path, "w1", seed=1)
     worker.start()
     train(worker, wnet, wopt, 4, seed=1)  # a delta for the next round
+    # A requeued job resumed from the first one's checkpoint on another machine: its disk has no
+    # outer state, and its model is not the published one.
     second, net2, opt2 = node(server, tmp_path / "second", "master", seed=2)
+    second.prepare_state(first.state_dict())
     second.start()  # adopts outer step 0 and claims the id
     published = first.hub.global_metadata()
     assert published.outer_step == 0
+    assert torch.equal(second.master.snapshot()[1]["weight"], net.weight)
     assert first.master.sync_once() == 1  # it applies the delta locally, but publishes nothing
     assert first.hub.global_metadata() == published and first.master.counters["publish_failures"]
     assert "another process now runs node 'master'" in caplog.text

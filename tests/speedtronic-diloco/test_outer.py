@@ -34,6 +34,29 @@ def test_nesterov_outer_optimizer_matches_torch_sgd(lr, momentum):
             assert torch.equal(ours.state_dict()[k], reference.state[params[k]]["momentum_buffer"])
 
 
+def test_a_tensor_frozen_mid_run_stays_put_as_torch_sgd_leaves_a_parameter_without_grad():
+    # Frozen after 2 rounds, every node's delta for "b" is zero; the momentum it had built up
+    # moved it on for rounds (0.55 in 5 on the loopback Hub). torch skips a grad-less parameter.
+    gen = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(5, 3, generator=gen), "b": torch.randn(3, generator=gen)}
+    params = {k: torch.nn.Parameter(v.clone()) for k, v in state.items()}
+    reference = torch.optim.SGD(list(params.values()), lr=0.7, momentum=0.9, nesterov=True)
+    ours = NesterovOuterOptimizer(state, 0.7, 0.9)
+    for index in range(6):
+        delta = {k: torch.randn(v.shape, generator=gen) for k, v in state.items()}
+        if index >= 2:
+            delta["b"] = torch.zeros(3)
+        for k, p in params.items():
+            p.grad = None if index >= 2 and k == "b" else delta[k].clone()
+        if index == 2:
+            frozen = state["b"].clone()
+        reference.step()
+        ours.step(state, delta)
+        for k in state:
+            assert torch.equal(state[k], params[k].detach()), (index, k)
+    assert torch.equal(state["b"], frozen)
+
+
 def test_rounds_follow_the_paper_and_torch_sgd_across_a_master_restart(tmp_path):
     """DiLoCo's outer step on the mean pseudo-gradient D: m = mu m + D, theta -= lr (D + mu m);
     a master restarted between rounds resumes its momentum, so the run matches an uninterrupted

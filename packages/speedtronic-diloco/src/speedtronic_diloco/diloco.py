@@ -216,10 +216,10 @@ class DumbDiLoCoCoordinator:
         """Reach the Hub, start the outer loop on a master; return the global model to install."""
         if self.hub is None:
             self.hub = build_hub_client(self.settings, logger=self.logger)
+        if not self._resumed:  # before a master claims the id, or the claim is its own
+            self._refuse_a_used_node_id()
         if self.identity.role == "master":
             self._start_master(read_state)
-        elif not self._resumed:
-            self._refuse_a_used_node_id()
         if self._last_global_step < 0:
             return self._first_global()
         # resumed: a restart begins from the latest global version it can read (docs/diloco.md)
@@ -229,14 +229,14 @@ class DumbDiLoCoCoordinator:
         return candidate
 
     def _refuse_a_used_node_id(self) -> None:
-        """Raise HubError when a worker starts without its checkpoint's DiLoCo state under a node id
+        """Raise HubError when a node starts without its checkpoint's DiLoCo state under a node id
         an earlier process claimed.
 
         Its local steps count from 0 again, so its deltas take that process's names
         (deltas/<id>/step-N-base-B): one the master had not read yet was overwritten, and one it
-        had applied made the new delta look applied, and it was never read. A master is exempt:
-        its outer state is on its own disk (or adopted from the Hub) and a requeued master takes
-        over its id by design.
+        had applied made the new delta look applied, and it was never read. A master too: it
+        trains and sends deltas like a worker (its outer state on disk does not hold its step
+        count), and a requeued master takes over its id only when resumed.
         """
         try:
             session = self.hub.node_session(self.identity.node_id)

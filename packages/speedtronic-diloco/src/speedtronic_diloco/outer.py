@@ -53,6 +53,11 @@ class NesterovOuterOptimizer:
         """Apply one outer update in place on CPU state tensors."""
         for name, buf in self.buffers.items():
             grad = delta[name].to(buf.dtype)
+            if not grad.any():
+                # No node changed it (frozen everywhere): skipped, as torch's SGD skips a
+                # parameter without a gradient, so momentum from before the freeze moves it
+                # no further.
+                continue
             # The same operations in the same order as torch.optim.SGD(nesterov=True, dampening=0),
             # so both give bit-identical results.
             buf.mul_(self.momentum).add_(grad)
@@ -410,7 +415,13 @@ class MasterOuterLoop:
     def recover(self) -> None:
         """Reconcile local state with the Hub at startup: adopt a newer global, or publish ours."""
         metadata = self.hub.global_metadata()
-        if metadata is not None and metadata.outer_step > self.outer_step:
+        # The published version at this master's own step is not its own when this state never
+        # published (its disk lost, or a new node id, at outer step 0): the nodes trained from
+        # the published model, so it is adopted, not replaced by this process's initialization.
+        if metadata is not None and (
+            metadata.outer_step > self.outer_step
+            or (metadata.outer_step == self.outer_step and self._state.published_step < 0)
+        ):
             state = self.hub.download_global_state(metadata)
             self.adopt_global_state(
                 state,

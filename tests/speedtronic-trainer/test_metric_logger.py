@@ -162,3 +162,25 @@ def test_jsonl_records_are_strict_json(tmp_path):
     record = json.loads(path.read_text(), parse_constant=refuse)
     assert record["val_loss"] is None and record["extra"] == [1.0, None] and record["n"] == 2
     assert hook.events[0][1]["val_loss"] != hook.events[0][1]["val_loss"]  # hooks still get NaN
+
+
+def test_records_only_drops_the_text_lines_of_this_threads_events_only(tmp_path):
+    import threading
+
+    stream, path = io.StringIO(), tmp_path / "m.jsonl"
+    logger = MetricLogger(stream=stream, json_file=str(path))
+    with logger.records_only():
+        logger.emit("nonfinite_skip", {"step": 2})
+        # Another thread's event (a DiLoCo upload's) keeps its line meanwhile.
+        other = threading.Thread(target=logger.emit, args=("diloco/upload", {"step": 2}))
+        other.start()
+        other.join()
+    logger.emit("nonfinite_skip", {"step": 3})
+    logger.close()
+    lines = stream.getvalue().splitlines()
+    assert [line.split(" INFO ")[1] for line in lines] == [
+        "diloco/upload step=2",
+        "nonfinite_skip step=3",
+    ]
+    events = [json.loads(line)["event"] for line in path.read_text().splitlines()]
+    assert events == ["nonfinite_skip", "diloco/upload", "nonfinite_skip"]

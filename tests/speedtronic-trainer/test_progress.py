@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import io
+import sys
+
+import pytest
 
 from speedtronic_trainer.progress import ProgressBar, progress_enabled
 
@@ -75,3 +78,24 @@ def test_a_log_line_written_while_the_bar_is_drawn_starts_on_its_own_line():
     # Without lifting the bar, the line was appended to the bar's ("... tok_s=100]2026-...").
     assert before.strip() == "" or before[:4].isdigit(), repr(text[line_start : at + 30])
     assert "4/10" in text[at:]  # the bar is drawn again after the line
+
+
+@pytest.mark.parametrize("stdout_is_terminal", [False, True])
+def test_the_bar_replaces_the_step_lines_only_on_its_own_terminal(monkeypatch, stdout_is_terminal):
+    # `speedtronic train ... > run.log` with stderr on a terminal: the bar drew on stderr and
+    # run.log got no train_step line at all.
+    import torch
+    from trainer_testkit import TinyLM, make_loader
+
+    from speedtronic_trainer import MetricLogger, Trainer
+
+    terminal = FakeTerminal()
+    monkeypatch.setattr(sys, "stderr", terminal)  # where the bar draws
+    stdout = terminal if stdout_is_terminal else io.StringIO()
+    model = TinyLM()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    logger = MetricLogger(stream=stdout)
+    Trainer(model, optimizer, make_loader(), device="cpu", logger=logger).fit(2)
+    assert "2/2" in terminal.getvalue()  # the bar was drawn
+    assert stdout.getvalue().count("train_step") == (0 if stdout_is_terminal else 2)
+    assert logger.console_metrics  # given back after fit

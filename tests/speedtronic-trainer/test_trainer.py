@@ -517,11 +517,28 @@ def test_skip_policy_gives_up_on_a_diverged_run():
         make_trainer(model, sections={"run": {"nonfinite_loss": "skip"}}).fit(2)
 
 
-def test_a_streak_of_skips_is_one_console_line_and_a_summary_but_a_record_each(tmp_path):
+class TwoZeroLogger(MetricLogger):
+    """A subclass written against 2.0's MetricLogger: emit and _emit_locked take
+    (event, payload), nothing more.
+    """
+
+    def emit(self, event, payload):
+        self.seen = [*getattr(self, "seen", []), event]
+        super().emit(event, payload)
+
+    def _emit_locked(self, event, payload):
+        super()._emit_locked(event, payload)
+
+
+@pytest.mark.parametrize("logger_class", [MetricLogger, TwoZeroLogger])
+def test_a_streak_of_skips_is_one_console_line_and_a_summary_but_a_record_each(
+    tmp_path, logger_class
+):
     # Up to 49 near-identical nonfinite_skip lines scrolled past before a diverged run stopped.
+    # Collapsing them passed emit(..., text=False): a TypeError in a 2.0 subclass's emit.
     path, console = tmp_path / "metrics.jsonl", io.StringIO()
     hook = RecordingHook()
-    logger = MetricLogger(stream=console, json_file=str(path), hooks=[hook])
+    logger = logger_class(stream=console, json_file=str(path), hooks=[hook])
     model = NaNAtCall({2, 3, 4, 5, 7})  # a streak of 4 skips at step 2, then 1 at step 3
     result = make_trainer(model, logger=logger, sections={"run": {"nonfinite_loss": "skip"}}).fit(4)
     logger.close()
@@ -536,6 +553,8 @@ def test_a_streak_of_skips_is_one_console_line_and_a_summary_but_a_record_each(t
         f"WARNING nonfinite_skip: {summary} record in the metrics file and hooks"
     )
     assert "step=3" in lines[2] and "skipped_steps=5" in lines[2]
+    if logger_class is TwoZeroLogger:  # the override saw every event, the streak's included
+        assert logger.seen.count("nonfinite_skip") == 5 and logger.seen[-1] == "fit_end"
 
 
 def _strict_records(path):

@@ -5,6 +5,7 @@ interpreter and a torch import.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -1039,5 +1040,26 @@ def test_a_hook_whose_package_is_missing_is_a_usage_error(tmp_path, capsys, monk
     assert capsys.readouterr().err.endswith(
         "speedtronic train: tensorboard is not installed; install it with `pip install "
         "speedtronic-trainer[tensorboard]` or remove it from logging.hooks\n"
+    )
+    assert not (tmp_path / "run").exists()  # refused before training: nothing left behind
+
+
+def test_wandb_without_an_api_key_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("wandb")
+    from speedtronic.cli import main
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: never logged in
+    monkeypatch.setattr(sys, "stdin", io.StringIO())  # no terminal: wandb cannot prompt (capsys)
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_DIR", "WANDB_CONFIG_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    config = tiny_config(tmp_path, logging="{hooks: [wandb]}", max_steps="1")
+    # It was exit 1, "UsageError: No API key configured. Use `wandb login` to log in. (set
+    # SPEEDTRONIC_DEBUG=1 for the traceback)", naming neither WANDB_API_KEY nor offline mode.
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("speedtronic train: logging.hooks: wandb could not start a run (No"), err
+    assert err.endswith(
+        "; run `wandb login` or set WANDB_API_KEY, set WANDB_MODE=offline to log without an "
+        "account, or remove wandb from logging.hooks\n"
     )
     assert not (tmp_path / "run").exists()  # refused before training: nothing left behind

@@ -23,8 +23,9 @@ def _step(payload: dict[str, Any]) -> int | None:
 
 
 class HookUnavailable(ImportError):
-    """A hook's package is not installed: the user's to fix (install it, or drop the hook), so the
-    CLI reports it as a usage error (exit 2).
+    """A hook cannot start for a reason the user fixes (its package is not installed, wandb is not
+    logged in), so the CLI reports it as a usage error (exit 2). An ImportError: 2.0 raised one
+    for a missing package.
     """
 
 
@@ -46,7 +47,16 @@ class WandbHook:
         except ImportError as exc:
             raise _missing("wandb", "wandb") from exc
         self._wandb = wandb
-        self.run = wandb.init(project=project, **settings)
+        try:
+            self.run = wandb.init(project=project, **settings)
+        except (wandb.errors.UsageError, wandb.errors.AuthenticationError) as exc:
+            # No API key (or a malformed one) where wandb cannot prompt for one: the user's to fix.
+            reason = " ".join(str(exc).split())  # wandb's message, on one line
+            raise HookUnavailable(
+                f"logging.hooks: wandb could not start a run ({reason}); run `wandb login` or set "
+                "WANDB_API_KEY, set WANDB_MODE=offline to log without an account, or remove "
+                "wandb from logging.hooks"
+            ) from exc
 
     def on_event(self, event: str, payload: dict[str, Any]) -> None:
         """Log the payload's scalars under `<event>/<name>` at the payload's step, or into the

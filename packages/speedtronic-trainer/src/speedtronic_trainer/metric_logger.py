@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -9,6 +10,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -48,6 +50,7 @@ class MetricLogger:
         self._level = _LEVELS.get(str(self.level).upper(), logging.INFO)
         self.stream = sys.stdout if self.stream is None else self.stream
         self._lock = threading.Lock()
+        self._records_only = threading.local()  # set on the thread inside records_only()
         self._text = self._open(self.file)
         self._json = self._open(self.json_file)
         self.hook_failures: dict[str, int] = {}  # hook name -> failed deliveries, for the summary
@@ -99,15 +102,25 @@ class MetricLogger:
         """Return True when a train_step record for `step` is due under every_steps."""
         return step % self.every_steps == 0
 
-    def emit(self, event: str, payload: dict[str, Any], *, text: bool = True) -> None:
-        """Record one event as a text line (unless `text` is False), a JSONL record and a hook
-        call.
-        """
+    def emit(self, event: str, payload: dict[str, Any]) -> None:
+        """Record one event as a text line, a JSONL record and a hook call."""
         with self._lock:
-            self._emit_locked(event, payload, text=text)
+            self._emit_locked(event, payload)
 
-    def _emit_locked(self, event: str, payload: dict[str, Any], *, text: bool = True) -> None:
-        if text:
+    @contextlib.contextmanager
+    def records_only(self) -> Iterator[None]:
+        """Within the block, events this thread emits get their JSONL record and hook calls but no
+        text line. A context, not an emit() argument: a 2.0 subclass's emit(event, payload) and
+        _emit_locked(event, payload) overrides keep working.
+        """
+        self._records_only.active = True
+        try:
+            yield
+        finally:
+            self._records_only.active = False
+
+    def _emit_locked(self, event: str, payload: dict[str, Any]) -> None:
+        if not getattr(self._records_only, "active", False):
             line = f"{event} {_format_metrics(payload)}"
             console = self.console_metrics or event != "train_step"
             self._write_text(logging.INFO, line, console=console)

@@ -12,7 +12,11 @@ def progress_enabled(setting: bool | None, stream: TextIO | None = None) -> bool
     """
     if setting is False:
         return False
-    stream = sys.stderr if stream is None else stream
+    return is_terminal(sys.stderr if stream is None else stream)
+
+
+def is_terminal(stream: TextIO | None) -> bool:
+    """Return True when `stream` is an interactive terminal (not a file, pipe or None)."""
     isatty = getattr(stream, "isatty", None)
     return bool(callable(isatty) and isatty())
 
@@ -72,4 +76,4 @@ def write_beside_bars(stream: TextIO, text: str) -> None:
         stream.flush()
 
 
-__all__ = ["ProgressBar", "progress_enabled", "write_beside_bars"]
+__all__ = ["ProgressBar", "is_terminal", "progress_enabled", "write_beside_bars"]

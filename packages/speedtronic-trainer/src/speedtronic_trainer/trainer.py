@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import shutil
@@ -64,7 +65,7 @@ from speedtronic_trainer.emergency import StepGuard
 from speedtronic_trainer.metric_logger import MetricLogger
 from speedtronic_trainer.metrics import StepMetrics, adamw_branch_lr
 from speedtronic_trainer.preemption import StopSignal
-from speedtronic_trainer.progress import ProgressBar, progress_enabled
+from speedtronic_trainer.progress import ProgressBar, is_terminal, progress_enabled
 from speedtronic_trainer.sharded import (
     load_full_model_state,
     load_sharded,
@@ -583,19 +584,20 @@ class Trainer:
             )
         # `reason` names the value that was non-finite: a finite loss can have inf/NaN gradients.
         loss_ok = math.isfinite(outcome.loss)
-        self.logger.emit(
-            "nonfinite_skip",
-            {
-                "step": self.step + 1,
-                "loss": outcome.loss,
-                "skipped_steps": self.skipped_steps,
-                "reason": "grad_norm" if loss_ok else "loss",
-                **({"grad_norm": outcome.grad_norm} if loss_ok else {}),
-            },
-            # One text line per streak (up to 49 alike scrolled past); _end_skip_streak counts
-            # the rest.
-            text=consecutive == 1,
-        )
+        # One text line per streak (up to 49 alike scrolled past); _end_skip_streak counts the
+        # rest.
+        quiet = self.logger.records_only() if consecutive > 1 else contextlib.nullcontext()
+        with quiet:
+            self.logger.emit(
+                "nonfinite_skip",
+                {
+                    "step": self.step + 1,
+                    "loss": outcome.loss,
+                    "skipped_steps": self.skipped_steps,
+                    "reason": "grad_norm" if loss_ok else "loss",
+                    **({"grad_norm": outcome.grad_norm} if loss_ok else {}),
+                },
+            )
 
     def _end_skip_streak(self, progress: _FitProgress) -> None:
         """Say how many updates were skipped after a streak's first (theirs are records only),
@@ -1114,7 +1116,10 @@ class Trainer:
             enabled=self.parallel.is_main and progress_enabled(self.config.logging.progress),
         )
         console_metrics = self.logger.console_metrics
-        self.logger.console_metrics = console_metrics and not bar.active
+        # The bar stands in for the per-step lines only on the terminal that shows it: stdout
+        # redirected to a file while the bar draws on stderr's terminal keeps every line.
+        on_terminal = bar.active and is_terminal(self.logger.stream)
+        self.logger.console_metrics = console_metrics and not on_terminal
         try:
             # save_on_signal: false leaves the signals alone, as 2.0 did (KeyboardInterrupt,
             # or death by SIGTERM): a graceful stop exists to write the checkpoint.

@@ -77,7 +77,8 @@ def run(work: Path, quick: bool, rng: random.Random, roots: list[Path] | None = 
     """
     result = Result("secret scan", "no fake token in any file, archive member or stream")
     timer = Timer()
-    config = write_config(work / "train")
+    # The byte tokenizer exports beside a model with an id for every byte (256).
+    config = write_config(work / "train", model={"vocab_size": 256})
     with_token = ["--set", f"distributed.token={TOKENS['set']}"]
     steps = run_cli(["train", str(config), "--max-steps", "3", *with_token], work, label="secrets")
     shown = run_cli(["validate", str(config), *with_token], work, label="secrets/validate")

@@ -304,8 +304,50 @@ def test_a_resume_at_another_batch_size_continues_at_the_same_sample(shards, tex
     for _ in range(3):
         next(iterator)
     resumed = batches_of(6)
+    assert resumed.resumes_exactly(loader_state(first))  # so the trainer warns of nothing
     restore_loader(resumed, loader_state(first))
     assert torch.equal(next(iter(resumed))["input_ids"], torch.stack(one_by_one[12:18]))
+
+
+@pytest.mark.parametrize("case", ["text, 2 ranks", "unknown iterable"])
+def test_a_resume_at_another_batch_size_is_exact_where_the_samples_fill_its_batches(tmp_path, case):
+    # Ranks take a text file's blocks a batch at a time, and an unknown iterable dataset is
+    # replayed a batch at a time: 8 samples taken in batches of 4 resume exactly in batches of 2
+    # but not of 3, so only then does the trainer still warn of the changed micro_batch_size.
+    path = tmp_path / "numbered.txt"
+    path.write_text("".join(f"{i:04d}\n" for i in range(100)))  # block i holds "{i:04d}\n"
+    ranks = 2 if case == "text, 2 ranks" else 1
+
+    def loader(rank, batch_size):
+        if case == "unknown iterable":
+            return ResumableLoader(_Counting(), batch_size=batch_size)
+        dataset = TextFileTokenDataset(path, block_size=5)
+        return ResumableLoader(dataset, batch_size=batch_size, rank=rank, world_size=ranks)
+
+    def blocks(batch):
+        if case == "unknown iterable":
+            return batch["input_ids"][:, 0].tolist()
+        return [int(bytes(row.tolist())) for row in batch["input_ids"]]
+
+    taken, states = [], []
+    for rank in range(ranks):
+        first = loader(rank, 4)
+        iterator = iter(first)
+        taken += [block for _ in range(2) for block in blocks(next(iterator))]
+        states.append(first.state_dict())
+    assert sorted(taken) == list(range(8 * ranks))
+    for batch_size, exact in ((2, True), (3, False)):
+        after = []
+        for rank in range(ranks):
+            resumed = loader(rank, batch_size)
+            assert resumed.resumes_exactly(states[rank]) is exact
+            resumed.load_state_dict(states[rank])
+            iterator = iter(resumed)
+            after += [block for _ in range(4) for block in blocks(next(iterator))]
+        continues = sorted(after) == list(range(8 * ranks, 8 * ranks + len(after)))
+        assert continues is exact, (batch_size, sorted(after))
+    # A state without samples counts batches of the size it was saved at, unknown here.
+    assert not loader(0, 4).resumes_exactly({"epoch": 0, "batches": 2})
 
 
 @pytest.mark.parametrize("case", ["shards shuffled", "text"])

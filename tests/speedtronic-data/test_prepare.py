@@ -45,6 +45,32 @@ def test_files_and_texts_become_train_and_val_shards(tmp_path):
     assert len(TokenShardDataset(str(tmp_path / "out" / "train_*.bin"), 16)) > 0
 
 
+def test_progress_says_how_far_the_input_is_between_shard_lines(tmp_path, monkeypatch):
+    # A line per shard written was all: a default shard (100M tokens) takes minutes with a subword
+    # tokenizer, so a run without a progress bar (a log file, Python) said nothing meanwhile.
+    from speedtronic_data import prepare as prepare_module
+    from speedtronic_data import text as text_module
+
+    source = tmp_path / "a.txt"
+    source.write_text("".join(f"line {i}\n" for i in range(3000)))
+    size = source.stat().st_size
+    monkeypatch.setattr(text_module, "CHUNK_BYTES", 4096)
+    chunks = [len(chunk) for chunk in text_module.iter_text_chunks(source)]
+    monkeypatch.setattr(prepare_module, "PROGRESS_SECONDS", 0.0)  # a line after each chunk
+    lines = []
+    prepare_shards([source], tmp_path / "out", val_fraction=0.0, progress=lines.append)
+    *read, wrote = lines
+    assert len(read) == len(chunks) > 5 and wrote.startswith("wrote ")
+    share = f"{chunks[0] / size:.0%}"
+    assert read[0].startswith(f"read {share} of the input ({chunks[0]:,} of {size:,} bytes): ")
+    assert read[0].endswith(" tokens/s")
+    assert read[-1].startswith(f"read 100% of the input ({size:,} of {size:,} bytes): {size:,} ")
+    monkeypatch.setattr(prepare_module, "PROGRESS_SECONDS", 3600.0)
+    lines.clear()
+    prepare_shards([source], tmp_path / "out", val_fraction=0.0, progress=lines.append)
+    assert len(lines) == 1  # within the interval, the shard line alone
+
+
 def test_a_long_line_never_takes_a_source_into_validation(tmp_path):
     """A cut at the next line break would put a whole long line in validation: 95% of this
     source, whose only break ends its one 120 KB line.
@@ -185,7 +211,8 @@ def test_an_in_memory_text_is_cut_between_lines_not_inside_words(tmp_path, bpe_j
     assert _tokens(result.train_paths) == tokenizer.encode(text)
 
 
-def test_a_tokenizers_object_gets_no_special_tokens(tmp_path):
+@pytest.mark.parametrize("library", ["tokenizers", "transformers"])
+def test_a_hugging_face_tokenizer_object_gets_no_special_tokens(tmp_path, library):
     tokenizers = pytest.importorskip("tokenizers")
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import Whitespace
@@ -194,7 +221,10 @@ def test_a_tokenizers_object_gets_no_special_tokens(tmp_path):
     tok = tokenizers.Tokenizer(WordLevel({"<s>": 0, "a": 1, "b": 2}, unk_token="<s>"))
     tok.pre_tokenizer = Whitespace()
     tok.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    assert tok.encode("a b").ids == [0, 1, 2]
+    if library == "transformers":  # its encode also adds them unless told not to
+        tok = pytest.importorskip("transformers").PreTrainedTokenizerFast(tokenizer_object=tok)
+    encoded = tok.encode("a b")
+    assert getattr(encoded, "ids", encoded) == [0, 1, 2]  # a Tokenizer returns an Encoding
     result = prepare_shards([], tmp_path, tok, val_fraction=0.0, texts=["a b a\n"], progress=None)
     assert _tokens(result.train_paths) == [1, 2, 1]  # one stream: no <s> per chunk
 

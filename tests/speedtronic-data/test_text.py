@@ -53,6 +53,36 @@ def test_custom_tokenizer_is_used(text_file):
     assert samples and max(int(s["input_ids"].max()) for s in samples) < len(words)
 
 
+@pytest.mark.parametrize("library", ["tokenizers", "transformers"])
+def test_a_hugging_face_tokenizer_adds_no_special_token_per_chunk(
+    tmp_path, monkeypatch, bpe_json, library
+):
+    # The file is encoded a chunk at a time: a post-processor's BOS was added to every chunk, so
+    # one landed mid-text every megabyte (here every 16 KiB).
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = tokenizers.Tokenizer.from_file(str(bpe_json))
+    bos = tokenizer.token_to_id("<|endoftext|>")
+    tokenizer.post_processor = TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)]
+    )
+    # 7 chunks, cut after a line break; the lines open with a letter, as a byte-level BPE's split
+    # joins a line break to the next line's indentation, which no cut after it keeps.
+    whole_text = "".join(f"point {i} = add(x, y)\n" for i in range(5000))
+    expected = tokenizer.encode(whole_text, add_special_tokens=False).ids
+    if library == "transformers":
+        transformers = pytest.importorskip("transformers")
+        tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer)
+    encoded = tokenizer.encode("add")  # a Tokenizer returns an Encoding, transformers a list
+    assert getattr(encoded, "ids", encoded)[0] == bos  # the post-processor is in force
+    path = tmp_path / "corpus.txt"
+    path.write_text(whole_text, encoding="utf-8")
+    monkeypatch.setattr(text_module, "CHUNK_BYTES", 1 << 14)
+    streamed = _all_tokens(TextFileTokenDataset(path, 1, tokenizer, 300))
+    assert [block[0] for block in streamed] + streamed[-1][1:] == expected
+
+
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 @pytest.mark.parametrize("workers", [2, 3])
 def test_each_block_produced_once_with_workers_in_single_process_order(text_file, workers):

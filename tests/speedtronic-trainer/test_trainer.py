@@ -658,6 +658,43 @@ def test_a_config_holding_a_dataset_object_or_path_resumes(tmp_path, dataset):
     assert "data.dataset" not in stream.getvalue()  # the same setting: no "changed" warning
 
 
+class RecordingDataset(TokenDataset):
+    """TokenDataset that records the indices it is asked for."""
+
+    def __init__(self, n: int = 16) -> None:
+        super().__init__(n)
+        self.seen: list[int] = []
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        self.seen.append(i)
+        return super().__getitem__(i)
+
+
+def test_another_batch_size_on_resume_is_named_only_where_the_data_does_not_continue(tmp_path):
+    # A DataLoader of its own is fast-forwarded by the batches consumed: at another
+    # micro_batch_size they hold other samples, which the warning says. Another target_batch_size
+    # groups the same micro batches into steps otherwise: the data continues, so nothing is said.
+    def run(micro, target):
+        dataset, stream = RecordingDataset(), io.StringIO()
+        sections = {"micro_batch_size": micro, "target_batch_size": target}
+        trainer = make_trainer(
+            loader=make_loader(dataset, batch_size=micro),
+            sections={"data": sections, "checkpoint": {"save_final": False}},
+            checkpoint_manager=CheckpointManager(tmp_path, every_steps=2),
+            logger=MetricLogger(stream=stream),
+        )
+        return trainer, dataset.seen, stream
+
+    run(2, 2)[0].fit(2)  # samples 0-3
+    for micro, target, taken, warned in ((2, 4, [4, 5, 6, 7], False), (1, 2, [2, 3], True)):
+        trainer, seen, stream = run(micro, target)
+        assert trainer.resume_latest()
+        trainer.fit(3)
+        assert seen[-len(taken) :] == taken  # [2, 3]: samples 2 and 3 again, not 4 and 5
+        assert ("data.micro_batch_size is 1 here but 2" in stream.getvalue()) is warned
+        assert "target_batch_size" not in stream.getvalue()
+
+
 def test_final_checkpoint_saved_off_interval(tmp_path):
     trainer = make_trainer(
         checkpoint_manager=CheckpointManager(tmp_path, every_steps=4, keep_last=None)

@@ -146,6 +146,21 @@ class ResumableLoader(DataLoader):
             state["data_size"] = known[0]
         return state
 
+    def resumes_exactly(self, state: Any) -> bool:
+        """Return True when load_state_dict(state) continues at the sample the state was saved at,
+        whatever batch size it was saved under: the state counts samples, and this loader deals
+        the data by sample (a sampler, or a text file in one process) or the samples fill whole
+        batches of its size (ranks take a text file's blocks by turns of a batch; an unknown
+        iterable dataset is replayed a batch at a time).
+        """
+        if not isinstance(state, dict) or not isinstance(state.get("samples"), int):
+            return False  # it counts batches, of the size it was saved at
+        if isinstance(self.sampler, ResumableSampler):
+            return True
+        if isinstance(self.dataset, TextFileTokenDataset) and self.world_size == 1:
+            return True
+        return state["samples"] % self.batch_size == 0
+
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Make the next pass continue epoch state["epoch"] after state["samples"] samples (a
         state without them: after state["batches"] batches of this loader's batch size); warn

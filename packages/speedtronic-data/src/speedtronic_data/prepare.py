@@ -36,6 +36,9 @@ from speedtronic_data.tokenizer_record import (
 )
 
 DEFAULT_SHARD_TOKENS = 100_000_000  # llm.c's shard size: 200 MB of uint16
+# Between shard lines, how far the input is read is said this often: a default shard takes minutes
+# with a subword tokenizer (about 400 s at 250,000 tokens/s).
+PROGRESS_SECONDS = 30.0
 
 
 @dataclass
@@ -97,6 +100,30 @@ class _ShardWriter:
             f"{rate:,.0f} tokens/s)"
         )
         self.parts, self.buffered = [], 0
+
+
+class _Report:
+    """Pass lines to progress and, when none came for PROGRESS_SECONDS, say how much of the input
+    is read.
+    """
+
+    def __init__(self, progress: Callable[[str], None]) -> None:
+        self.progress = progress
+        self.started = self.last = time.perf_counter()
+
+    def __call__(self, line: str) -> None:
+        self.progress(line)
+        self.last = time.perf_counter()
+
+    def read(self, done: int, total: int, tokens: int) -> None:
+        """Say done of total input bytes are read into tokens, if nothing was said for a while."""
+        now = time.perf_counter()
+        if now - self.last >= PROGRESS_SECONDS:
+            rate = tokens / max(now - self.started, 1e-9)
+            self(
+                f"read {done / total:.0%} of the input ({done:,} of {total:,} bytes): "
+                f"{tokens:,} tokens, {rate:,.0f} tokens/s"
+            )
 
 
 def _encode_chunk(tokenizer: Any, text: str, vocab_size: int | None, source: str) -> np.ndarray:
@@ -235,10 +262,11 @@ def prepare_shards(
     `datasets` save_to_disk folder (the records' text_column, one document after another). The
     first val_fraction of each source goes to validation (of its bytes, cut at a line break, for
     text; of its rows for records), the rest to training. Every shard is written atomically;
-    shards left from an earlier, longer run are removed. on_progress(done_bytes, total_bytes,
-    tokens) is called after each chunk (totals are estimates for Parquet). Arguments are checked
-    before out_dir is created, and a refusal found in the data before any shard is written leaves
-    no folder behind.
+    shards left from an earlier, longer run are removed. progress(line) gets a line per shard
+    written and, when none came for PROGRESS_SECONDS, one saying how much of the input is read;
+    on_progress(done_bytes, total_bytes, tokens) is called after each chunk (totals are estimates
+    for Parquet). Arguments are checked before out_dir is created, and a refusal found in the data
+    before any shard is written leaves no folder behind.
     """
     started = time.perf_counter()
     if isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real):
@@ -273,7 +301,7 @@ def prepare_shards(
                 f"cannot write shards into {str(out)!r} ({unwritable_reason(out, error)}); "
                 "choose a writable folder"
             ) from None
-        report = progress or (lambda line: None)
+        report = _Report(progress or (lambda line: None))
         writers = {
             split: _ShardWriter(out, split, shard_tokens, report) for split in ("train", "val")
         }
@@ -286,6 +314,8 @@ def prepare_shards(
                 done, tokens = done + len(text.encode("utf-8")), tokens + ids.size
                 if on_progress is not None:
                     on_progress(done, max(total, done), tokens)
+                if progress is not None:
+                    report.read(done, max(total, done), tokens)
         # Checked before any stale shard is removed: a refused run leaves an earlier run's
         # shards (a --val-fraction 0 folder holds train shards alone) where they were.
         if not (writers["train"].total or writers["train"].buffered):

@@ -102,12 +102,27 @@ def is_byte_tokenizer(tokenizer: Any) -> bool:
     return type(tokenizer) is CharTokenizer
 
 
+def _is_hugging_face(tokenizer: Any) -> bool:
+    """True for a `tokenizers.Tokenizer` or a `transformers` tokenizer (a subclass too), found by
+    class without importing either.
+    """
+    roots = {cls.__module__.split(".")[0] for cls in type(tokenizer).__mro__}
+    return not roots.isdisjoint({"tokenizers", "transformers"})
+
+
 def encode_text(tokenizer: Any, text: str) -> list[int]:
     """Return token ids for text from a callable, an object with encode, or a Hugging Face
-    Tokenizer.
+    Tokenizer; a Hugging Face tokenizer adds no special tokens.
     """
     encode = getattr(tokenizer, "encode", None)
-    out = encode(text) if callable(encode) else tokenizer(text) if callable(tokenizer) else None
+    if callable(encode) and _is_hugging_face(tokenizer):
+        # Text is encoded a chunk (about a megabyte) at a time into one stream: a post-processor's
+        # BOS/EOS per call would land mid-text at every chunk boundary.
+        out = encode(text, add_special_tokens=False)
+    elif callable(encode):
+        out = encode(text)
+    else:
+        out = tokenizer(text) if callable(tokenizer) else None
     if out is None:
         raise DataError(
             f"tokenizer {type(tokenizer).__name__} is neither callable nor has encode(); "

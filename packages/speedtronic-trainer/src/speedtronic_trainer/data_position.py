@@ -125,6 +125,18 @@ class BatchStream:
             state["source"] = {"kind": source[0], "state": source[1].state_dict()}
         return state
 
+    def resumes_exactly(self, state: Any) -> bool:
+        """Return True when load_state_dict(state) continues at the saved sample even where the
+        batch size changed: the loader saved its own position and says so (a ResumableLoader
+        counts samples); batches fast-forwarded here are counted in the new size.
+        """
+        source = _stateful_source(self.loader)
+        saved = state.get("source") if isinstance(state, dict) else None
+        check = getattr(source[1], "resumes_exactly", None) if source is not None else None
+        if not callable(check) or not isinstance(saved, dict) or saved.get("kind") != source[0]:
+            return False
+        return bool(check(saved.get("state")))
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a position saved by state_dict; the next batch is the one that followed it."""
         self.epoch = int(state["epoch"])

@@ -78,7 +78,8 @@ CHECKPOINT_FORMAT = 1
 # A "skip" policy that keeps meeting non-finite losses is a diverged run, not a bad batch.
 MAX_CONSECUTIVE_SKIPS = 50
 # The data settings a checkpoint's data position depends on: which samples, in which order and
-# batches (data.seed, shuffle and drop_last order them; the sizes cut them).
+# batches (data.seed, shuffle and drop_last order them; the sizes cut them). target_batch_size is
+# not one: it sets how many micro batches a step takes, not which.
 DATA_ORDER_FIELDS = (
     "shard_path",
     "text_path",
@@ -87,7 +88,6 @@ DATA_ORDER_FIELDS = (
     "num_tokens",
     "block_size",
     "micro_batch_size",
-    "target_batch_size",
     "shuffle",
     "drop_last",
     "seed",
@@ -955,13 +955,19 @@ class Trainer:
     def _warn_if_data_changed(self, state: dict[str, Any]) -> None:
         """Say so for each data setting that orders or sizes the batches and differs from the
         checkpoint's: the restored position counts the checkpoint's batches, so the data does
-        not continue exactly where it stopped.
+        not continue exactly where it stopped. Another micro_batch_size is not named where the
+        loader resumes at the saved sample anyway (a ResumableLoader, see
+        BatchStream.resumes_exactly).
         """
         if not self._config_given:
             return
         saved = (state.get("config") or {}).get("data") or {}
         current = self.config.data
+        mine = self._rank_state(state)
+        exact = mine is not None and self._stream.resumes_exactly(mine.get("data"))
         for name in DATA_ORDER_FIELDS:
+            if name == "micro_batch_size" and exact:
+                continue
             # Compared as saved: a path object as its string, a Dataset object not at all.
             if name in saved and saved[name] != plain_data(getattr(current, name)):
                 self.logger.warning(
@@ -1001,17 +1007,23 @@ class Trainer:
         if sharded:
             shard_optimizer_state(self.optimizer)
 
+    def _rank_state(self, state: dict[str, Any]) -> dict[str, Any] | None:
+        """Return this rank's saved {"rng", "data"}; None when the checkpoint was saved at
+        another world size.
+        """
+        ranks = state.get("rank_states") or [{"rng": state.get("rng"), "data": state.get("data")}]
+        return ranks[self.parallel.rank] if len(ranks) == self.parallel.world_size else None
+
     def _restore_rank_state(self, state: dict[str, Any]) -> None:
         """Restore this rank's RNG and data position; at another world size the data restarts
         its epoch (the shares of the data differ), with a warning.
         """
-        ranks = state.get("rank_states") or [{"rng": state.get("rng"), "data": state.get("data")}]
-        mine = ranks[self.parallel.rank] if len(ranks) == self.parallel.world_size else None
+        mine = self._rank_state(state)
         if mine is None:
             self.logger.warning(
                 "checkpoint saved at world size %d, resuming at %d: weights and optimizer state "
                 "are restored; the data restarts from the beginning of an epoch",
-                len(ranks),
+                len(state.get("rank_states") or [state]),  # without them: one rank's
                 self.parallel.world_size,
             )
             return

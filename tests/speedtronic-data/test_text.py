@@ -83,6 +83,24 @@ def test_a_hugging_face_tokenizer_adds_no_special_token_per_chunk(
     assert [block[0] for block in streamed] + streamed[-1][1:] == expected
 
 
+def test_a_transformers_subclass_with_its_own_encode_is_called_as_it_is(tmp_path, bpe_json):
+    # 2.0 called encode(text): an override without add_special_tokens raised a TypeError.
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+
+    class Mine(transformers.PreTrainedTokenizerFast):
+        def encode(self, text):
+            return super().encode(text, add_special_tokens=False)
+
+    tokenizer = Mine(tokenizer_object=tokenizers.Tokenizer.from_file(str(bpe_json)))
+    path = tmp_path / "corpus.txt"
+    path.write_text("point = add(x, y)\n", encoding="utf-8")
+    streamed = _all_tokens(TextFileTokenDataset(path, 1, tokenizer, 300))
+    assert [block[0] for block in streamed] + streamed[-1][1:] == tokenizer.encode(
+        path.read_text(encoding="utf-8")
+    )
+
+
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 @pytest.mark.parametrize("workers", [2, 3])
 def test_each_block_produced_once_with_workers_in_single_process_order(text_file, workers):

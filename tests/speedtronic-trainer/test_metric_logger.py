@@ -184,3 +184,18 @@ def test_records_only_drops_the_text_lines_of_this_threads_events_only(tmp_path)
     ]
     events = [json.loads(line)["event"] for line in path.read_text().splitlines()]
     assert events == ["nonfinite_skip", "diloco/upload", "nonfinite_skip"]
+
+
+def test_records_only_nested_keeps_the_outer_block_quiet():
+    # A public context: an inner block's exit must not end the outer one's silence.
+    stream = io.StringIO()
+    logger = MetricLogger(stream=stream)
+    with logger.records_only():
+        with logger.records_only():
+            logger.emit("nonfinite_skip", {"step": 2})
+        logger.emit("nonfinite_skip", {"step": 3})
+    logger.emit("nonfinite_skip", {"step": 4})
+    logger.close()
+    assert [line.split(" INFO ")[1] for line in stream.getvalue().splitlines()] == [
+        "nonfinite_skip step=4"
+    ]

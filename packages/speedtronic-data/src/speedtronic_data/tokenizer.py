@@ -103,11 +103,12 @@ def is_byte_tokenizer(tokenizer: Any) -> bool:
 
 
 def _is_hugging_face(tokenizer: Any) -> bool:
-    """True for a `tokenizers.Tokenizer` or a `transformers` tokenizer (a subclass too), found by
-    class without importing either.
+    """True when the tokenizer's encode is a `tokenizers.Tokenizer`'s or a `transformers`
+    tokenizer's own, found by class without importing either. A subclass that overrides encode
+    is called as it is: its encode(text) may take no add_special_tokens.
     """
-    roots = {cls.__module__.split(".")[0] for cls in type(tokenizer).__mro__}
-    return not roots.isdisjoint({"tokenizers", "transformers"})
+    owner = next((cls for cls in type(tokenizer).__mro__ if "encode" in vars(cls)), None)
+    return owner is not None and owner.__module__.split(".")[0] in {"tokenizers", "transformers"}
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:

@@ -113,11 +113,12 @@ class MetricLogger:
         text line. A context, not an emit() argument: a 2.0 subclass's emit(event, payload) and
         _emit_locked(event, payload) overrides keep working.
         """
+        outer = getattr(self._records_only, "active", False)  # nested: the outer block's state
         self._records_only.active = True
         try:
             yield
         finally:
-            self._records_only.active = False
+            self._records_only.active = outer
 
     def _emit_locked(self, event: str, payload: dict[str, Any]) -> None:
         if not getattr(self._records_only, "active", False):

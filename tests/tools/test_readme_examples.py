@@ -150,3 +150,60 @@ def test_docs_have_snippets_each_check_reads():
     # A fence the patterns miss (```sh, an indented one) would silently check nothing.
     assert len(_doc_blocks("yaml")) >= 3 and len(_doc_blocks("python")) >= 7
     assert len(_doc_commands()) >= 20
+
+
+def _reference_tables() -> dict[str, dict[str, str]]:
+    """Return {heading: {key: default}} from docs/configuration.md's tables: a row names its keys
+    in the first cell (`a`, `b` or `a` / `b`) and their defaults in the third, one per key or one
+    for all.
+    """
+    text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    tables: dict[str, dict[str, str]] = {}
+    for part in re.split(r"^## ", text, flags=re.MULTILINE)[1:]:
+        heading, body = part.split("\n", 1)
+        rows = tables.setdefault(heading.split()[0], {})
+        for line in body.splitlines():
+            cells = [c.strip() for c in line.replace("\\|", "¦").strip("|").split("|")]
+            if not line.startswith("| `") or len(cells) < 3:
+                continue
+            keys, defaults = re.findall(r"`([^`]+)`", cells[0]), re.findall(r"`([^`]+)`", cells[2])
+            for index, key in enumerate(keys):
+                rows[key] = defaults[index if len(defaults) == len(keys) else 0] if defaults else ""
+    return tables
+
+
+def test_configuration_reference_lists_every_key_with_its_default():
+    import dataclasses
+
+    import yaml
+
+    from speedtronic_config import SpeedtronicConfig
+    from speedtronic_config.normalize import ROOT_FLAGS, SECTIONS
+
+    def value(text: str):
+        parsed = yaml.safe_load(text)
+        try:  # PyYAML reads 1e-8 as text
+            return float(parsed) if isinstance(parsed, str) else parsed
+        except ValueError:
+            return parsed
+
+    tables = _reference_tables()
+    wrong = []
+    for name, cls in [*SECTIONS.items(), ("Root", SpeedtronicConfig)]:
+        rows = tables.get(name, {})
+        specs = [s for s in dataclasses.fields(cls) if name != "Root" or s.name in ROOT_FLAGS]
+        for spec in specs:
+            default = spec.default
+            if default is dataclasses.MISSING:
+                default = spec.default_factory()
+            default = list(default) if isinstance(default, tuple) else default
+            where = f"{name}.{spec.name}"
+            if spec.name not in rows:
+                wrong.append(f"{where}: not documented (default {default!r})")
+            elif value(rows[spec.name]) != default:
+                wrong.append(f"{where}: documented {rows[spec.name]}, is {default!r}")
+        if name != "Root":
+            known = {spec.name for spec in specs}
+            wrong += [f"{name}.{key}: documented, no such field" for key in rows.keys() - known]
+    assert set(SECTIONS) <= set(tables["Root"]), "the Root table lists every section"
+    assert wrong == []

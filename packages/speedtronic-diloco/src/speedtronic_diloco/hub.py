@@ -214,8 +214,8 @@ class HubClient:
             return self._retry(operation, callback)
         except Refused as exc:
             fix = exc.fix or (
-                f"give this node a token with write access to {self.repo_id} (HF_TOKEN or "
-                "`huggingface-cli login`)"
+                f"give this node a token with write access to {self.repo_id} (HF_TOKEN, or "
+                "`hf auth login`; `huggingface-cli login` before huggingface_hub 0.34)"
             )
             raise HubRefused(f"{operation} on {self.repo_id} was refused ({exc}): {fix}") from None
         except Corrupt as exc:

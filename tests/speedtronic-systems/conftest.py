@@ -22,7 +22,7 @@ def fake_cuda(monkeypatch):
     state = {"bf16": True, "count": 2, "name": "NVIDIA H100 80GB HBM3"}
     monkeypatch.setattr(precision, "_cuda_available", lambda: True)
     monkeypatch.setattr(precision, "_cuda_device_count", lambda: state["count"])
-    monkeypatch.setattr(precision, "_cuda_bf16_supported", lambda: state["bf16"])
+    monkeypatch.setattr(precision, "_cuda_bf16_supported", lambda device: state["bf16"])
     monkeypatch.setattr(precision, "_cuda_device_name", lambda device: state["name"])
     monkeypatch.setattr(precision, "_mps_available", lambda: False)
     return state

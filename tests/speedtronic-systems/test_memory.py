@@ -136,3 +136,37 @@ def test_processes_on_one_machine_share_its_ram(monkeypatch):
     assert "--nproc-per-node" in message and "\n" not in message
     # The switch still turns the check off.
     check_training_memory(config(run={"memory_check": False}), "cpu")
+
+
+class Peers:
+    """Rank 0 of a group whose other ranks computed `theirs` (their all_gather_object values)."""
+
+    def __init__(self, *theirs) -> None:
+        self.theirs, self.gathered = theirs, 0
+
+    def all_gather_object(self, value):
+        self.gathered += 1
+        return [value, *self.theirs]
+
+
+def test_every_rank_refuses_when_a_peers_device_is_too_small(monkeypatch):
+    # GPUs of different sizes, or nodes with different RAM: rank 1 cannot hold the run, rank 0
+    # can. Found: rank 1 raised alone (marked as raised on every rank) while rank 0 went on to
+    # wait for it in the next collective, until the process-group timeout.
+    small = config()
+    fits = check_training_memory(small, "cpu", Peers(None))
+    assert fits == estimate_training_memory(small)
+    theirs = ("this run needs at least 2 GB of memory, but cuda:1 (GPU) has 1 GB", "lower it")
+    with pytest.raises(ConfigError) as caught:
+        check_training_memory(small, "cpu", Peers(None, theirs))
+    assert str(caught.value) == (
+        "on rank 2, this run needs at least 2 GB of memory, but cuda:1 (GPU) has 1 GB; lower it"
+    )
+    # Every rank too small: the same line on each, without a rank.
+    monkeypatch.setattr(memory, "device_memory", lambda device: (1000, "cuda:0 (GPU)"))
+    with pytest.raises(ConfigError, match=r"^this run needs at least .* cuda:0 \(GPU\) has 1.0 kB"):
+        check_training_memory(small, "cuda", Peers(theirs))
+    # With the check off no rank computes it, so none takes part in a collective for it.
+    group = Peers(theirs)
+    check_training_memory(config(run={"memory_check": False}), "cpu", group)
+    assert group.gathered == 0

@@ -103,6 +103,34 @@ def test_auto_on_cuda_without_bf16_is_fp16_with_scaler_and_says_why(fake_cuda, c
     ]
 
 
+def test_cuda_bf16_means_bf16_in_hardware_of_the_runs_own_gpu(monkeypatch):
+    # A node with an A100 (8.0) as cuda:0, the current device, and a T4 (7.5) as cuda:1, as
+    # torch >= 2.3 sees them: a BF16 tensor can be made on the T4 (emulated BF16), so
+    # torch.cuda.is_bf16_supported() is true there too, and it only asks the current device.
+    capabilities = {0: (8, 0), 1: (7, 5)}
+
+    def index(device=None) -> int:
+        if isinstance(device, int):
+            return device
+        found = None if device is None else torch.device(device).index
+        return 0 if found is None else found
+
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capabilities[index(d)])
+    props = {i: type("Props", (), {"major": c[0], "minor": c[1]}) for i, c in capabilities.items()}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: props[index(d)])
+    monkeypatch.setattr(torch.cuda, "_check_bf16_tensor_supported", lambda device: True)
+    for device in ("cuda", "cuda:0"):
+        plan = resolve_precision(Section(), device)
+        assert (plan.mode, plan.use_scaler) == ("bf16", False)
+        assert resolve_precision("bf16", device).mode == "bf16"
+    plan = resolve_precision(Section(), "cuda:1")  # the T4: FP16 with a GradScaler
+    assert (plan.mode, plan.use_scaler) == ("fp16", True)
+    assert resolve_precision("bf16", "cuda:1").mode == "fp32"
+
+
 @pytest.mark.parametrize("device", ["cpu", "mps"])
 def test_auto_on_cpu_and_mps_is_fp32(device, caplog):
     plan = resolve_precision(Section(), device)
@@ -157,9 +185,13 @@ def test_auto_dtype_steers_cuda_only(fake_cuda, caplog):
     assert resolve_precision(Section(dtype="fp16"), "cuda").mode == "fp16"
     assert resolve_precision(Section(dtype="fp32"), "cuda").mode == "fp32"
     assert resolve_precision(Section(dtype="bf16"), "cpu").mode == "fp32"
+    assert resolve_precision(Section(dtype="bf16"), "mps").mode == "fp32"
+    # Each hint names what would give BF16 there: an explicit mode on CPU, nothing on MPS.
     assert fallbacks(caplog) == [
-        "precision auto (dtype bf16) on cpu falls back to fp32: auto precision is FP32 "
-        "on CPU and MPS; set precision.mode to request BF16"
+        "precision auto (dtype bf16) on cpu falls back to fp32: auto precision is FP32 on CPU "
+        "without a model to size; set precision.mode: bf16 to request BF16",
+        "precision auto (dtype bf16) on mps falls back to fp32: mixed precision is not "
+        "supported on MPS",
     ]
 
 

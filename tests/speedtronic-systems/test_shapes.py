@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from speedtronic_config import ConfigError
+from speedtronic_systems.parallel import check_batch_split
 from speedtronic_systems.precision import PrecisionPlan
 from speedtronic_systems.shapes import (
     ShapeProfile,
@@ -149,6 +150,25 @@ def test_batch_without_any_aligned_divisor_suggests_nothing_and_says_why():
     assert warning.suggested is None
     assert "no multiple of 8 divides data.target_batch_size=9" in warning.message
     assert "suggested" not in warning.message
+
+
+def test_batch_suggestion_divides_each_ranks_share_under_data_parallelism():
+    # Found: 2 ranks with a target of 48 were told to use micro batches of 16, which divide 48
+    # but not a rank's 24, so check_batch_split refused the advice.
+    config = Config()
+    config.data.micro_batch_size, config.data.target_batch_size = 14, 48
+    assert check(config).warnings[0].suggested == 16  # one process: 16 divides its 48
+    (warning,) = validate_startup_shapes(
+        config, MODEL, "cuda", BF16_CUDA, logger=RecordingLogger(), world_size=2
+    ).warnings
+    assert warning.suggested == 8
+    check_batch_split(48, warning.suggested, 2)  # the advice is a batch the ranks accept
+    config.data.micro_batch_size, config.data.target_batch_size = 3, 12  # 6 per rank
+    (warning,) = validate_startup_shapes(
+        config, MODEL, "cuda", BF16_CUDA, logger=RecordingLogger(), world_size=2
+    ).warnings
+    assert warning.suggested is None
+    assert "no multiple of 8 divides data.target_batch_size=12 / 2 ranks" in warning.message
 
 
 @given(micro=st.integers(1, 64), factor=st.integers(1, 16))

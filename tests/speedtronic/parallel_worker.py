@@ -113,6 +113,7 @@ def scenario_train(out: Path, mode: str) -> dict:
     seen["split_precision"] = split_precision(out, mode)
     seen["resume_apart"] = resume_apart(out, mode)
     seen["empty_shares"] = empty_shares(out, mode)
+    seen["memory_apart"] = memory_apart(out, mode)
     seen["compiled"] = compiled_difference(out, mode, params)
     if mode == "ddp":
         seen["own_loss"] = own_loss_step(trainer.parallel)
@@ -432,7 +433,7 @@ def split_precision(out: Path, mode: str) -> list[str]:
 
     native = int(os.environ["RANK"]) == 0
     saved = precision.cpu_bf16_supported, precision._cuda_bf16_supported
-    precision.cpu_bf16_supported = precision._cuda_bf16_supported = lambda: native
+    precision.cpu_bf16_supported = precision._cuda_bf16_supported = lambda *device: native
     try:
         values = config(out / "split", mode, model={"d_model": 256})
         values["logging"]["file"] = str(out / "split" / "train.log")
@@ -494,6 +495,26 @@ def empty_shares(out: Path, mode: str) -> list[list]:
             torch.distributed.barrier()  # every rank has cleaned up after itself
             seen.append([str(error), (out / f"shares_{name}").exists()])
     return seen
+
+
+def memory_apart(out: Path, mode: str) -> list:
+    """Return [error, marked as raised on every rank, run folder left behind] of build_runtime
+    when only rank 1's machine is too small for the run (nodes with different RAM): every rank
+    must refuse, not rank 1 alone while rank 0 goes on and waits for it in a collective.
+    """
+    from speedtronic_config import ConfigError
+    from speedtronic_systems import memory
+
+    saved = memory.device_memory
+    if int(os.environ["RANK"]) == 1:
+        memory.device_memory = lambda device: (1000, "cpu (RAM)")
+    try:
+        runtime.build_runtime(config(out / "memory_apart", mode))
+        return ["built", False, True]
+    except ConfigError as error:
+        return [str(error), raised_on_every_rank(error), (out / "memory_apart").exists()]
+    finally:
+        memory.device_memory = saved
 
 
 def wrong_order_is_refused(trainer) -> bool:

@@ -239,6 +239,14 @@ def test_a_split_that_leaves_a_rank_without_a_batch_is_refused_on_every_rank(tra
     assert [error for error, _ in one["empty_shares"]] == [few[0], few[0], validation[0]]
 
 
+def test_a_rank_whose_machine_is_too_small_refuses_on_every_rank(trained):
+    _, _, (zero, one) = trained
+    error, every, left = zero["memory_apart"]
+    assert one["memory_apart"] == [error, True, False] and every and not left
+    assert error.startswith("on rank 1, this run needs at least ")
+    assert "but cpu (RAM) has 1.0 kB" in error
+
+
 def test_fsdp_refuses_an_optimizer_built_before_wrapping(trained):
     mode, _, (zero, _) = trained
     if mode != "fsdp":

@@ -13,6 +13,7 @@ import torch
 
 from speedtronic_config import ConfigError, ModelConfig, resolve_section
 from speedtronic_config.errors import on_every_rank
+from speedtronic_systems.parallel import SINGLE, ParallelContext
 
 FP32_BYTES = 4
 TOKEN_BYTES = 8  # batches hold int64 input ids and labels
@@ -151,14 +152,35 @@ def _cgroup_limit() -> int | None:
     return None
 
 
-def check_training_memory(config: Any, device: torch.device | str) -> MemoryEstimate:
+def check_training_memory(
+    config: Any, device: torch.device | str, group: ParallelContext = SINGLE
+) -> MemoryEstimate:
     """Return the run's memory estimate; raise ConfigError, with the estimate and the limit, when
-    it exceeds what the device holds (unless run.memory_check is false).
+    it exceeds what the device holds (unless run.memory_check is false). Every rank of `group`
+    must call it: when any rank's device is too small, every rank raises the same error.
     """
     estimate = estimate_training_memory(config)
-    available = device_memory(device)
-    if not resolve_section(config, "run").memory_check or available is None:
+    if not resolve_section(config, "run").memory_check:
         return estimate
+    # Ranks can differ (GPUs of different sizes, nodes with different RAM or container limits):
+    # a rank refusing alone would leave its peers waiting for it in their next collective.
+    shortfalls = group.all_gather_object(_shortfall(estimate, device))
+    short = [rank for rank, shortfall in enumerate(shortfalls) if shortfall is not None]
+    if not short:
+        return estimate
+    problem, allowed = shortfalls[short[0]]
+    if len(short) < len(shortfalls):  # say whose device is too small
+        problem = f"on rank {', '.join(map(str, short))}, {problem}"
+    raise on_every_rank(ConfigError("", problem, allowed=allowed))
+
+
+def _shortfall(estimate: MemoryEstimate, device: torch.device | str) -> tuple[str, str] | None:
+    """Return (the problem, how to fix it) when `estimate` exceeds what this process may use of
+    `device`, else None (also when that is unknown).
+    """
+    available = device_memory(device)
+    if available is None:
+        return None
     limit, what = available
     has = format_bytes(limit)
     # Each CUDA process has a GPU of its own; every other device draws on the machine's one RAM,
@@ -167,19 +189,14 @@ def check_training_memory(config: Any, device: torch.device | str) -> MemoryEsti
     if local > 1:
         limit //= local
         has += f" shared by {local} processes on this machine ({format_bytes(limit)} each)"
-    if estimate.total > limit:
-        fewer = ", or fewer processes (--nproc-per-node)" if local > 1 else ""
-        # Every rank of a node computes it alike (total RAM, not free): the group reports it once.
-        raise on_every_rank(
-            ConfigError(
-                "",
-                f"this run needs at least {estimate.describe()} of memory, but {what} has {has}",
-                allowed="lower model.n_layer, model.d_model, model.vocab_size or "
-                f"data.micro_batch_size{fewer} (or set run.memory_check: false if the estimate is "
-                "wrong)",
-            )
-        )
-    return estimate
+    if estimate.total <= limit:
+        return None
+    fewer = ", or fewer processes (--nproc-per-node)" if local > 1 else ""
+    return (
+        f"this run needs at least {estimate.describe()} of memory, but {what} has {has}",
+        "lower model.n_layer, model.d_model, model.vocab_size or "
+        f"data.micro_batch_size{fewer} (or set run.memory_check: false if the estimate is wrong)",
+    )
 
 
 def _local_processes() -> int:

@@ -80,8 +80,15 @@ def _mps_available() -> bool:
     return bool(backend is not None and backend.is_available())
 
 
-def _cuda_bf16_supported() -> bool:
-    return bool(torch.cuda.is_bf16_supported())
+def _cuda_bf16_supported(device: torch.device) -> bool:
+    """Return True when the CUDA `device` (the current one without an index) has BF16 in
+    hardware: compute capability 8.0+, or any ROCm GPU.
+    """
+    # Not torch.cuda.is_bf16_supported(): since torch 2.3 it is also true where a BF16 tensor can
+    # merely be made (V100, T4), whose emulated BF16 matmuls are far slower than FP16's.
+    if torch.version.hip:
+        return True
+    return torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def _cuda_device_name(device: torch.device) -> str:
@@ -247,13 +254,14 @@ def resolve_precision(
     rather than making a run unusable.
     """
     mode, dtype = _read_section(config)
-    device_type = torch.device(device).type
+    device = torch.device(device)
+    device_type = device.type
     if mode == "auto":
-        return _resolve_auto(dtype, device_type, model)
+        return _resolve_auto(dtype, device, model)
     if mode == "fp32":
         return _plan("fp32", device_type)
     if device_type == "cuda":
-        if mode == "bf16" and not _cuda_bf16_supported():
+        if mode == "bf16" and not _cuda_bf16_supported(device):
             return _fallback("bf16", device_type, "this CUDA device does not support BF16", "fp32")
         return _plan(mode, device_type)
     if device_type == "cpu":
@@ -281,26 +289,29 @@ def resolve_precision(
 
 
 def _resolve_auto(
-    dtype: str | None, device_type: str, model: torch.nn.Module | None
+    dtype: str | None, device: torch.device, model: torch.nn.Module | None
 ) -> PrecisionPlan:
     """Apply auto's rules: CUDA BF16, else CUDA FP16 + GradScaler; on CPU BF16 where it is native
     and the model is wide enough to gain, else FP32; `dtype` steers CUDA only (`fp32` keeps FP32
     everywhere).
     """
+    device_type = device.type
     if device_type != "cuda":
         # A bf16/fp16 hint is for CUDA: on CPU the hardware and the model decide, as without one.
         if device_type == "cpu" and dtype != "fp32" and model is not None:
             return _cpu_auto(model)
         if dtype in ("bf16", "fp16"):
-            return _fallback(
-                f"auto (dtype {dtype})",
-                device_type,
-                "auto precision is FP32 on CPU and MPS; set precision.mode to request BF16",
-                "fp32",
+            # Only a CPU can be asked for BF16 explicitly; MPS falls back from it too.
+            why = (
+                "auto precision is FP32 on CPU without a model to size; set precision.mode: bf16 "
+                "to request BF16"
+                if device_type == "cpu"
+                else f"mixed precision is not supported on {device_type.upper()}"
             )
+            return _fallback(f"auto (dtype {dtype})", device_type, why, "fp32")
         return _plan("fp32", device_type)
     preferred = dtype or "bf16"
-    if preferred == "bf16" and not _cuda_bf16_supported():
+    if preferred == "bf16" and not _cuda_bf16_supported(device):
         return _fallback(
             "auto (bf16)", device_type, "this CUDA device does not support BF16", "fp16"
         )

@@ -206,8 +206,12 @@ def validate_startup_shapes(
     precision: PrecisionPlan,
     *,
     logger: Any | None = None,
+    world_size: int = 1,
 ) -> ShapeReport:
-    """Inspect effective shapes and return non-fatal efficiency warnings (each also logged once)."""
+    """Inspect effective shapes and return non-fatal efficiency warnings (each also logged once).
+    A suggested micro batch divides each of the `world_size` data-parallel ranks' share of the
+    target batch.
+    """
     settings = _settings(_get(config, "shape_validation"))
     profile = resolve_shape_profile(device, precision, requested_alignment=settings.alignment)
     report = ShapeReport(profile)
@@ -219,11 +223,14 @@ def validate_startup_shapes(
     micro, target = _int_or_none(data, "micro_batch_size"), _int_or_none(data, "target_batch_size")
     if settings.check_batch and micro:
         batch_align = min(align, _MAX_BATCH_ALIGNMENT)
-        suggested = _batch_suggestion(micro, target, batch_align)
+        # Each rank splits its share of the target into micro batches (check_batch_split).
+        share = target // world_size if target else None
+        suggested = _batch_suggestion(micro, share, batch_align)
         reason = "GEMM rows are micro_batch_size * block_size"
         if suggested is None:
+            ranks = f" / {world_size} ranks" if world_size > 1 else ""
             reason += (
-                f"; no multiple of {batch_align} divides data.target_batch_size={target}, "
+                f"; no multiple of {batch_align} divides data.target_batch_size={target}{ranks}, "
                 "change both"
             )
         _append_warning(

@@ -309,6 +309,7 @@ class Trainer:
             self.device,
             self.precision,
             logger=self.logger,
+            world_size=self.parallel.world_size,
         )
 
     def accumulation_steps(self) -> int:

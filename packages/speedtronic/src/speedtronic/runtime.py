@@ -127,7 +127,9 @@ def build_runtime(
     check_batch_split(
         config.data.target_batch_size, config.data.micro_batch_size, parallel.world_size
     )
-    check_training_memory(config, resolved)  # before anything is allocated (run.memory_check)
+    # Before anything is allocated (run.memory_check); when any rank's device is too small,
+    # every rank refuses.
+    check_training_memory(config, resolved, parallel)
     check_init_tokenizer(config)
     # A run refused from here on (a folder, the data, a checkpoint) leaves no new folder behind.
     outputs = NewOutputs(config)

@@ -787,3 +787,24 @@ def test_sigterm_to_a_worker_before_its_first_step_says_nothing_was_saved(tmp_pa
         "nothing was saved"
     ], tails([log])
     assert not (out / "checkpoints" / "latest").exists()
+
+
+def test_the_group_is_judged_by_the_ranks_that_failed_on_their_own(tmp_path, monkeypatch):
+    from speedtronic.worker_exits import PEER, RECORDS_ENV, read_records, record_exit, root_causes
+
+    monkeypatch.setenv(RECORDS_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    record_exit(PEER)
+    record_exit(1)  # main_entry's note after the peer branch's: the first one is kept
+    monkeypatch.setenv("RANK", "0")
+    record_exit(2)
+    records = read_records(tmp_path)
+    assert records == {0: "2", 1: PEER}
+    # Seen in CI: rank 0 refused a setting, and torchrun terminated it while it left, because
+    # rank 1 (stopped for it) aborted in gloo's teardown first: the group exited 1, not 2.
+    assert root_causes({0: -15, 1: -6}, records) == {2}
+    assert root_causes({0: 2, 1: -15}, {}) == {2, -15}  # without notes: torchrun's codes
+    assert root_causes({0: -15, 1: 1}, {1: "1"}) == {-15, 1}  # a failure of its own counts
+    monkeypatch.delenv(RECORDS_ENV)
+    record_exit(3)  # no launcher asked: nothing is written
+    assert read_records(tmp_path) == records

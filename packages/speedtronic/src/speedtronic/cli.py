@@ -29,6 +29,7 @@ from speedtronic.errors import (
 )
 from speedtronic.group_exit import exit_process, hold_process_group
 from speedtronic.launch import add_launch_arguments, launch, refuse_launch_flags_alone
+from speedtronic.worker_exits import PEER, record_exit
 
 
 class _Parser(argparse.ArgumentParser):
@@ -688,6 +689,7 @@ def _run(argv: Sequence[str] | None) -> int:
         if peer_failed(error):  # this rank's traceback says nothing of what failed
             run_failed = isinstance(error, RunFailed)  # else before or after the loop
             _report(args.command, _one_line(error) if run_failed else PEER_FAILED, error)
+            record_exit(PEER)  # the launcher judges the group by the rank that failed
             return RUNTIME_ERROR
         what = _one_line(error)
         if not isinstance(error, RunFailed):
@@ -760,8 +762,10 @@ def _rank_zero_printed(line: str, wait: float) -> bool:
 
 
 def main_entry() -> None:
-    """Console-script entry point: exit with main()'s code."""
-    exit_process(main())
+    """Console-script entry point: exit with main()'s code (noted for a launcher that asked)."""
+    code = main()
+    record_exit(code)
+    exit_process(code)
 
 
 __all__ = ["main", "main_entry"]

@@ -11,11 +11,15 @@ import argparse
 import contextlib
 import logging
 import math
+import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from speedtronic.errors import USAGE_ERROR, UsageError, print_line, signal_exit_code
+from speedtronic.worker_exits import RECORDS_ENV, read_records, root_causes
 
 # Launcher flag -> whether it takes a value.
 LAUNCH_FLAGS = {"--nproc-per-node": True, "--nnodes": True, "--rdzv-endpoint": True}
@@ -261,8 +265,9 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
     )
     agent_lines = _ExplainedWorkerExits()
     saved_before = _latest_checkpoint(config)
+    records = tempfile.mkdtemp(prefix="speedtronic-exits-")  # what each worker exits for
     try:
-        with _quiet_agent_lines(agent_lines):
+        with _quiet_agent_lines(agent_lines), _worker_env(RECORDS_ENV, records):
             run(parse_args(torchrun_arguments(args, argv, grace_s)))
     except SignalException as stop:  # the launcher was signalled; torchrun passed it on
         name = signal.Signals(stop.sigval).name
@@ -270,14 +275,16 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
             print_line(killed_line(args, name, agent_lines.killed, grace_s))
         return signal_exit_code(name)
     except ChildFailedError as failure:
-        codes = {info.exitcode for info in failure.failures.values()}
+        exits = {rank: info.exitcode for rank, info in failure.failures.items()}
+        codes = set(exits.values())
         stopped = preempted_exit_code(codes)
         if stopped is not None:  # the workers checkpointed and said how to resume
             if codes == {-signal.SIGTERM}:  # ...unless none was in its loop, which handles it
                 print_line(unhandled_stop_line(config, saved_before))
             return stopped
-        # Each said which setting to fix (torchrun stops the rest: -15); exit as one process does.
-        if codes - {-signal.SIGTERM} == {USAGE_ERROR}:
+        # Each rank that failed on its own said which setting to fix (torchrun stops the rest:
+        # -15; a rank whose peer failed is not one of them); exit as one process does.
+        if root_causes(exits, read_records(records)) - {-signal.SIGTERM} == {USAGE_ERROR}:
             outputs.remove()  # each refused before its first step: what check_launch made
             return USAGE_ERROR
         ranks = ", ".join(
@@ -286,7 +293,23 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
         raise RuntimeError(
             f"data-parallel workers failed: {ranks}; see their errors above"
         ) from None
+    finally:
+        shutil.rmtree(records, ignore_errors=True)
     return 0
+
+
+@contextlib.contextmanager
+def _worker_env(name: str, value: str) -> Iterator[None]:
+    """Set the environment variable `name` for the workers torchrun starts, then restore it."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def _latest_checkpoint(config: Any) -> tuple[Any, int] | None:

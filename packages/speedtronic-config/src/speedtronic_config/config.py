@@ -32,6 +32,7 @@ from speedtronic_config.sections import (
     RunConfig,
     SchedulerConfig,
     ShapeValidationConfig,
+    check_choice,
     derive,
 )
 from speedtronic_config.serialize import dump_yaml, redact, section_dict
@@ -125,15 +126,8 @@ class SpeedtronicConfig:
             self.gradient_checkpointing = self.model.gradient_checkpointing = True
 
     def _check_compile_mode(self) -> None:
+        check_choice(self, "compile_mode", COMPILE_MODES, path="compile_mode")
         mode = self.compile_mode
-        self.compile_mode = mode = mode.lower() if isinstance(mode, str) else mode
-        if mode not in COMPILE_MODES:
-            raise ConfigError(
-                "compile_mode",
-                "unsupported value",
-                value=mode,
-                allowed=f"choose one of {', '.join(COMPILE_MODES)}",
-            )
         if mode != "default" and self.compile is False:
             raise ConfigError(
                 "compile_mode",

@@ -73,9 +73,11 @@ def _not_blank(section: Any, *names: str) -> None:
         )
 
 
-def _choice(section: Any, name: str, choices: tuple[str, ...]) -> None:
+def check_choice(
+    section: Any, name: str, choices: tuple[str, ...], path: str | None = None
+) -> None:
     """Fold the field to lower case (`role: Master`, `optimizer: AdamW`) and check it is one of
-    `choices`.
+    `choices`; `path` names a field outside a section (the root's `compile_mode`).
     """
     value = getattr(section, name)
     if isinstance(value, str):
@@ -83,7 +85,7 @@ def _choice(section: Any, name: str, choices: tuple[str, ...]) -> None:
         setattr(section, name, value)
     _check(
         value in choices,
-        f"{section.SECTION}.{name}",
+        path or f"{section.SECTION}.{name}",
         "unsupported value",
         value,
         f"choose one of {', '.join(choices)}",
@@ -145,8 +147,8 @@ class RunConfig:
             self.device,
             "use auto, cpu, cuda, cuda:N or mps",
         )
-        _choice(self, "nonfinite_loss", ("stop", "skip"))
-        _choice(self, "cpu_allocator", ("auto", "caching", "default"))
+        check_choice(self, "nonfinite_loss", ("stop", "skip"))
+        check_choice(self, "cpu_allocator", ("auto", "caching", "default"))
 
 
 @dataclass
@@ -328,7 +330,7 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
-        _choice(self, "name", ("adamw", "muon"))
+        check_choice(self, "name", ("adamw", "muon"))
         _positive(self, "lr", "eps", "grad_clip", "muon_ns_steps", "muon_norm_eps", "adamw_lr")
         _at_most(self, 100, "muon_ns_steps")  # 5 is usual; each step is a few matmuls per matrix
         for index, beta in enumerate(self.betas):
@@ -380,7 +382,7 @@ class SchedulerConfig:
         following = self.__dict__.get("_auto_horizon")
         coerce_fields(self, self.SECTION)
         self.__dict__["_auto_horizon"] = following  # converting a value is no user assignment
-        _choice(self, "name", ("cosine", "constant", "wsd"))
+        check_choice(self, "name", ("cosine", "constant", "wsd"))
         _check(
             self.warmup_steps >= 0,
             "scheduler.warmup_steps",
@@ -433,9 +435,9 @@ class PrecisionConfig:
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
-        _choice(self, "mode", ("auto", "bf16", "fp16", "fp32"))
+        check_choice(self, "mode", ("auto", "bf16", "fp16", "fp32"))
         if self.dtype is not None:
-            _choice(self, "dtype", ("bf16", "fp16", "fp32"))
+            check_choice(self, "dtype", ("bf16", "fp16", "fp32"))
 
 
 @dataclass
@@ -554,7 +556,7 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
-        _choice(self, "data_parallel", ("none", "ddp", "fsdp"))
+        check_choice(self, "data_parallel", ("none", "ddp", "fsdp"))
         self.backend = self.backend.strip().lower()
         _check(
             bool(_BACKEND.fullmatch(self.backend)),
@@ -567,7 +569,7 @@ class ParallelConfig:
         _at_most(self, MAX_SECONDS, "timeout_s")
         for name in ("fsdp_param_dtype", "fsdp_reduce_dtype"):
             if getattr(self, name) is not None:
-                _choice(self, name, ("bf16", "fp16", "fp32"))
+                check_choice(self, name, ("bf16", "fp16", "fp32"))
 
 
 @dataclass
@@ -610,10 +612,10 @@ class DistributedConfig:
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
         # 2.0 names two ways to switch DiLoCo off with the section still present.
-        _choice(self, "mode", ("dumb_diloco", "disabled", "single"))
-        _choice(self, "role", ("single", "master", "worker"))
-        _choice(self, "transport", ("hub", "filesystem"))
-        _choice(self, "delta_upload_overflow", ("skip", "block"))
+        check_choice(self, "mode", ("dumb_diloco", "disabled", "single"))
+        check_choice(self, "role", ("single", "master", "worker"))
+        check_choice(self, "transport", ("hub", "filesystem"))
+        check_choice(self, "delta_upload_overflow", ("skip", "block"))
         if self.node_id is not None:
             _check(
                 bool(_NODE_ID.fullmatch(self.node_id)) and self.node_id not in {".", ".."},

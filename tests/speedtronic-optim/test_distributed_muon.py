@@ -145,7 +145,8 @@ def test_plain_and_sharded_matrices_of_one_shape_step_together(world_of_one, mod
         param.grad = grad.clone()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # auto mode warns that it does not split a mixed group
-        Muon(mixed, lr=0.1, ns_dtype=torch.float32, distributed=mode).step()
-    Muon(plain, lr=0.1, ns_dtype=torch.float32).step()
+        # weight_decay: its factor is a tensor, which DTensors take as a replicated scalar.
+        Muon(mixed, lr=0.1, weight_decay=0.1, ns_dtype=torch.float32, distributed=mode).step()
+    Muon(plain, lr=0.1, weight_decay=0.1, ns_dtype=torch.float32).step()
     torch.testing.assert_close(mixed[0].full_tensor(), plain[0].detach())
     torch.testing.assert_close(mixed[1].detach(), plain[1].detach())

@@ -70,6 +70,37 @@ def test_muon_plus_changes_direction_but_keeps_size() -> None:
     assert math.isclose(step_plus.norm().item(), step_plain.norm().item(), rel_tol=1e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("lr", [0.02, torch.tensor(0.02)])
+def test_16_bit_weight_decay_is_torch_muons(dtype: torch.dtype, lr) -> None:
+    # On CPU, torch._foreach_mul_ rounded a float factor to the parameters' dtype: in bf16
+    # 1 - 0.02 * 0.1 became 1 - 2**-8, twice the decay, unlike torch.optim.Muon's mul_.
+    torch.manual_seed(10)
+    start = torch.randn(24, 16).mul(3).to(dtype)
+    param = torch.nn.Parameter(start.clone())
+    param.grad = torch.zeros_like(param)  # only the decay acts
+    Muon([param], lr=lr, weight_decay=0.1).step()
+    expected = start.clone().mul_(1 - 0.02 * 0.1)  # what torch.optim.Muon does
+    assert not torch.equal(expected, start)
+    torch.testing.assert_close(param.detach(), expected, atol=0, rtol=0)
+
+
+def test_bf16_parameters_take_torch_muons_steps() -> None:
+    # 300 such steps left the weights at half the norm torch.optim.Muon's had.
+    torch.manual_seed(10)
+    start = torch.randn(24, 16).mul(3).bfloat16()
+    params = [torch.nn.Parameter(start.clone()) for _ in range(2)]
+    settings = dict(lr=0.02, weight_decay=0.1, momentum=0.9)
+    ours = Muon([params[0]], ns_dtype=torch.bfloat16, ns_method="standard", **settings)
+    theirs = torch.optim.Muon([params[1]], **settings)
+    for _ in range(3):
+        grad = torch.randn(24, 16).bfloat16()
+        for param, optimizer in zip(params, (ours, theirs), strict=True):
+            param.grad = grad.clone()
+            optimizer.step()
+    torch.testing.assert_close(params[0], params[1], atol=0, rtol=0)
+
+
 def test_weight_decay_is_decoupled_and_uses_unscaled_lr() -> None:
     param = torch.nn.Parameter(torch.ones(8, 2))
     optimizer = Muon([param], lr=0.1, weight_decay=0.5)
@@ -142,6 +173,28 @@ def test_state_dict_round_trip() -> None:
     torch.testing.assert_close(
         restored.state[clone]["momentum_buffer"], optimizer.state[param]["momentum_buffer"]
     )
+
+
+def test_a_state_saved_for_parameters_in_another_order_is_refused_when_loaded() -> None:
+    # torch.optim pairs saved and live parameters by position: groups built in another order
+    # loaded, then every step() failed with a bare broadcasting error.
+    def build(order: list[int]) -> tuple[Muon, list[torch.nn.Parameter]]:
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(8, 6)), torch.nn.Parameter(torch.randn(6, 8))]
+        groups = [{"params": [params[0]]}, {"params": [params[1]], "lr": 0.01}]
+        return Muon([groups[i] for i in order], lr=0.02), params
+
+    saved, params = build([0, 1])
+    for param in params:
+        param.grad = torch.randn_like(param)
+    saved.step()
+    state = copy.deepcopy(saved.state_dict())
+    swapped, _ = build([1, 0])
+    fresh = copy.deepcopy(swapped.state_dict())
+    with pytest.raises(ValueError, match=r"group 0 has shape \(6, 8\).*\(8, 6\).*order"):
+        swapped.load_state_dict(state)
+    assert swapped.state_dict() == fresh  # nothing was loaded
+    build([0, 1])[0].load_state_dict(state)  # the saved order loads
 
 
 def test_loading_state_keeps_the_split_mode() -> None:
@@ -282,6 +335,7 @@ def test_per_group_options_are_checked_when_the_group_is_added(group, error, fra
         ({"ns_coefficients": [(1.0, 2.0)]}, ValueError, "Muon ns_coefficients"),
         ({"ns_coefficients": None}, ValueError, "Muon ns_coefficients"),
         ({"ns_coefficients": torch.ones(5, 2)}, ValueError, r"got a tensor of shape \(5, 2\)$"),
+        ({"ns_coefficients": [(3.4445, -4.775, float("nan"))]}, ValueError, "Muon ns_coefficients"),
         ({"distributed": "no"}, TypeError, "Muon distributed"),
     ],
 )

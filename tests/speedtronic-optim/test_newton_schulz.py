@@ -131,6 +131,19 @@ def test_custom_coefficients_and_errors() -> None:
         newton_schulz(g, coefficients="fastest")
     with pytest.raises(ValueError, match=r"\(a, b, c\)"):
         newton_schulz(g, coefficients=[(1.0, 2.0)])
+    # A NaN or infinite coefficient would turn every update (and then the weights) into NaN.
+    for bad in ([(float("nan"), -4.775, 2.0315)], (3.4445, float("inf"), 2.0315)):
+        with pytest.raises(ValueError, match="finite"):
+            newton_schulz(g, coefficients=bad)
+
+
+def test_one_triple_is_taken_as_torch_optim_muon_takes_it() -> None:
+    # torch.optim.Muon(ns_coefficients=(a, b, c)): one triple, reused every step.
+    g = torch.randn(8, 12)
+    torch.testing.assert_close(
+        newton_schulz(g, coefficients=(3.4445, -4.7750, 2.0315)),
+        newton_schulz(g, coefficients="reference"),
+    )
     with pytest.raises(ValueError, match="method"):
         newton_schulz(g, method="svd")
     with pytest.raises(ValueError, match="shape"):

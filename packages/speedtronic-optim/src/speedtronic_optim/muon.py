@@ -68,9 +68,28 @@ def _check_options(owner: str, options: dict[str, Any]) -> None:
             coefficient_schedule(coefficients, 1)
         except (TypeError, ValueError):
             raise ValueError(
-                f"{owner} ns_coefficients: expected one of 'reference', 'polar_express' or a "
-                f"non-empty sequence of (a, b, c) triples, got {show_value(coefficients)}"
+                f"{owner} ns_coefficients: expected 'reference', 'polar_express', one (a, b, c) "
+                f"triple of finite numbers or a non-empty sequence of them, got "
+                f"{show_value(coefficients)}"
             ) from None
+
+
+def _check_momentum_shapes(groups: list[dict[str, Any]], state: dict[Any, Any]) -> None:
+    """Raise unless every parameter's momentum has its shape: torch.optim pairs saved and live
+    parameters by position, so groups built in another order than the saved run's load, and
+    every step() then fails with a bare broadcasting error.
+    """
+    for group_index, group in enumerate(groups):
+        for index, param in enumerate(group["params"]):
+            held = state.get(param)
+            buffer = held.get("momentum_buffer") if isinstance(held, dict) else None
+            if isinstance(buffer, torch.Tensor) and buffer.shape != param.shape:
+                raise ValueError(
+                    f"Muon.load_state_dict: parameter {index} of group {group_index} has shape "
+                    f"{tuple(param.shape)} but its saved momentum {tuple(buffer.shape)}: the "
+                    "state was saved with the groups or parameters in another order; build the "
+                    "optimizer with them in the saved run's order"
+                )
 
 
 def adjusted_lr(lr: float, rule: str, shape: torch.Size) -> float:
@@ -116,7 +135,7 @@ class Muon(Optimizer):
         *,
         adjust_lr: str = "original",
         normalize_mode: str = "row_col",
-        ns_coefficients: str | Sequence[Coefficients] = "reference",
+        ns_coefficients: str | Coefficients | Sequence[Coefficients] = "reference",
         ns_method: str = "auto",
         ns_dtype: torch.dtype | None = None,
         transposed: bool = False,
@@ -158,6 +177,8 @@ class Muon(Optimizer):
         """Restore a pickled Muon (one pickled before the split mode existed runs in auto mode),
         or load_state_dict's groups and state (the split mode is kept: it is not saved).
         """
+        # load_state_dict hands its result here, after its pre-hooks and before anything changes.
+        _check_momentum_shapes(state.get("param_groups", []), state.get("state", {}))
         mode = {name: self.__dict__.get(name) for name in ("distributed", "process_group")}
         super().__setstate__({**mode, **state})
         # Groups saved before an option existed (2.0's Muon) take this optimizer's value.
@@ -300,7 +321,13 @@ class Muon(Optimizer):
         if group["transposed"]:
             shape = torch.Size((shape[-1], shape[-2]))
         if weight_decay:
-            torch._foreach_mul_(params, 1 - lr * weight_decay)
+            decay = 1 - lr * weight_decay
+            # A tensor factor: on CPU _foreach_mul_ rounds a float one to the parameters' dtype
+            # (bf16: 1 - 0.002 became 1 - 2**-8, twice the decay); torch.optim.Muon's mul_ and a
+            # tensor factor multiply in float32.
+            if not isinstance(decay, torch.Tensor):
+                decay = torch.tensor(decay, dtype=torch.float64)
+            torch._foreach_mul_(params, decay)
         torch._foreach_add_(params, updates, alpha=-adjusted_lr(lr, group["adjust_lr"], shape))
 
 

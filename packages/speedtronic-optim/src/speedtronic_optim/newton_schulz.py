@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -56,10 +58,11 @@ def fast_work_dtype(device: torch.device) -> torch.dtype:
 
 
 def coefficient_schedule(
-    coefficients: str | Sequence[Coefficients], steps: int
+    coefficients: str | Coefficients | Sequence[Coefficients], steps: int
 ) -> list[Coefficients]:
-    """Return the (a, b, c) triple of each of `steps` iterations; ValueError for an unknown set
-    name or a malformed sequence.
+    """Return the (a, b, c) triple of each of `steps` iterations from a set name, one triple
+    (``torch.optim.Muon``'s ``ns_coefficients``) or a sequence of triples (the last one repeats);
+    ValueError for an unknown name or anything else.
     """
     if isinstance(coefficients, str):
         if coefficients not in COEFFICIENT_SETS:
@@ -69,11 +72,18 @@ def coefficient_schedule(
             )
         table = COEFFICIENT_SETS[coefficients]
     else:
-        # type: ignore[misc]
-        table = tuple(tuple(float(v) for v in triple) for triple in coefficients)
-        if not table or any(len(triple) != 3 for triple in table):
+        try:
+            triples = list(coefficients)
+            if triples and all(isinstance(v, numbers.Real) for v in triples):
+                triples = [triples]  # one triple, as torch.optim.Muon takes it
+            table = tuple(tuple(float(v) for v in triple) for triple in triples)
+        except (TypeError, ValueError):
+            table = ()
+        # A NaN or infinite coefficient would make every update, then the weights, NaN.
+        if not table or any(len(t) != 3 or not all(map(math.isfinite, t)) for t in table):
             raise ValueError(
-                "Newton-Schulz coefficients must be a non-empty sequence of (a, b, c) triples"
+                "Newton-Schulz coefficients must be one (a, b, c) triple of finite numbers or a "
+                "non-empty sequence of them"
             )
     return [table[min(i, len(table) - 1)] for i in range(steps)]
 
@@ -129,7 +139,7 @@ def orthogonalize(
     steps: int = 5,
     eps: float = 1e-7,
     *,
-    coefficients: str | Sequence[Coefficients] = "reference",
+    coefficients: str | Coefficients | Sequence[Coefficients] = "reference",
     method: str = "auto",
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
@@ -177,19 +187,20 @@ def newton_schulz(
     steps: int = 5,
     eps: float = 1e-7,
     *,
-    coefficients: str | Sequence[Coefficients] = "reference",
+    coefficients: str | Coefficients | Sequence[Coefficients] = "reference",
     method: str = "auto",
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Return an approximate orthogonal polar factor of ``matrix`` (same shape/dtype; pure).
 
-    ``coefficients`` is ``"reference"`` (3.4445, -4.7750, 2.0315), ``"polar_express"`` or a
-    sequence of (a, b, c) triples; ``method`` is ``"standard"``, ``"gram"`` (iterate on X X^T,
-    cheaper for rectangular matrices; float32/float64 only) or ``"auto"`` (Gram where it is
-    cheaper and the work dtype allows it); ``dtype`` is the work precision: by default
-    :func:`fast_work_dtype` (bf16 as ``torch.optim.Muon`` on GPUs and BF16-capable CPUs, float32
-    elsewhere) for the reference coefficients and float32 for Polar Express, whose early steps
-    amplify bf16 rounding, and for ``method="gram"``.
+    ``coefficients`` is ``"reference"`` (3.4445, -4.7750, 2.0315), ``"polar_express"``, one
+    (a, b, c) triple (as ``torch.optim.Muon`` takes) or a sequence of them; ``method`` is
+    ``"standard"``, ``"gram"`` (iterate on X X^T, cheaper for rectangular matrices;
+    float32/float64 only) or ``"auto"`` (Gram where it is cheaper and the work dtype allows it);
+    ``dtype`` is the work precision: by default :func:`fast_work_dtype` (bf16 as
+    ``torch.optim.Muon`` on GPUs and BF16-capable CPUs, float32 elsewhere) for the reference
+    coefficients and float32 for Polar Express, whose early steps amplify bf16 rounding, and for
+    ``method="gram"``.
     """
     result = orthogonalize(
         matrix, steps, eps, coefficients=coefficients, method=method, dtype=dtype

@@ -147,6 +147,37 @@ def test_files_deleted_mid_run_are_written_again(tmp_path):
     assert stream.getvalue().count("was deleted during the run") == 2
 
 
+def test_records_of_steps_after_a_resume_are_set_aside_and_the_file_stays_in_use(tmp_path):
+    path, aside = tmp_path / "metrics.jsonl", tmp_path / "aside" / "superseded.jsonl"
+    # Three attempts: 1-6, then 3-4 from an older checkpoint, then steps past the step resumed at
+    # (the last one cut short by the crash), and lines without a step.
+    lines = [json.dumps({"event": "train_step", "step": s}) for s in (1, 2, 3, 4, 5, 6, 3, 4)]
+    lines[5:5] = ['{"event": "diloco/outer_round", "outer_step": 1}', "not json", "[4]"]
+    path.write_text("\n".join(lines) + '\n{"event": "train_step", "st')
+    logger = MetricLogger(stream=io.StringIO(), json_file=str(path))
+    assert logger.set_aside_records_after(2, aside) == 7
+    logger.emit("train_step", {"step": 3})
+    logger.close()
+    kept = path.read_text().splitlines()
+    assert kept == [*lines[:2], *lines[5:8], kept[-1]] and json.loads(kept[-1])["step"] == 3
+    moved = aside.read_text().splitlines()
+    assert moved == [*lines[2:5], *lines[8:], '{"event": "train_step", "st']
+    assert MetricLogger(json_file=str(path)).set_aside_records_after(3, aside) == 0
+    assert MetricLogger().set_aside_records_after(0, aside) == 0  # no file: nothing to move
+
+
+def test_a_failed_set_aside_leaves_the_records_in_place(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"event": "train_step", "step": 1}\n{"event": "train_step", "step": 2}\n')
+    (tmp_path / "folder").mkdir()
+    logger = MetricLogger(stream=io.StringIO(), json_file=str(path))
+    with pytest.raises(OSError):
+        logger.set_aside_records_after(1, tmp_path / "folder")  # a folder is in the way
+    logger.emit("train_step", {"step": 2})
+    logger.close()
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 2]
+
+
 def test_jsonl_records_are_strict_json(tmp_path):
     # json.dumps writes NaN/Infinity, which jq and JSON.parse refuse (the whole file with them).
     path = tmp_path / "metrics.jsonl"

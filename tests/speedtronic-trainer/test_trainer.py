@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 import sys
@@ -309,6 +310,22 @@ def test_fit_warns_that_a_model_in_eval_mode_trains_without_dropout():
     trainer.model.train()
     trainer.fit(2)
     assert stream.getvalue().count("eval mode") == 1
+
+
+def test_validation_gives_each_module_back_its_own_mode():
+    # A part kept in eval mode on purpose (no warning: the model trains) came out of the first
+    # validation in training mode, as model.train() leaves every submodule.
+    model = TinyLM(dropout=0.5)
+    model.drop.eval()
+    trainer = make_trainer(
+        model, eval_dataloader=make_loader(), sections={"data": {"eval_every": 1, "eval_steps": 1}}
+    )
+    trainer.fit(1)
+    assert hook_of(trainer).values("eval", "step") == [1]
+    assert model.training and not model.drop.training and model.head.training
+    model.eval()
+    trainer.evaluate()
+    assert not any(module.training for module in model.modules())
 
 
 def test_compile_construction_failure_falls_back_to_eager(monkeypatch):
@@ -1063,16 +1080,29 @@ class FailingDataset(TokenDataset):
         return super().__getitem__(i)
 
 
-def test_a_failure_mid_step_saves_the_previous_step_exactly(tmp_path):
+@pytest.mark.parametrize("failing_in", ["read", "forward"])
+def test_a_failure_mid_step_saves_the_previous_step_exactly(tmp_path, failing_in):
     # #19: an error during training saved nothing, losing every step since the last checkpoint.
     torch.manual_seed(0)
     whole = build_run(tmp_path / "a", every_steps=100)
     whole.fit(7)
-    # Step 5's second micro-batch fails (4 reads per step): step 4 is the last sound state, and
-    # the data position and RNG the failed step had consumed are rewound.
+    # Step 5's second micro-batch fails (4 reads, 2 forwards per step), in its read or in its
+    # forward (an out-of-memory error) after the first one's dropout drew from the RNG: step 4 is
+    # the last sound state, and the data position and RNG the failed step had consumed are
+    # rewound (the RNG captured as each step begins: the one at the failure is a draw ahead).
     torch.manual_seed(0)
-    failing = build_run(tmp_path / "b", dataset=FailingDataset(19, n=10), every_steps=100)
-    with pytest.raises(ValueError, match="bad sample"):
+    dataset = FailingDataset(19 if failing_in == "read" else None, n=10)
+    failing = build_run(tmp_path / "b", dataset=dataset, every_steps=100)
+    forwards, forward = itertools.count(1), failing.model.forward
+
+    def out_of_memory_in_the_tenth(*args, **kwargs):
+        output = forward(*args, **kwargs)
+        if next(forwards) == 10 and failing_in == "forward":
+            raise RuntimeError("CUDA out of memory")
+        return output
+
+    failing.model.forward = out_of_memory_in_the_tenth
+    with pytest.raises((ValueError, RuntimeError), match="bad sample|out of memory"):
         failing.fit(7)
     assert failing.emergency_checkpoint == tmp_path / "b" / "step_4.pt"
     assert CheckpointManager(tmp_path / "b").load_latest()["step"] == 4

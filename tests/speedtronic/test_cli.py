@@ -640,37 +640,62 @@ def test_metrics_follow_a_run_folder_named_with_characters_outside_the_bmp(tmp_p
     assert (run / "metrics.jsonl").stat().st_size > 0
 
 
-def test_a_fresh_run_sets_an_earlier_runs_metrics_aside_and_a_resume_appends(tmp_path, capsys):
+def test_a_fresh_run_sets_an_earlier_runs_metrics_aside_and_a_resume_logs_each_step_once(
+    tmp_path, capsys, monkeypatch
+):
+    import errno
+
+    import speedtronic_trainer.checkpoint as checkpoint
     from speedtronic.cli import main
 
     run = tmp_path / "run"
     argv = ["train", str(ROOT / "configs" / "smoke.yaml"), "--device", "cpu"]
     argv += ["--set", f"run.output_dir={run}", "--set", "checkpoint.every_steps=2"]
 
-    def steps(path: Path) -> list[int]:
+    def steps(path: Path, event: str = "train_step") -> list[int]:
         records = [json.loads(line) for line in path.read_text().splitlines()]
-        return [r["step"] for r in records if r["event"] == "train_step"]
+        return [r["step"] for r in records if r["event"] == event]
 
     assert main([*argv, "--max-steps", "2"]) == 0
     assert "held an earlier run" not in capsys.readouterr().err
-    assert main([*argv, "--max-steps", "3", "--resume"]) == 0  # continues: the same file
-    assert "held an earlier run" not in capsys.readouterr().err
-    assert steps(run / "metrics.jsonl") == [1, 2, 3]
+    # A crash: steps 3 and 4 are logged, then their checkpoint finds the disk full (no emergency
+    # checkpoint after a failed save), so the run resumes at step 2 and logs 3 and 4 again.
+    with monkeypatch.context() as patch:
+        full = OSError(errno.ENOSPC, "No space left on device")
+        save = checkpoint.atomic_torch_save
+        patch.setattr(
+            checkpoint,
+            "atomic_torch_save",
+            lambda state, path: save(state, path) if state["step"] < 4 else _raise(full),
+        )
+        assert main([*argv, "--max-steps", "5", "--resume"]) == 1
+    assert steps(run / "metrics.jsonl") == [1, 2, 3, 4]
+    capsys.readouterr()
+    assert main([*argv, "--max-steps", "5", "--resume"]) == 0  # continues: the same file
+    err = capsys.readouterr().err
+    assert "held an earlier run" not in err
+    assert steps(run / "metrics.jsonl") == [1, 2, 3, 4, 5]  # each step once, in order
+    assert steps(run / "metrics.jsonl", "checkpoint") == [2, 4, 5]
+    (superseded,) = run.glob("metrics-superseded-*.jsonl")  # nothing of the crashed run is lost
+    assert f"resumed at step 2; {run / 'metrics.jsonl'} held 2 records" in err
+    assert f"moved to {superseded.name}" in err
+    assert steps(superseded) == [3, 4]
+    superseded.unlink()
     missing = ["--set", f"data.shard_path={tmp_path / 'none_*.bin'}"]
     assert main([*argv, "--max-steps", "2", *missing]) == 2  # a fresh run that never started
-    assert steps(run / "metrics.jsonl") == [1, 2, 3] and not list(run.glob("metrics-*"))
+    assert steps(run / "metrics.jsonl") == [1, 2, 3, 4, 5] and not list(run.glob("metrics-*"))
     capsys.readouterr()
     assert main([*argv, "--max-steps", "2"]) == 0  # a fresh run in the same folder
     err = capsys.readouterr().err
     (kept,) = run.glob("metrics-*.jsonl")
     assert f"{run / 'metrics.jsonl'} held an earlier run's metrics; kept as {kept.name}" in err
-    assert steps(kept) == [1, 2, 3]
+    assert steps(kept) == [1, 2, 3, 4, 5]
     assert steps(run / "metrics.jsonl") == [1, 2]  # this run alone
     # Last written in the same second as the kept file: a kept file is never overwritten.
     stamp = time.mktime(time.strptime(kept.stem.removeprefix("metrics-"), "%Y%m%d-%H%M%S"))
     os.utime(run / "metrics.jsonl", (stamp, stamp))
     assert main([*argv, "--max-steps", "1"]) == 0
-    assert steps(kept) == [1, 2, 3]
+    assert steps(kept) == [1, 2, 3, 4, 5]
     assert steps(kept.with_name(f"{kept.stem}-1.jsonl")) == [1, 2]
 
     # A file the config names is the user's: appended to, as in 2.0.
@@ -679,6 +704,32 @@ def test_a_fresh_run_sets_an_earlier_runs_metrics_aside_and_a_resume_appends(tmp
         assert main([*argv, "--max-steps", "1", "--set", f"logging.json_file={named}"]) == 0
     assert steps(named) == [1, 1]
     assert len(list(run.glob("metrics-*.jsonl"))) == 2
+
+
+def test_a_resume_that_cannot_set_superseded_records_aside_says_so_and_trains_on(
+    tmp_path, capsys, monkeypatch
+):
+    import errno
+    from types import SimpleNamespace
+
+    import speedtronic_trainer.metric_logger as metric_logger
+    from speedtronic.cli import _set_aside_superseded_metrics
+
+    metrics = tmp_path / "metrics.jsonl"
+    records = "".join(json.dumps({"event": "train_step", "step": s}) + "\n" for s in (1, 2, 3))
+    metrics.write_text(records)
+    logger = metric_logger.MetricLogger(stream=io.StringIO(), json_file=str(metrics))
+
+    def disk_full(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(metric_logger, "atomic_write_bytes", disk_full)
+    _set_aside_superseded_metrics(SimpleNamespace(logger=logger, step=2), metrics)
+    err = capsys.readouterr().err
+    assert f"warning: the records of the steps after 2 stay in {metrics} ([Errno 28]" in err
+    logger.emit("train_step", {"step": 3})
+    logger.close()
+    assert metrics.read_text().startswith(records) and list(tmp_path.iterdir()) == [metrics]
 
 
 def test_every_option_has_help_and_sample_states_what_the_docs_say():
@@ -1063,3 +1114,7 @@ def test_wandb_without_an_api_key_is_a_usage_error(tmp_path, capsys, monkeypatch
         "account, or remove wandb from logging.hooks\n"
     )
     assert not (tmp_path / "run").exists()  # refused before training: nothing left behind
+
+
+def _raise(error: BaseException) -> None:
+    raise error

@@ -27,8 +27,10 @@ class StepGuard:
     start: dict[str, Any] = field(default_factory=dict)
 
     def begin(self, data_state: dict[str, Any] | None) -> None:
-        """Start a step; record its starting data position and RNG (about 0.1 ms) unless
-        data_state is None: nothing will be saved from this step.
+        """Start a step; record its starting data position and RNG unless data_state is None:
+        nothing will be saved from this step. Every step: a failure after a draw (dropout, then an
+        out-of-memory) cannot rewind the RNG otherwise. About 45 us on CPU, 3/4 of it NumPy's
+        get_state; CUDA generator states are host-side (seed, offset): no device copy or sync.
         """
         self.start = {} if data_state is None else {"data": data_state, "rng": capture_rng_state()}
         self.phase = FORWARD

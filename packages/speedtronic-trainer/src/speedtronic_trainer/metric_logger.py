@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from speedtronic_config import LoggingConfig, resolve_section
+from speedtronic_config.atomic import atomic_write_bytes
 from speedtronic_trainer.hooks import deliver, hook_name
 from speedtronic_trainer.progress import write_beside_bars
 
@@ -97,6 +98,40 @@ class MetricLogger:
                 "run; writing to a new file from here on (the earlier lines are gone)\n"
             )
         return reopened
+
+    def set_aside_records_after(self, step: int, destination: str | os.PathLike[str]) -> int:
+        """Move the JSONL file's records of steps after `step` to `destination`; return how many
+        lines moved (0: nothing written).
+
+        For a run resumed from its checkpoint of `step`: it logs the later steps again, so the
+        records an earlier attempt wrote for them (before a crash, or past an older checkpoint)
+        would stand twice. A last line without its newline (a write the crash cut short) moves
+        too; lines without a step stay. `destination` is written first, then the file is
+        replaced atomically: a failure leaves the file as it was.
+        """
+        with self._lock:
+            if self._json is None:
+                return 0
+            self._json.flush()
+            path = Path(self.json_file)  # type: ignore[arg-type]
+            *lines, cut_short = path.read_bytes().split(b"\n")
+            kept, moved = bytearray(), bytearray()
+            for line in lines:
+                (moved if _record_step(line) > step else kept).extend(line + b"\n")
+            if cut_short:
+                moved.extend(cut_short + b"\n")
+            if not moved:
+                return 0
+            atomic_write_bytes(destination, bytes(moved))
+            try:
+                atomic_write_bytes(path, bytes(kept))
+            except BaseException:
+                Path(destination).unlink(missing_ok=True)  # the records are all still in place
+                raise
+            # The open handle appends to the replaced file: write to the new one from here on.
+            self._json.close()
+            self._json = self._open(self.json_file)
+            return moved.count(b"\n")
 
     def wants_step(self, step: int) -> bool:
         """Return True when a train_step record for `step` is due under every_steps."""
@@ -198,6 +233,16 @@ class MetricLogger:
                         self._write_text(
                             logging.WARNING, f"hook {hook_name(hook)} failed to close: {exc}"
                         )
+
+
+def _record_step(line: bytes) -> float:
+    """Return the integer `step` of a JSONL record line; -inf for any other line."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return -math.inf
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else -math.inf
 
 
 def _strict_json(value: Any) -> Any:

@@ -657,6 +657,9 @@ class Trainer:
             return None, None
         limit = max_batches if max_batches is not None else self.config.data.eval_steps
         was_training = self.model.training
+        # Each module's own mode, given back after: model.train() alone would also switch on the
+        # parts a model keeps in eval mode on purpose (a frozen backbone's dropout or batch norm).
+        modes = [(module, module.training) for module in self.model.modules()]
         self.model.eval()
         total = weight = 0.0
         stop = None
@@ -706,7 +709,9 @@ class Trainer:
                 share = float(count if count is not None else batch_size_and_tokens(batch)[0])
                 total, weight = total + loss * share, weight + share
         finally:
-            self.model.train(was_training)
+            self.model.train(was_training)  # as eval() went: through any train() override
+            for module, training in modes:
+                module.training = training
         if stop is not None:
             return None, stop
         total, weight = self.parallel.all_reduce_sum([total, weight])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import os
 import re
 import shutil
@@ -426,6 +425,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     trainer, _ = build_runtime(config, resume=args.resume, max_steps=args.max_steps)
     if announce and metrics is not None and trainer.step == 0:  # built, and not resumed
         _set_aside_earlier_metrics(metrics)
+    elif announce and metrics is not None:
+        _set_aside_superseded_metrics(trainer, metrics)
     if trainer.parallel.mode != "none":
         hold_process_group(trainer)  # never destroyed here: see speedtronic.group_exit
     try:
@@ -454,12 +455,7 @@ def _set_aside_earlier_metrics(metrics: Path) -> None:
     """
     if not metrics.is_file() or metrics.stat().st_size == 0:
         return
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(metrics.stat().st_mtime))
-    kept = metrics.with_name(f"metrics-{stamp}.jsonl")
-    for number in itertools.count(1):
-        if not kept.exists():
-            break
-        kept = metrics.with_name(f"metrics-{stamp}-{number}.jsonl")
+    kept = _name_beside(metrics, "")
     # Copied, then emptied in place: the run's logger already holds the file open for appending
     # (a rename would carry its records along), and a failed copy leaves the records in place.
     shutil.copy2(metrics, kept)
@@ -469,6 +465,43 @@ def _set_aside_earlier_metrics(metrics: Path) -> None:
         "(pass --resume to continue that run instead)",
         file=sys.stderr,
     )
+
+
+def _set_aside_superseded_metrics(trainer: Any, metrics: Path) -> None:
+    """Move the records of the steps after a resumed run's checkpoint (an earlier attempt's,
+    which this run trains again) from its metrics file to metrics-superseded-<time it was last
+    written>.jsonl beside it, so the file holds one record per step.
+    """
+    if not metrics.is_file():
+        return
+    kept = _name_beside(metrics, "superseded-")
+    try:
+        moved = trainer.logger.set_aside_records_after(trainer.step, kept)
+    except OSError as error:  # the run can still train: the plot keeps the last record per step
+        print(
+            f"speedtronic train: warning: the records of the steps after {trainer.step} stay in "
+            f"{metrics} ({error}); the records this run writes for them follow",
+            file=sys.stderr,
+        )
+        return
+    if moved:
+        print(
+            f"speedtronic train: resumed at step {trainer.step}; {metrics} held {moved} records of "
+            f"the steps after it, moved to {kept.name}",
+            file=sys.stderr,
+        )
+
+
+def _name_beside(metrics: Path, label: str) -> Path:
+    """Return metrics-<label><time metrics was last written>.jsonl beside it, with -1, -2, ...
+    after the time where that file exists: a file set aside is never overwritten.
+    """
+    stamp = label + time.strftime("%Y%m%d-%H%M%S", time.localtime(metrics.stat().st_mtime))
+    kept, number = metrics.with_name(f"metrics-{stamp}.jsonl"), 0
+    while kept.exists():
+        number += 1
+        kept = metrics.with_name(f"metrics-{stamp}-{number}.jsonl")
+    return kept
 
 
 def _warn_synthetic_data(config: Any) -> None:

@@ -114,10 +114,13 @@ def scenario_train(out: Path, mode: str) -> dict:
     seen["resume_apart"] = resume_apart(out, mode)
     seen["empty_shares"] = empty_shares(out, mode)
     seen["memory_apart"] = memory_apart(out, mode)
+    seen["init_tokenizer_apart"] = init_tokenizer_apart(out, mode)
+    seen["compile_failed"] = compile_failed_on_first_use(out, mode)
     seen["compiled"] = compiled_difference(out, mode, params)
     if mode == "ddp":
         seen["own_loss"] = own_loss_step(trainer.parallel)
         seen["forward_buffer_sync"] = forward_buffer_sync(trainer)
+        seen["stage_roots"] = stage_roots(trainer)
     if mode == "fsdp":
         seen["wrong_order_refused"] = wrong_order_is_refused(trainer)
         seen["read_alone"] = read_sharded_checkpoint_alone(trainer, params)
@@ -515,6 +518,73 @@ def memory_apart(out: Path, mode: str) -> list:
         return [str(error), raised_on_every_rank(error), (out / "memory_apart").exists()]
     finally:
         memory.device_memory = saved
+
+
+def init_tokenizer_apart(out: Path, mode: str) -> list | None:
+    """Return [error, marked as raised on every rank] of build_runtime when model.init_from
+    names a folder that only rank 1's node lacks a config.json in (no shared filesystem): every
+    rank must refuse, not rank 1 alone while rank 0 waits for it. None without the tokenizers
+    package (the check then reads nothing).
+    """
+    import importlib.util
+
+    from speedtronic_config import ConfigError
+
+    if importlib.util.find_spec("tokenizers") is None:
+        return None
+    folder = out / f"init_from_rank{os.environ['RANK']}"
+    folder.mkdir()
+    if int(os.environ["RANK"]) == 0:
+        (folder / "config.json").write_text("{}")
+    try:
+        runtime.build_runtime(config(out / "init_apart", mode, model={"init_from": f"hf:{folder}"}))
+        return ["built", False]
+    except ConfigError as error:
+        return [str(error), raised_on_every_rank(error)]
+
+
+def compile_failed_on_first_use(out: Path, mode: str) -> str:
+    """Return what fit() raised when the compiled model failed on its first use on every rank,
+    after the forward's collectives ran (as when inductor fails on the graph after the FSDP2
+    hooks): falling back to eager rank by rank would repeat them, so each rank must stop.
+    """
+
+    def failing_compile(model, **options):
+        def compiled(*args, **kwargs):
+            model(*args, **kwargs)
+            raise RuntimeError("injected: inductor failed")
+
+        return compiled
+
+    original, torch.compile = torch.compile, failing_compile
+    try:
+        values = {**config(out / "compile_failed", mode, run={"max_steps": 1}), "compile": True}
+        trainer, _ = runtime.build_runtime(values)
+        trainer.fit()
+        return f"trained, compiled: {trainer._compiled is not None}"
+    except RuntimeError as error:
+        return str(error)
+    finally:
+        torch.compile = original
+
+
+def stage_roots(trainer) -> list[list[str]]:
+    """Return the stage names StageStreamScheduler finds (on faked CUDA streams) in the trainer's
+    DDP-wrapped model and in the model it wraps.
+    """
+    from speedtronic_systems.scheduling import StageStreamScheduler
+
+    saved = torch.cuda.is_available, torch.cuda.Stream
+    torch.cuda.is_available, torch.cuda.Stream = (lambda: True), (lambda device=None: object())
+    try:
+        names = []
+        for model in (trainer.model, trainer.model.module):
+            scheduler = StageStreamScheduler(model, "cuda", num_streams=2)
+            scheduler.remove_hooks()
+            names.append([stage.name for stage in scheduler.stages])
+        return names
+    finally:
+        torch.cuda.is_available, torch.cuda.Stream = saved
 
 
 def wrong_order_is_refused(trainer) -> bool:

@@ -247,6 +247,36 @@ def test_a_rank_whose_machine_is_too_small_refuses_on_every_rank(trained):
     assert "but cpu (RAM) has 1.0 kB" in error
 
 
+def test_an_init_from_folder_one_rank_lacks_is_refused_on_every_rank(trained):
+    _, out, (zero, one) = trained
+    if zero["init_tokenizer_apart"] is None:
+        pytest.skip("check_init_tokenizer reads tokenizer.json with the tokenizers package")
+    folder = out / "init_from_rank1"
+    expected = f"model.init_from: on rank 1, {folder} has no config.json; point it at a folder"
+    error, every = zero["init_tokenizer_apart"]
+    assert one["init_tokenizer_apart"] == [error, True] and every
+    assert error.startswith(expected)
+
+
+def test_a_compiled_model_failing_on_first_use_stops_every_rank_in_one_line(trained):
+    _, _, ranks_seen = trained
+    for rank, seen in enumerate(ranks_seen):  # not an eager retry that repeats the collectives
+        assert seen["compile_failed"] == (
+            f"the compiled model failed on its first step on rank {rank} (RuntimeError: "
+            "injected: inductor failed); under data parallelism a rank cannot fall back to eager "
+            "alone (its peers are in the step's collectives); set compile: false"
+        )
+
+
+def test_out_of_order_backprop_finds_the_stages_inside_ddp(trained):
+    mode, _, ranks_seen = trained
+    if mode != "ddp":
+        pytest.skip("FSDP2 shards the model in place: there is no wrapper")
+    wrapped, inner = ranks_seen[0]["stage_roots"]
+    assert inner == ["tok_emb", "blocks.0", "blocks.1", "norm", "lm_head"]
+    assert wrapped == inner  # not one stage, "module", on one stream
+
+
 def test_fsdp_refuses_an_optimizer_built_before_wrapping(trained):
     mode, _, (zero, _) = trained
     if mode != "fsdp":

@@ -378,10 +378,12 @@ def parameter_count(model: torch.nn.Module, *, trainable_only: bool = False) -> 
 # Dense (no sparsity) matmul peaks in FLOP/s from the vendors' datasheets: (BF16, FP16, FP32).
 # FP32 is the non-tensor-core rate, since PyTorch's default matmul precision does not use TF32.
 # A key matches whole words of the device name (an "L40" is not an "L4", an "RTX A1000" not an
-# "A100"); the longest matching key wins ("H100 PCIe" over "H100").
+# "A100"); the longest matching key wins ("H100 PCIe" over "H100"). The H100 NVL and PCIe cards
+# run the same chip at lower clocks and power than the SXM part that plain "H100" stands for.
 PEAK_FLOPS: tuple[tuple[str, tuple[float | None, float, float]], ...] = (
     ("GH200", (989e12, 989e12, 67e12)),
     ("H200", (989e12, 989e12, 67e12)),
+    ("H100 NVL", (835e12, 835e12, 60e12)),
     ("H100 PCIe", (756e12, 756e12, 51e12)),
     ("H100", (989e12, 989e12, 67e12)),
     ("A100", (312e12, 312e12, 19.5e12)),

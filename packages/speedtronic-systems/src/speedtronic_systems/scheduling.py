@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from speedtronic_config.config import OOO_STREAMS_RANGE
+from speedtronic_systems.parallel import unwrap_model
 
 _logger = logging.getLogger(__name__)
 
@@ -43,7 +44,8 @@ def _expand_stage_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
     The model's children are the stages, except that containers are replaced by their children
     (recursively) and modules without parameters (dropout, activations) are skipped, because they
-    have no backward work worth a stream. No returned module contains another.
+    have no backward work worth a stream. No returned module contains another. A DDP wrapper's
+    one child is the whole model: the stages are the wrapped model's.
     """
     stages: list[tuple[str, nn.Module]] = []
 
@@ -55,7 +57,7 @@ def _expand_stage_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
             elif any(True for _ in child.parameters()):
                 stages.append((path, child))
 
-    visit("", model)
+    visit("", unwrap_model(model))
     return stages
 
 

@@ -375,7 +375,7 @@ class Trainer:
 
     def _forward(self, batch: Any) -> torch.Tensor:
         """Return the microbatch loss, falling back to eager once if the compiled model fails on
-        first use.
+        first use (in a run of one process: see _compile_failed_alone).
         """
         if self._compiled is not None:
             try:
@@ -387,6 +387,8 @@ class Trainer:
             except Exception as exc:
                 if self._compiled_ok:
                     raise  # the compiled path worked before: this is a model or data error
+                if self.parallel.active:
+                    raise self._compile_failed_alone(exc) from exc
                 self.logger.warning(
                     "compiled model failed on first run (%s: %s); training eagerly",
                     type(exc).__name__,
@@ -396,6 +398,20 @@ class Trainer:
         with autocast_context(self.precision, self.device):
             output = call_model(self.model, batch, labels=self._labels_to_model)
             return loss_from_output(output, batch)
+
+    def _compile_failed_alone(self, exc: Exception) -> RuntimeError:
+        """Return the error that stops a data-parallel rank whose compiled model failed on first
+        use. It cannot retry eagerly alone: the failure may come after some of the step's
+        collectives ran (DDP's buffer broadcast, FSDP2's all-gathers run outside the compiled
+        graph), and its peers, compiled or not, would pair their next collectives with its repeats
+        and wait until parallel.timeout_s. Nor can the ranks agree first: a peer that did not fail
+        is already in those collectives.
+        """
+        return RuntimeError(
+            f"the compiled model failed on its first step on rank {self.parallel.rank} "
+            f"({type(exc).__name__}: {exc}); under data parallelism a rank cannot fall back to "
+            "eager alone (its peers are in the step's collectives); set compile: false"
+        )
 
     # ------------------------------------------------------------------------------------ step
 

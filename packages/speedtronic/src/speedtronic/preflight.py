@@ -9,8 +9,9 @@ import contextlib
 import dataclasses
 import importlib.util
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from speedtronic.run_lock import LOCK_NAME, RunFolderBusy, remove_unheld_lock, run_folders
 from speedtronic_config import ConfigError, SpeedtronicConfig
@@ -20,6 +21,7 @@ from speedtronic_config.atomic import (
     remove_empty_folders,
     unwritable_reason,
 )
+from speedtronic_config.errors import on_every_rank
 
 
 def output_files(config: SpeedtronicConfig) -> list[tuple[str, Path]]:
@@ -74,31 +76,53 @@ def check_output_paths(config: SpeedtronicConfig) -> None:
             ) from None
 
 
-def check_init_tokenizer(config: SpeedtronicConfig) -> None:
+def check_init_tokenizer(
+    config: SpeedtronicConfig, gather: Callable[[Any], list[Any]] = lambda x: [x]
+) -> None:
     """Raise ConfigError when model.init_from names a Hugging Face folder whose tokenizer.json
     maps text to other ids than the tokenizer of the run's training data: the weights would learn
     from tokens that mean other text. A folder without a tokenizer.json, or data whose tokenizer
     is unknown (synthetic, a Dataset object), is not checked; nor without the tokenizers package,
-    which reading a tokenizer.json needs (init_from itself does not).
+    which reading a tokenizer.json needs (init_from itself does not). `gather` (a group's
+    all_gather_object) makes every rank raise when any rank would.
     """
-    if config.model.init_from is None or importlib.util.find_spec("tokenizers") is None:
+    try:
+        refusal = _init_tokenizer_refusal(config)
+    except ConfigError as error:  # init_from names no usable folder on this rank
+        refusal = error
+    # Each rank read its own files (nodes without a shared filesystem can hold other ones): a
+    # rank refusing alone would leave its peers waiting for it in their next collective.
+    refusals = gather(refusal)
+    refused = [rank for rank, found in enumerate(refusals) if found is not None]
+    if not refused:
         return
+    error = refusals[refused[0]]
+    if len(refused) < len(refusals):  # say whose files refused
+        ranks = ", ".join(map(str, refused))
+        error = ConfigError(error.path, f"on rank {ranks}, {error.problem}", allowed=error.allowed)
+    raise on_every_rank(error)
+
+
+def _init_tokenizer_refusal(config: SpeedtronicConfig) -> ConfigError | None:
+    """Return check_init_tokenizer's error for this process's files, or None."""
+    if config.model.init_from is None or importlib.util.find_spec("tokenizers") is None:
+        return None
     from speedtronic_data import JsonTokenizer, training_tokenizer
     from speedtronic_data.tokenizer_record import TOKENIZER_JSON, record_for
     from speedtronic_model.hf_llama import hf_folder
 
     folder = hf_folder(config.model.init_from)
     if not (folder / TOKENIZER_JSON).is_file():
-        return
+        return None
     data = training_tokenizer(config.data)
     if data is None:
-        return
+        return None
     weights = record_for(JsonTokenizer.from_file(folder / TOKENIZER_JSON))
     weights = dataclasses.replace(weights, name=str(folder / TOKENIZER_JSON), folder=folder)
     if weights.encodes_alike(data):
-        return
+        return None
     where = f" ({data.folder})" if data.folder is not None else ""
-    raise ConfigError(
+    return ConfigError(
         "model.init_from",
         f"{folder} was trained with {weights.describe()}, but the run's training data{where} "
         f"holds tokens of {data.describe()}, so the weights would learn from ids that mean "

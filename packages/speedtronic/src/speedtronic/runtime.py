@@ -130,7 +130,7 @@ def build_runtime(
     # Before anything is allocated (run.memory_check); when any rank's device is too small,
     # every rank refuses.
     check_training_memory(config, resolved, parallel)
-    check_init_tokenizer(config)
+    check_init_tokenizer(config, parallel.all_gather_object)  # every rank refuses, or none
     # A run refused from here on (a folder, the data, a checkpoint) leaves no new folder behind.
     outputs = NewOutputs(config)
     parallel.barrier()  # every rank sees the folders as new, whichever rank makes them first

@@ -24,7 +24,6 @@ from speedtronic.group_exit import exit_process
 from speedtronic.launch import (
     STOP_GRACE_S,
     check_rdzv_endpoint,
-    preempted_exit_code,
     shutdown_timeout,
     torchrun_arguments,
     torchrun_has_shutdown_timeout,
@@ -152,10 +151,6 @@ def test_launcher_arguments_go_to_torchrun_and_never_to_the_workers():
     assert resume_command(given) == (
         "speedtronic train c.yaml --nproc-per-node 2 --set a.b=1 --resume"
     )
-    # Every worker stopped for a signal: the group was preempted, not failed.
-    assert preempted_exit_code({143}) == 143 and preempted_exit_code({143, -15}) == 143
-    assert preempted_exit_code({130}) == 130
-    assert preempted_exit_code({143, 1}) is None and preempted_exit_code(set()) is None
 
 
 @pytest.mark.parametrize(
@@ -325,8 +320,9 @@ def test_workers_that_each_refused_a_setting_exit_as_one_process_does(
         assert not (tmp_path / "run").exists()  # made by the launcher's check: removed
     else:  # another failure among them: the launcher's own one line, exit 1
         assert main(argv) == 1
-        assert "data-parallel workers failed: rank 0 (exit code 1), rank 1 (exit code 2)" in (
-            capfd.readouterr().err
+        assert capfd.readouterr().err.endswith(
+            "speedtronic train: data-parallel workers failed: rank 0 (exit code 1), rank 1 (exit "
+            "code 2); see their errors above\n"
         )
     # torchrun's line on a worker that exited unexplained stays, and so does the one on a worker
     # it killed (no line of the launcher's says it after a failure); its SIGTERMs to the rest do
@@ -337,6 +333,115 @@ def test_workers_that_each_refused_a_setting_exit_as_one_process_does(
         "failed (exitcode: 1) local_rank: 0 (pid: 1000) of binary: x",
     ]
     assert said == ([] if expected is not None else kept)
+
+
+FAILED = "speedtronic train: data-parallel workers failed: "
+
+
+@pytest.mark.parametrize(
+    "exits, notes, expected, line",
+    [
+        # Seen with a real launch: rank 1 SIGTERMed while starting up, rank 0 waiting for it in a
+        # collective, stopped for it (exit 1). A stop, not a failure.
+        (
+            {0: 1, 1: -15},
+            {0: "peer"},
+            143,
+            "speedtronic train: a worker was stopped by SIGTERM before training started: "
+            "nothing was saved",
+        ),
+        # Rank 0 failed on its own and torchrun terminated it as it left, once it saw rank 1
+        # (stopped for it) abort in gloo's teardown.
+        (
+            {0: -15, 1: -6},
+            {0: "1", 1: "peer"},
+            1,
+            f"{FAILED}rank 0 (exit code 1); rank 1 stopped because another rank failed; see "
+            "their errors above",
+        ),
+        # A worker killed (the OOM killer's SIGKILL notes nothing), the rest terminated.
+        (
+            {0: -15, 1: -9, 2: -15},
+            {},
+            1,
+            f"{FAILED}rank 1 (exit code -9); ranks 0, 2 terminated by torchrun; see their errors "
+            "above",
+        ),
+        # A rank noted a clean finish, and then its process ended otherwise.
+        (
+            {0: -9, 1: -6},
+            {1: "0"},
+            1,
+            f"{FAILED}rank 0 (exit code -9); rank 1 finished but did not exit cleanly; see their "
+            "errors above",
+        ),
+        # Every rank checkpointed and noted its stop (rank 0 said it); one aborted in teardown.
+        ({0: 143, 1: -6}, {0: "143", 1: "143"}, 143, None),
+        # Ctrl-C to the workers outside the loop: rank 0 said "interrupted" and exited 130.
+        ({0: 130, 1: -15}, {0: "130"}, 130, None),
+    ],
+)
+def test_the_launcher_judges_the_group_by_what_each_rank_noted(
+    monkeypatch, tmp_path, capfd, exits, notes, expected, line
+):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from speedtronic.worker_exits import RECORDS_ENV
+
+    def failed(_):
+        for rank, note in notes.items():  # as each worker's record_exit wrote it
+            Path(os.environ[RECORDS_ENV], str(rank)).write_text(note)
+        error = str(tmp_path / "error.json")
+        failures = {r: ProcessFailure(r, 1000 + r, code, error) for r, code in exits.items()}
+        raise ChildFailedError("speedtronic", failures)
+
+    monkeypatch.setattr("torch.distributed.run.run", failed)
+    smoke = str(ROOT / "configs" / "smoke.yaml")
+    argv = ["train", smoke, "--nproc-per-node", "2", "--set", "parallel.data_parallel=ddp"]
+    assert main([*argv, "--set", f"run.output_dir={tmp_path / 'run'}"]) == expected
+    assert capfd.readouterr().err == (f"{line}\n" if line else "")
+
+
+def test_a_signalled_launcher_whose_workers_were_outside_their_loops_says_what_was_saved(
+    monkeypatch, tmp_path, capfd
+):
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    out = tmp_path / "run"
+    smoke = str(ROOT / "configs" / "smoke.yaml")
+    argv = ["train", smoke, "--nproc-per-node", "2", "--set", "parallel.data_parallel=ddp"]
+    argv += ["--set", f"run.output_dir={out}"]
+
+    def finished_then_signalled(_):  # the final checkpoint written, rank 0 in its summary
+        (out / "checkpoints").mkdir(parents=True, exist_ok=True)  # the launcher made it
+        (out / "checkpoints" / "step_8.pt").write_bytes(b"")
+        (out / "checkpoints" / "latest").write_text('{"file": "step_8.pt", "step": 8}')
+        raise SignalException("Process 1 got signal: 15", signal.SIGTERM)
+
+    monkeypatch.setattr("torch.distributed.run.run", finished_then_signalled)
+    assert main(argv) == 143
+    assert capfd.readouterr().err == (
+        "speedtronic train: stopped by SIGTERM outside the training steps; latest checkpoint: "
+        f"{out / 'checkpoints' / 'step_8.pt'}; resume with: speedtronic train {smoke} "
+        f"--nproc-per-node 2 --set parallel.data_parallel=ddp --set run.output_dir={out} "
+        "--resume\n"
+    )
+
+    def signalled(_):  # in the loop, which installs no handler: no note, no checkpoint yet
+        raise SignalException("Process 1 got signal: 15", signal.SIGTERM)
+
+    monkeypatch.setattr("torch.distributed.run.run", signalled)
+    fresh = [
+        "--set",
+        f"run.output_dir={tmp_path / 'fresh'}",
+        "--set",
+        "checkpoint.save_on_signal=false",
+    ]
+    assert main([*argv, *fresh]) == 143
+    assert capfd.readouterr().err == (
+        "speedtronic train: stopped by SIGTERM (checkpoint.save_on_signal: false); no checkpoint "
+        "of this run was written\n"
+    )
 
 
 @pytest.fixture
@@ -536,6 +641,7 @@ def test_sigterm_stops_every_rank_at_the_same_step_and_exits_143(tmp_path, targe
     log = out.with_suffix(".log").read_text()
     assert code == 143, log[-3000:]  # preempted, as a scheduler must be able to tell
     assert log.count("speedtronic train: stopped by SIGTERM at step") == 1, log[-3000:]
+    assert log.count("speedtronic train:") == 1, log[-3000:]  # and no line of the launcher's
     # torchrun's lines on the exits the workers explained (pids, exit codes) and on the signal
     # it passed on are left out.
     assert "failed (exitcode" not in log and "closing signal" not in log, log[-3000:]
@@ -767,30 +873,47 @@ def test_a_rank_whose_peer_failed_says_so_instead_of_gloos_connection_error(tmp_
     # line, which names no error of its own; gloo's text never shows.
     own = "FileExistsError: " if installed else "tensorboard is not installed; "
     assert said[0].startswith(f"speedtronic train: rank 0: {own}"), tails([log])
-    if installed:  # a runtime failure: the launcher's summary line ends the log
-        assert said.pop().startswith("speedtronic train: RuntimeError: data-parallel workers")
+    if installed:  # a runtime failure: the launcher's line ends the log, rank 0 named first
+        # with the code it noted (torchrun may have seen its process end otherwise), then rank
+        # 1, noted as stopped for it, unless torchrun terminated it before its note.
+        rank1 = ["stopped because another rank failed", "terminated by torchrun"]
+        assert said.pop() in [
+            f"{FAILED}rank 0 (exit code 1); rank 1 {what}; see their errors above" for what in rank1
+        ], tails([log])
     assert set(said[1:]) <= {f"speedtronic train: rank 1: {PEER_FAILED}"}, tails([log])
     assert "GLHF" not in log.read_text() and "by peer" not in log.read_text(), tails([log])
 
 
-def test_sigterm_to_a_worker_before_its_first_step_says_nothing_was_saved(tmp_path):
+@pytest.mark.parametrize(
+    "target, stopped",
+    [("rank 1", "a worker was stopped by SIGTERM"), ("launcher", "stopped by SIGTERM")],
+)
+def test_sigterm_before_the_first_step_says_nothing_was_saved(tmp_path, target, stopped):
     out = tmp_path / "run"
     run = train(out, "--nproc-per-node", "2")
     log = out.with_suffix(".log")
-    # As soon as rank 1 exists: it is still importing torch, far from its training loop.
+    # As soon as rank 1 exists: it is still importing torch, far from its training loop. The
+    # launcher passes its signal on to both workers.
     wait_for(lambda: 1 in workers(run.pid), "rank 1's process", run, timeout=60)
-    os.kill(workers(run.pid)[1], signal.SIGTERM)
+    os.kill(workers(run.pid)[1] if target == "rank 1" else run.pid, signal.SIGTERM)
     assert wait_all([run], [log], timeout=120) == [143], tails([log])
     said = [line for line in log.read_text().splitlines() if line.startswith("speedtronic train:")]
-    assert said == [
-        "speedtronic train: a worker was stopped by SIGTERM before training started: "
-        "nothing was saved"
-    ], tails([log])
+    assert said == [f"speedtronic train: {stopped} before training started: nothing was saved"], (
+        tails([log])
+    )
     assert not (out / "checkpoints" / "latest").exists()
 
 
 def test_the_group_is_judged_by_the_ranks_that_failed_on_their_own(tmp_path, monkeypatch):
-    from speedtronic.worker_exits import PEER, RECORDS_ENV, read_records, record_exit, root_causes
+    from speedtronic.worker_exits import (
+        PEER,
+        RECORDS_ENV,
+        preempted_exit_code,
+        rank_outcomes,
+        read_records,
+        record_exit,
+        root_causes,
+    )
 
     monkeypatch.setenv(RECORDS_ENV, str(tmp_path))
     monkeypatch.setenv("RANK", "1")
@@ -802,9 +925,17 @@ def test_the_group_is_judged_by_the_ranks_that_failed_on_their_own(tmp_path, mon
     assert records == {0: "2", 1: PEER}
     # Seen in CI: rank 0 refused a setting, and torchrun terminated it while it left, because
     # rank 1 (stopped for it) aborted in gloo's teardown first: the group exited 1, not 2.
-    assert root_causes({0: -15, 1: -6}, records) == {2}
-    assert root_causes({0: 2, 1: -15}, {}) == {2, -15}  # without notes: torchrun's codes
-    assert root_causes({0: -15, 1: 1}, {1: "1"}) == {-15, 1}  # a failure of its own counts
+    assert rank_outcomes({0: -15, 1: -6}, records) == {0: 2, 1: PEER}
+    assert root_causes({0: 2, 1: PEER}) == {0: 2}
+    assert rank_outcomes({0: 2, 1: -15}, {}) == {0: 2, 1: -15}  # without notes: torchrun's codes
+    assert root_causes({0: 2, 1: -15}) == {0: 2}  # terminated by torchrun: not a cause
+    assert root_causes({0: -15, 1: 1, 2: 0}) == {1: 1}  # a failure of its own counts
+    # Every rank that did not stop for a peer stopped for a signal: preempted, not failed.
+    assert preempted_exit_code({0: 143}) == preempted_exit_code({0: 143, 1: -15}) == 143
+    assert preempted_exit_code({0: 130}) == preempted_exit_code({0: 130, 1: -15}) == 130
+    assert preempted_exit_code({0: -15, 1: PEER}) == 143  # SIGTERM outside the loop
+    assert preempted_exit_code({0: 143, 1: 1}) is None and preempted_exit_code({}) is None
+    assert preempted_exit_code({0: PEER}) is None
     monkeypatch.delenv(RECORDS_ENV)
     record_exit(3)  # no launcher asked: nothing is written
     assert read_records(tmp_path) == records

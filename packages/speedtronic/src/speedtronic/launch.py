@@ -18,8 +18,17 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from speedtronic.errors import USAGE_ERROR, UsageError, print_line, signal_exit_code
-from speedtronic.worker_exits import RECORDS_ENV, read_records, root_causes
+from speedtronic.errors import RUNTIME_ERROR, USAGE_ERROR, UsageError, print_line, signal_exit_code
+from speedtronic.worker_exits import (
+    PEER,
+    RECORDS_ENV,
+    TERMINATED,
+    preempted_exit_code,
+    rank_outcomes,
+    read_records,
+    root_causes,
+    stop_said,
+)
 
 # Launcher flag -> whether it takes a value.
 LAUNCH_FLAGS = {"--nproc-per-node": True, "--nnodes": True, "--rdzv-endpoint": True}
@@ -246,7 +255,7 @@ def torchrun_arguments(
 def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
     """Check `config` against the launch, then run torchrun with this invocation's workers;
     return 0, the signal exit code when a signal stopped the group (143 for SIGTERM), 2 when
-    every failed worker refused a setting, or raise when a worker failed otherwise.
+    every worker that failed on its own refused a setting, else 1 (with one line naming them).
     """
     from speedtronic.preflight import NewOutputs
 
@@ -273,26 +282,24 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
         name = signal.Signals(stop.sigval).name
         if agent_lines.killed:
             print_line(killed_line(args, name, agent_lines.killed, grace_s))
+        elif not stop_said(read_records(records)):  # no worker was in its loop to say it
+            print_line(unhandled_stop_line(config, saved_before, args, f"stopped by {name}"))
         return signal_exit_code(name)
     except ChildFailedError as failure:
-        exits = {rank: info.exitcode for rank, info in failure.failures.items()}
-        codes = set(exits.values())
-        stopped = preempted_exit_code(codes)
-        if stopped is not None:  # the workers checkpointed and said how to resume
-            if codes == {-signal.SIGTERM}:  # ...unless none was in its loop, which handles it
-                print_line(unhandled_stop_line(config, saved_before))
+        notes = read_records(records)
+        outcomes = rank_outcomes({r: info.exitcode for r, info in failure.failures.items()}, notes)
+        stopped = preempted_exit_code(outcomes)
+        if stopped is not None:
+            if not stop_said(notes):  # a worker SIGTERM ended outside its loop said nothing
+                who = "a worker was stopped by SIGTERM"
+                print_line(unhandled_stop_line(config, saved_before, args, who))
             return stopped
-        # Each rank that failed on its own said which setting to fix (torchrun stops the rest:
-        # -15; a rank whose peer failed is not one of them); exit as one process does.
-        if root_causes(exits, read_records(records)) - {-signal.SIGTERM} == {USAGE_ERROR}:
+        # Each rank that failed on its own said which setting to fix: exit as one process does.
+        if set(root_causes(outcomes).values()) == {USAGE_ERROR}:
             outputs.remove()  # each refused before its first step: what check_launch made
             return USAGE_ERROR
-        ranks = ", ".join(
-            f"rank {rank} (exit code {info.exitcode})" for rank, info in failure.failures.items()
-        )
-        raise RuntimeError(
-            f"data-parallel workers failed: {ranks}; see their errors above"
-        ) from None
+        print_line(failed_line(outcomes))
+        return RUNTIME_ERROR
     finally:
         shutil.rmtree(records, ignore_errors=True)
     return 0
@@ -324,25 +331,53 @@ def _latest_checkpoint(config: Any) -> tuple[Any, int] | None:
     return None
 
 
-def unhandled_stop_line(config: Any, saved_before: tuple[Any, int] | None) -> str:
-    """Return the launcher's line on a group whose workers all died of SIGTERM: a worker outside
-    its training loop (which checkpoints and says so) was sent one, and torchrun stopped the rest.
-    With no checkpoint written since the launch where the loop would have saved a final one, it
-    came before training started.
+def unhandled_stop_line(
+    config: Any, saved_before: tuple[Any, int] | None, args: argparse.Namespace, stopped: str
+) -> str:
+    """Return the launcher's line on a signal stop no worker said (`stopped`: what was stopped
+    by which signal): none was in its training loop, which checkpoints and says so. With no
+    checkpoint written since the launch where the loop would have saved a final one, it came
+    before training started.
     """
     saved = _latest_checkpoint(config)
     section = config.checkpoint
-    if saved == saved_before and section.enabled and section.save_final:
-        return (
-            "speedtronic train: a worker was stopped by SIGTERM before training started: "
-            "nothing was saved"
-        )
-    where = (
-        f"latest checkpoint: {saved[0]}"
-        if saved is not None and saved != saved_before
-        else "no checkpoint of this run was written"
+    handled = section.save_on_signal  # else the loop too dies of the signal, saying nothing
+    if saved == saved_before and section.enabled and section.save_final and handled:
+        return f"speedtronic train: {stopped} before training started: nothing was saved"
+    when = "outside the training steps" if handled else "(checkpoint.save_on_signal: false)"
+    if saved is None or saved == saved_before:
+        return f"speedtronic train: {stopped} {when}; no checkpoint of this run was written"
+    from speedtronic.train_end import resume_command
+
+    return (
+        f"speedtronic train: {stopped} {when}; latest checkpoint: {saved[0]}; resume with: "
+        f"{resume_command(args)}"
     )
-    return f"speedtronic train: a worker was stopped by SIGTERM outside its training steps; {where}"
+
+
+def failed_line(outcomes: dict[int, int | str]) -> str:
+    """Return the launcher's line on a failed group (`outcomes`: see
+    speedtronic.worker_exits.rank_outcomes): first the ranks that failed on their own, with the
+    code each noted (else torchrun's), then those that only stopped for them (or finished, and
+    then their process did not end cleanly).
+    """
+
+    def ranks(which: list[int]) -> str:
+        return f"rank {which[0]}" if len(which) == 1 else f"ranks {', '.join(map(str, which))}"
+
+    causes = sorted(root_causes(outcomes).items())
+    own = ", ".join(f"rank {rank} (exit code {code})" for rank, code in causes)
+    parts = [own] if own else []
+    for said, what in (
+        (PEER, "stopped because another rank failed"),
+        (TERMINATED, "terminated by torchrun"),
+        (0, "finished but did not exit cleanly"),
+    ):
+        which = sorted(rank for rank, outcome in outcomes.items() if outcome == said)
+        if which:
+            parts.append(f"{ranks(which)} {what}")
+    failed = "; ".join(parts)
+    return f"speedtronic train: data-parallel workers failed: {failed}; see their errors above"
 
 
 def killed_line(
@@ -416,26 +451,16 @@ def _quiet_agent_lines(quiet: _ExplainedWorkerExits) -> Iterator[None]:
             logger.removeFilter(quiet)
 
 
-def preempted_exit_code(codes: set[int]) -> int | None:
-    """Return the group's exit code when every worker stopped for a signal (143/130 after its
-    checkpoint, or torchrun's SIGTERM to the rest: -15), else None.
-    """
-    term, interrupt = signal_exit_code("SIGTERM"), signal_exit_code("SIGINT")
-    if not codes or not codes <= {term, interrupt, -signal.SIGTERM}:
-        return None
-    return interrupt if codes == {interrupt} else term
-
-
 __all__ = [
     "add_launch_arguments",
     "check_launch",
     "check_launch_flags",
     "check_rdzv_endpoint",
     "check_worker_device",
+    "failed_line",
     "killed_line",
     "launch",
     "launch_world_sizes",
-    "preempted_exit_code",
     "shutdown_timeout",
     "torchrun_arguments",
     "torchrun_has_shutdown_timeout",

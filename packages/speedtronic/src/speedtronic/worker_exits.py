@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from pathlib import Path
+
+from speedtronic.errors import signal_exit_code
 
 RECORDS_ENV = "SPEEDTRONIC_EXIT_RECORDS"  # the folder, set by the launcher for its workers
 PEER = "peer"  # this rank stopped because another rank failed
+TERMINATED = -signal.SIGTERM  # torchrun's code for a worker a SIGTERM ended before it noted one
+# What a worker stopped by SIGTERM / SIGINT in its training loop (after its checkpoint) exits with.
+SIGTERM_STOP, SIGINT_STOP = signal_exit_code("SIGTERM"), signal_exit_code("SIGINT")
+SIGNAL_STOPS = (SIGTERM_STOP, SIGINT_STOP)
 
 
 def record_exit(outcome: int | str) -> None:
@@ -37,21 +44,60 @@ def read_records(folder: str | os.PathLike[str]) -> dict[int, str]:
     return records
 
 
-def root_causes(exits: dict[int, int], records: dict[int, str]) -> set[int]:
-    """Return the exit codes of the failed ranks (`exits`: rank -> torchrun's exit code) that
-    failed on their own: a rank that noted PEER is left out, one that noted a code counts as that
-    code (however its process ended after), and one torchrun terminated without a note stays -15.
+def rank_outcomes(exits: dict[int, int], records: dict[int, str]) -> dict[int, int | str]:
+    """Return what each failed rank (`exits`: rank -> torchrun's exit code) exited for: its note
+    (a code, or PEER), however its process ended after; torchrun's code where it noted nothing.
     """
-    causes = set()
+    said: dict[int, int | str] = {}
     for rank, code in exits.items():
-        said = records.get(rank)
-        if said == PEER:
-            continue
-        with contextlib.suppress(TypeError, ValueError):
-            code = int(said)  # type: ignore[arg-type]
-        if code != 0:
-            causes.add(code)
-    return causes
+        note = records.get(rank)
+        try:
+            said[rank] = PEER if note == PEER else int(note)  # type: ignore[arg-type]
+        except (TypeError, ValueError):  # no note (or a torn one)
+            said[rank] = code
+    return said
 
 
-__all__ = ["PEER", "RECORDS_ENV", "read_records", "record_exit", "root_causes"]
+def root_causes(outcomes: dict[int, int | str]) -> dict[int, int]:
+    """Return {rank: code} of the ranks that failed on their own, of `outcomes`: not those that
+    finished (0), stopped for a peer (PEER), or died of SIGTERM before noting anything (torchrun
+    terminates the rest when one exits).
+    """
+    return {
+        rank: code
+        for rank, code in outcomes.items()
+        if isinstance(code, int) and code not in (0, TERMINATED)
+    }
+
+
+def preempted_exit_code(outcomes: dict[int, int | str]) -> int | None:
+    """Return the group's exit code when a signal stopped it (of `outcomes`), else None: every
+    rank that did not stop for a peer noted a signal stop (143/130) or died of SIGTERM before
+    noting anything (a worker outside its training loop, or torchrun's SIGTERM to the rest). The
+    code is the one the ranks noted; none noted: SIGTERM's.
+    """
+    codes = {code for code in outcomes.values() if code not in (PEER, 0)}
+    if not codes or not codes <= {*SIGNAL_STOPS, TERMINATED}:
+        return None
+    return SIGINT_STOP if codes - {TERMINATED} == {SIGINT_STOP} else SIGTERM_STOP
+
+
+def stop_said(records: dict[int, str]) -> bool:
+    """Return whether a worker noted a signal stop (143/130), which rank 0 then said: in its
+    training loop, where it checkpoints, or Ctrl-C outside it ("interrupted"). A worker that
+    SIGTERM ended anywhere else (starting up, or after its loop) noted nothing and said nothing.
+    """
+    return not {str(code) for code in SIGNAL_STOPS}.isdisjoint(records.values())
+
+
+__all__ = [
+    "PEER",
+    "RECORDS_ENV",
+    "TERMINATED",
+    "preempted_exit_code",
+    "rank_outcomes",
+    "read_records",
+    "record_exit",
+    "root_causes",
+    "stop_said",
+]

@@ -387,3 +387,20 @@ def test_a_compiled_model_exports_and_loads_as_the_model_it_wraps(tmp_path):
     again = model(seed=1, **VARIANTS["gqa-tied"])
     assert load_llama(torch.compile(again), tmp_path / "plain") is again
     assert torch.equal(again(batch())["logits"], ours(batch())["logits"])
+
+
+def test_a_subclass_with_tensors_llama_lacks_is_refused_not_exported_without_them(tmp_path):
+    # A registered subclass with a tensor of its own exported without it: transformers then
+    # loaded a model whose logits differ, with no word said.
+    class Scaled(ReferenceTransformer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.logit_scale = torch.nn.Parameter(torch.tensor(3.0))
+
+    scaled = Scaled(**SHAPE, **VARIANTS["gqa-untied"])
+    for export in (llama_config, hf_llama.llama_state_dict, lambda m: save_llama(m, tmp_path)):
+        with pytest.raises(ConfigError, match="Scaled holds tensor logit_scale, which"):
+            export(scaled)
+    assert not list(tmp_path.iterdir())
+    load_llama(scaled, saved(tmp_path / "plain"))  # init_from leaves its own tensor be
+    assert scaled.logit_scale.item() == 3.0

@@ -330,6 +330,18 @@ def test_greedy_generate_matches_a_manual_argmax_loop_past_block_size():
     assert model.training  # restored after sampling in eval mode
 
 
+def test_generate_gives_each_module_back_its_own_mode():
+    # A part kept in eval mode on purpose (a frozen block's dropout) came out of generate() in
+    # training mode: self.train(was_training) switches every submodule.
+    model = small(dropout=0.5)
+    model.blocks[0].eval()
+    model.generate(tokens(1, 4), 2)
+    assert model.training and model.blocks[1].training and model.drop.training
+    assert not any(module.training for module in model.blocks[0].modules())
+    model.eval().generate(tokens(1, 4), 2)
+    assert not any(module.training for module in model.modules())
+
+
 def test_sampling_is_reproducible_with_a_generator_and_respects_top_k():
     model = small()
     prompt = tokens(4, 3)

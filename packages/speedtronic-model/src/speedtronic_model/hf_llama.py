@@ -78,6 +78,24 @@ def _require_reference(model: Any, what: str) -> ReferenceTransformer:
     )
 
 
+def _require_exportable(model: Any) -> ReferenceTransformer:
+    """Return the reference model to export; ConfigError for a subclass holding a tensor that
+    LlamaForCausalLM has no place for (the export would leave it out and change the logits).
+    """
+    model = _require_reference(model, "a Llama export")
+    mapped = {ours for ours, _ in llama_names(model)} | {"lm_head.weight"}  # a tied head too
+    extra = [name for name in model.state_dict() if name not in mapped]
+    if extra:
+        shown = ", ".join(extra[:4]) + (", ..." if len(extra) > 4 else "")
+        raise ConfigError(
+            "model.name",
+            f"{type(model).__name__} holds tensor{'s' if len(extra) > 1 else ''} {shown}, which "
+            f"transformers' {ARCHITECTURE} has no place for",
+            allowed="export it with --format speedtronic (safetensors of every tensor)",
+        )
+    return model
+
+
 def _norm_eps(model: ReferenceTransformer) -> float:
     """Return the one RMSNorm epsilon every norm of the model uses."""
     norms = [model.norm] + [n for b in model.blocks for n in (b.attn_norm, b.mlp_norm)]
@@ -94,7 +112,7 @@ def llama_config(
     eos_token_id: int | None = None,
 ) -> dict[str, Any]:
     """Return the `transformers` LlamaConfig (config.json) that describes the model exactly."""
-    cfg = _require_reference(model, "a Llama export").config
+    cfg = _require_exportable(model).config
     dtype = str(model.tok_emb.weight.dtype).removeprefix("torch.")
     return {
         "architectures": [ARCHITECTURE],
@@ -128,7 +146,7 @@ def llama_config(
 
 def llama_state_dict(model: ReferenceTransformer) -> dict[str, torch.Tensor]:
     """Return the model's tensors under their Llama names (CPU, contiguous, tied head once)."""
-    ours = _require_reference(model, "a Llama export").state_dict()
+    ours = _require_exportable(model).state_dict()
     return {hf: ours[name].detach().to("cpu").contiguous() for name, hf in llama_names(model)}
 
 

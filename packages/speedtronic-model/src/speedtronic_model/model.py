@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 from speedtronic_config import ConfigError, ModelConfig
 from speedtronic_model.registry import factory_keywords
 from speedtronic_systems.loss import causal_lm_loss
+from speedtronic_systems.modes import switch_to_eval
 
 _DEFAULTS = ModelConfig()
 
@@ -512,8 +513,8 @@ class ReferenceTransformer(nn.Module):
                 f"vocab_size {vocab} (ids 0 to {vocab - 1}); encode the prompt with the tokenizer "
                 "the model was trained with"
             )
-        was_training = self.training
-        self.eval()  # sampling should never see dropout
+        # Sampling should never see dropout; each module gets its own mode back after.
+        restore_modes = switch_to_eval(self)
         finished = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
         block_size = self.config.block_size
         # A subclass's forward that takes neither kv_cache nor **kwargs would raise a TypeError.
@@ -542,7 +543,7 @@ class ReferenceTransformer(nn.Module):
                 if eos_token_id is not None and input_ids.size(0) and bool(finished.all()):
                     break
         finally:
-            self.train(was_training)
+            restore_modes()
         return input_ids
 
 

@@ -1,6 +1,6 @@
 """speedtronic-systems: device and precision resolution, startup shape checks, CUDA stage streams,
-the CPU allocator setting, atomic torch.save, the causal LM loss and a module's
-gradient-checkpointing switch.
+the CPU allocator setting, atomic torch.save, the causal LM loss, a module's
+gradient-checkpointing switch and eval mode that gives each submodule its own mode back.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from speedtronic_systems.memory import (
     check_training_memory,
     estimate_training_memory,
 )
+from speedtronic_systems.modes import switch_to_eval
 from speedtronic_systems.precision import (
     DeviceError,
     PrecisionError,
@@ -73,5 +74,6 @@ __all__ = [
     "resolve_precision",
     "resolve_shape_profile",
     "supports_fused_adamw",
+    "switch_to_eval",
     "validate_startup_shapes",
 ]

@@ -22,6 +22,7 @@ from speedtronic_config.serialize import plain_data
 from speedtronic_systems.checkpointing import gradient_checkpointing_switch
 from speedtronic_systems.compile_choice import resolve_compile
 from speedtronic_systems.cpu_allocator import apply_cpu_allocator
+from speedtronic_systems.modes import switch_to_eval
 from speedtronic_systems.parallel import (
     SINGLE,
     ParallelContext,
@@ -672,11 +673,7 @@ class Trainer:
         if self.eval_dataloader is None:
             return None, None
         limit = max_batches if max_batches is not None else self.config.data.eval_steps
-        was_training = self.model.training
-        # Each module's own mode, given back after: model.train() alone would also switch on the
-        # parts a model keeps in eval mode on purpose (a frozen backbone's dropout or batch norm).
-        modes = [(module, module.training) for module in self.model.modules()]
-        self.model.eval()
+        restore_modes = switch_to_eval(self.model)  # each module gets its own mode back
         total = weight = 0.0
         stop = None
         batches = iter(self.eval_dataloader)
@@ -725,9 +722,7 @@ class Trainer:
                 share = float(count if count is not None else batch_size_and_tokens(batch)[0])
                 total, weight = total + loss * share, weight + share
         finally:
-            self.model.train(was_training)  # as eval() went: through any train() override
-            for module, training in modes:
-                module.training = training
+            restore_modes()
         if stop is not None:
             return None, stop
         total, weight = self.parallel.all_reduce_sum([total, weight])

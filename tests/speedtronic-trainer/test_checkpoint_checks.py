@@ -54,6 +54,18 @@ def test_every_bad_file_is_one_line_never_suggesting_an_unsafe_load(tmp_path, ca
     assert capsys.readouterr().err == ""  # torch's pickle-protocol UserWarning is not printed
 
 
+def test_a_file_cut_anywhere_says_it_is_truncated(tmp_path):
+    good = tmp_path / "good.pt"
+    torch.save({"model": torch.zeros(1000)}, good)
+    whole = good.read_bytes()
+    cut = tmp_path / "cut.pt"
+    # Cut at many lengths, torch fails with an OSError (EINVAL) that reads like a disk fault.
+    for length in range(40, len(whole), 97):
+        cut.write_bytes(whole[:length])
+        with pytest.raises(CheckpointError, match=r"\.pt is truncated or corrupt \("):
+            load_checkpoint_file(cut)
+
+
 def test_a_malicious_pickle_names_what_it_tried_to_load(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({"x": Evil()}, path)

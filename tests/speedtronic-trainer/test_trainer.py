@@ -1133,6 +1133,32 @@ def test_a_failure_before_any_step_completes_writes_no_checkpoint(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("step_*.pt")) == ["step_2.pt"]
 
 
+class DiskFullOnSkip(MetricLogger):
+    """A logger whose metrics file fills up as it records a skipped update."""
+
+    def emit(self, event, payload):
+        if event == "nonfinite_skip":
+            raise OSError(28, "No space left on device")
+        return super().emit(event, payload)
+
+
+def test_an_emergency_checkpoint_after_a_skipped_update_rewinds_its_count_too(tmp_path):
+    # Step 3's update is skipped (a NaN loss) and counted; recording it fails. The checkpoint of
+    # step 2 rewinds the data to before step 3's batch, so it must not count step 3's skip: a
+    # resume skips that batch again, and would count it twice.
+    trainer = make_trainer(
+        NaNAtCall({3}),
+        logger=DiskFullOnSkip(stream=io.StringIO()),
+        checkpoint_manager=CheckpointManager(tmp_path, every_steps=100),
+        sections={"run": {"nonfinite_loss": "skip"}},
+    )
+    with pytest.raises(OSError, match="No space left"):
+        trainer.fit(5)
+    saved = CheckpointManager(tmp_path).load_latest()
+    assert trainer.emergency_checkpoint == tmp_path / "step_2.pt"
+    assert (saved["step"], saved["data"]["consumed"], saved["skipped_steps"]) == (2, 2, 0)
+
+
 def test_the_emergency_checkpoint_never_replaces_or_prunes_good_ones(tmp_path):
     trainer = build_run(tmp_path, dataset=FailingDataset(4 * 5 + 1, n=10), every_steps=2)
     trainer.checkpoint_manager.keep_last = 1

@@ -427,6 +427,42 @@ def test_muons_adamw_lr_trains_that_branch_and_a_changed_one_is_named_on_resume(
     assert len(warnings) == 2
 
 
+def test_a_run_stopped_and_resumed_ends_with_the_uninterrupted_runs_weights(tmp_path):
+    import torch
+
+    text, val = tmp_path / "train.txt", tmp_path / "val.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 12)
+    val.write_text("pack my box with five dozen liquor jugs. " * 4)
+
+    def run(folder: str, target: int, resume: bool = False) -> list:
+        # Muon and AdamW state, accumulation (2 micro batches a step), dropout, shuffled data, an
+        # evaluation between steps and the schedule pinned while the step target moves.
+        data = {"text_path": str(text), "val_text_path": str(val), "synthetic": False}
+        data |= {"block_size": 8, "micro_batch_size": 1, "target_batch_size": 2}
+        data |= {"shuffle": True, "eval_every": 2, "eval_steps": 1}
+        config = small_config(
+            tmp_path / folder,
+            max_steps=target,
+            model={"vocab_size": 256, "n_layer": 1, "n_head": 2, "d_model": 16, "dropout": 0.1},
+            data=data,
+            optimizer={"name": "muon", "lr": 1e-2, "adamw_lr": 3e-3},
+            scheduler={"warmup_steps": 1, "max_steps": 4},
+            checkpoint={"every_steps": 2},
+        )
+        trainer, _ = runtime.build_runtime(config, resume=resume)
+        try:
+            trainer.fit()
+            return [p.detach().clone() for p in trainer.model.parameters()]
+        finally:
+            trainer.close()
+
+    whole = run("whole", 4)
+    run("split", 3)  # off-interval: a final evaluation, then a final checkpoint of step 3
+    torch.manual_seed(1234)  # a new process would not share the first part's RNG state
+    resumed = run("split", 4, resume=True)
+    assert all(torch.equal(a, b) for a, b in zip(whole, resumed, strict=True))
+
+
 GROUP_AT_SHUTDOWN = """
 import json, os, sys
 import speedtronic.runtime as runtime

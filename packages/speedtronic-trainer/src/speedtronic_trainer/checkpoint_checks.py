@@ -5,6 +5,7 @@ pickle suggest loading it unsafely, which we never do).
 
 from __future__ import annotations
 
+import errno
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -62,6 +63,10 @@ def describe_load_error(error: BaseException) -> str:
     torn = _ZIP.search(text)
     if torn:
         return f"is truncated or corrupt ({torn.group(1).strip()})"
+    if isinstance(error, OSError) and error.errno == errno.EINVAL:
+        # What torch's zip reader raises for a file cut short at many lengths: alone, the line
+        # would read like a failing disk, not like the damaged file it is.
+        return "is truncated or corrupt (torch's zip reader: Invalid argument)"
     if isinstance(error, EOFError):
         return "is empty or truncated"
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")

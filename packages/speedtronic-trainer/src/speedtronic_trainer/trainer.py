@@ -468,7 +468,13 @@ class Trainer:
         rank learns the step's loss, size and any rank's stop request in one collective.
         """
         started = time.perf_counter()
-        self._guard.begin(self._stream.state_dict() if self._saves_emergency() else None)
+        # A skipped update counts itself before it is recorded: a failure recording it rewinds
+        # the count with the batch, or a resume would count that batch's skip again.
+        self._guard.begin(
+            {"data": self._stream.state_dict(), "skipped_steps": self.skipped_steps}
+            if self._saves_emergency()
+            else None
+        )
         microbatches = [next(self._stream) for _ in range(self._accumulation)]
         if not self._labels_checked:
             self._check_labels_shifted(microbatches[0])

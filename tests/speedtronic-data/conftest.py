@@ -26,3 +26,33 @@ def bpe_json(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("bpe") / "tokenizer.json"
     tokenizer.save(str(path))
     return path
+
+
+@pytest.fixture(scope="session")
+def metaspace_json(tmp_path_factory) -> Path:
+    """A real SentencePiece-style BPE tokenizer.json (Metaspace: " " becomes "▁") trained here."""
+    pytest.importorskip("tokenizers")
+    from tokenizers.implementations import SentencePieceBPETokenizer
+
+    tokenizer = SentencePieceBPETokenizer()
+    tokenizer.train_from_iterator([CORPUS], vocab_size=300, show_progress=False)
+    path = tmp_path_factory.mktemp("metaspace") / "tokenizer.json"
+    tokenizer.save(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def unigram_json(tmp_path_factory) -> Path:
+    """A real SentencePiece-style Unigram tokenizer.json trained here: Metaspace, and a normalizer
+    that makes a run of spaces one.
+    """
+    pytest.importorskip("tokenizers")
+    from tokenizers.implementations import SentencePieceUnigramTokenizer
+
+    tokenizer = SentencePieceUnigramTokenizer()
+    tokenizer.train_from_iterator(
+        [CORPUS], vocab_size=100, show_progress=False, unk_token="<unk>", special_tokens=["<unk>"]
+    )
+    path = tmp_path_factory.mktemp("unigram") / "tokenizer.json"
+    tokenizer.save(str(path))
+    return path

@@ -198,13 +198,13 @@ def test_a_tokenizer_json_prepares_and_is_recorded(tmp_path, bpe_json):
     assert (tmp_path / "out" / "tokenizer_record.json").read_bytes() == record
 
 
-def test_an_in_memory_text_is_cut_between_lines_not_inside_words(tmp_path, bpe_json, monkeypatch):
+def test_an_in_memory_text_is_cut_between_words_not_inside_them(tmp_path, bpe_json, monkeypatch):
     # texts= (the CLI's stdlib corpus) was cut every CHUNK_BYTES characters, inside words: a BPE
     # tokenizer then encoded the halves apart, and the shards held other ids than the text has.
     from speedtronic_data import JsonTokenizer
-    from speedtronic_data import prepare as prepare_module
+    from speedtronic_data import text as text_module
 
-    monkeypatch.setattr(prepare_module, "CHUNK_BYTES", 3)
+    monkeypatch.setattr(text_module, "CHUNK_BYTES", 8)  # shorter than a line
     tokenizer = JsonTokenizer.from_file(bpe_json)
     text = "return a + b\n" * 20
     result = prepare_shards([], tmp_path, tokenizer, val_fraction=0.0, texts=[text], progress=None)
@@ -310,3 +310,47 @@ def test_the_users_tokenizer_json_passes_whatever_its_line_endings_or_loader(tmp
         (folder / "book.txt").write_text("def add(a, b):\n    return a + b\n" * 50)
         prepare_shards([folder / "book.txt"], folder, load(mine), progress=None)
         assert json.loads(mine.read_text()) == json.loads(bpe_json.read_text())
+
+
+def _encoder(kind: str, tokenizer_json, folder):
+    """Return (tokenizer, encode) of a kind users bring, built here from a small trained model."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_json))
+    if kind == "transformers GPT-2":
+        transformers = pytest.importorskip("transformers")
+        tokenizer.model.save(str(folder))  # vocab.json and merges.txt
+        tokenizer = transformers.GPT2TokenizerFast.from_pretrained(str(folder))
+        return tokenizer, lambda text: tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer, lambda text: tokenizer.encode(text, add_special_tokens=False).ids
+
+
+@pytest.mark.parametrize(
+    "kind, trained",
+    [
+        ("byte-level BPE", "bpe_json"),  # GPT-2's pre-tokenizer regex
+        ("transformers GPT-2", "bpe_json"),
+        ("Metaspace BPE", "metaspace_json"),
+        ("Metaspace Unigram", "unigram_json"),
+    ],
+)
+def test_text_encoded_in_chunks_has_the_ids_of_the_whole_text(
+    tmp_path, monkeypatch, request, kind, trained
+):
+    # Chunks ended after a line break. GPT-2's split joins a line break to the next line's
+    # indentation ("\n   " then " return"; a cut after "\n" gives "\n" then "   " " return"), and
+    # Metaspace joins it to the previous word ("b\n\nclass" is one piece; a chunk "class" becomes
+    # "▁class"): on the stdlib's code most cuts gave a token more or other ids. A cut
+    # inside a run of spaces would give the Unigram's normalizer, which makes a run one space,
+    # a "▁" more.
+    import inspect
+
+    from speedtronic_data import text as text_module
+
+    tokenizer, encode = _encoder(kind, request.getfixturevalue(trained), tmp_path)
+    text = inspect.getsource(inspect)[:40_000]  # real code: indented, blank lines
+    (tmp_path / "code.py").write_text(text, encoding="utf-8")
+    monkeypatch.setattr(text_module, "CHUNK_BYTES", 1024)  # read in ~40 chunks, file and text
+    result = prepare_shards(
+        [tmp_path / "code.py"], tmp_path / "out", tokenizer, 0.0, texts=[text], progress=None
+    )
+    assert _tokens(result.train_paths) == encode(text) * 2

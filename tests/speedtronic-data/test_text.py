@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -230,3 +232,32 @@ def test_a_file_of_one_long_line_is_read_in_bounded_chunks_cut_at_spaces(
     tokenizer = JsonTokenizer.from_file(bpe_json)
     streamed = _all_tokens(TextFileTokenDataset(path, 1, tokenizer, tokenizer.vocab_size))
     assert [t for block in streamed for t in block[:1]] + streamed[-1][1:] == tokenizer.encode(text)
+
+
+def test_chunks_end_before_the_spaces_between_two_words_in_any_script(
+    tmp_path, monkeypatch, bpe_json
+):
+    # A cut is made before a run of spaces with a non-space on each side, so a byte-level BPE
+    # gives the whole text's ids. The sides are whole characters: a space beside a no-break or
+    # ideographic space (whitespace to the pre-tokenizer) is no such run, and a read that ends
+    # inside a character keeps it whole; text without spaces ends after a line break.
+    from speedtronic_data import JsonTokenizer
+
+    text = (
+        "слово слово\u00a0 слово \u3000слово  ελληνικά κείμενο\n"
+        + "日本語の文章です。\n" * 8
+        + "  indented\n\tline 2\u00a0 x \u2028 y\n"
+    ) * 3
+    path = tmp_path / "mixed.txt"
+    path.write_text(text, encoding="utf-8")
+    monkeypatch.setattr(text_module, "CHUNK_BYTES", 23)  # ends reads inside characters
+    chunks = list(text_module.iter_text_chunks(path))
+    assert "".join(chunks) == text and len(chunks) > 10
+    for before, chunk in itertools.pairwise(chunks):
+        gap = chunk[: len(chunk) - len(chunk.lstrip(" "))]
+        if gap:  # between two words
+            assert not before[-1].isspace() and not chunk[len(gap)].isspace(), (before, chunk)
+        else:  # no such run in two reads: after a line break
+            assert before.endswith("\n"), (before, chunk)
+    tokenizer = JsonTokenizer.from_file(bpe_json)
+    assert [t for c in chunks for t in tokenizer.encode(c)] == tokenizer.encode(text)

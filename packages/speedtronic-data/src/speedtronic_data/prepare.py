@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import numbers
 import os
@@ -20,7 +21,12 @@ from speedtronic_config.atomic import new_folders_removed_on_error, probe_folder
 from speedtronic_data.errors import DataError, check_positive_int
 from speedtronic_data.records import RecordSource, is_record_source, open_records
 from speedtronic_data.shards import write_shard
-from speedtronic_data.text import CHUNK_BYTES, check_text_file, iter_text_chunks
+from speedtronic_data.text import (
+    CHUNK_BYTES,
+    check_text_file,
+    iter_text_chunks,
+    read_text_chunks,
+)
 from speedtronic_data.tokenizer import (
     CharTokenizer,
     as_json_tokenizer,
@@ -162,15 +168,10 @@ def _split_at_line(text: str, head_bytes: float, slack: float) -> tuple[str, str
 
 
 def _chunks(text: str) -> Iterator[str]:
-    """Yield text in pieces of about CHUNK_BYTES characters that end on a line break where possible
-    (as iter_text_chunks does for files): a cut inside a word would make a subword tokenizer
-    encode its two halves apart, giving other ids than the whole text has.
+    """Yield text in pieces of about CHUNK_BYTES cut as a file's are (read_text_chunks): where a
+    subword tokenizer splits anyway, so the pieces' ids are the text's.
     """
-    start = 0
-    while start < len(text):
-        end = text.find("\n", start + CHUNK_BYTES) + 1 or len(text)
-        yield text[start:end]
-        start = end
+    return read_text_chunks(io.BytesIO(text.encode("utf-8")), "text")
 
 
 def _text_pieces(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -45,50 +45,91 @@ _COMPRESSED = (
 )
 
 
-def iter_text_chunks(path: Path) -> Iterator[str]:
-    """Yield the file's text in chunks of about CHUNK_BYTES that end on a line break where
-    possible: a line longer than CHUNK_BYTES ends its chunk before the last run of spaces in a
-    further CHUNK_BYTES, else mid-line.
+_ASCII_SPACES = frozenset(b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f")  # str.isspace's
+
+
+def _is_space(char: bytes) -> bool:
+    """Whether char, the UTF-8 bytes of one character (and maybe more after it), starts with
+    whitespace; a character cut off or not UTF-8 counts as one, so no cut is made beside it.
     """
-    with open(path, "rb") as handle:
-        # utf-8-sig: a leading byte-order mark (Windows editors write one) is not text to train on.
-        decoder = codecs.getincrementaldecoder("utf-8-sig")()
-        offset, carry = 0, b""
-        while True:
-            raw, carry = carry + handle.read(CHUNK_BYTES), b""
-            if raw:
-                # End on a line so subword tokenizers see whole lines, but read at most a chunk
-                # more: a file of one long line (text8 is 100 MB) would be held whole.
-                rest = handle.readline(CHUNK_BYTES)
-                raw += rest
-                if len(rest) == CHUNK_BYTES and not rest.endswith(b"\n"):
-                    # In the line's read part (never inside a UTF-8 sequence), so the carry stays
-                    # about a chunk, and before the whole run of spaces, which a subword
-                    # pre-tokenizer splits as one piece.
-                    space = raw.rfind(b" ", len(raw) - len(rest))
-                    while space > 0 and raw[space - 1 : space].isspace():
-                        space -= 1
-                    if space > 0:
-                        raw, carry = raw[:space], raw[space:]
-            try:
-                text = decoder.decode(raw, final=not raw)
-            except UnicodeDecodeError as error:
-                packed = next((name for magic, name in _COMPRESSED if raw.startswith(magic)), None)
-                if offset == 0 and packed is not None:  # re-encoding would not help
-                    raise DataError(
-                        f"{str(path)!r} is a {packed} file, not text; decompress it first"
-                    ) from None
-                # The -sig decoder counts from after the byte-order mark it dropped.
-                bom = len(codecs.BOM_UTF8) if offset == 0 and raw.startswith(codecs.BOM_UTF8) else 0
+    if char[0] < 0x80:
+        return char[0] in _ASCII_SPACES
+    text = char.decode("utf-8", "ignore")[:1]
+    return not text or text.isspace()
+
+
+def _word_gap(raw: bytes, start: int) -> int:
+    """Return where the last run of spaces in raw that ends at or after start and lies between two
+    non-whitespace characters begins (never at 0), or -1.
+    """
+    end = len(raw) - 1  # the character after a space must be there
+    while (space := raw.rfind(b" ", start, end)) >= 0:
+        first = space
+        while first > 0 and raw[first - 1] == 0x20:
+            first -= 1
+        before = first - 1  # back over UTF-8 continuation bytes to the character's first byte
+        while before > 0 and first - before < 4 and raw[before] & 0xC0 == 0x80:
+            before -= 1
+        after = raw[space + 1 : space + 5]
+        if first > 0 and not _is_space(raw[before:first]) and not _is_space(after):
+            return first
+        end = first
+    return -1
+
+
+def read_text_chunks(handle: BinaryIO, name: str, offset: int = 0) -> Iterator[str]:
+    """Yield the UTF-8 text read from handle in chunks of about CHUNK_BYTES that end where a run
+    of spaces between two words begins ("x| y", "x|   y"; never inside the spaces or a line's
+    indentation); name and offset (where handle starts in it) place an error.
+
+    A subword tokenizer encodes each chunk on its own, so a cut must fall where its pre-tokenizer
+    splits whatever comes next and nothing joins across; there the chunks' ids are the whole
+    text's. GPT-2's and Llama 3's byte-level regexes split before such a run and no piece reaches
+    across it; Metaspace starts a word at the "▁" it becomes (and prepends none), and a normalizer
+    that shortens runs of spaces sees the run whole. After a line break is not such a place: GPT-2
+    joins the break to the next line's indentation ("\n   " then " x") or to the blank lines before
+    it, Llama 3 to the punctuation before it, Metaspace to the word before it. A read without such
+    a run is held for the next; 2 * CHUNK_BYTES without one end after their last line break, else
+    there.
+    """
+    start, carry = offset, b""  # carry: read, not yet yielded; it starts at byte `offset`
+    while True:
+        read = handle.read(CHUNK_BYTES)
+        raw = carry + read
+        cut = _word_gap(raw, len(carry)) if read else len(raw)
+        if cut < 0 and len(raw) >= 2 * CHUNK_BYTES:  # memory stays O(CHUNK_BYTES)
+            cut = raw.rfind(b"\n") + 1 or len(raw)
+        try:
+            # From a view, not a slice: no copy of the chunk. A character that a cut at the end
+            # of a read splits stays in carry.
+            text, used = codecs.utf_8_decode(memoryview(raw)[: max(cut, 0)], None, not read)
+        except UnicodeDecodeError as error:
+            packed = next((kind for magic, kind in _COMPRESSED if raw.startswith(magic)), None)
+            if offset == start and packed is not None:  # re-encoding would not help
                 raise DataError(
-                    f"{str(path)!r} is not valid UTF-8 near byte {offset + bom + error.start}; "
-                    "re-encode it as UTF-8"
+                    f"{name!r} is a {packed} file, not text; decompress it first"
                 ) from None
-            if text:
-                yield text
-            if not raw:
-                return
-            offset += len(raw)
+            raise DataError(
+                f"{name!r} is not valid UTF-8 near byte {offset + error.start}; "
+                "re-encode it as UTF-8"
+            ) from None
+        if text:
+            yield text
+        if not read:
+            return
+        if cut >= 0:
+            offset, carry = offset + used, raw[used:]
+        else:
+            carry = raw
+
+
+def iter_text_chunks(path: Path) -> Iterator[str]:
+    """Yield the file's text in chunks of about CHUNK_BYTES, cut as read_text_chunks says."""
+    with open(path, "rb") as handle:
+        # A leading byte-order mark (Windows editors write one) is not text to train on.
+        start = len(codecs.BOM_UTF8) if handle.read(3) == codecs.BOM_UTF8 else 0
+        handle.seek(start)
+        yield from read_text_chunks(handle, str(path), start)
 
 
 def iter_token_chunks(path: Path, tokenizer: Any, vocab_size: int) -> Iterator[np.ndarray]:
@@ -207,4 +248,4 @@ class TextFileTokenDataset(IterableDataset[dict[str, torch.Tensor]]):
             )
 
 
-__all__ = ["TextFileTokenDataset", "check_text_file", "iter_text_chunks"]
+__all__ = ["TextFileTokenDataset", "check_text_file", "iter_text_chunks", "read_text_chunks"]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from speedtronic_config import ConfigError, SpeedtronicConfig
+from speedtronic_config import ConfigError, SpeedtronicConfig, loading
 from speedtronic_config.loading import parse_text, read_source
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,6 +84,30 @@ def test_malformed_yaml_gives_line_and_column(tmp_path):
         SpeedtronicConfig.from_yaml(path)
 
 
+@pytest.mark.parametrize(
+    "text, where", [("model:\n\tn_layer: 2\n", "line 2, column 1"), ("a:\t1\n", "line 1, column 3")]
+)
+def test_a_tab_in_yaml_names_the_fix(text, where):
+    with pytest.raises(ConfigError) as caught:
+        parse_text(text, "run.yaml")
+    assert str(caught.value) == (
+        f"run.yaml: invalid YAML at {where}: found character '\\t' that cannot start any token; "
+        "use spaces: YAML does not allow a tab there"
+    )
+
+
+def test_a_utf16_file_names_the_fix(tmp_path):
+    # What Windows PowerShell 5 writes for `speedtronic validate run.yaml > out.yaml`.
+    path = tmp_path / "out.yaml"
+    path.write_text("max_steps: 3\n", encoding="utf-16")
+    with pytest.raises(ConfigError) as caught:
+        SpeedtronicConfig.load(path)
+    assert str(caught.value) == (
+        f"{path}: is not UTF-8 text (invalid start byte at byte 0); a config is YAML or JSON text "
+        "saved as UTF-8"
+    )
+
+
 def test_malformed_json_gives_line_and_column(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text('{\n  "max_steps": ,\n}')
@@ -91,12 +115,70 @@ def test_malformed_json_gives_line_and_column(tmp_path):
         SpeedtronicConfig.load(path)
 
 
-@pytest.mark.parametrize("text", ["- 1\n- 2\n", "just text\nmore\n"])
-def test_non_mapping_root_says_so(tmp_path, text):
+@pytest.mark.parametrize(
+    "text, kind", [("- 1\n- 2\n", "a list"), ("just text\nmore\n", "a single value")]
+)
+def test_non_mapping_root_says_so(tmp_path, text, kind):
+    # The error named neither the file nor the fix: "the configuration root must be a mapping
+    # (got 'just text more')".
     path = tmp_path / "list.yaml"
     path.write_text(text)
-    with pytest.raises(ConfigError, match="root must be a mapping"):
+    with pytest.raises(ConfigError) as caught:
         SpeedtronicConfig.load(path)
+    assert str(caught.value) == (
+        f"{path}: must be a mapping, not {kind}; write `key: value` lines at the "
+        "top level, e.g. 'model: {n_layer: 6}'"
+    )
+    with pytest.raises(ConfigError, match=f"^<inline config>: must be a mapping, not {kind}"):
+        SpeedtronicConfig.load(text)
+
+
+def test_a_file_too_large_for_a_config_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    # A text corpus named as the config (train corpus.txt) was parsed whole: minutes for a large
+    # one (6 MB took 4 s), to end in "root must be a mapping".
+    monkeypatch.setattr(loading, "MAX_FILE_BYTES", 100)  # the real limit is 1 MiB; same code
+    path = tmp_path / "corpus.txt"
+    path.write_text("max_steps: 3\n" + "#" * 87 + "\n")  # 101 bytes
+    with pytest.raises(ConfigError) as caught:
+        SpeedtronicConfig.load(path)
+    assert str(caught.value) == (
+        f"{path}: is larger than a config file (over 100 bytes); a data file is named in the "
+        "config, e.g. data.text_path or data.shard_path"
+    )
+    path.write_text("max_steps: 3\n" + "#" * 86 + "\n")  # 100 bytes
+    assert SpeedtronicConfig.load(path).run.max_steps == 3
+
+
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("max_steps: 0500\n", "line 1, column 12"),  # 320 in YAML 1.1, 500 in YAML 1.2
+        ("run: {seed: -017}\n", "line 1, column 13"),
+        ("checkpoint:\n  every_steps: 0_100\n", "line 2, column 16"),
+    ],
+)
+def test_an_integer_with_a_leading_zero_is_refused_not_read_as_octal(text, where):
+    # 0500 became 320 while 0900 (not octal, so text) became 900 in an integer field.
+    with pytest.raises(ConfigError) as caught:
+        parse_text(text, "run.yaml")
+    assert str(caught.value) == (
+        f"run.yaml: invalid YAML at {where}: an integer with a leading 0 is octal in YAML 1.1 "
+        "(010 is 8); write it without the leading zeros, or quote it if it is text"
+    )
+
+
+def test_integers_without_a_leading_zero_still_load():
+    text = "a: 0\nb: -0\nc: 00\nd: 0x1F\ne: 0b101\nf: 1_000\ng: '0500'\nh: 0.5\n"
+    assert parse_text(text, "run.yaml") == {
+        "a": 0,
+        "b": 0,
+        "c": 0,
+        "d": 31,
+        "e": 5,
+        "f": 1000,
+        "g": "0500",
+        "h": 0.5,
+    }
 
 
 def test_unsupported_source_type():
@@ -174,6 +256,24 @@ def test_yaml_aliases_are_walked_once_per_depth():
 def test_a_value_its_yaml_type_refuses_is_a_located_config_error(text, where):
     with pytest.raises(ConfigError, match=f"^run.yaml: invalid YAML at {where}"):
         parse_text(text, "run.yaml")
+
+
+@pytest.mark.parametrize(
+    "text, where, code",
+    [
+        ("run:\n  name: a\x1b[0mb\n", "line 2, column 10", "#x001b"),
+        ("\x0c\n", "line 1, column 1", "#x000c"),
+    ],
+)
+def test_a_control_character_is_located(text, where, code):
+    # Pasted terminal colours or a form feed: PyYAML named no line, so the invisible character
+    # had to be hunted for.
+    with pytest.raises(ConfigError) as caught:
+        parse_text(text, "run.yaml")
+    assert str(caught.value) == (
+        f"run.yaml: invalid YAML at {where}: unacceptable character {code}: special characters "
+        "are not allowed"
+    )
 
 
 def test_a_json_integer_past_the_digit_limit_is_a_config_error():

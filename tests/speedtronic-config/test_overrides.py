@@ -128,6 +128,35 @@ def test_an_empty_value_is_refused_not_read_as_null(text):
 
 
 @pytest.mark.parametrize(
+    "text, shown",
+    [
+        ("data.text_path=corpus #2.txt", "'corpus #2.txt'"),  # was read as 'corpus'
+        ("data.text_path=#2.txt", "'#2.txt'"),  # was null: synthetic data
+        ("logging.hooks=[tensorboard] # wandb", "'[tensorboard] # wandb'"),
+        ("distributed.token=hf_a #b", "a str, value hidden"),
+    ],
+)
+def test_a_comment_in_a_value_is_refused_not_cut_off(text, shown):
+    # YAML ends a plain value at ` #`: the rest was dropped, and a value that starts with # was
+    # null, which falls back to the default as an empty value would.
+    key = text.partition("=")[0]
+    with pytest.raises(ConfigError) as caught:
+        parse_override(text)
+    assert str(caught.value) == (
+        f"{key}: the # starts a YAML comment, which would cut the value short (got {shown}); "
+        f"quote the value, e.g. --set '{key}=\"a #1\"'"
+    )
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("run.name=a#1", "a#1"), ("run.name='a #1'", "a #1"), ('run.name="#1"', "#1")],
+)
+def test_a_hash_that_starts_no_comment_stays_in_the_value(text, expected):
+    assert parse_override(text)[1] == expected
+
+
+@pytest.mark.parametrize(
     "text,fix",
     [
         ("run.device=", "give it a value (its default is auto)"),
@@ -192,7 +221,17 @@ def test_a_value_nested_too_deeply_is_one_config_error(depth):
 
 @pytest.mark.parametrize(
     "value",
-    ["/runs/emo\U0001f600/metrics.jsonl", "a: b", "null", 3, 1e-8, None, [1, "x"], {"a": [1]}],
+    [
+        "/runs/emo\U0001f600/metrics.jsonl",
+        "a: b",
+        "null",
+        "runs/a #1/metrics.jsonl",  # quoted: a bare ` #` is refused as a comment
+        3,
+        1e-8,
+        None,
+        [1, "x"],
+        {"a": [1]},
+    ],
 )
 def test_override_value_reads_back_exactly(value):
     assert parse_override(f"run.name={override_value(value)}")[1] == value

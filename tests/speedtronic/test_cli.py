@@ -212,6 +212,33 @@ def test_bad_cuda_overlay_exits_2_even_on_cpu(tmp_path, refused, content, fragme
     assert_one_line_error(result, 2, fragment)
 
 
+@pytest.mark.parametrize("content, kind", [("- 1\n- 2\n", "a list"), ("text\n", "a single value")])
+def test_a_config_that_is_not_a_mapping_names_the_file(tmp_path, refused, content, kind):
+    # train said "cannot load a config from list; pass a mapping, a file path or YAML/JSON text",
+    # and read a single value as the path of another config: "text: config file not found".
+    config = tmp_path / "c.yaml"
+    config.write_text(content)
+    result = refused("train", str(config), cwd=tmp_path)
+    assert_one_line_error(result, 2, f"train: {config}: must be a mapping, not {kind}; write")
+
+
+@pytest.mark.parametrize("content", ["", "# every default\n"])
+def test_train_reads_an_empty_config_as_every_default_as_validate_does(tmp_path, content):
+    import argparse
+
+    from speedtronic import SpeedtronicConfig, cli
+
+    # train said "cannot load a config from NoneType; pass a mapping, a file path or YAML/JSON
+    # text", while validate printed the defaults.
+    config = tmp_path / "c.yaml"
+    config.write_text(content)
+    args = argparse.Namespace(
+        config=str(config), overrides=["run.name=x"], device=None, max_steps=3, cuda_overlay=None
+    )
+    run, _ = cli._train_config(args, announce=False)
+    assert (run.run.name, run.run.max_steps, run.model) == ("x", 3, SpeedtronicConfig().model)
+
+
 def test_missing_cuda_overlay_names_the_path(tmp_path, refused):
     result = refused(
         "train",
@@ -842,6 +869,9 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly():
             "validate: data.shard_path: empty value; write data.shard_path=null to unset it",
         ),
         (["c.yaml", "--set", "run.name= "], "validate: run.name: empty value"),
+        # Read as data.text_path=corpus and max_steps=320 before.
+        (["c.yaml", "--set", "data.text_path=corpus #2.txt"], "text_path: the # starts a YAML"),
+        (["c.yaml", "--set", "max_steps=0500"], "with a leading 0 is octal in YAML 1.1"),
     ],
 )
 def test_validate_input_errors_name_the_command(tmp_path, monkeypatch, capsys, args, fragment):

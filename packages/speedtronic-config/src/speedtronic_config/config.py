@@ -11,7 +11,7 @@ from typing import Any
 from speedtronic_config.atomic import atomic_write_text
 from speedtronic_config.coerce import coerce
 from speedtronic_config.errors import ConfigError
-from speedtronic_config.loading import read_file, read_source
+from speedtronic_config.loading import read_config, read_source
 from speedtronic_config.normalize import (
     ROOT_FLAGS,
     SECTIONS,
@@ -187,7 +187,7 @@ class SpeedtronicConfig:
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> SpeedtronicConfig:
         """Return a validated config from a YAML (or .json) file."""
-        return cls.from_dict(read_file(path))
+        return cls.from_dict(read_config(path))
 
     @classmethod
     def load(cls, source: str | os.PathLike[str] | Mapping[str, Any]) -> SpeedtronicConfig:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -54,9 +55,39 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool
     return loader.construct_mapping(node, deep=deep)
 
 
+# YAML 1.1's octal: 0500 is 320, while 0900 (not octal) stays text that an integer field reads as
+# 900, and YAML 1.2 reads both as decimals.
+_OCTAL = re.compile(r"[-+]?0[0-7_]*[1-7][0-7_]*")
+
+
+def _int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
+    """Construct an integer; one written with a leading 0 is refused: its reading is ambiguous."""
+    if _OCTAL.fullmatch(node.value):
+        raise yaml.constructor.ConstructorError(
+            None,
+            None,
+            "an integer with a leading 0 is octal in YAML 1.1 (010 is 8); write it without the "
+            "leading zeros, or quote it if it is text",
+            node.start_mark,
+        )
+    return loader.construct_yaml_int(node)
+
+
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _int)
 # Far deeper than any config; below what the readers of the data (deepcopy) can recurse through.
 MAX_DEPTH = 32
+# Far larger than any config (the shipped ones are under 2 KB): a bigger file is data named by
+# mistake, which the parser would read whole, for minutes, before refusing it.
+MAX_FILE_BYTES = 2**20
+_INLINE = "<inline config>"
+
+
+# The fix for a YAML error whose problem holds these words.
+_FIXES = {
+    "another document": "a config is one YAML document: remove the --- line",
+    "'\\t'": "use spaces: YAML does not allow a tab there",  # PyYAML's repr of a tab
+}
 
 
 def parse_text(text: str, source: str, *, as_json: bool = False) -> Any:
@@ -66,9 +97,9 @@ def parse_text(text: str, source: str, *, as_json: bool = False) -> Any:
     try:
         return parse_value(text, source)
     except yaml.YAMLError as error:
-        several = "another document" in str(getattr(error, "problem", ""))
-        fix = "a config is one YAML document: remove the --- line" if several else None
-        raise ConfigError(source, describe_yaml_error(error), allowed=fix) from None
+        problem = str(getattr(error, "problem", ""))
+        fix = next((fix for words, fix in _FIXES.items() if words in problem), None)
+        raise ConfigError(source, describe_yaml_error(error, text=text), allowed=fix) from None
 
 
 def _parse_json(text: str, source: str) -> Any:
@@ -150,14 +181,20 @@ def _depth(data: Any) -> int:
     return deepest
 
 
-def describe_yaml_error(error: yaml.YAMLError, what: str = "invalid YAML") -> str:
-    """Return a YAML error as one line, `<what> at line L, column C: problem`, without the quoted
-    source text PyYAML adds (it spans several lines and may hold a secret).
+def describe_yaml_error(error: yaml.YAMLError, what: str = "invalid YAML", text: str = "") -> str:
+    """Return a YAML error in `text` as one line, `<what> at line L, column C: problem`, without
+    the quoted source text PyYAML adds (it spans several lines and may hold a secret).
     """
     if isinstance(error, yaml.MarkedYAMLError):
         mark = error.problem_mark or error.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         return f"{what}{where}: {error.problem or error.context}"
+    if isinstance(error, yaml.reader.ReaderError) and text:
+        # A control character (pasted terminal colours): PyYAML gives only its offset in text.
+        line_start = text.rfind("\n", 0, error.position) + 1
+        line = text.count("\n", 0, line_start) + 1
+        column = error.position - line_start + 1
+        return f"{what} at line {line}, column {column}: {str(error).splitlines()[0]}"
     first = str(error).strip().splitlines()
     return f"{what}: {first[0] if first else type(error).__name__}"
 
@@ -174,16 +211,42 @@ def read_file(path: str | os.PathLike[str]) -> Any:
     if file.is_dir():
         raise ConfigError(str(file), "is a directory, not a config file")
     try:
+        with file.open("rb") as handle:  # at most one byte past the limit, from a pipe too
+            data = handle.read(MAX_FILE_BYTES + 1)
         # A byte-order mark (Notepad, PowerShell) opens the file, not its JSON text; removed after
         # decoding, so the byte an error names is the file's own.
-        text = file.read_text(encoding="utf-8").removeprefix("\ufeff")
+        text = data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as error:
         raise ConfigError(
-            str(file), f"is not UTF-8 text ({error.reason} at byte {error.start})"
+            str(file),
+            f"is not UTF-8 text ({error.reason} at byte {error.start})",
+            allowed="a config is YAML or JSON text saved as UTF-8",
         ) from None
     except OSError as error:
         raise ConfigError(str(file), f"cannot be read: {error.strerror or error}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(
+            str(file),
+            f"is larger than a config file (over {MAX_FILE_BYTES} bytes)",
+            allowed="a data file is named in the config, e.g. data.text_path or data.shard_path",
+        )
     return parse_text(text, str(file), as_json=file.suffix.lower() == ".json")
+
+
+def read_config(path: str | os.PathLike[str]) -> Mapping[str, Any] | None:
+    """Return the settings in a config file (read_file's data), None when it is empty."""
+    return _mapping(read_file(path), str(Path(path)))
+
+
+def _mapping(data: Any, source: str) -> Any:
+    """Return data read from `source` when it is a mapping of settings or empty (None)."""
+    if data is None or isinstance(data, Mapping):
+        return data
+    raise ConfigError(
+        source,
+        f"must be a mapping, not {'a list' if isinstance(data, list) else 'a single value'}",
+        allowed="write `key: value` lines at the top level, e.g. 'model: {n_layer: 6}'",
+    )
 
 
 def read_source(source: str | os.PathLike[str] | Mapping[str, Any]) -> Any:
@@ -191,7 +254,7 @@ def read_source(source: str | os.PathLike[str] | Mapping[str, Any]) -> Any:
     if isinstance(source, Mapping):
         return source
     if isinstance(source, os.PathLike):
-        return read_file(source)
+        return read_config(source)
     if not isinstance(source, str):
         raise ConfigError(
             "",
@@ -201,19 +264,15 @@ def read_source(source: str | os.PathLike[str] | Mapping[str, Any]) -> Any:
     # Multi-line text or a JSON object is inline; a single line is a path if such a file exists,
     # else inline text when it parses to a mapping, else a path that is missing.
     if "\n" in source or source.lstrip().startswith("{"):
-        return parse_text(source, "<inline config>")
+        return _mapping(parse_text(source, _INLINE), _INLINE)
     if Path(source).exists():
-        return read_file(source)
+        return read_config(source)
     try:
-        inline = parse_text(source, "<inline config>")
+        inline = parse_text(source, _INLINE)
     except ConfigError:
         if ": " in source:  # meant as inline YAML: report the syntax error, not a missing file
             raise
         inline = None
-    if isinstance(inline, Mapping):
-        return inline
-    if isinstance(inline, list):  # no file of that name: YAML that is not a config
-        raise ConfigError(
-            "<inline config>", "must be a mapping, not a list", allowed="e.g. 'model: {n_layer: 6}'"
-        )
-    return read_file(source)
+    if isinstance(inline, (Mapping, list)):  # a list: no file of that name, YAML not a config
+        return _mapping(inline, _INLINE)
+    return read_config(source)

@@ -52,11 +52,32 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     except yaml.YAMLError as error:
         raise ConfigError(
             key.strip(),
-            describe_yaml_error(error, "value is not valid YAML"),
+            describe_yaml_error(error, "value is not valid YAML", raw),
             value=raw,
             allowed="quote a string value, e.g. --set 'run.name=\"a: b\"'",
         ) from None
+    if _has_comment(raw):
+        # YAML drops the rest of the line: `corpus #2.txt` was read as `corpus`, and `#2.txt` as
+        # null, which falls back to the default as an empty value would.
+        raise ConfigError(
+            key.strip(),
+            "the # starts a YAML comment, which would cut the value short",
+            value=raw.strip(),
+            allowed=f"quote the value, e.g. --set '{key.strip()}=\"a #1\"'",
+        )
     return parts, value
+
+
+def _has_comment(text: str) -> bool:
+    """Return True when YAML text holds a comment: a # in the gap between two of its tokens."""
+    if "#" not in text:
+        return False
+    end = 0
+    for token in yaml.scan(text, Loader=yaml.SafeLoader):
+        if "#" in text[end : token.start_mark.index]:
+            return True
+        end = token.end_mark.index
+    return False
 
 
 def _unset_hint(key: str) -> str:

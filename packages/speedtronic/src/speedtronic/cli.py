@@ -346,7 +346,9 @@ def _train_config(args: argparse.Namespace, *, announce: bool = True) -> tuple[A
     """
     from speedtronic_config.loading import read_source
 
-    values = read_source(args.config)  # read once: the CUDA overlay applies to the same values
+    # Read once: the CUDA overlay applies to the same values. An empty file is every default, as
+    # for validate (its None is no source _load_config can read again).
+    values = read_source(args.config) or {}
     overrides, metrics = _train_overrides(values, args)
     config = _load_config(values, overrides)
     if not args.cuda_overlay:

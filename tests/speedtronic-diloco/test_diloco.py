@@ -707,6 +707,9 @@ def test_a_refused_token_stops_the_node_with_the_fix_instead_of_training_alone(t
         # huggingface_hub 1.x has no huggingface-cli: the fix names the command it does have.
         with pytest.raises(HubRefused, match="401.*write access to org/run.*`hf auth login`"):
             joined("w1", "hf_wrong", global_wait_timeout=5.0).start()
+        # No token at all: the Hub hides the private repository (401, RepositoryNotFoundError).
+        with pytest.raises(HubRefused, match="401.*write access to org/run.*HF_TOKEN"):
+            joined("w3", False, global_wait_timeout=5.0).start()
         reader = joined("w2", "hf_read")
         reader.start()
         net = reader.model

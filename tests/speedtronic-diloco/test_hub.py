@@ -19,10 +19,12 @@ from speedtronic_diloco.hub import (
     GlobalMetadata,
     HubClient,
     HubError,
+    HubRefused,
     HubUnavailable,
     build_hub_client,
 )
 from speedtronic_diloco.tensors import delta_path, from_safetensors_bytes
+from speedtronic_diloco.testing.hub_server import HubServer
 from speedtronic_diloco.transport import FilesystemTransport, HfApiTransport
 
 
@@ -212,6 +214,43 @@ def test_a_429_on_a_delta_upload_and_a_503_on_its_download_back_off_with_a_warni
     assert torch.equal(from_safetensors_bytes(client.read_bytes(path))["w"], torch.ones(3))
     assert sleeps == [0.5, 0.5] and not server.faults.script
     assert caplog.text.count("(attempt 1/6), retrying in 0.50s") == 2
+
+
+@pytest.mark.parametrize("status", ["429", "503"])
+def test_a_server_that_says_when_to_retry_is_waited_for_up_to_retry_max(server, tmp_path, status):
+    sleeps = []
+    client = HubClient(
+        "org/run",
+        transport=HfApiTransport("org/run", endpoint=server.url, cache_dir=tmp_path),
+        retry_initial=0.5,
+        retry_max=30.0,
+        sleeper=sleeps.append,
+    )
+    client.create_repo()
+    for seconds in (7, 0, 3600):  # a rate-limit window, a plain retry, one longer than retry_max
+        server.faults.add(status, method="POST", path="/commit/", retry_after=seconds)
+    client.write_json("a.json", 1)
+    assert client.read_json("a.json") == 1
+    assert sleeps == [7.0, 1.0, 30.0]  # the server's wait, else the backoff; never past retry_max
+
+
+def test_a_node_without_a_token_is_refused_not_told_the_repository_is_missing(tmp_path):
+    # The Hub hides a private repository from a request without a token: a 401 that
+    # huggingface_hub raises as RepositoryNotFoundError. Taken for "not created yet", a worker
+    # waited for a first global model that it could never read, then trained alone.
+    with HubServer(tokens={"hf_write": "write"}) as server:
+        HubClient(
+            "org/run", transport=HfApiTransport("org/run", endpoint=server.url, token="hf_write")
+        ).create_repo()
+        anonymous = HubClient(
+            "org/run",
+            transport=HfApiTransport("org/run", endpoint=server.url, token=False),
+            sleeper=lambda s: pytest.fail("a refusal is not retried"),
+        )
+        with pytest.raises(HubRefused, match="global_metadata on org/run was refused.*HF_TOKEN"):
+            anonymous.global_metadata()
+        with pytest.raises(HubRefused, match="upload a.json on org/run was refused"):
+            anonymous.write_json("a.json", 1)
 
 
 def test_permanent_errors_are_not_retried(server, tmp_path):

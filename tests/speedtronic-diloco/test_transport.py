@@ -107,6 +107,23 @@ def test_http_errors_are_classified(status, kind, transient):
     assert type(error) is kind and error.transient is transient
 
 
+@pytest.mark.parametrize(
+    ("status", "headers", "wait"),
+    [
+        (429, {"RateLimit": '"api";r=0;t=42', "Retry-After": "5"}, 42.0),
+        (429, {"Retry-After": "5"}, 5.0),
+        (503, {"RateLimit": '"api";r=99;t=42', "Retry-After": "5"}, 5.0),  # not rate limited
+        (503, {"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}, None),  # a date: use the backoff
+        (503, {}, None),
+        (403, {"Retry-After": "5"}, None),  # not transient: no retry to wait for
+    ],
+)
+def test_the_wait_a_response_asks_for_is_read(status, headers, wait):
+    exc = Exception("boom")
+    exc.response = SimpleNamespace(status_code=status, headers=headers)
+    assert getattr(_classify_http(exc), "retry_after", None) == wait
+
+
 def test_a_hub_that_never_answers_times_out_as_a_transient_error():
     import socket
 

@@ -178,7 +178,8 @@ class HubClient:
         return getattr(self.transport, "api", None)
 
     def _retry(self, operation: str, callback: Callable[[], Any]) -> Any:
-        """Run callback, retrying transient failures with exponential backoff.
+        """Run callback, retrying transient failures with exponential backoff; a wait the server
+        asks for (a rate limit's reset) replaces a shorter one, up to retry_max.
 
         Compound operations retry each idempotent request on its own: retried as a whole, an
         operation of k requests under a per-request failure rate p succeeds only with (1 - p) ** k.
@@ -194,15 +195,17 @@ class HubClient:
                     raise HubUnavailable(
                         f"{operation} on {self.repo_id} failed {attempt} times; last error: {exc}"
                     ) from None
+                # Retried sooner, a rate-limited node spends its attempts inside the limit's window.
+                wait = min(max(delay, exc.retry_after or 0.0), self.retry_max)
                 self.logger.warning(
                     "%s failed (attempt %d/%d), retrying in %.2fs: %s",
                     operation,
                     attempt,
                     self.retry_attempts,
-                    delay,
+                    wait,
                     exc,
                 )
-                self.sleeper(delay)
+                self.sleeper(wait)
                 delay = min(delay * 2, self.retry_max)
         raise AssertionError("unreachable")
 

@@ -23,11 +23,15 @@ from speedtronic_config.atomic import atomic_write_bytes
 
 
 class TransportError(RuntimeError):
-    """A transport operation failed; `transient` says whether retrying can help."""
+    """A transport operation failed; `transient` says whether retrying can help.
 
-    def __init__(self, message: str, *, transient: bool) -> None:
+    `retry_after`: the seconds the server asked to wait before a retry (None: it did not say).
+    """
+
+    def __init__(self, message: str, *, transient: bool, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.transient = transient
+        self.retry_after = retry_after
 
 
 class NotFound(TransportError):
@@ -97,6 +101,18 @@ class Transport(Protocol):
     ) -> str: ...
 
 
+def _retry_after(response: Any) -> float | None:
+    """Return the seconds a response asks to wait (a 429's RateLimit reset `t=`, or a numeric
+    Retry-After), or None when it does not say.
+    """
+    headers = getattr(response, "headers", None) or {}
+    # The Hub sends RateLimit on every response: only a 429 means its window is spent.
+    rate_limit = headers.get("RateLimit") if response.status_code == 429 else None
+    limit = re.search(r"(?:^|;)\s*t=(\d+)", rate_limit or "")
+    value = limit.group(1) if limit else (headers.get("Retry-After") or "").strip()
+    return float(value) if value.isdigit() else None  # an HTTP date: fall back to the backoff
+
+
 def _classify_http(exc: Exception) -> TransportError:
     """Map a huggingface_hub / HTTP-library exception onto NotFound, StaleParent, Refused or
     TransportError.
@@ -107,6 +123,10 @@ def _classify_http(exc: Exception) -> TransportError:
     text = f"{name}: {exc}".splitlines()[0][:300]
     if status == 412:
         return StaleParent(text)
+    if status in {401, 403}:
+        # Before the names: huggingface_hub raises RepositoryNotFoundError for a 401 too (the Hub
+        # hides a private repository from a request without a token), and that is no absence.
+        return Refused(text)
     if status == 404 or name in {
         "EntryNotFoundError",
         "RepositoryNotFoundError",
@@ -114,10 +134,11 @@ def _classify_http(exc: Exception) -> TransportError:
         "RemoteEntryNotFoundError",
     }:
         return NotFound(text)
-    if status in {401, 403}:
-        return Refused(text)
     if status is not None:
-        return TransportError(text, transient=status in {408, 425, 429} or status >= 500)
+        transient = status in {408, 425, 429} or status >= 500
+        return TransportError(
+            text, transient=transient, retry_after=_retry_after(response) if transient else None
+        )
     if name == "HFValidationError":
         # Raised before any request (a repo_id the Hub cannot hold): retrying cannot help.
         return TransportError(text, transient=False)

@@ -5,11 +5,14 @@ It stores repositories in memory as chains of commits with 40-hex oids, honours 
 injects faults on request: 5xx, 429, dropped connections (request not applied), lost responses
 (request applied, answer never sent) and stale parents (another writer commits first). A README.md
 upload is preceded by POST /api/validate-yaml, answered here for a closed metadata block. Given
-tokens, it answers an unknown one with 401 and a commit or repository creation with a read-only
-one with 403, as the Hub does.
+tokens, it answers an unknown one with 401, a request without one with 401 RepoNotFound (a private
+repository), and a commit or repository creation with a read-only one with 403, as the Hub does.
 
     python -m speedtronic_diloco.testing.hub_server --port 8765 [--fault-rate 0.3 --seed 1]
         [--token hf_write --token hf_read:read]
+
+A 429 or 5xx says when to retry (Retry-After, and RateLimit's reset for a 429): 0 seconds, or a
+scripted fault's "retry_after".
 
 Test hooks (never faulted): POST /_test/faults {"rate", "kinds", "seed"} or {"script": [...]},
 GET /_test/log (every commit: repo, oid, added and deleted paths, request bytes), GET /_test/stats.
@@ -96,7 +99,9 @@ class FaultPlan:
         seed: int = 0,
         script: list[dict[str, Any]] | None = None,
     ) -> None:
-        """Replace the plan. script items: {"kind", "method"?, "path"? (substring), "times"?}."""
+        """Replace the plan. script items: {"kind", "method"?, "path"? (substring), "times"?,
+        "retry_after"? (seconds)}.
+        """
         unknown = set(kinds) - set(FAULT_KINDS) | {s["kind"] for s in script or []} - set(
             FAULT_KINDS
         )
@@ -109,16 +114,36 @@ class FaultPlan:
             self.script = [dict(item, times=int(item.get("times", 1))) for item in script or []]
 
     def add(
-        self, kind: str, *, method: str | None = None, path: str | None = None, times: int = 1
+        self,
+        kind: str,
+        *,
+        method: str | None = None,
+        path: str | None = None,
+        times: int = 1,
+        retry_after: int = 0,
     ) -> None:
-        """Queue a scripted fault for the next matching request(s)."""
+        """Queue a scripted fault for the next matching request(s); a 429 or 5xx asks the client
+        to wait retry_after seconds.
+        """
         if kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault kind {kind!r}; use one of {FAULT_KINDS}")
         with self.lock:
-            self.script.append({"kind": kind, "method": method, "path": path, "times": times})
+            self.script.append(
+                {
+                    "kind": kind,
+                    "method": method,
+                    "path": path,
+                    "times": times,
+                    "retry_after": retry_after,
+                }
+            )
 
     def pick(self, method: str, path: str, *, mutating: bool) -> str | None:
         """Return the fault to inject into this request, or None."""
+        return self.choose(method, path, mutating=mutating)[0]
+
+    def choose(self, method: str, path: str, *, mutating: bool) -> tuple[str | None, int]:
+        """Return (the fault to inject into this request or None, its Retry-After seconds)."""
         with self.lock:
             for item in self.script:
                 if item.get("method") not in (None, method) or (item.get("path") or "") not in path:
@@ -126,11 +151,11 @@ class FaultPlan:
                 item["times"] -= 1
                 if item["times"] <= 0:
                     self.script.remove(item)
-                return self._count(item["kind"])
+                return self._count(item["kind"]), int(item.get("retry_after", 0))
             if self.rate and self.rng.random() < self.rate:
                 usable = [k for k in self.kinds if mutating or k not in {"lost", "stale"}]
-                return self._count(self.rng.choice(usable)) if usable else None
-        return None
+                return (self._count(self.rng.choice(usable)) if usable else None), 0
+        return None, 0
 
     def _count(self, kind: str) -> str:
         self.injected[kind] = self.injected.get(kind, 0) + 1
@@ -225,13 +250,16 @@ class _Handler(BaseHTTPRequestHandler):
         )
         refusal = self._refusal(mutating)
         if refusal is not None:
-            status, message = refusal
-            return self._json(status, {"error": message}, {"X-Error-Message": message})
-        fault = self.server.faults.pick(self.command, url.path, mutating=mutating)
+            status, message, code = refusal
+            headers = {"X-Error-Message": message, **({"X-Error-Code": code} if code else {})}
+            return self._json(status, {"error": message}, headers)
+        fault, wait = self.server.faults.choose(self.command, url.path, mutating=mutating)
         if fault == "drop":
             return self._hang_up()
         if fault in {"500", "503", "429"}:
-            headers = {"Retry-After": "0", "RateLimit": '"api";r=0;t=0'} if fault == "429" else {}
+            headers = {"Retry-After": str(wait)}
+            if fault == "429":
+                headers["RateLimit"] = f'"api";r=0;t={wait}'
             return self._json(int(fault), {"error": f"injected fault {fault}"}, headers)
         try:
             reply = self._route(parts, parse_qs(url.query), body, stale=fault == "stale")
@@ -245,17 +273,22 @@ class _Handler(BaseHTTPRequestHandler):
             return self._hang_up()
         reply()
 
-    def _refusal(self, mutating: bool) -> tuple[int, str] | None:
-        """Return (status, message) when the request's token may not do this, else None."""
+    def _refusal(self, mutating: bool) -> tuple[int, str, str | None] | None:
+        """Return (status, message, error code) when the request's token may not do this, else
+        None.
+        """
         tokens = self.server.tokens
         if tokens is None:
             return None
-        bearer = self.headers.get("Authorization", "").removeprefix("Bearer ")
-        access = tokens.get(bearer)
+        if "Authorization" not in self.headers:
+            # The Hub hides a private repository from a request without a token (a 401 that
+            # huggingface_hub raises as RepositoryNotFoundError).
+            return 401, "Repository not found", "RepoNotFound"
+        access = tokens.get(self.headers["Authorization"].removeprefix("Bearer "))
         if access is None:
-            return 401, "Invalid credentials in Authorization header"
+            return 401, "Invalid credentials in Authorization header", None
         if mutating and access != "write":
-            return 403, "You don't have the rights to create a commit in this repository"
+            return 403, "You don't have the rights to create a commit in this repository", None
         return None
 
     # -- the Hub API ---------------------------------------------------------------------------

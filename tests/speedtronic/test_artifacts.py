@@ -4,6 +4,7 @@ text; and export -> model.init_from -> export round trips byte for byte.
 
 from __future__ import annotations
 
+import io
 import re
 import shutil
 import sys
@@ -153,6 +154,34 @@ def test_a_custom_registered_model_does_not_map(tmp_path, byte_shards):
     assert not (tmp_path / "hf").exists()
 
 
+def test_a_custom_generate_sample_cannot_call_is_a_usage_error(tmp_path):
+    # Its TypeError ("unexpected keyword argument 'temperature'") was a runtime failure, exit 1.
+    from speedtronic_model import register_model
+
+    class Echo(torch.nn.Module):
+        def __init__(self, vocab_size, **_):
+            super().__init__()
+            self.table = torch.nn.Embedding(vocab_size, vocab_size)
+
+        def forward(self, input_ids, **_):
+            return {"logits": self.table(input_ids)}
+
+        def generate(self, input_ids, max_new_tokens, do_sample=True):  # transformers' keywords
+            return input_ids
+
+    register_model("sample_test_echo", Echo)
+    model = {"name": "sample_test_echo", "vocab_size": 256, "max_seq_len": 8}
+    config = {"run": {"device": "cpu", "output_dir": str(tmp_path)}, "model": model}
+    checkpoint = noisy_checkpoint(config | {"data": {"num_tokens": 8}})
+    with pytest.raises(UsageError) as error:
+        sample_text(checkpoint, "x", tokenizer="bytes")
+    assert str(error.value) == (
+        f"{checkpoint}: model 'sample_test_echo' has a generate(input_ids, max_new_tokens, "
+        "do_sample=True) that sample cannot call; sample needs one taking (input_ids, "
+        "max_new_tokens, temperature=, top_k=), as the reference model has"
+    )
+
+
 def test_the_tokenizer_must_be_known(tmp_path, checkpoint, byte_shards, bpe_json):
     _, config = load_checkpoint_model(checkpoint)
     config.data.shard_path = str(tmp_path / "moved" / "train_*.bin")
@@ -260,6 +289,27 @@ def test_sample_escapes_control_characters_only_on_a_terminal(checkpoint, capsys
     assert main(args) == 0
     shown = capsys.readouterr().out
     assert not [c for c in shown if c in controls] and f"\\x{ord(controls[0]):02x}" in shown
+
+
+def ascii_stdout(monkeypatch) -> io.TextIOWrapper:
+    """An ASCII stdout, as PYTHONIOENCODING=ascii leaves it (a Windows code page, redirected to a
+    file, lacks most characters too).
+    """
+    stream = io.TextIOWrapper(io.BytesIO(), encoding="ascii", write_through=True)
+    monkeypatch.setattr(sys, "stdout", stream)
+    return stream
+
+
+def test_sample_writes_what_stdouts_encoding_lacks_as_escapes(checkpoint, monkeypatch):
+    # Printing the text raised UnicodeEncodeError: exit 1 after the whole generation.
+    from speedtronic.cli import main
+
+    raw = sample_text(checkpoint, "é", max_new_tokens=8)
+    stream = ascii_stdout(monkeypatch)
+    assert main(["sample", str(checkpoint), "--prompt", "é", "--max-new-tokens", "8"]) == 0
+    shown = stream.buffer.getvalue().decode("ascii")
+    assert shown == raw.encode("ascii", "backslashreplace").decode() + "\n"
+    assert shown.startswith("\\xe9") and stream.errors == "strict"  # the caller's stream kept
 
 
 @pytest.mark.parametrize("given", ["latest", ".", "run folder"])

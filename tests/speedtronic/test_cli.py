@@ -899,6 +899,23 @@ def test_synthetic_training_data_beside_real_validation_data_is_warned_of(tmp_pa
     )
 
 
+def test_a_finished_run_prints_its_summary_to_a_stdout_without_its_characters(
+    tmp_path, monkeypatch
+):
+    # A byte-level sample holds any character: under PYTHONIOENCODING=ascii (or a Windows code
+    # page, redirected) printing the summary raised UnicodeEncodeError, exit 1 after the run.
+    from speedtronic.cli import main
+
+    stdout = io.TextIOWrapper(io.BytesIO(), encoding="ascii", write_through=True)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    model = "{vocab_size: 256, max_seq_len: 8, n_layer: 1, n_head: 1, d_model: 8}"
+    config = tiny_config(tmp_path, model=model)
+    assert main(["train", str(config), "--max-steps", "1"]) == 0
+    sample = stdout.buffer.getvalue().decode("ascii").split("\nsample:\n", 1)[1]
+    assert sample.startswith("    def ") and "\\u" in sample  # a character ASCII lacks, escaped
+    assert stdout.errors == "strict"  # the caller's stream as it was
+
+
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory) -> tuple[Path, Path]:
     """A 4-step smoke run (vocabulary 128, Muon) with a checkpoint at step 4: (config, run)."""

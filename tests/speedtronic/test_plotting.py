@@ -3,7 +3,9 @@ non-object JSON lines and binary files raised AttributeError / UnicodeDecodeErro
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,23 @@ def test_non_numeric_values_are_not_plotted(tmp_path):
     path.write_text('{"step": "x", "loss": 1}\n{"step": 1, "loss": "nan?"}\n')
     with pytest.raises(UsageError, match="no training-step records"):
         plot_metrics(path)
+
+
+def test_a_run_shorter_than_its_logging_interval_is_told_what_to_change(tmp_path):
+    # What such a run leaves (logging.every_steps 10, 8 steps): its error named no fix.
+    path = tmp_path / "metrics.jsonl"
+    records = [
+        {"event": "eval", "step": 4, "val_loss": 4.9},
+        {"event": "checkpoint", "step": 8, "path": "step_8.pt"},
+        {"event": "fit_end", "step": 8, "final_loss": 4.86},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(UsageError) as error:
+        plot_metrics(path)
+    assert str(error.value) == (
+        f"{path}: no training-step records with a loss to plot (a run logs one every "
+        "logging.every_steps steps): lower logging.every_steps, or train longer"
+    )
 
 
 def test_a_resumed_run_replaces_its_steps_and_run_averages_stay_out():
@@ -155,3 +174,37 @@ def test_a_run_of_one_logged_step_shows_its_point(tmp_path):
 
     assert drawn((44, 160, 44)) > 0  # tab:green, the learning rate
     assert drawn((214, 39, 40)) > 0  # tab:red, tokens/s
+
+
+@contextlib.contextmanager
+def as_another_user():
+    """Within the block, act as `nobody` when running as root, which reads any file: the
+    permission checks a user meets are the system's own, not a mock's.
+    """
+    if os.geteuid() != 0:
+        yield
+        return
+    # `nobody` cannot read root's site-packages either: what the CLI imports late, imported now.
+    import speedtronic_config.errors  # noqa: F401
+
+    os.seteuid(65534)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+
+
+def test_a_metrics_file_that_cannot_be_read_is_a_usage_error(tmp_path, capsys):
+    # It was a PermissionError, exit 1 ("set SPEEDTRONIC_DEBUG=1 for the traceback").
+    from speedtronic.cli import main
+
+    path = metrics(tmp_path)
+    path.chmod(0)  # as root, the folders above (0700, root's) refuse `nobody` before the file
+    with as_another_user():
+        assert main(["plot", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("speedtronic plot: ") and err.count("\n") == 1, err
+    assert err.endswith(": cannot read it (Permission denied); pass a metrics file you can read\n")
+    # The model card reads it alone, and turns a UsageError into a card without its curve.
+    with as_another_user(), pytest.raises(UsageError, match=r"cannot read it \(Permission denied"):
+        read_metrics(path)

@@ -307,9 +307,10 @@ def sample_text(
 
     state = read_checkpoint(path)
     model, config = _model_from_state(state, path)
-    if not hasattr(model, "generate"):
+    unusable = _unusable_generate(model)
+    if unusable is not None:
         raise UsageError(
-            f"{path}: model {config.model.name!r} has no generate(); sample needs one taking "
+            f"{path}: model {config.model.name!r} has {unusable}; sample needs one taking "
             "(input_ids, max_new_tokens, temperature=, top_k=), as the reference model has"
         )
     codec = resolve_tokenizer(
@@ -344,6 +345,26 @@ def sample_text(
             model, seed, ids, max_new_tokens, temperature=temperature, top_k=top_k, **stop
         )
     return codec.decode(out[0].tolist())
+
+
+def _unusable_generate(model: Any) -> str | None:
+    """Return what keeps sample from calling the model's generate() (a custom model's), else
+    None: checked before generating, as a TypeError inside it would be a runtime failure.
+    """
+    import inspect
+
+    generate = getattr(model, "generate", None)
+    if generate is None:
+        return "no generate()"
+    try:
+        signature = inspect.signature(generate)
+    except (TypeError, ValueError):  # no signature to read (a builtin): the call will tell
+        return None
+    try:  # partial: generator= and eos_token_id= are passed only where it takes them
+        signature.bind_partial(None, 1, temperature=1.0, top_k=None)
+    except TypeError:
+        return f"a generate{signature} that sample cannot call"
+    return None
 
 
 def _seeded_generate(model: Any, seed: int, *args: Any, **kwargs: Any) -> Any:

@@ -682,11 +682,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     try:
         try:
-            return _run(argv)
+            with _escaped_stdout():
+                return _run(argv)
         finally:
             sys.stdout.flush()  # a reader gone since the last write shows here, not at exit
     except BrokenPipeError:
         return _stdout_reader_gone()
+
+
+@contextlib.contextmanager
+def _escaped_stdout() -> Iterator[None]:
+    """Within the block, characters stdout's encoding lacks are written as \\xNN / \\uNNNN
+    escapes, as Python writes stderr: a sample holds any character, and an ASCII or Windows
+    code-page stdout (PYTHONIOENCODING, a redirect) raised UnicodeEncodeError after the work
+    was done. A caller's strict stream gets its setting back.
+    """
+    stream = sys.stdout
+    if getattr(stream, "errors", None) != "strict" or not hasattr(stream, "reconfigure"):
+        yield
+        return
+    stream.reconfigure(errors="backslashreplace")
+    try:
+        yield
+    finally:
+        stream.reconfigure(errors="strict")
 
 
 def _stdout_reader_gone() -> int:

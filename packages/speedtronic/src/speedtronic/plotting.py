@@ -17,6 +17,8 @@ def read_metrics(path: Path) -> list[dict]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError:
         raise UsageError(f"{path}: not UTF-8 text; is this a metrics.jsonl file?") from None
+    except OSError as error:
+        raise _unreadable(path, error) from None
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -78,9 +80,21 @@ def _draw(axes, steps: list[float], values: list[float], **style) -> None:
     axes.plot(steps, values, marker="o" if len(steps) == 1 else None, **style)
 
 
+def _unreadable(path: Path, error: OSError) -> UsageError:
+    """Return the error for a metrics file, or a folder on its way, that cannot be read."""
+    return UsageError(
+        f"{error.filename or path}: cannot read it ({error.strerror or error}); pass a metrics "
+        "file you can read"
+    )
+
+
 def find_metrics_file(source: Path) -> Path:
     """Return the metrics.jsonl inside a run directory, or the file itself."""
-    if source.is_dir():
+    try:
+        is_dir = source.is_dir()
+    except OSError as error:  # no permission to look into a folder on its way
+        raise _unreadable(source, error) from None
+    if is_dir:
         candidates = sorted(source.rglob("metrics.jsonl"))
         if not candidates:
             raise UsageError(
@@ -105,7 +119,10 @@ def plot_metrics(
         records = [r for r in records if r["step"] <= last_step]
     steps, loss = _series(records, "loss")
     if not steps:
-        raise UsageError(f"{metrics}: no training-step records with a loss to plot")
+        raise UsageError(
+            f"{metrics}: no training-step records with a loss to plot (a run logs one every "
+            "logging.every_steps steps): lower logging.every_steps, or train longer"
+        )
     import matplotlib
 
     matplotlib.use("Agg")

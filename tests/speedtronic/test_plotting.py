@@ -208,3 +208,15 @@ def test_a_metrics_file_that_cannot_be_read_is_a_usage_error(tmp_path, capsys):
     # The model card reads it alone, and turns a UsageError into a card without its curve.
     with as_another_user(), pytest.raises(UsageError, match=r"cannot read it \(Permission denied"):
         read_metrics(path)
+
+
+def test_a_run_folder_plots_its_own_metrics_before_a_nested_runs(tmp_path):
+    # Sorted by name alone, archive/metrics.jsonl came before the run's own metrics.jsonl.
+    from speedtronic.plotting import find_metrics_file
+
+    own = metrics(tmp_path)
+    nested = own.parent / "archive" / "metrics.jsonl"
+    nested.parent.mkdir()
+    nested.write_text(own.read_text())
+    assert find_metrics_file(own.parent) == own
+    assert find_metrics_file(tmp_path) == own  # the shallowest below the folder given

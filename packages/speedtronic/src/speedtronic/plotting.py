@@ -95,12 +95,13 @@ def find_metrics_file(source: Path) -> Path:
     except OSError as error:  # no permission to look into a folder on its way
         raise _unreadable(source, error) from None
     if is_dir:
-        candidates = sorted(source.rglob("metrics.jsonl"))
+        candidates = list(source.rglob("metrics.jsonl"))
         if not candidates:
             raise UsageError(
                 f"{source}: no metrics.jsonl inside; pass the run directory of a finished run"
             )
-        return candidates[0]
+        # The shallowest: a run folder's own file, not one in a subfolder that sorts first.
+        return min(candidates, key=lambda path: (len(path.parts), path))
     if not source.exists():
         raise UsageError(f"{source}: no such file or directory")
     return source

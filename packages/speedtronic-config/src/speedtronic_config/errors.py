@@ -93,6 +93,17 @@ def on_every_rank(error: _Error) -> _Error:
     return error
 
 
+def first_refusal(refusals: list[Any]) -> tuple[Any, str] | None:
+    """Of each rank's gathered refusal (None where that rank found nothing wrong), return the first
+    and the words naming the ranks that refused ("on rank 1, "; "" when every rank did), or None.
+    """
+    refused = [rank for rank, found in enumerate(refusals) if found is not None]
+    if not refused:
+        return None
+    where = f"on rank {', '.join(map(str, refused))}, " if len(refused) < len(refusals) else ""
+    return refusals[refused[0]], where
+
+
 def raised_on_every_rank(error: BaseException) -> bool:
     """Return True for an error marked by on_every_rank."""
     return getattr(error, _EVERY_RANK, False)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from speedtronic_config import ConfigError, ModelConfig, resolve_section
-from speedtronic_config.errors import on_every_rank
+from speedtronic_config.errors import first_refusal, on_every_rank
 from speedtronic_systems.parallel import SINGLE, ParallelContext
 
 FP32_BYTES = 4
@@ -164,14 +164,11 @@ def check_training_memory(
         return estimate
     # Ranks can differ (GPUs of different sizes, nodes with different RAM or container limits):
     # a rank refusing alone would leave its peers waiting for it in their next collective.
-    shortfalls = group.all_gather_object(_shortfall(estimate, device))
-    short = [rank for rank, shortfall in enumerate(shortfalls) if shortfall is not None]
-    if not short:
+    refusal = first_refusal(group.all_gather_object(_shortfall(estimate, device)))
+    if refusal is None:
         return estimate
-    problem, allowed = shortfalls[short[0]]
-    if len(short) < len(shortfalls):  # say whose device is too small
-        problem = f"on rank {', '.join(map(str, short))}, {problem}"
-    raise on_every_rank(ConfigError("", problem, allowed=allowed))
+    (problem, allowed), where = refusal
+    raise on_every_rank(ConfigError("", where + problem, allowed=allowed))
 
 
 def _shortfall(estimate: MemoryEstimate, device: torch.device | str) -> tuple[str, str] | None:

@@ -21,7 +21,7 @@ from speedtronic_config.atomic import (
     remove_empty_folders,
     unwritable_reason,
 )
-from speedtronic_config.errors import on_every_rank
+from speedtronic_config.errors import first_refusal, on_every_rank
 
 
 def output_files(config: SpeedtronicConfig) -> list[tuple[str, Path]]:
@@ -92,14 +92,12 @@ def check_init_tokenizer(
         refusal = error
     # Each rank read its own files (nodes without a shared filesystem can hold other ones): a
     # rank refusing alone would leave its peers waiting for it in their next collective.
-    refusals = gather(refusal)
-    refused = [rank for rank, found in enumerate(refusals) if found is not None]
-    if not refused:
+    refusal = first_refusal(gather(refusal))
+    if refusal is None:
         return
-    error = refusals[refused[0]]
-    if len(refused) < len(refusals):  # say whose files refused
-        ranks = ", ".join(map(str, refused))
-        error = ConfigError(error.path, f"on rank {ranks}, {error.problem}", allowed=error.allowed)
+    error, where = refusal
+    if where:  # say whose files refused
+        error = ConfigError(error.path, where + error.problem, allowed=error.allowed)
     raise on_every_rank(error)
 
 

@@ -895,13 +895,73 @@ def test_sigterm_before_the_first_step_says_nothing_was_saved(tmp_path, target, 
     # As soon as rank 1 exists: it is still importing torch, far from its training loop. The
     # launcher passes its signal on to both workers.
     wait_for(lambda: 1 in workers(run.pid), "rank 1's process", run, timeout=60)
-    os.kill(workers(run.pid)[1] if target == "rank 1" else run.pid, signal.SIGTERM)
+    started = workers(run.pid)
+    os.kill(started[1] if target == "rank 1" else run.pid, signal.SIGTERM)
     assert wait_all([run], [log], timeout=120) == [143], tails([log])
     said = [line for line in log.read_text().splitlines() if line.startswith("speedtronic train:")]
     assert said == [f"speedtronic train: {stopped} before training started: nothing was saved"], (
         tails([log])
     )
     assert not (out / "checkpoints" / "latest").exists()
+    # No worker outlives the launch: seen beside busy cores, torchrun got the signal while still
+    # starting them and its shutdown ended neither; they waited on its dead store.
+    for rank, pid in started.items():
+        wait_for(lambda pid=pid: process_ended(pid), f"rank {rank}'s end", run, timeout=60)
+
+
+def process_ended(pid: int) -> bool:
+    """Return whether process `pid` has exited (a zombie no one reaped counts)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+# A launcher that starts a worker, waits until it watches, then dies without stopping it.
+ORPHANING_LAUNCHER = """
+import os, subprocess, sys
+from speedtronic.launcher_watch import LAUNCHER_ENV
+env = {**os.environ, LAUNCHER_ENV: str(os.getpid())}
+# Its stderr is not the test's pipe, which would stay open while it lives.
+worker = subprocess.Popen([sys.executable, "-c", sys.argv[1]], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, pass_fds=[int(sys.argv[2])],
+                          start_new_session=True)
+assert worker.stdout.readline() == b"watching\\n"
+print(worker.pid, flush=True)
+os._exit(0)
+"""
+# A worker that watches its launcher, then waits forever with the test's pipe open.
+WATCHING_WORKER = """
+import os, threading
+from speedtronic.launcher_watch import LAUNCHER_ENV, watch_launcher
+watch_launcher()
+assert LAUNCHER_ENV not in os.environ  # what this worker starts has another parent
+print("watching", flush=True)
+threading.Event().wait()
+"""
+
+
+def test_a_worker_stops_itself_when_its_launcher_is_gone():
+    import select
+
+    # The worker holds the write end of a pipe: the test's read ends when the worker does.
+    read_end, write_end = os.pipe()
+    command = [sys.executable, "-c", ORPHANING_LAUNCHER, WATCHING_WORKER, str(write_end)]
+    try:
+        launcher = subprocess.run(
+            command, env=ENV, pass_fds=[write_end], capture_output=True, timeout=120
+        )
+    finally:
+        os.close(write_end)
+    assert launcher.returncode == 0, launcher.stderr.decode()[-2000:]
+    worker = int(launcher.stdout)
+    try:
+        ended, _, _ = select.select([read_end], [], [], 60)
+        assert ended and os.read(read_end, 1) == b"", "the orphaned worker still runs"
+    finally:
+        os.close(read_end)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
 
 
 def test_the_group_is_judged_by_the_ranks_that_failed_on_their_own(tmp_path, monkeypatch):

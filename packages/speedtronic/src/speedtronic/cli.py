@@ -28,6 +28,7 @@ from speedtronic.errors import (
 )
 from speedtronic.group_exit import exit_process, hold_process_group
 from speedtronic.launch import add_launch_arguments, launch, refuse_launch_flags_alone
+from speedtronic.launcher_watch import watch_launcher
 from speedtronic.worker_exits import PEER, record_exit
 
 
@@ -816,7 +817,10 @@ def _rank_zero_printed(line: str, wait: float) -> bool:
 
 
 def main_entry() -> None:
-    """Console-script entry point: exit with main()'s code (noted for a launcher that asked)."""
+    """Console-script entry point: exit with main()'s code (noted for a launcher that asked); a
+    launcher's worker stops itself if the launcher is gone.
+    """
+    watch_launcher()
     code = main()
     record_exit(code)
     exit_process(code)

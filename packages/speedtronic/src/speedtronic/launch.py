@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from speedtronic.errors import RUNTIME_ERROR, USAGE_ERROR, UsageError, print_line, signal_exit_code
+from speedtronic.launcher_watch import LAUNCHER_ENV
 from speedtronic.worker_exits import (
     PEER,
     RECORDS_ENV,
@@ -276,7 +277,9 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
     saved_before = _latest_checkpoint(config)
     records = tempfile.mkdtemp(prefix="speedtronic-exits-")  # what each worker exits for
     try:
-        with _quiet_agent_lines(agent_lines), _worker_env(RECORDS_ENV, records):
+        # Each worker also learns the launcher's pid, to stop itself if the launcher is gone.
+        workers_env = {RECORDS_ENV: records, LAUNCHER_ENV: str(os.getpid())}
+        with _quiet_agent_lines(agent_lines), _worker_env(workers_env):
             run(parse_args(torchrun_arguments(args, argv, grace_s)))
     except SignalException as stop:  # the launcher was signalled; torchrun passed it on
         name = signal.Signals(stop.sigval).name
@@ -306,17 +309,18 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
 
 
 @contextlib.contextmanager
-def _worker_env(name: str, value: str) -> Iterator[None]:
-    """Set the environment variable `name` for the workers torchrun starts, then restore it."""
-    before = os.environ.get(name)
-    os.environ[name] = value
+def _worker_env(values: dict[str, str]) -> Iterator[None]:
+    """Set these environment variables for the workers torchrun starts, then restore them."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _latest_checkpoint(config: Any) -> tuple[Any, int] | None:

@@ -419,12 +419,18 @@ def test_a_signalled_launcher_whose_workers_were_outside_their_loops_says_what_w
         raise SignalException("Process 1 got signal: 15", signal.SIGTERM)
 
     monkeypatch.setattr("torch.distributed.run.run", finished_then_signalled)
-    assert main(argv) == 143
+    assert main(argv) == 143  # step 8 is the smoke run's target: a resume would only say so
+    assert capfd.readouterr().err == (
+        "speedtronic train: stopped by SIGTERM outside the training steps; latest checkpoint: "
+        f"{out / 'checkpoints' / 'step_8.pt'}; that is the step target: nothing is left to "
+        "resume\n"
+    )
+    assert main([*argv, "--max-steps", "12", "--resume"]) == 143  # 8 of 12: resume
     assert capfd.readouterr().err == (
         "speedtronic train: stopped by SIGTERM outside the training steps; latest checkpoint: "
         f"{out / 'checkpoints' / 'step_8.pt'}; resume with: speedtronic train {smoke} "
         f"--nproc-per-node 2 --set parallel.data_parallel=ddp --set run.output_dir={out} "
-        "--resume\n"
+        "--max-steps 12 --resume\n"
     )
 
     def signalled(_):  # in the loop, which installs no handler: no note, no checkpoint yet

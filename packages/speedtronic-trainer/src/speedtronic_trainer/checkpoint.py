@@ -141,7 +141,7 @@ class CheckpointManager:
         """Point `latest` at a complete checkpoint, then prune (unless `prune` is false); call it
         once every part is on disk (under data parallelism: after every rank has finished).
         """
-        step = int(_STEP_FILE.match(path.name).group(1))
+        step = checkpoint_step(path)
         try:
             atomic_json_dump({"step": step, "file": path.name}, self.directory / LATEST_POINTER)
         except OSError as error:
@@ -153,7 +153,7 @@ class CheckpointManager:
         """Return one line: why writing the checkpoint at `path` failed, and that the previous
         checkpoint stands.
         """
-        step = int(_STEP_FILE.match(path.name).group(1))
+        step = checkpoint_step(path)
         previous = self.latest_path()
         what = (
             f"no space left on {self.directory}"
@@ -268,9 +268,7 @@ class CheckpointManager:
         if not self.directory.is_dir():
             return []
         found = [
-            (int(m.group(1)), p)
-            for p in self.directory.iterdir()
-            if (m := _STEP_FILE.match(p.name))
+            (step, p) for p in self.directory.iterdir() if (step := checkpoint_step(p)) is not None
         ]
         return [p for _, p in sorted(found)]
 
@@ -330,12 +328,20 @@ class CheckpointManager:
         return destination
 
 
-def _step_of(path: Path) -> float:
-    """Return the step of a step_<n>.pt file or step_<n>.dcp folder; infinity for a file of
-    another name a hand-edited pointer names (then every step file counts as older).
+def checkpoint_step(path: Path) -> int | None:
+    """Return the step of a step_<n>.pt file or step_<n>.dcp folder, by its name; None for a
+    file of another name (one a hand-edited pointer may name).
     """
     match = _STEP_FILE.match(path.name)
-    return int(match.group(1)) if match else math.inf
+    return int(match.group(1)) if match else None
+
+
+def _step_of(path: Path) -> float:
+    """Return checkpoint_step(path); infinity for a file of another name (then every step file
+    counts as older).
+    """
+    step = checkpoint_step(path)
+    return math.inf if step is None else step
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -394,5 +400,6 @@ __all__ = [
     "atomic_json_dump",
     "atomic_torch_save",
     "capture_rng_state",
+    "checkpoint_step",
     "restore_rng_state",
 ]

@@ -341,7 +341,7 @@ def unhandled_stop_line(
     """Return the launcher's line on a signal stop no worker said (`stopped`: what was stopped
     by which signal): none was in its training loop, which checkpoints and says so. With no
     checkpoint written since the launch where the loop would have saved a final one, it came
-    before training started.
+    before training started. A latest checkpoint at the step target leaves nothing to resume.
     """
     saved = _latest_checkpoint(config)
     section = config.checkpoint
@@ -351,12 +351,13 @@ def unhandled_stop_line(
     when = "outside the training steps" if handled else "(checkpoint.save_on_signal: false)"
     if saved is None or saved == saved_before:
         return f"speedtronic train: {stopped} {when}; no checkpoint of this run was written"
-    from speedtronic.train_end import resume_command
+    from speedtronic.train_end import TARGET_REACHED, resume_command
+    from speedtronic_trainer.checkpoint import checkpoint_step
 
-    return (
-        f"speedtronic train: {stopped} {when}; latest checkpoint: {saved[0]}; resume with: "
-        f"{resume_command(args)}"
-    )
+    then = f"resume with: {resume_command(args)}"
+    if (checkpoint_step(saved[0]) or 0) >= config.step_target:  # e.g. signalled after the last
+        then = TARGET_REACHED
+    return f"speedtronic train: {stopped} {when}; latest checkpoint: {saved[0]}; {then}"
 
 
 def failed_line(outcomes: dict[int, int | str]) -> str:

@@ -22,6 +22,9 @@ from speedtronic_config.errors import on_every_rank, raised_on_every_rank
 from speedtronic_config.secrets import is_secret_path
 from speedtronic_systems.parallel import elastic_restarts
 
+# What a stop line says instead of the resume command when the run reached its step target.
+TARGET_REACHED = "that is the step target: nothing is left to resume"
+
 
 def resume_command(args: argparse.Namespace) -> str:
     """Return the `speedtronic train ... --resume` command that continues this run; a secret
@@ -84,7 +87,7 @@ def report_signal_stop(
     )
     then = f"resume with: {resume_command(args)}"
     if target is not None and result.steps >= target:
-        then = "that is the step target: nothing is left to resume"
+        then = TARGET_REACHED
     # A SIGTERM from torchrun after another worker failed, or from a scheduler that stops it too.
     elif (restart := restart_note()) is not None:
         then = f"{restart}, unless torchrun itself was stopped: then {then}"
@@ -129,4 +132,10 @@ def _failure_line(error: Exception, trainer: Any, args: argparse.Namespace) -> s
     return f"{what}; {where}; fix the cause, then resume with: {resume_command(args)}"
 
 
-__all__ = ["report_signal_stop", "restart_note", "resume_command", "run_failed"]
+__all__ = [
+    "TARGET_REACHED",
+    "report_signal_stop",
+    "restart_note",
+    "resume_command",
+    "run_failed",
+]

@@ -1005,3 +1005,37 @@ def test_the_group_is_judged_by_the_ranks_that_failed_on_their_own(tmp_path, mon
     monkeypatch.delenv(RECORDS_ENV)
     record_exit(3)  # no launcher asked: nothing is written
     assert read_records(tmp_path) == records
+
+
+def test_a_restarted_worker_notes_its_own_exit_not_its_earlier_rounds(tmp_path):
+    from speedtronic.worker_exits import (
+        PEER,
+        RECORDS_ENV,
+        preempted_exit_code,
+        rank_outcomes,
+        read_records,
+        record_exit,
+    )
+
+    # Round 0 of a --max-restarts launch: rank 0 failed, rank 1 stopped for it; torchrun restarts
+    # both into the same notes folder.
+    env = {**ENV, RECORDS_ENV: str(tmp_path), "RANK": "0"}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "environ", env)
+        record_exit(1)
+        env["RANK"] = "1"
+        record_exit(PEER)
+    # Round 1: rank 0's new process exits 0 (any command's exit is noted alike). The earlier
+    # round's note stood: a preempted round 1 (both ranks noted 143, or ended before noting)
+    # was judged by round 0's, "failed" with exit 1 instead of 143.
+    round_1 = {**env, "RANK": "0", "TORCHELASTIC_RESTART_COUNT": "1"}
+    command = [sys.executable, "-m", "speedtronic", "validate", "{}"]
+    subprocess.run(command, env=round_1, capture_output=True, check=True, timeout=60)
+    assert read_records(tmp_path) == {0: "0", 1: PEER}
+    # Rank 1's new process ended before it could note anything (SIGTERM while starting up).
+    round_1["RANK"] = "1"
+    starting = "import os, speedtronic.cli as cli; cli.main = lambda: os.kill(os.getpid(), 15); "
+    worker = subprocess.run([sys.executable, "-c", starting + "cli.main_entry()"], env=round_1)
+    assert worker.returncode == -signal.SIGTERM
+    assert read_records(tmp_path) == {0: "0"}
+    assert preempted_exit_code(rank_outcomes({1: -15}, read_records(tmp_path))) == 143

@@ -29,7 +29,7 @@ from speedtronic.errors import (
 from speedtronic.group_exit import exit_process, hold_process_group
 from speedtronic.launch import add_launch_arguments, launch, refuse_launch_flags_alone
 from speedtronic.launcher_watch import watch_launcher
-from speedtronic.worker_exits import PEER, record_exit
+from speedtronic.worker_exits import PEER, forget_earlier_exit, record_exit
 
 
 class _Parser(argparse.ArgumentParser):
@@ -818,8 +818,10 @@ def _rank_zero_printed(line: str, wait: float) -> bool:
 
 def main_entry() -> None:
     """Console-script entry point: exit with main()'s code (noted for a launcher that asked); a
-    launcher's worker stops itself if the launcher is gone.
+    launcher's worker stops itself if the launcher is gone. The note of an earlier restart round's
+    process of this rank is removed first: the launcher judges the rank by this process.
     """
+    forget_earlier_exit()
     watch_launcher()
     code = main()
     record_exit(code)

@@ -35,6 +35,17 @@ def record_exit(outcome: int | str) -> None:
         f.write(str(outcome))
 
 
+def forget_earlier_exit() -> None:
+    """Remove this rank's note, which only an earlier process of the rank can have written: torchrun
+    restarts the group (--max-restarts) into the same folder, and that round's note would stand
+    for this process (and keep its own from being written).
+    """
+    folder = os.environ.get(RECORDS_ENV)
+    if folder:
+        with contextlib.suppress(OSError):
+            Path(folder, os.environ.get("RANK", "0")).unlink()
+
+
 def read_records(folder: str | os.PathLike[str]) -> dict[int, str]:
     """Return {rank: outcome} of the notes in `folder`."""
     records = {}
@@ -94,6 +105,7 @@ __all__ = [
     "PEER",
     "RECORDS_ENV",
     "TERMINATED",
+    "forget_earlier_exit",
     "preempted_exit_code",
     "rank_outcomes",
     "read_records",

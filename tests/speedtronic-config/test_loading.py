@@ -46,6 +46,18 @@ def test_single_line_that_names_an_existing_file_is_a_path(tmp_path, monkeypatch
     assert SpeedtronicConfig.load("x: 1").run.max_steps == 9
 
 
+def test_a_single_line_longer_than_a_file_name_is_inline_text(tmp_path):
+    # Past the OS's name limit (255 bytes), asking whether such a file exists raised OSError
+    # (File name too long): the CLI exited 1 instead of reading the inline config.
+    name = "x" * 300
+    line = f"run: {{name: {name}}}"
+    assert SpeedtronicConfig.load(line).run.name == name
+    with pytest.raises(ConfigError, match=f"^{name}.yaml: config file not found"):
+        SpeedtronicConfig.load(f"{name}.yaml")
+    with pytest.raises(ConfigError, match="config file not found"):
+        SpeedtronicConfig.from_yaml(tmp_path / f"{name}.yaml")
+
+
 def test_empty_file_gives_defaults(tmp_path):
     path = tmp_path / "empty.yaml"
     path.write_text("# nothing\n")
@@ -147,6 +159,14 @@ def test_a_file_too_large_for_a_config_is_refused_before_it_is_parsed(tmp_path, 
     )
     path.write_text("max_steps: 3\n" + "#" * 86 + "\n")  # 100 bytes
     assert SpeedtronicConfig.load(path).run.max_steps == 3
+    # UTF-8 text (or any bytes) past the limit is too large, whatever the byte the read cuts:
+    # here it cuts an "é" in two, once read as "is not UTF-8 text (unexpected end of data)".
+    path.write_bytes(b"a" * 100 + "é".encode() * 10)
+    with pytest.raises(ConfigError, match="is larger than a config file"):
+        SpeedtronicConfig.load(path)
+    path.write_bytes(bytes(range(256)))
+    with pytest.raises(ConfigError, match="is larger than a config file"):
+        SpeedtronicConfig.load(path)
 
 
 @pytest.mark.parametrize(

@@ -206,13 +206,23 @@ def read_file(path: str | os.PathLike[str]) -> Any:
             "CONFIG", "empty path", allowed="name a config file, e.g. configs/quickstart.yaml"
         )
     file = Path(path)
-    if not file.exists():
+    if not _exists(file):
         raise ConfigError(str(file), "config file not found", allowed="check the path")
     if file.is_dir():
         raise ConfigError(str(file), "is a directory, not a config file")
     try:
         with file.open("rb") as handle:  # at most one byte past the limit, from a pipe too
             data = handle.read(MAX_FILE_BYTES + 1)
+    except OSError as error:
+        raise ConfigError(str(file), f"cannot be read: {error.strerror or error}") from None
+    # Before decoding: the read's last byte can cut a character of a UTF-8 data file in two.
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(
+            str(file),
+            f"is larger than a config file (over {MAX_FILE_BYTES} bytes)",
+            allowed="a data file is named in the config, e.g. data.text_path or data.shard_path",
+        )
+    try:
         # A byte-order mark (Notepad, PowerShell) opens the file, not its JSON text; removed after
         # decoding, so the byte an error names is the file's own.
         text = data.decode("utf-8").removeprefix("\ufeff")
@@ -222,15 +232,17 @@ def read_file(path: str | os.PathLike[str]) -> Any:
             f"is not UTF-8 text ({error.reason} at byte {error.start})",
             allowed="a config is YAML or JSON text saved as UTF-8",
         ) from None
-    except OSError as error:
-        raise ConfigError(str(file), f"cannot be read: {error.strerror or error}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(
-            str(file),
-            f"is larger than a config file (over {MAX_FILE_BYTES} bytes)",
-            allowed="a data file is named in the config, e.g. data.text_path or data.shard_path",
-        )
     return parse_text(text, str(file), as_json=file.suffix.lower() == ".json")
+
+
+def _exists(path: Path) -> bool:
+    """Return Path.exists(), False for a name the OS refuses to look up (one longer than its name
+    limit, which a one-line inline config can be): no file has that name.
+    """
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def read_config(path: str | os.PathLike[str]) -> Mapping[str, Any] | None:
@@ -265,7 +277,7 @@ def read_source(source: str | os.PathLike[str] | Mapping[str, Any]) -> Any:
     # else inline text when it parses to a mapping, else a path that is missing.
     if "\n" in source or source.lstrip().startswith("{"):
         return _mapping(parse_text(source, _INLINE), _INLINE)
-    if Path(source).exists():
+    if _exists(Path(source)):
         return read_config(source)
     try:
         inline = parse_text(source, _INLINE)

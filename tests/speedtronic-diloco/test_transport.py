@@ -114,6 +114,8 @@ def test_http_errors_are_classified(status, kind, transient):
         (429, {"Retry-After": "5"}, 5.0),
         (503, {"RateLimit": '"api";r=99;t=42', "Retry-After": "5"}, 5.0),  # not rate limited
         (503, {"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"}, None),  # a date: use the backoff
+        (503, {"Retry-After": "\xb2"}, None),  # garbled ("²" is a digit to str.isdigit)
+        (429, {"RateLimit": '"api";r=0;t=\u0663'}, None),  # not ASCII digits
         (503, {}, None),
         (403, {"Retry-After": "5"}, None),  # not transient: no retry to wait for
     ],

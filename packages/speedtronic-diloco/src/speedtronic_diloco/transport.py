@@ -110,7 +110,9 @@ def _retry_after(response: Any) -> float | None:
     rate_limit = headers.get("RateLimit") if response.status_code == 429 else None
     limit = re.search(r"(?:^|;)\s*t=(\d+)", rate_limit or "")
     value = limit.group(1) if limit else (headers.get("Retry-After") or "").strip()
-    return float(value) if value.isdigit() else None  # an HTTP date: fall back to the backoff
+    # isdigit alone passes "²", which float refuses: a garbled header would escape as a traceback.
+    # An HTTP date (or other text): fall back to the backoff.
+    return float(value) if value.isascii() and value.isdigit() else None
 
 
 def _classify_http(exc: Exception) -> TransportError:

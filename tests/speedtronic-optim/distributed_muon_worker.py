@@ -49,6 +49,7 @@ VARIANTS: dict[str, tuple[dict, torch.dtype]] = {
     "polar_express": (dict(ns_coefficients="polar_express"), F32),
     "bf16_work": (dict(ns_dtype=torch.bfloat16, ns_method="standard", weight_decay=0.1), F32),
     "bf16_params": (dict(ns_dtype=torch.bfloat16, ns_method="standard"), torch.bfloat16),
+    "fp16_params": (dict(ns_dtype=torch.bfloat16, ns_method="standard"), torch.float16),
 }
 
 

@@ -50,6 +50,8 @@ def test_two_ranks_match_one_process(ranks, mode):
         # bf16 parameters: one rounding step per update at most (torch's bf16 foreach add rounds
         # differently for strided and contiguous updates), in units of eps * |value|.
         assert seen[f"{mode}_bf16_params_diff"] <= 2 * 3
+        # fp16 parameters: bit for bit (the update is added in float32, as torch.optim.Muon's).
+        assert seen[f"{mode}_fp16_params_diff"] == 0
         assert seen[f"{mode}_cautious_diff"] <= 1e-6
         # Conv1D-like (in, out) matrices: the transposes of the (out, in) run's.
         assert seen[f"{mode}_transposed_diff"] <= 1e-6

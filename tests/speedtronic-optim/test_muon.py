@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 
 import pytest
 import torch
@@ -85,16 +86,18 @@ def test_16_bit_weight_decay_is_torch_muons(dtype: torch.dtype, lr) -> None:
     torch.testing.assert_close(param.detach(), expected, atol=0, rtol=0)
 
 
-def test_bf16_parameters_take_torch_muons_steps() -> None:
-    # 300 such steps left the weights at half the norm torch.optim.Muon's had.
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_parameters_take_torch_muons_steps_bit_for_bit(dtype: torch.dtype) -> None:
+    # bf16: 300 such steps left the weights at half the norm torch.optim.Muon's had. fp16: the
+    # update was cast to fp16 before the add, 1 ulp off torch's float32 add on ~0.5% of entries.
     torch.manual_seed(10)
-    start = torch.randn(24, 16).mul(3).bfloat16()
+    start = torch.randn(96, 64).mul(3).to(dtype)
     params = [torch.nn.Parameter(start.clone()) for _ in range(2)]
     settings = dict(lr=0.02, weight_decay=0.1, momentum=0.9)
     ours = Muon([params[0]], ns_dtype=torch.bfloat16, ns_method="standard", **settings)
     theirs = torch.optim.Muon([params[1]], **settings)
     for _ in range(3):
-        grad = torch.randn(24, 16).bfloat16()
+        grad = torch.randn(96, 64).to(dtype)
         for param, optimizer in zip(params, (ours, theirs), strict=True):
             param.grad = grad.clone()
             optimizer.step()
@@ -195,6 +198,54 @@ def test_a_state_saved_for_parameters_in_another_order_is_refused_when_loaded() 
         swapped.load_state_dict(state)
     assert swapped.state_dict() == fresh  # nothing was loaded
     build([0, 1])[0].load_state_dict(state)  # the saved order loads
+
+
+def _torch_muon_state(adjust_lr_fn: str | None) -> tuple[dict, torch.Tensor]:
+    """Return a torch.optim.Muon state dict after one step, and the parameter it stepped."""
+    torch.manual_seed(10)
+    param = torch.nn.Parameter(torch.randn(12, 20))
+    theirs = torch.optim.Muon([param], lr=0.02, adjust_lr_fn=adjust_lr_fn)
+    param.grad = torch.randn(12, 20)
+    theirs.step()
+    return copy.deepcopy(theirs.state_dict()), param
+
+
+@pytest.mark.parametrize(
+    "adjust_lr_fn, ours", [(None, "match_rms_adamw"), ("match_rms_adamw", "original")]
+)
+def test_a_torch_muon_state_loads_with_its_lr_rule(adjust_lr_fn, ours: str) -> None:
+    # torch's group key adjust_lr_fn was ignored: the loading optimizer's adjust_lr ran instead.
+    saved, param = _torch_muon_state(adjust_lr_fn)
+    theirs = torch.optim.Muon([param])
+    theirs.load_state_dict(copy.deepcopy(saved))
+    clone = torch.nn.Parameter(param.detach().clone())
+    restored = Muon([clone], adjust_lr=ours, ns_dtype=torch.bfloat16, ns_method="standard")
+    restored.load_state_dict(saved)
+    for _ in range(2):
+        grad = torch.randn(12, 20)
+        param.grad, clone.grad = grad, grad.clone()
+        theirs.step()
+        restored.step()
+    torch.testing.assert_close(clone, param, atol=0, rtol=0)
+    group = restored.param_groups[0]
+    assert "adjust_lr_fn" not in group and group["weight_decay"] == 0.1  # torch's saved value
+
+
+@pytest.mark.parametrize(
+    "edit, fragment",
+    [
+        ({"adjust_lr_fn": "moonshot"}, "torch.optim.Muon's adjust_lr_fn='moonshot'"),
+        ({"adjust_lr": "none"}, "adjust_lr='none' and torch.optim.Muon's adjust_lr_fn=None"),
+    ],
+)
+def test_a_torch_muon_state_muon_cannot_run_as_saved_is_refused(edit, fragment: str) -> None:
+    saved, _ = _torch_muon_state(None)
+    saved["param_groups"][0].update(edit)
+    optimizer = Muon([torch.nn.Parameter(torch.randn(12, 20))])
+    fresh = copy.deepcopy(optimizer.state_dict())
+    with pytest.raises(ValueError, match=f"group 0 has {re.escape(fragment)}.*start a new run"):
+        optimizer.load_state_dict(saved)
+    assert optimizer.state_dict() == fresh  # nothing was loaded
 
 
 def test_loading_state_keeps_the_split_mode() -> None:
@@ -366,6 +417,18 @@ def test_gram_works_in_float32_by_default_and_16_bit_gram_is_refused_when_built(
         optimizer.add_param_group(
             {"params": [torch.nn.Parameter(torch.randn(8, 32))], "ns_method": "gram"}
         )
+
+
+def test_a_parameter_list_is_taken_as_in_torch_optim() -> None:
+    # It iterates over its parameters; it was refused as a module ("pass its .parameters()").
+    params = torch.nn.ParameterList([torch.randn(4, 6), torch.randn(6, 4)])
+    optimizer = Muon(params, lr=0.02)
+    for param in params:
+        param.grad = torch.randn_like(param)
+    optimizer.step()
+    assert [len(group["params"]) for group in optimizer.param_groups] == [2]
+    with pytest.raises(TypeError, match="got a Linear module; pass its .parameters()"):
+        Muon(torch.nn.Linear(4, 6))
 
 
 def test_named_parameters_are_taken_and_sets_refused_as_in_torch_optim() -> None:

@@ -95,7 +95,8 @@ def check_parameters(where: str, value: Any) -> None:
             f"{where}: expected an iterable of parameters or param groups, got a single tensor "
             f"of shape {tuple(value.shape)}; pass [tensor]"
         )
-    if isinstance(value, nn.Module):
+    # A ParameterList iterates over its parameters, as torch.optim takes it; other modules not.
+    if isinstance(value, nn.Module) and not isinstance(value, nn.ParameterList):
         raise TypeError(
             f"{where}: expected an iterable of parameters or param groups, got a "
             f"{type(value).__name__} module; pass its .parameters() "

@@ -31,6 +31,8 @@ from speedtronic_optim.newton_schulz import (
 )
 
 ADJUST_LR = ("original", "match_rms_adamw", "none")
+# torch.optim.Muon's adjust_lr_fn values (None is its "original") as this Muon's adjust_lr.
+_TORCH_ADJUST_LR = {None: "original", "original": "original", "match_rms_adamw": "match_rms_adamw"}
 # Group options checked like the constructor's arguments, so a per-group value fails when the
 # group is added (constructor or add_param_group), not at step() or silently inside it.
 _CHECKED = (
@@ -90,6 +92,34 @@ def _check_momentum_shapes(groups: list[dict[str, Any]], state: dict[Any, Any]) 
                     "state was saved with the groups or parameters in another order; build the "
                     "optimizer with them in the saved run's order"
                 )
+
+
+def _from_torch_muon(groups: list[dict[str, Any]]) -> None:
+    """Rename torch.optim.Muon's group key adjust_lr_fn to adjust_lr, in place, refusing a value
+    that would change the update (a state saved by torch.optim.Muon then loads with its maths).
+    """
+    for index, group in enumerate(groups):
+        if "adjust_lr_fn" not in group:
+            continue
+        value = group.pop("adjust_lr_fn")
+        rule = _TORCH_ADJUST_LR.get(value) if value is None or isinstance(value, str) else None
+        if rule is None or group.get("adjust_lr", rule) != rule:
+            found = f"adjust_lr={group['adjust_lr']!r} and " if "adjust_lr" in group else ""
+            raise ValueError(
+                f"Muon.load_state_dict: group {index} has {found}torch.optim.Muon's "
+                f"adjust_lr_fn={show_value(value)}, which Muon cannot run as saved; set the "
+                "group's adjust_lr_fn to None, 'original' or 'match_rms_adamw' (and drop any "
+                "adjust_lr) in the state dict, or start a new run"
+            )
+        group["adjust_lr"] = rule
+
+
+def _add_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Return the dtype updates are added to parameters of `dtype` in: their own, but float32 for
+    fp16, as torch.optim.Muon's bf16 update promotes it to (an fp16 + fp16 add on CPU rounds
+    ``lr * update`` to fp16 first: 1 ulp off torch on about 0.5% of the entries).
+    """
+    return torch.float32 if dtype == torch.float16 else dtype
 
 
 def adjusted_lr(lr: float, rule: str, shape: torch.Size) -> float:
@@ -178,6 +208,7 @@ class Muon(Optimizer):
         or load_state_dict's groups and state (the split mode is kept: it is not saved).
         """
         # load_state_dict hands its result here, after its pre-hooks and before anything changes.
+        _from_torch_muon(state.get("param_groups", []))
         _check_momentum_shapes(state.get("param_groups", []), state.get("state", {}))
         mode = {name: self.__dict__.get(name) for name in ("distributed", "process_group")}
         super().__setstate__({**mode, **state})
@@ -274,7 +305,7 @@ class Muon(Optimizer):
     ) -> None:
         """Orthogonalize same-shaped directions in one batched Newton–Schulz and apply them."""
         update = self._polar(group, directions)
-        updates = list(update.to(params[0].dtype).unbind(0))
+        updates = list(update.to(_add_dtype(params[0].dtype)).unbind(0))
         self._apply(group, params, updates, params[0].shape)
 
     def _orthogonalized(
@@ -328,6 +359,8 @@ class Muon(Optimizer):
             if not isinstance(decay, torch.Tensor):
                 decay = torch.tensor(decay, dtype=torch.float64)
             torch._foreach_mul_(params, decay)
+        dtype = _add_dtype(params[0].dtype)  # distributed Muon sends updates in params' dtype
+        updates = [update.to(dtype) for update in updates]
         torch._foreach_add_(params, updates, alpha=-adjusted_lr(lr, group["adjust_lr"], shape))
 
 

@@ -144,7 +144,7 @@ def test_a_comment_in_a_value_is_refused_not_cut_off(text, shown):
         parse_override(text)
     assert str(caught.value) == (
         f"{key}: the # starts a YAML comment, which would cut the value short (got {shown}); "
-        f"quote the value, e.g. --set '{key}=\"a #1\"'"
+        f"drop the comment, or quote a value that holds a #, e.g. --set '{key}=\"a #1\"'"
     )
 
 

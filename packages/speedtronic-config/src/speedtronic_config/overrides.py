@@ -63,7 +63,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
             key.strip(),
             "the # starts a YAML comment, which would cut the value short",
             value=raw.strip(),
-            allowed=f"quote the value, e.g. --set '{key.strip()}=\"a #1\"'",
+            # A list or mapping ([a] # b) would become a string if quoted whole: drop the comment.
+            allowed=f"drop the comment, or quote a value that holds a #, e.g. --set "
+            f"'{key.strip()}=\"a #1\"'",
         )
     return parts, value
 

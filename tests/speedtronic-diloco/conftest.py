@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from speedtronic_diloco.hub import HubClient
@@ -13,6 +15,14 @@ TOKEN = "hf_test_SECRET_token_value"
 def token():
     """A fake Hub token that must never appear in logs, reprs or errors."""
     return TOKEN
+
+
+@pytest.fixture
+def dead_pid():
+    """The pid of a process of this host that has ended (reaped, so no longer signalable)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
 
 
 @pytest.fixture

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import threading
 import urllib.request
 from types import SimpleNamespace
@@ -710,12 +712,17 @@ def test_a_refused_token_stops_the_node_with_the_fix_instead_of_training_alone(t
         # No token at all: the Hub hides the private repository (401, RepositoryNotFoundError).
         with pytest.raises(HubRefused, match="401.*write access to org/run.*HF_TOKEN"):
             joined("w3", False, global_wait_timeout=5.0).start()
-        reader = joined("w2", "hf_read")
-        reader.start()
-        net = reader.model
-        with pytest.raises(HubRefused, match="upload nodes/w2.json on org/run was refused.*403"):
-            train(reader, net, torch.optim.AdamW(net.parameters()), 4, seed=1)
-        assert [job["step"] for job in reader.state_dict()["pending_uploads"]] == [4]
+        # A read-only token: refused at start now, by the node id's claim, before a step.
+        with pytest.raises(HubRefused, match="claim nodes/w2.json on org/run was refused.*403"):
+            joined("w2", "hf_read").start()
+        # A token that loses its write access mid-run: the refused delta is kept.
+        revoked = joined("w4", "hf_write")
+        revoked.start()
+        revoked.hub.transport.api.token = "hf_read"
+        net = revoked.model
+        with pytest.raises(HubRefused, match="upload deltas/w4/.* on org/run was refused.*403"):
+            train(revoked, net, torch.optim.AdamW(net.parameters()), 4, seed=1)
+        assert [job["step"] for job in revoked.state_dict()["pending_uploads"]] == [4]
         master.stop()
 
 
@@ -742,24 +749,62 @@ def test_a_node_id_claimed_by_another_process_stops_the_first_one(server, tmp_pa
         coordinator.stop()
 
 
-def test_a_worker_started_afresh_under_a_used_node_id_refuses_at_start(server, tmp_path):
-    # Restarted without its checkpoint, a worker counted its steps from 0 again: its step-4
-    # delta took the name of the earlier process's, unread by the master, and overwrote it.
+def test_a_worker_started_afresh_under_a_used_node_id_refuses_at_start(
+    server, tmp_path, caplog, dead_pid
+):
+    # Two workers left at one default node id (worker-<hostname>) started together: the id was
+    # claimed only at the first delta, so both trained, the second's step-4 delta overwrote the
+    # first's unread one (the master applied 1 of 2), and only then did the first stop.
     master, _, _ = node(server, tmp_path, "master")
     master.start()
     first, net, opt = node(server, tmp_path, "w1", seed=1)
-    first.start()
+    first.start()  # claims w1 before its first step
+    together, _, _ = node(server, tmp_path / "together", "w1", seed=2)
+    with pytest.raises(HubError, match=r"node 'w1' already ran in org/run or runs there now "):
+        together.start()
+    # One whose claim at start failed claims before its first delta: it stops, sending nothing.
+    third, net3, opt3 = node(server, tmp_path / "third", "w1", seed=3)
+    claim = third.hub.claim_node
+
+    def unavailable_once(*args, **kwargs):
+        third.hub.claim_node = claim
+        raise HubError("503 from the Hub")
+
+    third.hub.claim_node = unavailable_once
+    third.start()
+    assert "could not claim node id 'w1' yet, claiming it before the first delta: 503" in (
+        caplog.text
+    )
+    with pytest.raises(HubError, match=r"node 'w1' already ran .*distributed.node_id"):
+        train(third, net3, opt3, 4, seed=3)
+    assert third.counters["uploads"] == 0
+    installed, weights = net.weight.detach().clone(), record_weights(first)
     train(first, net, opt, 4, seed=1)
+    sent = from_safetensors_bytes(first.hub.read_bytes(delta_path("w1", 4, 0)))
+    assert torch.equal(sent["weight"], installed - weights[4])  # the first node's own work
     first.stop()  # the process ends; its delta waits for the master's next round
+    claim = first.hub.read_json("nodes/w1.json")
+    assert (claim["host"], claim["pid"]) == (socket.gethostname(), os.getpid())
+    first.hub.write_json("nodes/w1.json", {**claim, "pid": dead_pid})  # as its process died
+    # Restarted without its checkpoint, a worker counted its steps from 0 again: its step-4
+    # delta took the name of the earlier process's, unread by the master, and overwrote it.
     again, _, _ = node(server, tmp_path / "again", "w1", seed=2)
     with pytest.raises(HubError, match=r"node 'w1' already ran in org/run .*--resume.*node_id"):
         again.start()
+    # A worker whose process died on this host before its first delta (a crash in its first
+    # steps, a torchrun restart before its first checkpoint) left its claim and no delta:
+    # restarted afresh, it was refused too, though no name of its could be taken. It trains.
+    first.hub.write_json("nodes/w3.json", {**claim, "session": "dead", "pid": dead_pid})
     other, net3, opt3 = node(server, tmp_path / "other", "w3", seed=3)
-    other.start()  # a new node id starts as before
+    other.start()
     train(other, net3, opt3, 4, seed=2)
+    assert other.hub.node_session("w3") == other._session
     assert master.master.sync_once() == 1  # the earlier w1's delta and w3's, both applied
     assert master.master.processed_filenames == {delta_path("w1", 4, 0), delta_path("w3", 4, 0)}
-    for coordinator in (other, master):
+    assert delta_path("w1", 4, 0) not in master.hub.list_files()  # deleted, named in the manifest
+    with pytest.raises(HubError, match=r"node 'w1' already ran in org/run .*--resume.*node_id"):
+        node(server, tmp_path / "applied", "w1", seed=2)[0].start()
+    for coordinator in (other, third, master):
         coordinator.stop()
 
 
@@ -773,7 +818,7 @@ def test_a_master_started_afresh_under_a_used_node_id_refuses_and_a_resumed_one_
     train(first, net, opt, 4, seed=1)  # deltas/master/step-4-base-0, not read yet
     first.master.stop()  # the process dies: no last round
     again, _, _ = node(server, tmp_path, "master")
-    with pytest.raises(HubError, match=r"node 'master' already ran in org/run .*--resume"):
+    with pytest.raises(HubError, match=r"node 'master' already ran in org/run or runs .*--resume"):
         again.start()
     resumed, net2, opt2 = node(server, tmp_path, "master")
     net2.load_state_dict(net.state_dict())

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 from types import SimpleNamespace
 
 import pytest
@@ -123,6 +125,80 @@ def test_publish_lands_while_every_attempt_loses_the_race_to_a_delta_commit(hub,
         and hub.global_metadata().outer_step == 1
     )
     assert [GLOBAL_MODEL in c["added"] for c in _commits(server)].count(True) == 2
+
+
+def test_of_two_processes_claiming_a_free_node_id_at_once_exactly_one_wins(any_hub, monkeypatch):
+    # Two fresh nodes under one id both read the claim as free before either wrote it, and both
+    # went on to send deltas under the same names: the claim is read and written in one CAS.
+    read, rival = any_hub.read_json, []
+
+    def rival_claims_after_this_read(path, **kwargs):
+        claim = read(path, **kwargs)
+        if not rival:  # another process claims the id between this read and this write
+            rival.append("B")
+            assert any_hub.claim_node("w1", "B", take_over=False) is None
+        return claim
+
+    monkeypatch.setattr(any_hub, "read_json", rival_claims_after_this_read)
+    assert any_hub.claim_node("w1", "A", take_over=False) == "B"
+    assert any_hub.node_session("w1") == "B"
+    assert any_hub.claim_node("w1", "B", take_over=False) is None  # its own: claimed again
+    assert any_hub.claim_node("w1", "C") is None and any_hub.node_session("w1") == "C"  # resumed
+
+
+# The Hub transport's listing is covered by test_diloco's restart test; the folder is faster.
+@pytest.mark.parametrize("any_hub", ["filesystem"], indirect=True)
+def test_a_fresh_claim_takes_over_only_a_dead_process_of_this_host_that_sent_no_delta(
+    any_hub, monkeypatch, dead_pid
+):
+    # A node restarted afresh after its process died before its first delta (a crash in its
+    # first steps, a torchrun restart before the first checkpoint) was refused at start, though
+    # no delta of its id could take a new one's name.
+    any_hub.upload_delta({"w": torch.ones(2)}, node_id="w10", local_step=4, base_outer_step=0)
+    any_hub.claim_node("w1", "old")  # by this process: its host, pid namespace and pid
+    claim = any_hub.read_json("nodes/w1.json")
+    assert (claim["host"], claim["pid"]) == (socket.gethostname(), os.getpid())
+
+    def left(**fields):
+        any_hub.write_json("nodes/w1.json", {**claim, **fields})
+
+    # Two such restarts at once: the take-over is a compare-and-swap too, one of them wins.
+    left(pid=dead_pid)
+    read = any_hub.read_json
+
+    def rival_takes_over_after_this_read(path, **kwargs):
+        monkeypatch.setattr(any_hub, "read_json", read)
+        held = read(path, **kwargs)
+        assert any_hub.claim_node("w1", "B", take_over=False) is None  # w10's delta is not w1's
+        return held
+
+    monkeypatch.setattr(any_hub, "read_json", rival_takes_over_after_this_read)
+    assert any_hub.claim_node("w1", "A", take_over=False) == "B"
+    assert any_hub.node_session("w1") == "B"
+    # Refused: alive (this process), on another host or in another pid namespace (a container
+    # with the host's network), from a run that recorded no host and pid, or possibly alive
+    # (another user's process: os.kill raises PermissionError).
+    elsewhere = {"host": "elsewhere", "pid": dead_pid}
+    for fields in ({}, elsewhere, {"pid_namespace": "pid:[1]", "pid": dead_pid}):
+        left(**fields)
+        assert any_hub.claim_node("w1", "new", take_over=False) == "old"
+    any_hub.write_json("nodes/w1.json", {"session": "old", "claimed_at": claim["claimed_at"]})
+    assert any_hub.claim_node("w1", "new", take_over=False) == "old"
+    left(pid=dead_pid)
+    with monkeypatch.context() as patched:
+
+        def not_permitted(pid, signal):
+            raise PermissionError(1, "Operation not permitted")
+
+        patched.setattr(os, "kill", not_permitted)
+        assert any_hub.claim_node("w1", "new", take_over=False) == "old"
+    # Dead, but it sent a delta: unread at deltas/, or applied and deleted by the master.
+    path = any_hub.upload_delta({"w": torch.ones(2)}, node_id="w1", local_step=4, base_outer_step=0)
+    assert any_hub.claim_node("w1", "new", take_over=False) == "old"
+    any_hub.publish_global({"w": torch.zeros(2)}, outer_step=0, consumed=[path])
+    assert path not in any_hub.list_files()
+    assert any_hub.claim_node("w1", "new", take_over=False) == "old"
+    assert any_hub.node_session("w1") == "old"
 
 
 def test_republishing_a_step_that_already_landed_is_a_no_op(hub, server):

@@ -150,9 +150,11 @@ class DumbDiLoCoCoordinator:
         # delta for retry, forever; another process with this node id); the training thread raises.
         self._fatal: HubError | None = None
         # Deltas are named by node id and step, so two processes with one node id overwrote each
-        # other's deltas unnoticed. Each claims the id (nodes/<id>.json) before its first upload,
-        # a master before its first publish; the poll lane, and a master before each publish,
-        # check the claim is still its own.
+        # other's deltas unnoticed. Each claims the id (nodes/<id>.json) when it starts (a worker
+        # once the repository exists), at the latest before its first upload: a resumed node takes
+        # it over, a fresh one only while no other process holds it (or the holder died on this
+        # host before its first delta: a restart). The poll lane, and a master before each
+        # publish, check the claim is still its own.
         self._session = uuid.uuid4().hex
         self._claimed = False
         self._resumed = False  # DiLoCo state came from a checkpoint (checked at start)
@@ -216,43 +218,53 @@ class DumbDiLoCoCoordinator:
         """Reach the Hub, start the outer loop on a master; return the global model to install."""
         if self.hub is None:
             self.hub = build_hub_client(self.settings, logger=self.logger)
-        if not self._resumed:  # before a master claims the id, or the claim is its own
-            self._refuse_a_used_node_id()
         if self.identity.role == "master":
-            self._start_master(read_state)
+            self._start_master(read_state)  # creates the repository and claims the id in it
         if self._last_global_step < 0:
-            return self._first_global()
-        # resumed: a restart begins from the latest global version it can read (docs/diloco.md)
-        candidate = self._take_candidate() or self._fetch_global_candidate()
-        if candidate is not None:
-            self._keep_local_work(read_state)
+            candidate = self._first_global()
+        else:
+            # resumed: a restart begins from the latest global version it can read (docs/diloco.md)
+            candidate = self._take_candidate() or self._fetch_global_candidate()
+            if candidate is not None:
+                self._keep_local_work(read_state)
+        if candidate is not None or self._last_global_step >= 0:
+            self._claim_at_start()  # the repository exists; before any step, so none is lost
         return candidate
 
-    def _refuse_a_used_node_id(self) -> None:
-        """Raise HubError when a node starts without its checkpoint's DiLoCo state under a node id
-        an earlier process claimed.
+    def _claim_at_start(self) -> None:
+        """Claim the node id before training, so a node started under a used id stops before it
+        trains (a claim that fails for a Hub error is made again before the first delta).
+        """
+        try:
+            self._claim()
+        except (HubError, OSError) as exc:
+            if isinstance(exc, HubRefused) or exc is self._fatal:
+                raise
+            self.logger.warning(
+                "could not claim node id %r yet, claiming it before the first delta: %s",
+                self.identity.node_id,
+                _failure(exc),
+            )
+
+    def _used_node_id(self) -> HubError:
+        """Return the refusal of a node started without its checkpoint under a node id another
+        process claimed.
 
         Its local steps count from 0 again, so its deltas take that process's names
         (deltas/<id>/step-N-base-B): one the master had not read yet was overwritten, and one it
-        had applied made the new delta look applied, and it was never read. A master too: it
-        trains and sends deltas like a worker (its outer state on disk does not hold its step
-        count), and a requeued master takes over its id only when resumed.
+        had applied made the new delta look applied, and it was never read. Two such nodes
+        started together (two workers left at the default worker-<hostname>) overwrote each
+        other's first deltas. A master too: it trains and sends deltas like a worker (its outer
+        state on disk does not hold its step count), and a requeued master takes over its id only
+        when resumed.
         """
-        try:
-            session = self.hub.node_session(self.identity.node_id)
-        except HubRefused:
-            raise
-        except (HubError, OSError) as exc:  # the claim before the first delta still guards
-            self.logger.warning("could not read the claim of this node id: %s", _failure(exc))
-            return
-        if session in (None, self._session):
-            return
         node = self.identity.node_id
-        raise HubError(
-            f"node {node!r} already ran in {self.hub.repo_id} (nodes/{node}.json) and this "
-            "process starts without its checkpoint: its deltas would take that process's names "
-            f"(deltas/{node}/step-N-...), overwriting them or being mistaken for them; resume it "
-            "(--resume, the same run.output_dir) or give this node a new distributed.node_id"
+        return HubError(
+            f"node {node!r} already ran in {self.hub.repo_id} or runs there now "
+            f"(nodes/{node}.json) and this process starts without its checkpoint: its deltas "
+            f"would take that process's names (deltas/{node}/step-N-...), overwriting them or "
+            "being mistaken for them; resume it (--resume, the same run.output_dir) or give this "
+            "node a new distributed.node_id"
         )
 
     def _keep_local_work(self, read_state: StateReader) -> None:
@@ -653,10 +665,17 @@ class DumbDiLoCoCoordinator:
             return None
 
     def _claim(self) -> None:
-        """Claim this node id in the repository, once per process."""
-        if not self._claimed:
-            self.hub.claim_node(self.identity.node_id, self._session)
-            self._claimed = True
+        """Claim this node id in the repository, once per process: a resumed node takes it over,
+        a fresh one only while no other process holds it, or the one that did died on this host
+        before sending a delta (else it stops, sending nothing).
+        """
+        if self._claimed:
+            return
+        holder = self.hub.claim_node(self.identity.node_id, self._session, take_over=self._resumed)
+        if holder is not None:
+            self._fatal = self._used_node_id()
+            raise self._fatal
+        self._claimed = True
 
     def _check_owner(self) -> None:
         """Raise when this node may no longer write: another process claimed its id (or a lane

@@ -12,12 +12,14 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import time
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,9 @@ MAX_DELETIONS_PER_COMMIT = 50
 # checking that global/ is still the master's own previous step (only a second master could race
 # it).
 CAS_ATTEMPTS = 4
+# A claim has no unsafe fallback (committed without compare-and-swap it could overwrite another
+# process's), so it tries longer; it is made once per process.
+CLAIM_ATTEMPTS = 20
 COLLABORATOR_WARNING = (
     "huggingface_hub has no API to grant a user write access to a repository, so "
     "distributed.collaborators cannot be applied. Create the repository under an organisation the "
@@ -127,6 +132,29 @@ def check_repo_path(path: str) -> str:
             "'..'"
         )
     return path
+
+
+def _pid_namespace() -> str | None:
+    """Return this process's pid namespace (Linux; None elsewhere): containers with the host's
+    network share its hostname, not its pids.
+    """
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Return whether process pid runs on this host (or might: unknown counts as alive)."""
+    if pid <= 0 or os.name != "posix":  # Windows' os.kill(pid, 0) sends CTRL_C_EVENT
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, run by another user
+        pass
+    return True
 
 
 def _utc_now() -> str:
@@ -508,9 +536,70 @@ class HubClient:
             self.logger.warning("pruning old versions of %s failed: %s", self.repo_id, exc)
             return 0, 0
 
-    def claim_node(self, node_id: str, session: str) -> None:
-        """Record that process `session` now runs node_id (nodes/<node_id>.json)."""
-        self.write_json(f"nodes/{node_id}.json", {"session": session, "claimed_at": _utc_now()})
+    def claim_node(self, node_id: str, session: str, *, take_over: bool = True) -> str | None:
+        """Record that process `session` (this host and pid) now runs node_id
+        (nodes/<node_id>.json); return None.
+
+        With take_over False the claim is made only while no other process holds it, else that
+        process's session is returned: the claim is read and written in one compare-and-swap
+        commit, so of two processes claiming at once exactly one wins and the other sees it. A
+        claim left by a process that sent no delta and is dead counts as free (see _abandoned).
+        """
+        path = f"nodes/{node_id}.json"
+        claim = {
+            "session": session,
+            "claimed_at": _utc_now(),
+            "host": socket.gethostname(),
+            "pid_namespace": _pid_namespace(),
+            "pid": os.getpid(),
+        }
+        if take_over:
+            self.write_json(path, claim)
+            return None
+        data = json.dumps(claim, sort_keys=True).encode()
+
+        def attempt() -> str | None:
+            for _ in range(CLAIM_ATTEMPTS):
+                head = self._head()
+                held = self.read_json(path, revision=head) or {}
+                holder = held.get("session")
+                if holder == session:  # an earlier attempt landed; its answer was lost
+                    return None
+                if holder is not None and not self._abandoned(node_id, held, head):
+                    return holder
+                commit = partial(
+                    self.transport.commit, {path: data}, [], message=f"claim {path}", parent=head
+                )
+                try:
+                    self._retry(f"claim {path}", commit)
+                    return None
+                except StaleParent:  # another commit landed between the read and the write
+                    continue
+            raise HubError(
+                f"could not claim {path}: the head of {self.repo_id} moved under each of "
+                f"{CLAIM_ATTEMPTS} attempts"
+            )
+
+        return self._call(f"claim {path}", attempt)
+
+    def _abandoned(self, node_id: str, claim: Mapping[str, Any], revision: str) -> bool:
+        """Return whether a claim of node_id may be taken over by a process starting afresh: it
+        was made on this host (and pid namespace) by a process that is dead (a crash, or a
+        torchrun restart, before its first checkpoint) and no delta of node_id exists at revision,
+        at deltas/ or applied (listed in the manifest once the master deleted it), so none can
+        take a new one's name. A claim without host and pid (before they were recorded) is never
+        abandoned.
+        """
+        pid = claim.get("pid")
+        here = (socket.gethostname(), _pid_namespace())
+        if (claim.get("host"), claim.get("pid_namespace")) != here or type(pid) is not int:
+            return False
+        if _alive(pid):
+            return False
+        listed = self._retry("list_files", lambda: self.transport.list_files(revision))
+        manifest = self.read_json(GLOBAL_MANIFEST, default={}, revision=revision)
+        refs = map(parse_delta_ref, [*listed, *manifest.get("processed", [])])
+        return not any(ref is not None and ref.node_id == node_id for ref in refs)
 
     def node_session(self, node_id: str) -> str | None:
         """Return the session that last claimed node_id, or None when none did."""

@@ -104,6 +104,21 @@ def test_parameters_take_torch_muons_steps_bit_for_bit(dtype: torch.dtype) -> No
     torch.testing.assert_close(params[0], params[1], atol=0, rtol=0)
 
 
+def test_a_matrix_alone_in_its_shape_takes_torch_muons_step_bit_for_bit() -> None:
+    # Stepped as a batch of one, this tall shape's bf16 baddbmm rounded unlike torch's addmm.
+    torch.manual_seed(11)
+    start, grad = torch.randn(1024, 512), torch.randn(1024, 512)
+    params = [torch.nn.Parameter(start.clone()) for _ in range(2)]
+    settings = dict(lr=0.02, weight_decay=0.1)
+    ours = Muon([params[0]], ns_dtype=torch.bfloat16, **settings)
+    theirs = torch.optim.Muon([params[1]], **settings)
+    for param, optimizer in zip(params, (ours, theirs), strict=True):
+        param.grad = grad.clone()
+        optimizer.step()
+    assert not torch.equal(params[0], start)
+    torch.testing.assert_close(params[0], params[1], atol=0, rtol=0)
+
+
 def test_weight_decay_is_decoupled_and_uses_unscaled_lr() -> None:
     param = torch.nn.Parameter(torch.ones(8, 2))
     optimizer = Muon([param], lr=0.1, weight_decay=0.5)

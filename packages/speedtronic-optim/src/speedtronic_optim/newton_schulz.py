@@ -169,6 +169,10 @@ def orthogonalize(
     batch_shape = x.shape[:-2]
     if x.ndim >= 3:
         x = x.flatten(0, -3)  # not reshape(-1, ...): that is ambiguous for empty matrices
+        if x.size(0) == 1:
+            # One matrix runs as 2-D mm/addmm, as torch.optim.Muon's: a CPU bf16 (b)addbmm of
+            # batch 1 rounds some tall shapes (2048x768, 1024x512) differently, and is slower.
+            x = x[0]
     # Frobenius norm >= spectral norm, so this puts every singular value in [0, 1].
     norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
     x = x / (norm + eps)

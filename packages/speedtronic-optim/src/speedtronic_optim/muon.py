@@ -305,8 +305,7 @@ class Muon(Optimizer):
     ) -> None:
         """Orthogonalize same-shaped directions in one batched Newton–Schulz and apply them."""
         update = self._polar(group, directions)
-        updates = list(update.to(_add_dtype(params[0].dtype)).unbind(0))
-        self._apply(group, params, updates, params[0].shape)
+        self._apply(group, params, list(update.unbind(0)), params[0].shape)
 
     def _orthogonalized(
         self, group: dict[str, Any], directions: list[torch.Tensor]
@@ -359,7 +358,8 @@ class Muon(Optimizer):
             if not isinstance(decay, torch.Tensor):
                 decay = torch.tensor(decay, dtype=torch.float64)
             torch._foreach_mul_(params, decay)
-        dtype = _add_dtype(params[0].dtype)  # distributed Muon sends updates in params' dtype
+        # Updates arrive in the work dtype (local step) or the parameters' (distributed Muon).
+        dtype = _add_dtype(params[0].dtype)
         updates = [update.to(dtype) for update in updates]
         torch._foreach_add_(params, updates, alpha=-adjusted_lr(lr, group["adjust_lr"], shape))
 

@@ -30,6 +30,15 @@ from speedtronic.launch import (
     worker_arguments,
 )
 from speedtronic.train_end import resume_command
+from speedtronic.worker_exits import (
+    PEER,
+    RECORDS_ENV,
+    preempted_exit_code,
+    rank_outcomes,
+    read_records,
+    record_exit,
+    root_causes,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -385,8 +394,6 @@ def test_the_launcher_judges_the_group_by_what_each_rank_noted(
     monkeypatch, tmp_path, capfd, exits, notes, expected, line
 ):
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
-
-    from speedtronic.worker_exits import RECORDS_ENV
 
     def failed(_):
         for rank, note in notes.items():  # as each worker's record_exit wrote it
@@ -971,16 +978,6 @@ def test_a_worker_stops_itself_when_its_launcher_is_gone():
 
 
 def test_the_group_is_judged_by_the_ranks_that_failed_on_their_own(tmp_path, monkeypatch):
-    from speedtronic.worker_exits import (
-        PEER,
-        RECORDS_ENV,
-        preempted_exit_code,
-        rank_outcomes,
-        read_records,
-        record_exit,
-        root_causes,
-    )
-
     monkeypatch.setenv(RECORDS_ENV, str(tmp_path))
     monkeypatch.setenv("RANK", "1")
     record_exit(PEER)
@@ -1008,15 +1005,6 @@ def test_the_group_is_judged_by_the_ranks_that_failed_on_their_own(tmp_path, mon
 
 
 def test_a_restarted_worker_notes_its_own_exit_not_its_earlier_rounds(tmp_path):
-    from speedtronic.worker_exits import (
-        PEER,
-        RECORDS_ENV,
-        preempted_exit_code,
-        rank_outcomes,
-        read_records,
-        record_exit,
-    )
-
     # Round 0 of a --max-restarts launch: rank 0 failed, rank 1 stopped for it; torchrun restarts
     # both into the same notes folder.
     env = {**ENV, RECORDS_ENV: str(tmp_path), "RANK": "0"}

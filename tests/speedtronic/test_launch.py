@@ -397,7 +397,7 @@ def test_the_launcher_judges_the_group_by_what_each_rank_noted(
 
     def failed(_):
         for rank, note in notes.items():  # as each worker's record_exit wrote it
-            Path(os.environ[RECORDS_ENV], str(rank)).write_text(note)
+            Path(os.environ[RECORDS_ENV], f"{rank}.{1000 + rank}").write_text(note)
         error = str(tmp_path / "error.json")
         failures = {r: ProcessFailure(r, 1000 + r, code, error) for r, code in exits.items()}
         raise ChildFailedError("speedtronic", failures)
@@ -439,6 +439,25 @@ def test_a_signalled_launcher_whose_workers_were_outside_their_loops_says_what_w
         f"--nproc-per-node 2 --set parallel.data_parallel=ddp --set run.output_dir={out} "
         "--max-steps 12 --resume\n"
     )
+
+    def killed_at_the_shutdown_timeout(_):  # the final checkpoint written, a worker still stopping
+        agent = logging.getLogger("torch.distributed.elastic.agent.server.api")
+        agent.warning("Received %s death signal, shutting down workers", signal.SIGTERM)
+        kill = "Unable to shutdown process %s via %s, forcefully exiting via %s"
+        logging.getLogger("torch.distributed.elastic.multiprocessing.api").warning(
+            kill, 1001, signal.SIGTERM, signal.SIGKILL
+        )
+        raise SignalException("Process 1 got signal: 15", signal.SIGTERM)
+
+    monkeypatch.setattr("torch.distributed.run.run", killed_at_the_shutdown_timeout)
+    killed = "speedtronic train: torchrun killed 1 worker(s) still stopping "
+    for more, then in [
+        ([], "that is the step target: nothing is left to resume"),
+        (["--max-steps", "12", "--resume"], "resume with: speedtronic train "),
+    ]:
+        assert main([*argv, *more]) == 143
+        said = capfd.readouterr().err
+        assert said.startswith(killed) and then in said and said.count("\n") == 1, said
 
     def signalled(_):  # in the loop, which installs no handler: no note, no checkpoint yet
         raise SignalException("Process 1 got signal: 15", signal.SIGTERM)
@@ -985,12 +1004,15 @@ def test_the_group_is_judged_by_the_ranks_that_failed_on_their_own(tmp_path, mon
     monkeypatch.setenv("RANK", "0")
     record_exit(2)
     records = read_records(tmp_path)
-    assert records == {0: "2", 1: PEER}
+    pid = os.getpid()
+    assert records == {(0, pid): "2", (1, pid): PEER}
     # Seen in CI: rank 0 refused a setting, and torchrun terminated it while it left, because
     # rank 1 (stopped for it) aborted in gloo's teardown first: the group exited 1, not 2.
-    assert rank_outcomes({0: -15, 1: -6}, records) == {0: 2, 1: PEER}
+    assert rank_outcomes({0: (-15, pid), 1: (-6, pid)}, records) == {0: 2, 1: PEER}
     assert root_causes({0: 2, 1: PEER}) == {0: 2}
-    assert rank_outcomes({0: 2, 1: -15}, {}) == {0: 2, 1: -15}  # without notes: torchrun's codes
+    # Without notes of these processes, torchrun's codes: another pid's note is an earlier round's.
+    assert rank_outcomes({0: (2, pid), 1: (-15, pid)}, {}) == {0: 2, 1: -15}
+    assert rank_outcomes({0: (-15, pid + 1)}, records) == {0: -15}
     assert root_causes({0: 2, 1: -15}) == {0: 2}  # terminated by torchrun: not a cause
     assert root_causes({0: -15, 1: 1, 2: 0}) == {1: 1}  # a failure of its own counts
     # Every rank that did not stop for a peer stopped for a signal: preempted, not failed.
@@ -1004,7 +1026,7 @@ def test_the_group_is_judged_by_the_ranks_that_failed_on_their_own(tmp_path, mon
     assert read_records(tmp_path) == records
 
 
-def test_a_restarted_worker_notes_its_own_exit_not_its_earlier_rounds(tmp_path):
+def test_a_restarted_worker_is_judged_by_its_own_note_not_its_earlier_rounds(tmp_path):
     # Round 0 of a --max-restarts launch: rank 0 failed, rank 1 stopped for it; torchrun restarts
     # both into the same notes folder.
     env = {**ENV, RECORDS_ENV: str(tmp_path), "RANK": "0"}
@@ -1013,17 +1035,21 @@ def test_a_restarted_worker_notes_its_own_exit_not_its_earlier_rounds(tmp_path):
         record_exit(1)
         env["RANK"] = "1"
         record_exit(PEER)
-    # Round 1: rank 0's new process exits 0 (any command's exit is noted alike). The earlier
-    # round's note stood: a preempted round 1 (both ranks noted 143, or ended before noting)
-    # was judged by round 0's, "failed" with exit 1 instead of 143.
+    round_0 = os.getpid()
+    # Round 1: rank 0's new process exits 0 (any command's exit is noted alike) and removes its
+    # rank's earlier note, which would say a stop this round did not make.
     round_1 = {**env, "RANK": "0", "TORCHELASTIC_RESTART_COUNT": "1"}
     command = [sys.executable, "-m", "speedtronic", "validate", "{}"]
-    subprocess.run(command, env=round_1, capture_output=True, check=True, timeout=60)
-    assert read_records(tmp_path) == {0: "0", 1: PEER}
-    # Rank 1's new process ended before it could note anything (SIGTERM while starting up).
+    rank_0 = subprocess.Popen(command, env=round_1, stdout=subprocess.DEVNULL)
+    assert rank_0.wait(timeout=60) == 0
+    assert read_records(tmp_path) == {(0, rank_0.pid): "0", (1, round_0): PEER}
+    # Rank 1's new process ends before it notes anything, even before it could remove round 0's
+    # note (SIGTERM while the interpreter starts): it is judged by torchrun's code, not that
+    # note. Named by rank alone, round 0's notes judged a preempted round 1 "failed", exit 1.
     round_1["RANK"] = "1"
-    starting = "import os, speedtronic.cli as cli; cli.main = lambda: os.kill(os.getpid(), 15); "
-    worker = subprocess.run([sys.executable, "-c", starting + "cli.main_entry()"], env=round_1)
-    assert worker.returncode == -signal.SIGTERM
-    assert read_records(tmp_path) == {0: "0"}
-    assert preempted_exit_code(rank_outcomes({1: -15}, read_records(tmp_path))) == 143
+    starting = [sys.executable, "-c", "import os; os.kill(os.getpid(), 15)"]
+    rank_1 = subprocess.Popen(starting, env=round_1)
+    assert rank_1.wait(timeout=60) == -signal.SIGTERM
+    exits = {0: (-15, rank_0.pid), 1: (-15, rank_1.pid)}
+    assert rank_outcomes(exits, read_records(tmp_path)) == {0: 0, 1: -15}
+    assert preempted_exit_code(rank_outcomes(exits, read_records(tmp_path))) == 143

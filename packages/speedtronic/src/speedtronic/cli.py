@@ -818,8 +818,8 @@ def _rank_zero_printed(line: str, wait: float) -> bool:
 
 def main_entry() -> None:
     """Console-script entry point: exit with main()'s code (noted for a launcher that asked); a
-    launcher's worker stops itself if the launcher is gone. The note of an earlier restart round's
-    process of this rank is removed first: the launcher judges the rank by this process.
+    launcher's worker stops itself if the launcher is gone. The notes of this rank's processes in
+    earlier restart rounds are removed first (see forget_earlier_exit).
     """
     forget_earlier_exit()
     watch_launcher()

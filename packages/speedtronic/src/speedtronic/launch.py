@@ -284,13 +284,14 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
     except SignalException as stop:  # the launcher was signalled; torchrun passed it on
         name = signal.Signals(stop.sigval).name
         if agent_lines.killed:
-            print_line(killed_line(args, name, agent_lines.killed, grace_s))
+            print_line(killed_line(config, args, name, agent_lines.killed, grace_s))
         elif not stop_said(read_records(records)):  # no worker was in its loop to say it
             print_line(unhandled_stop_line(config, saved_before, args, f"stopped by {name}"))
         return signal_exit_code(name)
     except ChildFailedError as failure:
         notes = read_records(records)
-        outcomes = rank_outcomes({r: info.exitcode for r, info in failure.failures.items()}, notes)
+        exits = {rank: (info.exitcode, info.pid) for rank, info in failure.failures.items()}
+        outcomes = rank_outcomes(exits, notes)
         stopped = preempted_exit_code(outcomes)
         if stopped is not None:
             if not stop_said(notes):  # a worker SIGTERM ended outside its loop said nothing
@@ -351,13 +352,20 @@ def unhandled_stop_line(
     when = "outside the training steps" if handled else "(checkpoint.save_on_signal: false)"
     if saved is None or saved == saved_before:
         return f"speedtronic train: {stopped} {when}; no checkpoint of this run was written"
+    then = _what_next(config, args, saved)  # e.g. signalled after the last step: nothing
+    return f"speedtronic train: {stopped} {when}; latest checkpoint: {saved[0]}; {then}"
+
+
+def _what_next(config: Any, args: argparse.Namespace, saved: tuple[Any, int] | None) -> str:
+    """Return what to do after a stop whose latest checkpoint is `saved` (see
+    _latest_checkpoint): resume, unless that checkpoint is at the step target.
+    """
     from speedtronic.train_end import TARGET_REACHED, resume_command
     from speedtronic_trainer.checkpoint import checkpoint_step
 
-    then = f"resume with: {resume_command(args)}"
-    if (checkpoint_step(saved[0]) or 0) >= config.step_target:  # e.g. signalled after the last
-        then = TARGET_REACHED
-    return f"speedtronic train: {stopped} {when}; latest checkpoint: {saved[0]}; {then}"
+    if saved is not None and (checkpoint_step(saved[0]) or 0) >= config.step_target:
+        return TARGET_REACHED
+    return f"resume with: {resume_command(args)}"
 
 
 def failed_line(outcomes: dict[int, int | str]) -> str:
@@ -386,11 +394,12 @@ def failed_line(outcomes: dict[int, int | str]) -> str:
 
 
 def killed_line(
-    args: argparse.Namespace, signal_name: str, killed: int, grace_s: int | None
+    config: Any, args: argparse.Namespace, signal_name: str, killed: int, grace_s: int | None
 ) -> str:
     """Return the launcher's line on `killed` workers torchrun ended with SIGKILL because they
     were still stopping when its shutdown timeout (grace_s; None: torchrun's fixed 30 s) ran out
-    (rank 0 may not have said anything).
+    (rank 0 may not have said anything); a latest checkpoint at the step target leaves nothing
+    to resume.
     """
     if grace_s is None:  # a torch without the flag
         longer = "a newer torch's torchrun takes --shutdown-timeout SECONDS"
@@ -398,12 +407,11 @@ def killed_line(
     else:
         longer = "give them longer with --shutdown-timeout SECONDS"
         waited = grace_s
-    from speedtronic.train_end import resume_command
-
+    then = _what_next(config, args, _latest_checkpoint(config))
     return (
         f"speedtronic train: torchrun killed {killed} worker(s) still stopping {waited} s after "
         f"the {signal_name}, perhaps mid-checkpoint (the one before stays intact); {longer}; "
-        f"resume with: {resume_command(args)}"
+        f"{then}"
     )
 
 

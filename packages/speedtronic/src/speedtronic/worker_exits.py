@@ -5,6 +5,10 @@ code can still end otherwise: torchrun terminates it (-15) when a peer's exit is
 its gloo teardown aborts (-6). A rank that stopped because a peer failed exits 1 like a real
 failure. So each worker writes what it exits for into a folder the launcher names, and the
 launcher judges the group by the ranks that failed on their own.
+
+A note is named by the worker's rank and pid: torchrun restarts the group (--max-restarts, or a
+node joining) into the same folder, and a failed worker is matched to its own process's note,
+never to an earlier round's.
 """
 
 from __future__ import annotations
@@ -31,37 +35,43 @@ def record_exit(outcome: int | str) -> None:
     folder = os.environ.get(RECORDS_ENV)
     if not folder:
         return
-    with contextlib.suppress(OSError), Path(folder, os.environ.get("RANK", "0")).open("x") as f:
+    name = f"{os.environ.get('RANK', '0')}.{os.getpid()}"
+    with contextlib.suppress(OSError), Path(folder, name).open("x") as f:
         f.write(str(outcome))
 
 
 def forget_earlier_exit() -> None:
-    """Remove this rank's note, which only an earlier process of the rank can have written: torchrun
-    restarts the group (--max-restarts) into the same folder, and that round's note would stand
-    for this process (and keep its own from being written).
+    """Remove this rank's notes, which only earlier processes of the rank can have written (in an
+    earlier restart round): were the launcher signalled before this process notes anything, such
+    a note would say a stop this round did not make.
     """
     folder = os.environ.get(RECORDS_ENV)
     if folder:
-        with contextlib.suppress(OSError):
-            Path(folder, os.environ.get("RANK", "0")).unlink()
+        for path in Path(folder).glob(f"{os.environ.get('RANK', '0')}.*"):
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
-def read_records(folder: str | os.PathLike[str]) -> dict[int, str]:
-    """Return {rank: outcome} of the notes in `folder`."""
+def read_records(folder: str | os.PathLike[str]) -> dict[tuple[int, int], str]:
+    """Return {(rank, pid): outcome} of the notes in `folder`."""
     records = {}
     for path in Path(folder).iterdir():
         with contextlib.suppress(OSError, ValueError):
-            records[int(path.name)] = path.read_text()
+            rank, pid = path.name.split(".")
+            records[int(rank), int(pid)] = path.read_text()
     return records
 
 
-def rank_outcomes(exits: dict[int, int], records: dict[int, str]) -> dict[int, int | str]:
-    """Return what each failed rank (`exits`: rank -> torchrun's exit code) exited for: its note
-    (a code, or PEER), however its process ended after; torchrun's code where it noted nothing.
+def rank_outcomes(
+    exits: dict[int, tuple[int, int]], records: dict[tuple[int, int], str]
+) -> dict[int, int | str]:
+    """Return what each failed rank (`exits`: rank -> torchrun's exit code and the worker's pid)
+    exited for: its process's note (a code, or PEER), however the process ended after; torchrun's
+    code where it noted nothing.
     """
     said: dict[int, int | str] = {}
-    for rank, code in exits.items():
-        note = records.get(rank)
+    for rank, (code, pid) in exits.items():
+        note = records.get((rank, pid))
         try:
             said[rank] = PEER if note == PEER else int(note)  # type: ignore[arg-type]
         except (TypeError, ValueError):  # no note (or a torn one)
@@ -93,7 +103,7 @@ def preempted_exit_code(outcomes: dict[int, int | str]) -> int | None:
     return SIGINT_STOP if codes - {TERMINATED} == {SIGINT_STOP} else SIGTERM_STOP
 
 
-def stop_said(records: dict[int, str]) -> bool:
+def stop_said(records: dict[tuple[int, int], str]) -> bool:
     """Return whether a worker noted a signal stop (143/130), which rank 0 then said: in its
     training loop, where it checkpoints, or Ctrl-C outside it ("interrupted"). A worker that
     SIGTERM ended anywhere else (starting up, or after its loop) noted nothing and said nothing.

@@ -760,7 +760,12 @@ def test_a_worker_started_afresh_under_a_used_node_id_refuses_at_start(
     first, net, opt = node(server, tmp_path, "w1", seed=1)
     first.start()  # claims w1 before its first step
     together, _, _ = node(server, tmp_path / "together", "w1", seed=2)
-    with pytest.raises(HubError, match=r"node 'w1' already ran in org/run or runs there now "):
+    # The first runs now, on this host: resuming would be a second process of w1 too.
+    running = (
+        rf"^node 'w1' runs now in process {os.getpid()} on this host \(nodes/w1.json in "
+        r"org/run\): .*; give this node another distributed.node_id$"
+    )
+    with pytest.raises(HubError, match=running):
         together.start()
     # One whose claim at start failed claims before its first delta: it stops, sending nothing.
     third, net3, opt3 = node(server, tmp_path / "third", "w1", seed=3)
@@ -775,7 +780,7 @@ def test_a_worker_started_afresh_under_a_used_node_id_refuses_at_start(
     assert "could not claim node id 'w1' yet, claiming it before the first delta: 503" in (
         caplog.text
     )
-    with pytest.raises(HubError, match=r"node 'w1' already ran .*distributed.node_id"):
+    with pytest.raises(HubError, match=running):
         train(third, net3, opt3, 4, seed=3)
     assert third.counters["uploads"] == 0
     installed, weights = net.weight.detach().clone(), record_weights(first)
@@ -809,7 +814,7 @@ def test_a_worker_started_afresh_under_a_used_node_id_refuses_at_start(
 
 
 def test_a_master_started_afresh_under_a_used_node_id_refuses_and_a_resumed_one_loses_nothing(
-    server, tmp_path
+    server, tmp_path, dead_pid
 ):
     # A master trains and sends deltas like a worker: restarted without its checkpoint (its outer
     # state still on disk), its step-4 delta overwrote the unread one of the process before it.
@@ -817,6 +822,8 @@ def test_a_master_started_afresh_under_a_used_node_id_refuses_and_a_resumed_one_
     first.start()
     train(first, net, opt, 4, seed=1)  # deltas/master/step-4-base-0, not read yet
     first.master.stop()  # the process dies: no last round
+    claim = first.hub.read_json("nodes/master.json")
+    first.hub.write_json("nodes/master.json", {**claim, "pid": dead_pid})
     again, _, _ = node(server, tmp_path, "master")
     with pytest.raises(HubError, match=r"node 'master' already ran in org/run or runs .*--resume"):
         again.start()

@@ -140,7 +140,7 @@ def test_of_two_processes_claiming_a_free_node_id_at_once_exactly_one_wins(any_h
         return claim
 
     monkeypatch.setattr(any_hub, "read_json", rival_claims_after_this_read)
-    assert any_hub.claim_node("w1", "A", take_over=False) == "B"
+    assert any_hub.claim_node("w1", "A", take_over=False)["session"] == "B"  # B's claim
     assert any_hub.node_session("w1") == "B"
     assert any_hub.claim_node("w1", "B", take_over=False) is None  # its own: claimed again
     assert any_hub.claim_node("w1", "C") is None and any_hub.node_session("w1") == "C"  # resumed
@@ -173,7 +173,7 @@ def test_a_fresh_claim_takes_over_only_a_dead_process_of_this_host_that_sent_no_
         return held
 
     monkeypatch.setattr(any_hub, "read_json", rival_takes_over_after_this_read)
-    assert any_hub.claim_node("w1", "A", take_over=False) == "B"
+    assert any_hub.claim_node("w1", "A", take_over=False)["session"] == "B"
     assert any_hub.node_session("w1") == "B"
     # Refused: alive (this process), on another host or in another pid namespace (a container
     # with the host's network), from a run that recorded no host and pid, or possibly alive
@@ -181,9 +181,9 @@ def test_a_fresh_claim_takes_over_only_a_dead_process_of_this_host_that_sent_no_
     elsewhere = {"host": "elsewhere", "pid": dead_pid}
     for fields in ({}, elsewhere, {"pid_namespace": "pid:[1]", "pid": dead_pid}):
         left(**fields)
-        assert any_hub.claim_node("w1", "new", take_over=False) == "old"
+        assert any_hub.claim_node("w1", "new", take_over=False)["session"] == "old"
     any_hub.write_json("nodes/w1.json", {"session": "old", "claimed_at": claim["claimed_at"]})
-    assert any_hub.claim_node("w1", "new", take_over=False) == "old"
+    assert any_hub.claim_node("w1", "new", take_over=False)["session"] == "old"
     left(pid=dead_pid)
     with monkeypatch.context() as patched:
 
@@ -191,13 +191,13 @@ def test_a_fresh_claim_takes_over_only_a_dead_process_of_this_host_that_sent_no_
             raise PermissionError(1, "Operation not permitted")
 
         patched.setattr(os, "kill", not_permitted)
-        assert any_hub.claim_node("w1", "new", take_over=False) == "old"
+        assert any_hub.claim_node("w1", "new", take_over=False)["session"] == "old"
     # Dead, but it sent a delta: unread at deltas/, or applied and deleted by the master.
     path = any_hub.upload_delta({"w": torch.ones(2)}, node_id="w1", local_step=4, base_outer_step=0)
-    assert any_hub.claim_node("w1", "new", take_over=False) == "old"
+    assert any_hub.claim_node("w1", "new", take_over=False)["session"] == "old"
     any_hub.publish_global({"w": torch.zeros(2)}, outer_step=0, consumed=[path])
     assert path not in any_hub.list_files()
-    assert any_hub.claim_node("w1", "new", take_over=False) == "old"
+    assert any_hub.claim_node("w1", "new", take_over=False)["session"] == "old"
     assert any_hub.node_session("w1") == "old"
 
 

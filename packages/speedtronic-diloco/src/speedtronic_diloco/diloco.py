@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +31,7 @@ from speedtronic_diloco.hub import (
     HubError,
     HubRefused,
     build_hub_client,
+    running_here,
 )
 from speedtronic_diloco.identity import resolve_identity
 from speedtronic_diloco.outer import MasterOuterLoop
@@ -246,9 +247,10 @@ class DumbDiLoCoCoordinator:
                 _failure(exc),
             )
 
-    def _used_node_id(self) -> HubError:
+    def _used_node_id(self, held: Mapping[str, Any]) -> HubError:
         """Return the refusal of a node started without its checkpoint under a node id another
-        process claimed.
+        process claimed (`held`: its claim). Where that process runs now on this host, resuming
+        would only be a second process of the node: it needs another id.
 
         Its local steps count from 0 again, so its deltas take that process's names
         (deltas/<id>/step-N-base-B): one the master had not read yet was overwritten, and one it
@@ -259,6 +261,13 @@ class DumbDiLoCoCoordinator:
         when resumed.
         """
         node = self.identity.node_id
+        pid = running_here(held)
+        if pid is not None:
+            return HubError(
+                f"node {node!r} runs now in process {pid} on this host (nodes/{node}.json in "
+                f"{self.hub.repo_id}): two processes of one node id overwrite each other's deltas; "
+                "give this node another distributed.node_id"
+            )
         return HubError(
             f"node {node!r} already ran in {self.hub.repo_id} or runs there now "
             f"(nodes/{node}.json) and this process starts without its checkpoint: its deltas "
@@ -671,9 +680,9 @@ class DumbDiLoCoCoordinator:
         """
         if self._claimed:
             return
-        holder = self.hub.claim_node(self.identity.node_id, self._session, take_over=self._resumed)
-        if holder is not None:
-            self._fatal = self._used_node_id()
+        held = self.hub.claim_node(self.identity.node_id, self._session, take_over=self._resumed)
+        if held is not None:
+            self._fatal = self._used_node_id(held)
             raise self._fatal
         self._claimed = True
 

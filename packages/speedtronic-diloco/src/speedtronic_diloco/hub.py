@@ -144,6 +144,25 @@ def _pid_namespace() -> str | None:
         return None
 
 
+def _made_here(claim: Mapping[str, Any]) -> int | None:
+    """Return the pid of the process that made `claim` (see HubClient.claim_node) when it was
+    made on this host, in this pid namespace, else None.
+    """
+    pid = claim.get("pid")
+    here = (socket.gethostname(), _pid_namespace())
+    if (claim.get("host"), claim.get("pid_namespace")) != here or type(pid) is not int:
+        return None
+    return pid
+
+
+def running_here(claim: Mapping[str, Any]) -> int | None:
+    """Return the pid of the process that made `claim` when it runs (or might) on this host,
+    else None.
+    """
+    pid = _made_here(claim)
+    return pid if pid is not None and _alive(pid) else None
+
+
 def _alive(pid: int) -> bool:
     """Return whether process pid runs on this host (or might: unknown counts as alive)."""
     if pid <= 0 or os.name != "posix":  # Windows' os.kill(pid, 0) sends CTRL_C_EVENT
@@ -536,12 +555,14 @@ class HubClient:
             self.logger.warning("pruning old versions of %s failed: %s", self.repo_id, exc)
             return 0, 0
 
-    def claim_node(self, node_id: str, session: str, *, take_over: bool = True) -> str | None:
+    def claim_node(
+        self, node_id: str, session: str, *, take_over: bool = True
+    ) -> dict[str, Any] | None:
         """Record that process `session` (this host and pid) now runs node_id
         (nodes/<node_id>.json); return None.
 
         With take_over False the claim is made only while no other process holds it, else that
-        process's session is returned: the claim is read and written in one compare-and-swap
+        process's claim is returned: the claim is read and written in one compare-and-swap
         commit, so of two processes claiming at once exactly one wins and the other sees it. A
         claim left by a process that sent no delta and is dead counts as free (see _abandoned).
         """
@@ -558,7 +579,7 @@ class HubClient:
             return None
         data = json.dumps(claim, sort_keys=True).encode()
 
-        def attempt() -> str | None:
+        def attempt() -> dict[str, Any] | None:
             for _ in range(CLAIM_ATTEMPTS):
                 head = self._head()
                 held = self.read_json(path, revision=head) or {}
@@ -566,7 +587,7 @@ class HubClient:
                 if holder == session:  # an earlier attempt landed; its answer was lost
                     return None
                 if holder is not None and not self._abandoned(node_id, held, head):
-                    return holder
+                    return held
                 commit = partial(
                     self.transport.commit, {path: data}, [], message=f"claim {path}", parent=head
                 )
@@ -590,11 +611,8 @@ class HubClient:
         take a new one's name. A claim without host and pid (before they were recorded) is never
         abandoned.
         """
-        pid = claim.get("pid")
-        here = (socket.gethostname(), _pid_namespace())
-        if (claim.get("host"), claim.get("pid_namespace")) != here or type(pid) is not int:
-            return False
-        if _alive(pid):
+        pid = _made_here(claim)
+        if pid is None or _alive(pid):
             return False
         listed = self._retry("list_files", lambda: self.transport.list_files(revision))
         manifest = self.read_json(GLOBAL_MANIFEST, default={}, revision=revision)
@@ -669,4 +687,5 @@ __all__ = [
     "HubUnavailable",
     "build_hub_client",
     "check_repo_path",
+    "running_here",
 ]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
@@ -56,6 +57,27 @@ def test_a_single_line_longer_than_a_file_name_is_inline_text(tmp_path):
         SpeedtronicConfig.load(f"{name}.yaml")
     with pytest.raises(ConfigError, match="config file not found"):
         SpeedtronicConfig.from_yaml(tmp_path / f"{name}.yaml")
+
+
+def test_a_config_the_os_refuses_to_look_up_is_unreadable_not_missing(tmp_path, monkeypatch):
+    # In a folder this user may not search (mode 700, another owner), the look-up fails with
+    # EACCES: taken for a name too long, it said "config file not found; check the path".
+    path = tmp_path / "locked" / "run.yaml"
+    stat, open_ = Path.stat, Path.open
+
+    def refused(real):
+        def call(self, *args, **kwargs):
+            if self == path:  # as the OS answers this user, who cannot be root here
+                raise PermissionError(errno.EACCES, "Permission denied", str(self))
+            return real(self, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(Path, "stat", refused(stat))
+    monkeypatch.setattr(Path, "open", refused(open_))
+    for source in (path, str(path)):
+        with pytest.raises(ConfigError, match="run.yaml: cannot be read: Permission denied$"):
+            SpeedtronicConfig.load(source)
 
 
 def test_empty_file_gives_defaults(tmp_path):

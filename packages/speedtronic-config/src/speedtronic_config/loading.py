@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -199,6 +200,10 @@ def describe_yaml_error(error: yaml.YAMLError, what: str = "invalid YAML", text:
     return f"{what}: {first[0] if first else type(error).__name__}"
 
 
+# What a look-up answers where no file is (Path.exists()'s own list, and a name too long).
+_NO_SUCH_FILE = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP, errno.ENAMETOOLONG)
+
+
 def read_file(path: str | os.PathLike[str]) -> Any:
     """Return the data in a .yaml/.yml/.json file; a missing or unreadable file is a ConfigError."""
     if not str(path):  # Path("") is the current folder
@@ -208,9 +213,9 @@ def read_file(path: str | os.PathLike[str]) -> Any:
     file = Path(path)
     if not _exists(file):
         raise ConfigError(str(file), "config file not found", allowed="check the path")
-    if file.is_dir():
-        raise ConfigError(str(file), "is a directory, not a config file")
     try:
+        if file.is_dir():
+            raise ConfigError(str(file), "is a directory, not a config file")
         with file.open("rb") as handle:  # at most one byte past the limit, from a pipe too
             data = handle.read(MAX_FILE_BYTES + 1)
     except OSError as error:
@@ -236,13 +241,18 @@ def read_file(path: str | os.PathLike[str]) -> Any:
 
 
 def _exists(path: Path) -> bool:
-    """Return Path.exists(), False for a name the OS refuses to look up (one longer than its name
-    limit, which a one-line inline config can be): no file has that name.
+    """Return whether a file may be at `path`: False where the look-up finds none, or refuses a
+    name longer than the OS allows (a one-line inline config can be); True where it is refused
+    otherwise (a folder on the way this user may not search), for the read to say why. Not
+    Path.exists(): by Python version it raises or answers False there.
     """
     try:
-        return path.exists()
-    except OSError:
+        path.stat()
+    except OSError as error:
+        return error.errno not in _NO_SUCH_FILE
+    except ValueError:  # a NUL in the name
         return False
+    return True
 
 
 def read_config(path: str | os.PathLike[str]) -> Mapping[str, Any] | None:

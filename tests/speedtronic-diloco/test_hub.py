@@ -179,7 +179,12 @@ def test_a_fresh_claim_takes_over_only_a_dead_process_of_this_host_that_sent_no_
     # with the host's network), from a run that recorded no host and pid, or possibly alive
     # (another user's process: os.kill raises PermissionError).
     elsewhere = {"host": "elsewhere", "pid": dead_pid}
-    for fields in ({}, elsewhere, {"pid_namespace": "pid:[1]", "pid": dead_pid}):
+    # A live process of another machine of this hostname (an image's default, `localhost`: then
+    # the default node id worker-<hostname> is the same too) was taken for a dead one here: its
+    # pid is no process of this machine, and outside containers its pid namespace is this one's
+    # (the kernel gives every machine's first pid namespace one inode, pid:[4026531836]).
+    machine = {"boot_id": "another machine's boot", "pid": dead_pid}
+    for fields in ({}, elsewhere, {"pid_namespace": "pid:[1]", "pid": dead_pid}, machine):
         left(**fields)
         assert any_hub.claim_node("w1", "new", take_over=False)["session"] == "old"
     any_hub.write_json("nodes/w1.json", {"session": "old", "claimed_at": claim["claimed_at"]})

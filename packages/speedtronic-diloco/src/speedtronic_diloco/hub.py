@@ -144,15 +144,31 @@ def _pid_namespace() -> str | None:
         return None
 
 
+def _boot_id() -> str | None:
+    """Return this machine's boot id, random at each boot (Linux; None elsewhere): machines
+    share hostnames (`localhost`, an image's default) and, outside containers, their pid
+    namespace's name (the kernel gives every machine's first one the same inode).
+    """
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def _this_host() -> dict[str, str | None]:
+    """Return what a claim records of the host its process runs on: only a process of the same
+    host, boot and pid namespace can be found running, or not, by its pid.
+    """
+    return {"host": socket.gethostname(), "boot_id": _boot_id(), "pid_namespace": _pid_namespace()}
+
+
 def _made_here(claim: Mapping[str, Any]) -> int | None:
     """Return the pid of the process that made `claim` (see HubClient.claim_node) when it was
-    made on this host, in this pid namespace, else None.
+    made on this host (see _this_host), else None.
     """
     pid = claim.get("pid")
-    here = (socket.gethostname(), _pid_namespace())
-    if (claim.get("host"), claim.get("pid_namespace")) != here or type(pid) is not int:
-        return None
-    return pid
+    elsewhere = any(claim.get(key) != value for key, value in _this_host().items())
+    return None if elsewhere or type(pid) is not int else pid
 
 
 def running_here(claim: Mapping[str, Any]) -> int | None:
@@ -567,13 +583,7 @@ class HubClient:
         claim left by a process that sent no delta and is dead counts as free (see _abandoned).
         """
         path = f"nodes/{node_id}.json"
-        claim = {
-            "session": session,
-            "claimed_at": _utc_now(),
-            "host": socket.gethostname(),
-            "pid_namespace": _pid_namespace(),
-            "pid": os.getpid(),
-        }
+        claim = {"session": session, "claimed_at": _utc_now(), **_this_host(), "pid": os.getpid()}
         if take_over:
             self.write_json(path, claim)
             return None
@@ -605,10 +615,10 @@ class HubClient:
 
     def _abandoned(self, node_id: str, claim: Mapping[str, Any], revision: str) -> bool:
         """Return whether a claim of node_id may be taken over by a process starting afresh: it
-        was made on this host (and pid namespace) by a process that is dead (a crash, or a
-        torchrun restart, before its first checkpoint) and no delta of node_id exists at revision,
-        at deltas/ or applied (listed in the manifest once the master deleted it), so none can
-        take a new one's name. A claim without host and pid (before they were recorded) is never
+        was made on this host (its name, boot and pid namespace) by a process that is dead (a
+        crash, or a torchrun restart, before its first checkpoint) and no delta of node_id exists
+        at revision, at deltas/ or applied (listed in the manifest once the master deleted it), so
+        none can take a new one's name. A claim without them (before they were recorded) is never
         abandoned.
         """
         pid = _made_here(claim)

@@ -363,7 +363,9 @@ def _what_next(config: Any, args: argparse.Namespace, saved: tuple[Any, int] | N
     from speedtronic.train_end import TARGET_REACHED, resume_command
     from speedtronic_trainer.checkpoint import checkpoint_step
 
-    if saved is not None and (checkpoint_step(saved[0]) or 0) >= config.step_target:
+    # The workers' target (build_runtime's): an explicit --max-steps over data.max_steps.
+    target = args.max_steps if args.max_steps is not None else config.step_target
+    if saved is not None and (checkpoint_step(saved[0]) or 0) >= target:
         return TARGET_REACHED
     return f"resume with: {resume_command(args)}"
 

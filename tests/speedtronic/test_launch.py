@@ -184,6 +184,14 @@ def test_launcher_arguments_go_to_torchrun_and_never_to_the_workers():
             ["--nnodes", "3:2", "--rdzv-endpoint", "127.0.0.1:9"],
             "--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got 3:2",
         ),
+        (
+            # A DiLoCo node as a group: its other ranks would time out while rank 0 waits.
+            ["--set", "parallel.data_parallel=ddp", "--set", "parallel.timeout_s=60"]
+            + ["--set", "distributed={enabled: true, repo_id: me/run, global_wait_timeout: 60}"],
+            "distributed.global_wait_timeout: 60s is not below parallel.timeout_s (60s): the "
+            "other ranks of the node would time out while rank 0 waits for a global model; raise "
+            "parallel.timeout_s well above global_wait_timeout",
+        ),
     ],
 )
 def test_the_launcher_refuses_a_bad_run_in_one_line_before_any_worker(capsys, extra, line):

@@ -12,6 +12,7 @@ import pytest
 
 import speedtronic.runtime as runtime
 from speedtronic_config import ConfigError, SpeedtronicConfig
+from speedtronic_config.errors import raised_on_every_rank
 
 ORDER = [
     "seed",
@@ -207,8 +208,23 @@ def test_a_data_parallel_group_is_one_diloco_node_led_by_rank_0(tmp_path):
     assert coordinator.group.parallel is group and coordinator.group.is_lead
     # The other ranks wait in a collective while rank 0 waits for a global model.
     config.parallel.timeout_s = 60
-    with pytest.raises(ConfigError, match="parallel.timeout_s"):
+    with pytest.raises(ConfigError, match="parallel.timeout_s") as refused:
         runtime.build_coordinator(config, model, runtime.build_logger(config), group)
+    # Every rank reads the same config: rank 0 prints the line once for the group, not each rank.
+    assert raised_on_every_rank(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("model", "fragment"),
+    [({"name": "nosuch"}, "unknown model 'nosuch'"), ({"d_model": 12, "n_head": 4}, "even")],
+)
+def test_a_model_the_config_cannot_build_is_refused_once_for_every_rank(tmp_path, model, fragment):
+    # Every rank builds the model from the same config: under torchrun rank 0 prints the line
+    # once for the group, not each rank its own `rank R:` copy.
+    model = {"vocab_size": 64, "max_seq_len": 16, "n_layer": 1, **model}
+    with pytest.raises(ConfigError, match=fragment) as refused:
+        runtime.build_runtime(small_config(tmp_path, model=model))
+    assert raised_on_every_rank(refused.value)
 
 
 def test_a_rerun_and_a_changed_lr_on_resume_are_each_named_in_one_warning(tmp_path):

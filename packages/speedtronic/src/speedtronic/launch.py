@@ -127,6 +127,7 @@ def check_launch(config: Any, args: argparse.Namespace) -> None:
     per worker and a torchrun trace.
     """
     from speedtronic.preflight import check_init_tokenizer, check_output_paths
+    from speedtronic.runtime import check_node_group_wait
     from speedtronic_config import ConfigError
     from speedtronic_data import build_dataloader, build_eval_dataloader
     from speedtronic_data.rank_shares import check_rank_shares
@@ -144,6 +145,8 @@ def check_launch(config: Any, args: argparse.Namespace) -> None:
             problem = f"{error.problem} (--nnodes {args.nnodes}: {nodes} processes)"
             raise ConfigError(error.path, problem, allowed=error.allowed) from None
     check_worker_device(config, args.nproc_per_node)
+    if config.parallel.data_parallel != "none":  # a DiLoCo node is then a group of ranks
+        check_node_group_wait(config)
     check_init_tokenizer(config)
     # A rank's share of the data holds a batch: it shrinks as the world grows, so the largest
     # world size this launch can have decides (one build of the loaders, not one per size).

@@ -18,6 +18,7 @@ from speedtronic.preflight import NewOutputs, check_init_tokenizer, check_output
 from speedtronic.run_lock import claim_run_folders
 from speedtronic.trainer import Trainer  # 2.0's Trainer, which also answers to train()
 from speedtronic_config import ConfigError, SpeedtronicConfig
+from speedtronic_config.errors import on_every_rank
 from speedtronic_data import build_dataloader, build_eval_dataloader, training_tokenizer
 from speedtronic_data.rank_shares import check_rank_shares
 from speedtronic_model import apply_init_from, build_model
@@ -55,6 +56,24 @@ def build_logger(config: SpeedtronicConfig) -> MetricLogger:
     return MetricLogger.from_config(config.logging, hook_dir=config.run.output_dir)
 
 
+def check_node_group_wait(config: SpeedtronicConfig) -> None:
+    """Raise ConfigError when a DiLoCo node that is a data-parallel group would time out: its
+    other ranks wait in a collective while rank 0 waits for a global model. Every rank reads the
+    same config, so rank 0 reports it for the group.
+    """
+    wait = config.distributed.global_wait_timeout
+    if config.distributed.active and wait >= config.parallel.timeout_s:
+        raise on_every_rank(
+            ConfigError(
+                "distributed.global_wait_timeout",
+                f"{wait:g}s is not below parallel.timeout_s ({config.parallel.timeout_s:g}s): "
+                "the other ranks of the node would time out while rank 0 waits for a global "
+                "model",
+                allowed="raise parallel.timeout_s well above global_wait_timeout",
+            )
+        )
+
+
 def build_coordinator(
     config: SpeedtronicConfig,
     model: torch.nn.Module,
@@ -66,15 +85,8 @@ def build_coordinator(
     """
     if not config.distributed.active:  # disabled, or mode: disabled / single
         return None
-    wait = config.distributed.global_wait_timeout
-    if parallel.active and wait >= config.parallel.timeout_s:
-        # The other ranks wait in a collective while rank 0 waits for a global model.
-        raise ConfigError(
-            "distributed.global_wait_timeout",
-            f"{wait:g}s is not below parallel.timeout_s ({config.parallel.timeout_s:g}s): the "
-            "other ranks of the node would time out while rank 0 waits for a global model",
-            allowed="raise parallel.timeout_s well above global_wait_timeout",
-        )
+    if parallel.active:
+        check_node_group_wait(config)
     try:
         from speedtronic_diloco import DumbDiLoCoCoordinator
     except ImportError as error:
@@ -158,7 +170,12 @@ def _assemble(
     """Steps 4-13 of build_runtime: model, data, optimizer, schedule, checkpoints, logger,
     coordinator and the trainer, resumed when asked.
     """
-    model = apply_init_from(build_model(config.model), config.model.init_from)  # 4
+    try:
+        model = build_model(config.model)  # 4
+    except ConfigError as error:  # from the model section, which every rank reads alike
+        on_every_rank(error)
+        raise
+    model = apply_init_from(model, config.model.init_from)
     # 4b: wrap before the optimizer exists (fully_shard replaces the parameters).
     model = wrap_model(model.to(resolved), parallel, config.parallel)
     if parallel.active:  # then each rank draws its own dropout (and other) randomness

@@ -514,6 +514,9 @@ def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path, refus
         (["sample", "c.pt", "--temperature", "nan"], "--temperature: must be >= 0"),
         (["sample", "c.pt", "--top-k", "0"], "--top-k: must be >= 1"),
         (["prepare", "out", "--stdlib-bytes", "-1"], "--stdlib-bytes: must be > 0"),
+        # named as the user typed it, not as prepare_shards' val_fraction
+        (["prepare", "out", "--val-fraction", "1"], "--val-fraction: must be >= 0 and < 1, got 1"),
+        (["prepare", "out", "--val-fraction", "nan"], "--val-fraction: must be >= 0 and < 1"),
         (["sample", "c.pt", "--seed", "x"], "--seed: expected a number"),
         (["frobnicate"], "invalid choice"),
         # INPUT is optional: argparse listed it as missing too (`required: out_dir, texts`)
@@ -533,8 +536,6 @@ def test_bad_arguments_are_one_line_exit_2(tmp_path, capsys, args, fragment):
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["--val-fraction", "1"], "val_fraction must be in [0, 1), got 1.0"),
-        (["--val-fraction", "nan"], "val_fraction must be in [0, 1)"),
         (["missing.txt"], "missing.txt: no such file or folder"),
         (["--tokenizer", "gone.json"], "--tokenizer gone.json: no such file"),
         (["empty.txt"], "'empty.txt' is empty"),

@@ -412,7 +412,7 @@ def cases() -> list[Case]:
             "prepare: --val-fraction 1.5",
             ["prepare", "{root}/out-c", "--val-fraction", "1.5"],
             2,
-            ("val_fraction",),
+            ("--val-fraction: must be",),
         ),
         Case(
             "prepare: --tokenizer missing",

@@ -52,8 +52,15 @@ class _Parser(argparse.ArgumentParser):
         return parsed
 
 
-def _number(kind: type, low: float, high: float | None = None, *, low_open: bool = False) -> Any:
-    """Return an argparse type: `kind` within [low, high] (or (low, high] when low_open)."""
+def _number(
+    kind: type,
+    low: float,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> Any:
+    """Return an argparse type: `kind` within [low, high], either end open when asked."""
 
     def parse(text: str) -> Any:
         try:
@@ -61,8 +68,11 @@ def _number(kind: type, low: float, high: float | None = None, *, low_open: bool
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
         too_low = value <= low if low_open else value < low
-        if too_low or (high is not None and value > high) or value != value:  # NaN
-            bounds = f"{'>' if low_open else '>='} {low}" + (f" and <= {high}" if high else "")
+        too_high = high is not None and (value >= high if high_open else value > high)
+        if too_low or too_high or value != value:  # NaN
+            bounds = f"{'>' if low_open else '>='} {low}"
+            if high is not None:
+                bounds += f" and {'<' if high_open else '<='} {high}"
             raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
         return value
 
@@ -188,7 +198,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     prepare.add_argument(
         "--val-fraction",
-        type=float,
+        type=_number(float, 0, 1, high_open=True),
         default=0.05,
         metavar="F",
         help="share of each input held out for validation, 0 <= F < 1 (default: %(default)s)",

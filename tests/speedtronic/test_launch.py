@@ -451,7 +451,13 @@ def test_a_signalled_launcher_whose_workers_were_outside_their_loops_says_what_w
     assert main([*argv, "--set", "data.max_steps=20", "--max-steps", "8", "--resume"]) == 143
     assert capfd.readouterr().err.endswith("; that is the step target: nothing is left to resume\n")
 
-    def killed_at_the_shutdown_timeout(_):  # the final checkpoint written, a worker still stopping
+    ended = tmp_path / "ended"
+
+    def killed_at_the_shutdown_timeout(_):  # a worker still stopping: torchrun kills it
+        # The final checkpoint a launch into `ended` wrote first (one into `out` writes none).
+        (ended / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (ended / "checkpoints" / "step_8.pt").write_bytes(b"")
+        (ended / "checkpoints" / "latest").write_text('{"file": "step_8.pt", "step": 8}')
         agent = logging.getLogger("torch.distributed.elastic.agent.server.api")
         agent.warning("Received %s death signal, shutting down workers", signal.SIGTERM)
         kill = "Unable to shutdown process %s via %s, forcefully exiting via %s"
@@ -462,9 +468,13 @@ def test_a_signalled_launcher_whose_workers_were_outside_their_loops_says_what_w
 
     monkeypatch.setattr("torch.distributed.run.run", killed_at_the_shutdown_timeout)
     killed = "speedtronic train: torchrun killed 1 worker(s) still stopping "
+    at_target = f"{ended / 'checkpoints' / 'step_8.pt'}; that is the step target: nothing is left"
     for more, then in [
-        ([], "that is the step target: nothing is left to resume"),
-        (["--max-steps", "12", "--resume"], "resume with: speedtronic train "),
+        (["--set", f"run.output_dir={ended}"], f"; latest checkpoint: {at_target} to resume\n"),
+        # A fresh launch beside an earlier run's step-8 checkpoint, killed before its own first
+        # one: the step target is not this launch's, and a resume would start at that run's end.
+        ([], "; no checkpoint of this run was written\n"),
+        (["--max-steps", "12", "--resume"], "; resume with: speedtronic train "),
     ]:
         assert main([*argv, *more]) == 143
         said = capfd.readouterr().err
@@ -730,10 +740,12 @@ def test_workers_still_stopping_at_the_shutdown_timeout_are_killed_and_the_launc
     # Killed 0 s after the SIGTERM, a rank can still say that its collective failed on the rank
     # killed first (seen beside busy cores): its own line, before the launcher's.
     said = [line for line in said if not line.startswith("speedtronic train: rank ")]
+    saved = latest_step(out)
     assert said == [
         "speedtronic train: torchrun killed 2 worker(s) still stopping 0 s after the SIGTERM, "
         "perhaps mid-checkpoint (the one before stays intact); give them longer with "
-        "--shutdown-timeout SECONDS; resume with: speedtronic train "
+        f"--shutdown-timeout SECONDS; latest checkpoint: {out / 'checkpoints'}/step_{saved}.pt; "
+        "resume with: speedtronic train "
         f"{ROOT / 'configs' / 'smoke.yaml'} --nproc-per-node 2 --shutdown-timeout 0 "
         "--set parallel.data_parallel=ddp "
         f"--set run.output_dir={out} --set logging.json_file={out / 'metrics.jsonl'} "
@@ -741,7 +753,6 @@ def test_workers_still_stopping_at_the_shutdown_timeout_are_killed_and_the_launc
     ], log[-3000:]
     assert "Unable to shutdown" not in log  # torchrun's own line on it: ours says more
     # What the line promises: the run resumes from a committed checkpoint.
-    saved = latest_step(out)
     resumed = out.with_name("resumed.log")
     run = train(
         out, "--nproc-per-node", "2", "--max-steps", str(saved + 2), "--resume", log=resumed

@@ -39,6 +39,8 @@ LAUNCH_FLAGS["--shutdown-timeout"] = True
 # own 30 s cut off a DiLoCo master's last outer round under a flaky Hub, and a large model's
 # checkpoint can outlast it too. A DiLoCo node adds the time its upload lanes may take to empty.
 STOP_GRACE_S = 120
+# A stop line's end where this launch wrote no checkpoint (none is there, or an earlier run's).
+_NONE_OF_THIS_RUN = "no checkpoint of this run was written"
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
@@ -287,7 +289,7 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
     except SignalException as stop:  # the launcher was signalled; torchrun passed it on
         name = signal.Signals(stop.sigval).name
         if agent_lines.killed:
-            print_line(killed_line(config, args, name, agent_lines.killed, grace_s))
+            print_line(killed_line(config, saved_before, args, name, agent_lines.killed, grace_s))
         elif not stop_said(read_records(records)):  # no worker was in its loop to say it
             print_line(unhandled_stop_line(config, saved_before, args, f"stopped by {name}"))
         return signal_exit_code(name)
@@ -354,23 +356,25 @@ def unhandled_stop_line(
         return f"speedtronic train: {stopped} before training started: nothing was saved"
     when = "outside the training steps" if handled else "(checkpoint.save_on_signal: false)"
     if saved is None or saved == saved_before:
-        return f"speedtronic train: {stopped} {when}; no checkpoint of this run was written"
+        return f"speedtronic train: {stopped} {when}; {_NONE_OF_THIS_RUN}"
     then = _what_next(config, args, saved)  # e.g. signalled after the last step: nothing
-    return f"speedtronic train: {stopped} {when}; latest checkpoint: {saved[0]}; {then}"
+    return f"speedtronic train: {stopped} {when}; {then}"
 
 
 def _what_next(config: Any, args: argparse.Namespace, saved: tuple[Any, int] | None) -> str:
-    """Return what to do after a stop whose latest checkpoint is `saved` (see
-    _latest_checkpoint): resume, unless that checkpoint is at the step target.
+    """Return the latest checkpoint `saved` (see _latest_checkpoint) and what to do after a stop:
+    resume, unless that checkpoint is at the step target.
     """
+    from speedtronic.runtime import step_target
     from speedtronic.train_end import TARGET_REACHED, resume_command
     from speedtronic_trainer.checkpoint import checkpoint_step
 
-    # The workers' target (build_runtime's): an explicit --max-steps over data.max_steps.
-    target = args.max_steps if args.max_steps is not None else config.step_target
-    if saved is not None and (checkpoint_step(saved[0]) or 0) >= target:
-        return TARGET_REACHED
-    return f"resume with: {resume_command(args)}"
+    resume = f"resume with: {resume_command(args)}"
+    if saved is None:
+        return resume
+    target = step_target(config, args.max_steps)  # as the workers' build_runtime takes it
+    then = TARGET_REACHED if (checkpoint_step(saved[0]) or 0) >= target else resume
+    return f"latest checkpoint: {saved[0]}; {then}"
 
 
 def failed_line(outcomes: dict[int, int | str]) -> str:
@@ -399,12 +403,18 @@ def failed_line(outcomes: dict[int, int | str]) -> str:
 
 
 def killed_line(
-    config: Any, args: argparse.Namespace, signal_name: str, killed: int, grace_s: int | None
+    config: Any,
+    saved_before: tuple[Any, int] | None,
+    args: argparse.Namespace,
+    signal_name: str,
+    killed: int,
+    grace_s: int | None,
 ) -> str:
     """Return the launcher's line on `killed` workers torchrun ended with SIGKILL because they
     were still stopping when its shutdown timeout (grace_s; None: torchrun's fixed 30 s) ran out
     (rank 0 may not have said anything); a latest checkpoint at the step target leaves nothing
-    to resume.
+    to resume. A fresh run's latest checkpoint that is still `saved_before` (the latest at its
+    launch) is an earlier run's, beside it: neither its step nor a resume from it is this run's.
     """
     if grace_s is None:  # a torch without the flag
         longer = "a newer torch's torchrun takes --shutdown-timeout SECONDS"
@@ -412,7 +422,11 @@ def killed_line(
     else:
         longer = "give them longer with --shutdown-timeout SECONDS"
         waited = grace_s
-    then = _what_next(config, args, _latest_checkpoint(config))
+    saved = _latest_checkpoint(config)
+    if saved == saved_before and not args.resume:  # none, or an earlier run's
+        then = _NONE_OF_THIS_RUN
+    else:
+        then = _what_next(config, args, saved)
     return (
         f"speedtronic train: torchrun killed {killed} worker(s) still stopping {waited} s after "
         f"the {signal_name}, perhaps mid-checkpoint (the one before stays intact); {longer}; "

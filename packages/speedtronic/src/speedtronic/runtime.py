@@ -56,6 +56,13 @@ def build_logger(config: SpeedtronicConfig) -> MetricLogger:
     return MetricLogger.from_config(config.logging, hook_dir=config.run.output_dir)
 
 
+def step_target(config: SpeedtronicConfig, max_steps: int | None) -> int:
+    """Return the run's step target: an explicit `max_steps` (--max-steps) over
+    config.step_target (data.max_steps, else run.max_steps).
+    """
+    return max_steps if max_steps is not None else config.step_target
+
+
 def check_node_group_wait(config: SpeedtronicConfig) -> None:
     """Raise ConfigError when a DiLoCo node that is a data-parallel group would time out: its
     other ranks wait in a collective while rank 0 waits for a global model. Every rank reads the
@@ -194,7 +201,7 @@ def _assemble(
     if config.model.init_from is not None:
         logger.info("model.init_from: weights loaded from %s", config.model.init_from)
     coordinator = build_coordinator(config, model, logger, parallel)  # 10
-    target = max_steps if max_steps is not None else config.step_target  # 11
+    target = step_target(config, max_steps)  # 11
     # 12: the trainer resolves the precision plan and the startup shape report, once.
     trainer = Trainer(
         model,
@@ -319,8 +326,10 @@ __all__ = [
     "build_optimizer",
     "build_runtime",
     "build_scheduler",
+    "check_node_group_wait",
     "run",
     "seed_everything",
+    "step_target",
     "train",
     "train_from_config",
 ]

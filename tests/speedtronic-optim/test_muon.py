@@ -353,13 +353,32 @@ def test_batched_same_shape_step_equals_one_matrix_at_a_time(monkeypatch, cap, m
 def test_same_shape_batches_group_by_shape_and_respect_the_cap(monkeypatch) -> None:
     import speedtronic_optim.muon as muon_module
 
+    group = Muon([torch.zeros(1, 1)]).defaults
     params = [torch.zeros(4, 4), torch.zeros(2, 8), torch.zeros(4, 4), torch.zeros(4, 4)]
-    assert muon_module._same_shape_batches(params) == [[0, 2, 3], [1]]
+    assert muon_module._same_shape_batches(params, group) == [[0, 2, 3], [1]]
     monkeypatch.setattr(muon_module, "MAX_CPU_BATCH_ELEMENTS", 32)
-    assert muon_module._same_shape_batches(params) == [[0, 2], [3], [1]]
+    assert muon_module._same_shape_batches(params, group) == [[0, 2], [3], [1]]
     # Accelerators keep the larger cap; meta tensors stand in for them here.
     meta = [torch.zeros(4, 4, device="meta") for _ in range(3)]
-    assert muon_module._same_shape_batches(meta) == [[0, 1, 2]]
+    assert muon_module._same_shape_batches(meta, group) == [[0, 1, 2]]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_thread_cpu_batches_hold_what_the_l2_cache_holds(monkeypatch, threads) -> None:
+    import speedtronic_optim.muon as muon_module
+
+    # One 16x8 step's working set (X, X X^T, polynomial, next X): 2 * (128 + 64) elements.
+    monkeypatch.setattr(muon_module, "L2_CACHE_BYTES", 2 * 192 * 4 * 3)  # three fp32 ones
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    params = [torch.zeros(16, 8) for _ in range(7)]
+    fp32 = dict(Muon([torch.zeros(1, 1)]).defaults, ns_dtype=torch.float32)
+    bf16 = dict(fp32, ns_dtype=torch.bfloat16)  # half the bytes: twice the matrices
+    sizes = [[len(b) for b in muon_module._same_shape_batches(params, g)] for g in (fp32, bf16)]
+    # Several threads share out a batch's matrices: only the element cap bounds it.
+    assert sizes == {1: [[3, 3, 1], [6, 1]], 2: [[7], [7]]}[threads]
+    # A matrix past the cache runs alone, not in batches of none.
+    monkeypatch.setattr(muon_module, "L2_CACHE_BYTES", 1)
+    assert len(muon_module._same_shape_batches(params, fp32)) == {1: 7, 2: 1}[threads]
 
 
 @pytest.mark.parametrize("shape", [(0, 4), (4, 0), (0, 0)])

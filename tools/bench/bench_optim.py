@@ -2,10 +2,11 @@
 
 Case 1 steps every hidden matrix of a GPT-style transformer at d_model 768 (per layer: four
 768x768, two 2048x768, one 768x2048) with torch.optim.Muon, with our Muon as shipped ("ours
-default": same-shaped matrices orthogonalized together in batched chunks of up to 2^22 elements on
-CPU; Gram Newton-Schulz where the work dtype is float32 and the aspect >= 1.5), with the
-accelerator's 2^26-element chunks on CPU too ("ours 2^26 batches", the 0.85x shipped before), and
-with float32 Gram work ("ours fp32 gram").
+default": same-shaped matrices orthogonalized together in batched chunks of up to 2^22 elements
+on CPU, on one thread only as many as its L2 cache holds; Gram Newton-Schulz where the work dtype
+is float32 and the aspect >= 1.5), with CPU chunks capped by elements alone ("ours 2^22 batches",
+shipped before the one-thread cache rule; "ours 2^26 batches", the accelerator's cap, the 0.85x
+shipped before that), and with float32 Gram work ("ours fp32 gram").
 Case 2 times `newton_schulz` against the exact polar factor by SVD (U @ Vh, float32).
 Case 3 (CPU with native BF16 only) reruns case 1 at a small size in a child process that limits
 torch and oneDNN to AVX2 (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2), where bf16 matmuls
@@ -19,11 +20,13 @@ Variants run interleaved in one process and the ratio of medians is reported (ma
 
 Usage: python tools/bench/bench_optim.py [--full] [--layers N] [--d-model D] [--repeats N]
                                          [--bf16-layers N] [--device cpu|cuda] [--world N]
+                                         [--threads N]
 Default: d_model 128, 2 layers, 3 repeats, polar at 256/512 (minutes even where bf16 is emulated);
 --full: d_model 768, 12 layers, 5 repeats, polar at 1024/2048 (the issue's sizes). Where bf16 is
 emulated, `--full --repeats 1 --bf16-layers 1` finishes in about 20 minutes. Case 4 runs at
 d_model 128 x 2 layers (--full: WORLD_FULL_SIZE) whatever --d-model says: at 1 thread per rank
-the issue's sizes take minutes per step.
+the issue's sizes take minutes per step. --threads sets torch's threads for cases 1-3 (default:
+torch's own; a torchrun CPU worker gets OMP_NUM_THREADS=1).
 """
 
 from __future__ import annotations
@@ -81,16 +84,17 @@ def _interleaved(
     return times
 
 
-def _large_batches(step: Callable[[], None]) -> Callable[[], None]:
-    """Return `step` run with the accelerator batch cap on CPU too (the 0.85x of before)."""
+def _element_batches(step: Callable[[], None], elements: int) -> Callable[[], None]:
+    """Return `step` run with CPU batches capped by `elements` alone, without the cache rule."""
 
     def run() -> None:
-        saved = muon_module.MAX_CPU_BATCH_ELEMENTS
-        muon_module.MAX_CPU_BATCH_ELEMENTS = muon_module.MAX_BATCH_ELEMENTS
+        saved = muon_module.MAX_CPU_BATCH_ELEMENTS, muon_module._one_thread_batch
+        muon_module.MAX_CPU_BATCH_ELEMENTS = elements
+        muon_module._one_thread_batch = lambda shape, dtype: elements
         try:
             step()
         finally:
-            muon_module.MAX_CPU_BATCH_ELEMENTS = saved
+            muon_module.MAX_CPU_BATCH_ELEMENTS, muon_module._one_thread_batch = saved
 
     return run
 
@@ -140,9 +144,10 @@ def muon_case(
         ),
     }
     if ours_dtype is None:
-        variants["ours 2^26 batches"] = _large_batches(
-            _muon_step(lambda p: Muon(p, **settings), bf16_grads, device)
-        )
+        for power in (22, 26):
+            variants[f"ours 2^{power} batches"] = _element_batches(
+                _muon_step(lambda p: Muon(p, **settings), bf16_grads, device), 1 << power
+            )
         # Gram runs in float32 only: in bf16 it amplifies rounding (newton_schulz.GRAM_DTYPES).
         variants["ours fp32 gram"] = _muon_step(
             lambda p: Muon(p, ns_dtype=torch.float32, **settings), bf16_grads, device
@@ -178,6 +183,7 @@ def avx2_case(repeats: int) -> dict[str, object] | None:
     with tempfile.TemporaryDirectory(prefix="bench-avx2-") as tmp:
         out = Path(tmp) / "avx2.json"
         command = [sys.executable, __file__, "--avx2-child", "--repeats", str(repeats)]
+        command += ["--threads", str(torch.get_num_threads())]
         subprocess.run([*command, "--out", str(out)], env=env, check=True)
         return json.loads(out.read_text())
 
@@ -325,8 +331,11 @@ def main() -> None:
     parser.add_argument("--avx2-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--world", type=int, default=2, help="ranks for case 4 (1: skip it)")
     parser.add_argument("--world-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads, cases 1-3")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     repeats = args.repeats or (5 if args.full else 3)
     if args.avx2_child:
         case = muon_case(1, 256, repeats, torch.device("cpu"), ours_dtype=torch.float32)

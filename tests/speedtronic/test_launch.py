@@ -64,11 +64,13 @@ def train(
     )
 
 
-def wait_for(condition, what: str, process: subprocess.Popen, timeout: float = 240) -> None:
-    """Poll `condition` (a file the run writes) until true; fail if the run ends or time is up."""
+def wait_for(condition, what: str, process: subprocess.Popen | None, timeout: float = 240) -> None:
+    """Poll `condition` (a file the run writes) until true; fail if the run (`process`, unless
+    None) ends or time is up.
+    """
     deadline = time.monotonic() + timeout
     while not condition():
-        if process.poll() is not None:
+        if process is not None and process.poll() is not None:
             raise AssertionError(f"the run ended (code {process.returncode}) before {what}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
@@ -960,10 +962,12 @@ def test_sigterm_before_the_first_step_says_nothing_was_saved(tmp_path, target, 
         tails([log])
     )
     assert not (out / "checkpoints" / "latest").exists()
-    # No worker outlives the launch: seen beside busy cores, torchrun got the signal while still
-    # starting them and its shutdown ended neither; they waited on its dead store.
+    # No worker outlives the launch for long: seen beside busy cores, torchrun got the signal
+    # while still starting them and its shutdown ended neither; they waited on its dead store. One
+    # its shutdown missed ends itself once it sees the launcher gone (launcher_watch), a moment
+    # after the launcher ended: waited for apart from it (CI saw rank 0 still ending then).
     for rank, pid in started.items():
-        wait_for(lambda pid=pid: process_ended(pid), f"rank {rank}'s end", run, timeout=60)
+        wait_for(lambda pid=pid: process_ended(pid), f"rank {rank}'s end", None, timeout=60)
 
 
 def process_ended(pid: int) -> bool:

@@ -78,6 +78,16 @@ def test_unknown_name_lists_the_registered_names():
     assert GROUP not in str(caught.value)  # a private registry reads none
 
 
+def test_a_mistyped_model_name_gets_the_closest_registered_one():
+    reg = ModelRegistry(builtins=True)
+    with pytest.raises(ConfigError) as caught:
+        reg.get("referense_transformer")
+    assert str(caught.value).startswith(
+        "model.name: unknown model 'referense_transformer'; did you mean reference_transformer? "
+        "registered models: gpt, reference_transformer. Register a factory with "
+    )
+
+
 def test_global_registry_resolves_the_builtin_lazily():
     from speedtronic_model.model import ReferenceTransformer
 

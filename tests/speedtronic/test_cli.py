@@ -191,7 +191,9 @@ def test_train_plot_sample_export_end_to_end(tmp_path):
     "content, fragment",
     [
         ("- a\n- list\n", "mapping of dotted keys"),
-        ("model.n_layr: 3\n", "n_layr"),
+        # A key or value the overlay got wrong named no file: it read as the config's mistake.
+        ("model.n_layr: 3\n", "model.n_layr: unknown key; did you mean n_layer?"),
+        ("model.d_model: -3\n", "model.d_model: must be positive"),
         # YAML's own types (a date-named run) were a TypeError from json.dumps, exit 1.
         ("run.name: 2024-01-01\n", "run.name: expected a string"),
         ("run.name: !!binary aGVsbG8=\n", "run.name: expected a string"),
@@ -210,6 +212,7 @@ def test_bad_cuda_overlay_exits_2_even_on_cpu(tmp_path, refused, content, fragme
         cwd=tmp_path,
     )
     assert_one_line_error(result, 2, fragment)
+    assert f"--cuda-overlay {overlay}: " in result.stderr
 
 
 @pytest.mark.parametrize("content, kind", [("- 1\n- 2\n", "a list"), ("text\n", "a single value")])
@@ -518,7 +521,15 @@ def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path, refus
         (["prepare", "out", "--val-fraction", "1"], "--val-fraction: must be >= 0 and < 1, got 1"),
         (["prepare", "out", "--val-fraction", "nan"], "--val-fraction: must be >= 0 and < 1"),
         (["sample", "c.pt", "--seed", "x"], "--seed: expected a number"),
-        (["frobnicate"], "invalid choice"),
+        (["frobnicate"], "invalid choice: 'frobnicate' (choose from "),  # no name is near
+        # A near miss gets the closest name, as a config key does.
+        (["trian"], "speedtronic: argument COMMAND: invalid choice: 'trian'; did you mean train?"),
+        (["export", "c.pt", "--format", "hff"], "invalid choice: 'hff'; did you mean hf? (see"),
+        (
+            ["train", "c.yaml", "--max_steps", "3"],
+            "speedtronic train: unrecognized arguments: --max_steps 3; did you mean --max-steps?",
+        ),
+        (["sample", "c.pt", "--top_k=3"], "arguments: --top_k=3; did you mean --top-k? (see"),
         # INPUT is optional: argparse listed it as missing too (`required: out_dir, texts`)
         (["prepare"], "the following arguments are required: OUT_DIR (see"),
     ],

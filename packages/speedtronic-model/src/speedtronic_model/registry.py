@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import logging
@@ -98,14 +99,16 @@ class ModelRegistry:
         try:
             return self._factories[name]
         except KeyError:
-            known = ", ".join(self.names()) or "(none)"
+            names = self.names()
+            close = difflib.get_close_matches(name, names, n=1) if isinstance(name, str) else []
             plugin = (
                 f", or as an entry point in group {ENTRY_POINT_GROUP!r}" if self._plugins else ""
             )
             raise ConfigError(
                 "model.name",
                 f"unknown model {name!r}",
-                allowed=f"registered models: {known}. Register a factory with "
+                allowed=(f"did you mean {close[0]}? " if close else "")
+                + f"registered models: {', '.join(names) or '(none)'}. Register a factory with "
                 f"register_model({name!r}, factory){plugin}",
             ) from None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import os
 import re
 import shutil
@@ -41,15 +42,28 @@ class _Parser(argparse.ArgumentParser):
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         """Parse; an unrecognized argument is reported by its command's parser, so the line names
-        the command (argparse leaves it to the top-level parser, which names none).
+        the command (argparse leaves it to the top-level parser, which names none), with the
+        closest flag of that command when one is near.
         """
         parsed, extra = self.parse_known_args(args, namespace)
         if extra:
-            commands = getattr(self, "commands", {})
-            commands.get(getattr(parsed, "command", None), self).error(
-                f"unrecognized arguments: {' '.join(extra)}"
-            )
+            parser = getattr(self, "commands", {}).get(getattr(parsed, "command", None), self)
+            flags = [flag for action in parser._actions for flag in action.option_strings]
+            typed = [word.split("=", 1)[0] for word in extra if word.startswith("--")]
+            close = [match for word in typed for match in difflib.get_close_matches(word, flags, 1)]
+            hint = f"; did you mean {close[0]}?" if close else ""
+            parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
         return parsed
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        # argparse's own check, with the closest choice named (as Python 3.14's suggest_on_error)
+        choices = [str(choice) for choice in action.choices or ()]
+        close = difflib.get_close_matches(value, choices, 1) if isinstance(value, str) else []
+        if close and value not in choices:
+            raise argparse.ArgumentError(
+                action, f"invalid choice: {value!r}; did you mean {close[0]}?"
+            )
+        super()._check_value(action, value)
 
 
 def _number(
@@ -355,6 +369,7 @@ def _train_config(args: argparse.Namespace, *, announce: bool = True) -> tuple[A
     """Return the run's config: the file with overrides, and the CUDA overlay on a CUDA device
     (said on stderr when `announce`); and the metrics file chosen for it (see _train_overrides).
     """
+    from speedtronic_config import ConfigError
     from speedtronic_config.loading import read_source
 
     # Read once: the CUDA overlay applies to the same values. An empty file is every default, as
@@ -367,8 +382,12 @@ def _train_config(args: argparse.Namespace, *, announce: bool = True) -> tuple[A
     from speedtronic_systems import resolve_device
 
     # Validated on every machine, so a broken overlay fails on the laptop, not first on the cluster.
-    overlaid, overlaid_metrics = _train_overrides(values, args, _cuda_overrides(args.cuda_overlay))
-    overlaid_config = _load_config(values, overlaid)
+    overlay = _cuda_overrides(args.cuda_overlay)
+    try:
+        overlaid, overlaid_metrics = _train_overrides(values, args, overlay)
+        overlaid_config = _load_config(values, overlaid)
+    except ConfigError as error:  # the config loaded without the overlay: the overlay is wrong
+        raise UsageError(f"--cuda-overlay {args.cuda_overlay}: {_one_line(error)}") from None
     if resolve_device(config.run.device).type != "cuda":
         return config, metrics
     if announce:

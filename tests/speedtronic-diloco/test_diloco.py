@@ -750,7 +750,7 @@ def test_a_node_id_claimed_by_another_process_stops_the_first_one(server, tmp_pa
 
 
 def test_a_worker_started_afresh_under_a_used_node_id_refuses_at_start(
-    server, tmp_path, caplog, dead_pid
+    server, tmp_path, caplog, dead_pid, monkeypatch
 ):
     # Two workers left at one default node id (worker-<hostname>) started together: the id was
     # claimed only at the first delta, so both trained, the second's step-4 delta overwrote the
@@ -793,9 +793,31 @@ def test_a_worker_started_afresh_under_a_used_node_id_refuses_at_start(
     first.hub.write_json("nodes/w1.json", {**claim, "pid": dead_pid})  # as its process died
     # Restarted without its checkpoint, a worker counted its steps from 0 again: its step-4
     # delta took the name of the earlier process's, unread by the master, and overwrote it.
+    # The refusal told a node that wrote no checkpoint (it sent its delta first, then died) to
+    # --resume, which finds none and starts afresh: refused again, with the same advice.
+    used = (
+        r"^node 'w1' already ran in org/run or runs there now \(nodes/w1.json\) and this process "
+        r"starts without its checkpoint: .*; resume it from its checkpoint \(--resume, the same "
+        r"run.output_dir\), or, where it wrote none, give this node a new distributed.node_id "
+        r"\(deleting nodes/w1.json would let them collide\)$"
+    )
     again, _, _ = node(server, tmp_path / "again", "w1", seed=2)
-    with pytest.raises(HubError, match=r"node 'w1' already ran in org/run .*--resume.*node_id"):
+    with pytest.raises(HubError, match=used):
         again.start()
+    # A pid this user may not signal (another user's process took it, or runs the node) was
+    # said to run the node now: it is still not taken over, but it may have ended.
+    with monkeypatch.context() as patched:
+
+        def not_permitted(pid, signal):
+            raise PermissionError(1, "Operation not permitted")
+
+        patched.setattr(os, "kill", not_permitted)
+        with pytest.raises(
+            HubError,
+            match=rf"^node 'w1' may still run in process {dead_pid} on this host \(nodes/w1.json "
+            r"in org/run; whether it has ended cannot be checked\): .*another distributed.node_id$",
+        ):
+            node(server, tmp_path / "unknown", "w1", seed=2)[0].start()
     # A worker whose process died on this host before its first delta (a crash in its first
     # steps, a torchrun restart before its first checkpoint) left its claim and no delta:
     # restarted afresh, it was refused too, though no name of its could be taken. It trains.
@@ -807,7 +829,7 @@ def test_a_worker_started_afresh_under_a_used_node_id_refuses_at_start(
     assert master.master.sync_once() == 1  # the earlier w1's delta and w3's, both applied
     assert master.master.processed_filenames == {delta_path("w1", 4, 0), delta_path("w3", 4, 0)}
     assert delta_path("w1", 4, 0) not in master.hub.list_files()  # deleted, named in the manifest
-    with pytest.raises(HubError, match=r"node 'w1' already ran in org/run .*--resume.*node_id"):
+    with pytest.raises(HubError, match=used):
         node(server, tmp_path / "applied", "w1", seed=2)[0].start()
     for coordinator in (other, third, master):
         coordinator.stop()

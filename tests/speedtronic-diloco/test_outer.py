@@ -319,8 +319,22 @@ def test_recover_adopts_newer_global_and_its_ledger(tmp_path):
 def test_master_state_file_for_another_model_is_rejected(tmp_path):
     hub, loop = _master(tmp_path, {"w": torch.zeros(2)})
     loop.recover()
-    with pytest.raises(ValueError, match="does not match the model"):
+    with pytest.raises(
+        ValueError,
+        match=r"outer_state.safetensors does not match the model \(w: shape .*\): give this "
+        r"master the model.\* settings it was written with, or, for a new run \(its own "
+        r"distributed.repo_id\), delete it or point distributed.state_dir elsewhere$",
+    ):
         MasterOuterLoop(hub, {"w": torch.zeros(5)}, node_state_dir=tmp_path / "master")
+    # It said only to delete it: then the repository's model was refused, naming no fix.
+    elsewhere = MasterOuterLoop(hub, {"w": torch.zeros(5)}, node_state_dir=tmp_path / "other")
+    with pytest.raises(
+        ValueError,
+        match=r"^published global state at outer step 0 in org/run does not match the model "
+        r"\(w: shape .*\): .*; give this master the run's model.\* settings or its own "
+        r"distributed.repo_id$",
+    ):
+        elsewhere.recover()
 
 
 def test_bad_loop_settings_are_rejected(tmp_path):

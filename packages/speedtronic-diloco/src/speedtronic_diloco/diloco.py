@@ -249,8 +249,8 @@ class DumbDiLoCoCoordinator:
 
     def _used_node_id(self, held: Mapping[str, Any]) -> HubError:
         """Return the refusal of a node started without its checkpoint under a node id another
-        process claimed (`held`: its claim). Where that process runs now on this host, resuming
-        would only be a second process of the node: it needs another id.
+        process claimed (`held`: its claim). Where that process runs now (or might) on this host,
+        resuming would only be a second process of the node: it needs another id.
 
         Its local steps count from 0 again, so its deltas take that process's names
         (deltas/<id>/step-N-base-B): one the master had not read yet was overwritten, and one it
@@ -261,19 +261,28 @@ class DumbDiLoCoCoordinator:
         when resumed.
         """
         node = self.identity.node_id
-        pid = running_here(held)
-        if pid is not None:
+        running = running_here(held)
+        if running is not None:
+            pid, known = running
+            # Fail-safe: a process this user may not signal (or on a platform without the check)
+            # is never taken over, but it is not said to run either: it may have ended.
+            runs = "runs now" if known else "may still run"
+            unsure = "" if known else "; whether it has ended cannot be checked"
             return HubError(
-                f"node {node!r} runs now in process {pid} on this host (nodes/{node}.json in "
-                f"{self.hub.repo_id}): two processes of one node id overwrite each other's deltas; "
-                "give this node another distributed.node_id"
+                f"node {node!r} {runs} in process {pid} on this host (nodes/{node}.json in "
+                f"{self.hub.repo_id}{unsure}): two processes of one node id overwrite each other's "
+                "deltas; give this node another distributed.node_id"
             )
+        # Whether this node has a checkpoint is the trainer's to know, and a --resume that finds
+        # none starts afresh like this: the fix must hold for both. Deleting the claim is none:
+        # a delta of the same step and base, unread or applied, would still take the name.
         return HubError(
             f"node {node!r} already ran in {self.hub.repo_id} or runs there now "
             f"(nodes/{node}.json) and this process starts without its checkpoint: its deltas "
             f"would take that process's names (deltas/{node}/step-N-...), overwriting them or "
-            "being mistaken for them; resume it (--resume, the same run.output_dir) or give this "
-            "node a new distributed.node_id"
+            "being mistaken for them; resume it from its checkpoint (--resume, the same "
+            "run.output_dir), or, where it wrote none, give this node a new distributed.node_id "
+            f"(deleting nodes/{node}.json would let them collide)"
         )
 
     def _keep_local_work(self, read_state: StateReader) -> None:

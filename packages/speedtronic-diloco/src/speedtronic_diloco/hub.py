@@ -171,24 +171,27 @@ def _made_here(claim: Mapping[str, Any]) -> int | None:
     return None if elsewhere or type(pid) is not int else pid
 
 
-def running_here(claim: Mapping[str, Any]) -> int | None:
-    """Return the pid of the process that made `claim` when it runs (or might) on this host,
-    else None.
+def running_here(claim: Mapping[str, Any]) -> tuple[int, bool] | None:
+    """Return (pid, known) of the process that made `claim` when it runs on this host (known) or
+    might (not known: see _alive), else None.
     """
     pid = _made_here(claim)
-    return pid if pid is not None and _alive(pid) else None
+    if pid is None:
+        return None
+    alive = _alive(pid)
+    return None if alive is False else (pid, alive is True)
 
 
-def _alive(pid: int) -> bool:
-    """Return whether process pid runs on this host (or might: unknown counts as alive)."""
+def _alive(pid: int) -> bool | None:
+    """Return whether process pid runs on this host, or None when that cannot be told."""
     if pid <= 0 or os.name != "posix":  # Windows' os.kill(pid, 0) sends CTRL_C_EVENT
-        return True
+        return None
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # it exists, run by another user
-        pass
+    except PermissionError:  # another user's process: this node's, or one that took its pid
+        return None
     return True
 
 
@@ -622,7 +625,7 @@ class HubClient:
         abandoned.
         """
         pid = _made_here(claim)
-        if pid is None or _alive(pid):
+        if pid is None or _alive(pid) is not False:  # an unknown one may run: never taken
             return False
         listed = self._retry("list_files", lambda: self.transport.list_files(revision))
         manifest = self.read_json(GLOBAL_MANIFEST, default={}, revision=revision)

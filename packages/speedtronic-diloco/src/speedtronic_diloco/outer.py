@@ -201,9 +201,12 @@ class MasterOuterLoop:
         }
         problem = delta_problem(floating_state(global_state), self._state.global_state)
         if problem is not None:
+            # Deleting it alone does not do for a changed model: the repository holds the other
+            # model too (adopt_global_state refuses it next).
             raise ValueError(
-                f"{self.state_path} does not match the model ({problem}); "
-                "delete it or point distributed.state_dir elsewhere"
+                f"{self.state_path} does not match the model ({problem}): give this master the "
+                "model.* settings it was written with, or, for a new run (its own "
+                "distributed.repo_id), delete it or point distributed.state_dir elsewhere"
             )
         self.optimizer.load_state_dict(momentum)
         self._state = OuterState(
@@ -445,7 +448,11 @@ class MasterOuterLoop:
         """Recover a newer remotely published global state after a crash."""
         problem = delta_problem(floating_state(state), self._state.global_state)
         if problem is not None:
-            raise ValueError(f"published global state does not match the model: {problem}")
+            raise ValueError(
+                f"published global state at outer step {outer_step} in {self.hub.repo_id} does "
+                f"not match the model ({problem}): it belongs to a different model; give this "
+                "master the run's model.* settings or its own distributed.repo_id"
+            )
         with self._lock:
             self._state.global_state = cpu_state_dict(state)
             self._state.outer_step = outer_step

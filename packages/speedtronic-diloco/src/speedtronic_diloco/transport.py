@@ -294,7 +294,11 @@ class FilesystemTransport:
         try:
             return sorted(n for n in os.listdir(self.root / "refs") if _REF_RE.match(n))
         except FileNotFoundError:
-            raise NotFound(f"no repository at {self.root}: run create_repo first") from None
+            raise NotFound(
+                f"no repository at {self.root}: the master creates it when it starts "
+                "(create_repo); start it, or check distributed.endpoint and repo_id (and that the "
+                "shared folder is mounted)"
+            ) from None
 
     def create_repo(self, *, private: bool) -> None:
         with _writable(self.root):
@@ -306,7 +310,10 @@ class FilesystemTransport:
     def head(self) -> str:
         refs = self._refs()
         if not refs:
-            raise NotFound(f"repository at {self.root} has no commits: run create_repo first")
+            raise NotFound(
+                f"repository at {self.root} has no commits (its creation was cut short, or is "
+                "under way): the master completes it when it starts (create_repo)"
+            )
         return (self.root / "refs" / refs[-1]).read_text().strip()
 
     def _tree(self, revision: str) -> dict[str, str]:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import builtins
 import copy
+import importlib.util
 import math
 import re
 
@@ -135,12 +137,14 @@ def test_rejects_non_matrix_parameters_naming_the_shape() -> None:
         optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2, 3, 4))]})
 
 
-def test_rejects_sparse_gradient() -> None:
-    param = torch.nn.Parameter(torch.zeros(4, 3))
-    optimizer = Muon([param])
-    param.grad = torch.zeros(4, 3).to_sparse()
+def test_rejects_sparse_gradient_before_any_group_changes() -> None:
+    dense, sparse = torch.nn.Parameter(torch.ones(4, 3)), torch.nn.Parameter(torch.ones(4, 3))
+    optimizer = Muon([{"params": [dense]}, {"params": [sparse]}], weight_decay=0.1)
+    dense.grad, sparse.grad = torch.randn(4, 3), torch.zeros(4, 3).to_sparse()
     with pytest.raises(RuntimeError, match="sparse"):
         optimizer.step()
+    # The first group was stepped before the second's gradient was looked at.
+    assert torch.equal(dense, torch.ones(4, 3)) and not optimizer.state
 
 
 @pytest.mark.parametrize(
@@ -368,7 +372,8 @@ def test_one_thread_cpu_batches_hold_what_the_l2_cache_holds(monkeypatch, thread
     import speedtronic_optim.muon as muon_module
 
     # One 16x8 step's working set (X, X X^T, polynomial, next X): 2 * (128 + 64) elements.
-    monkeypatch.setattr(muon_module, "L2_CACHE_BYTES", 2 * 192 * 4 * 3)  # three fp32 ones
+    l2_bytes = 2 * 192 * 4 * 3  # three fp32 ones
+    monkeypatch.setattr(muon_module, "_l2_cache_bytes", lambda: l2_bytes)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     params = [torch.zeros(16, 8) for _ in range(7)]
     fp32 = dict(Muon([torch.zeros(1, 1)]).defaults, ns_dtype=torch.float32)
@@ -377,8 +382,25 @@ def test_one_thread_cpu_batches_hold_what_the_l2_cache_holds(monkeypatch, thread
     # Several threads share out a batch's matrices: only the element cap bounds it.
     assert sizes == {1: [[3, 3, 1], [6, 1]], 2: [[7], [7]]}[threads]
     # A matrix past the cache runs alone, not in batches of none.
-    monkeypatch.setattr(muon_module, "L2_CACHE_BYTES", 1)
+    l2_bytes = 1
     assert len(muon_module._same_shape_batches(params, fp32)) == {1: 7, 2: 1}[threads]
+
+
+def test_the_l2_cache_size_is_read_at_the_first_one_thread_step_not_at_import(monkeypatch) -> None:
+    import speedtronic_optim.muon as muon_module
+
+    # Processes that never step Muon on one CPU thread never read sysfs.
+    opened: list[str] = []
+    real_open = builtins.open
+
+    def recording_open(file, *args, **kwargs):
+        opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", recording_open)
+    spec = importlib.util.spec_from_file_location("fresh_muon", muon_module.__file__)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))  # an import of a fresh copy
+    assert not [path for path in opened if path.startswith("/sys/")]
 
 
 @pytest.mark.parametrize("shape", [(0, 4), (4, 0), (0, 0)])

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 import torch
+import torch.autograd.forward_ad as forward_ad
 
 from speedtronic_optim import newton_schulz, post_polar_normalize
 from speedtronic_optim.newton_schulz import match_polar_scale, orthogonalize
@@ -65,6 +67,23 @@ def test_autograd_runs_through_and_reused_buffers_change_no_bits(dtype: torch.dt
     assert g.grad is not None and torch.isfinite(g.grad).all() and g.grad.abs().max() > 0
     with torch.no_grad():
         assert torch.equal(newton_schulz(g, dtype=dtype, method="standard"), out)
+
+
+# torch's first forward-AD division imports its decompositions, which call torch.jit.script.
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_vmap_and_forward_ad_run_through() -> None:
+    # Both refuse out= ("Batching rule not implemented for aten::matmul.out", "forward AD with
+    # mm_out") and neither makes the input require grad: the reused product buffers broke them.
+    torch.manual_seed(5)
+    run = functools.partial(newton_schulz, dtype=torch.float64, method="standard")
+    g, tangent = torch.randn(3, 6, 10, dtype=torch.float64), torch.randn(6, 10, dtype=torch.float64)
+    torch.testing.assert_close(torch.func.vmap(run)(g), run(g))
+    with forward_ad.dual_level():
+        value, derivative = forward_ad.unpack_dual(run(forward_ad.make_dual(g[0], tangent)))
+    assert torch.equal(value, run(g[0]))
+    step = 1e-6
+    slope = (run(g[0] + step * tangent) - run(g[0] - step * tangent)) / (2 * step)
+    torch.testing.assert_close(derivative, slope, atol=1e-6, rtol=1e-5)
 
 
 def test_scale_invariance() -> None:

@@ -281,9 +281,9 @@ class Muon(Optimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Take one Muon step; returns the closure's loss (closure called once) or None."""
         loss = evaluate_closure(closure)
+        _check_dense(self.param_groups)
         for group in self.param_groups:
             params = [param for param in group["params"] if param.grad is not None]
-            _check_dense(params)
             split = work_split(params, self.distributed, self.process_group)
             if split is not None:
                 directions = [self._direction(param, group) for param in params]
@@ -378,6 +378,7 @@ MAX_BATCH_ELEMENTS = 1 << 26
 MAX_CPU_BATCH_ELEMENTS = 1 << 22
 
 
+@functools.cache  # read at the first one-thread CPU step: an import never touches sysfs
 def _l2_cache_bytes() -> int:
     """Return one CPU core's L2 cache size (Linux sysfs), or 1 MiB, common today, where unknown."""
     for index in range(8):
@@ -392,9 +393,6 @@ def _l2_cache_bytes() -> int:
     return 1 << 20
 
 
-L2_CACHE_BYTES = _l2_cache_bytes()
-
-
 def _one_thread_batch(shape: torch.Size, dtype: torch.dtype) -> int:
     """Return how many matrices of `shape` one batched Newton–Schulz call takes on one CPU thread.
 
@@ -407,7 +405,7 @@ def _one_thread_batch(shape: torch.Size, dtype: torch.dtype) -> int:
     """
     rows, cols = sorted(shape[-2:])
     working = dtype.itemsize * 2 * (rows * cols + rows * rows)
-    return max(1, L2_CACHE_BYTES // max(1, working))
+    return max(1, _l2_cache_bytes() // max(1, working))
 
 
 def _same_shape_batches(params: list[torch.Tensor], group: dict[str, Any]) -> list[list[int]]:
@@ -438,10 +436,10 @@ def _same_shape_batches(params: list[torch.Tensor], group: dict[str, Any]) -> li
     return batches
 
 
-def _check_dense(params: list[torch.Tensor]) -> None:
-    """Raise before anything changes when a gradient is sparse."""
-    for param in params:
-        if param.grad.is_sparse:
+def _check_dense(groups: list[dict[str, Any]]) -> None:
+    """Raise before any group changes when a gradient is sparse."""
+    for param in (param for group in groups for param in group["params"]):
+        if param.grad is not None and param.grad.is_sparse:
             raise RuntimeError(
                 "Muon does not support sparse gradients (parameter of shape "
                 f"{tuple(param.shape)}); "

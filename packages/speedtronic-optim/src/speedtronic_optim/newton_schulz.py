@@ -7,6 +7,7 @@ import numbers
 from collections.abc import Sequence
 
 import torch
+from torch.autograd import forward_ad
 
 from speedtronic_optim.checks import check_dtype, check_integer, check_number
 
@@ -119,6 +120,26 @@ def _check_matrices(owner: str, matrix: object, eps: object) -> None:
     check_number(f"{owner} eps", eps, 0.0)
 
 
+# torch's probe for a torch.func wrapper is private (there since 2.0): were it gone, a vmap call
+# would get torch's out= refusal rather than every Muon step an AttributeError.
+_functorch_wrapped = getattr(
+    getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda tensor: False
+)
+
+
+def _recorded(matrix: torch.Tensor) -> bool:
+    """Return True when autograd, forward AD (a dual tensor) or a torch.func transform (vmap,
+    grad, jvp) records what is done with `matrix`: they refuse out=, so only others reuse memory.
+    torch.compile counts too: it plans its own buffers (and cannot trace the functorch probe).
+    """
+    if torch.compiler.is_compiling() or (matrix.requires_grad and torch.is_grad_enabled()):
+        return True
+    # A torch.func transform wraps its inputs; vmap's need not require grad.
+    if _functorch_wrapped(matrix):
+        return True
+    return forward_ad.unpack_dual(matrix).tangent is not None
+
+
 def _addmm(
     bias: torch.Tensor,
     x: torch.Tensor,
@@ -197,8 +218,7 @@ def orthogonalize(
             x = x[0]
     # Frobenius norm >= spectral norm, so this puts every singular value in [0, 1].
     norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
-    # Autograd keeps what it records and refuses out=: only an unrecorded call reuses memory.
-    reuse = not (matrix.requires_grad and torch.is_grad_enabled())
+    reuse = not _recorded(matrix)
     # In place on our own copy (one pass, no second copy), never on the caller's tensor.
     x = x.div_(norm + eps) if reuse and dtype != matrix.dtype else x / (norm + eps)
     m, n = x.size(-2), x.size(-1)

@@ -727,7 +727,10 @@ def test_a_fresh_run_sets_an_earlier_runs_metrics_aside_and_a_resume_logs_each_s
     assert main([*argv, "--max-steps", "2"]) == 0  # a fresh run in the same folder
     err = capsys.readouterr().err
     (kept,) = run.glob("metrics-*.jsonl")
-    assert f"{run / 'metrics.jsonl'} held an earlier run's metrics; kept as {kept.name}" in err
+    assert (
+        f"{run / 'metrics.jsonl'} held an earlier run's metrics; kept as {kept.name} (pass "
+        "--resume to continue that run instead)\n"
+    ) in err
     assert steps(kept) == [1, 2, 3, 4, 5]
     assert steps(run / "metrics.jsonl") == [1, 2]  # this run alone
     # Last written in the same second as the kept file: a kept file is never overwritten.
@@ -743,6 +746,25 @@ def test_a_fresh_run_sets_an_earlier_runs_metrics_aside_and_a_resume_logs_each_s
         assert main([*argv, "--max-steps", "1", "--set", f"logging.json_file={named}"]) == 0
     assert steps(named) == [1, 1]
     assert len(list(run.glob("metrics-*.jsonl"))) == 2
+
+
+def test_setting_metrics_aside_offers_resume_only_where_a_checkpoint_would_continue(
+    tmp_path, capsys
+):
+    from speedtronic.cli import main
+
+    run = tmp_path / "run"
+    argv = ["train", str(ROOT / "configs" / "smoke.yaml"), "--device", "cpu", "--max-steps", "1"]
+    argv += ["--set", f"run.output_dir={run}", "--set", "checkpoint.enabled=false"]
+    assert main(argv) == 0
+    # No checkpoint: --resume would start afresh too, and with --resume given it found none.
+    for resume in ([], ["--resume"]):
+        capsys.readouterr()
+        assert main([*argv, *resume]) == 0
+        line = next(
+            line for line in capsys.readouterr().err.splitlines() if "earlier run's" in line
+        )
+        assert line.endswith(".jsonl"), line
 
 
 def test_a_resume_that_cannot_set_superseded_records_aside_says_so_and_trains_on(

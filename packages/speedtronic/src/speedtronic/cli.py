@@ -456,7 +456,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     # An explicit --max-steps is the target even when data.max_steps is set.
     trainer, _ = build_runtime(config, resume=args.resume, max_steps=args.max_steps)
     if announce and metrics is not None and trainer.step == 0:  # built, and not resumed
-        _set_aside_earlier_metrics(metrics)
+        _set_aside_earlier_metrics(metrics, None if args.resume else trainer.checkpoint_manager)
     elif announce and metrics is not None:
         _set_aside_superseded_metrics(trainer, metrics)
     if trainer.parallel.mode != "none":
@@ -481,9 +481,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _set_aside_earlier_metrics(metrics: Path) -> None:
+def _set_aside_earlier_metrics(metrics: Path, checkpoints: Any) -> None:
     """Move an earlier run's records out of a fresh run's metrics file, to metrics-<time it was
     last written>.jsonl beside it, so the run's file, plot and model card hold this run alone.
+    `checkpoints` (None after a --resume that found none) is the run's CheckpointManager: only a
+    checkpoint there lets --resume continue that earlier run.
     """
     if not metrics.is_file() or metrics.stat().st_size == 0:
         return
@@ -492,9 +494,12 @@ def _set_aside_earlier_metrics(metrics: Path) -> None:
     # (a rename would carry its records along), and a failed copy leaves the records in place.
     shutil.copy2(metrics, kept)
     os.truncate(metrics, 0)
+    latest = None
+    with contextlib.suppress(OSError):  # an unreadable folder offers nothing to resume
+        latest = checkpoints.latest_path() if checkpoints is not None else None
+    resume = " (pass --resume to continue that run instead)" if latest is not None else ""
     print(
-        f"speedtronic train: {metrics} held an earlier run's metrics; kept as {kept.name} "
-        "(pass --resume to continue that run instead)",
+        f"speedtronic train: {metrics} held an earlier run's metrics; kept as {kept.name}{resume}",
         file=sys.stderr,
     )
 

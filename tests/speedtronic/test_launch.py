@@ -29,6 +29,7 @@ from speedtronic.launch import (
     torchrun_has_shutdown_timeout,
     worker_arguments,
 )
+from speedtronic.launcher_watch import LAUNCHER_ENV
 from speedtronic.train_end import resume_command
 from speedtronic.worker_exits import (
     PEER,
@@ -868,7 +869,22 @@ def test_streamed_text_gives_every_rank_the_same_batches_an_epoch_and_resumes_ex
     # Rank 0 alone writes the metrics: one record a step.
     assert sorted(step_losses(whole)) == [1, 2, 3, 4, 5, 6]
     resumed = tmp_path / "resumed.log"
-    run = train(parts, "--nproc-per-node", "2", *data, "--max-steps", "6", "--resume", log=resumed)
+    # Its workers run through a PYTHON_EXEC wrapper that runs python without exec: their parent
+    # is the shell, not the launcher, and every worker once stopped itself at start (exit 143).
+    wrapper = tmp_path / "python.sh"
+    wrapper.write_text(f'#!/bin/sh\n"{sys.executable}" "$@"\nexit $?\n')
+    wrapper.chmod(0o755)
+    run = train(
+        parts,
+        "--nproc-per-node",
+        "2",
+        *data,
+        "--max-steps",
+        "6",
+        "--resume",
+        log=resumed,
+        env={"PYTHON_EXEC": str(wrapper)},
+    )
     assert wait_all([run], [resumed], timeout=240) == [0], tails([resumed])
     assert "resumed at step 3" in resumed.read_text()
     # The resumed run trains on the batches the uninterrupted one did: the same losses.
@@ -978,51 +994,86 @@ def process_ended(pid: int) -> bool:
         return True
 
 
-# A launcher that starts a worker, waits until it watches, then dies without stopping it.
+# A launcher that starts a worker (through the wrapper command in argv[3:], if any), waits until
+# it watches, then dies without stopping it.
 ORPHANING_LAUNCHER = """
 import os, subprocess, sys
 from speedtronic.launcher_watch import LAUNCHER_ENV
 env = {**os.environ, LAUNCHER_ENV: str(os.getpid())}
 # Its stderr is not the test's pipe, which would stay open while it lives.
-worker = subprocess.Popen([sys.executable, "-c", sys.argv[1]], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.DEVNULL, pass_fds=[int(sys.argv[2])],
-                          start_new_session=True)
-assert worker.stdout.readline() == b"watching\\n"
-print(worker.pid, flush=True)
+worker = subprocess.Popen([*sys.argv[3:], sys.executable, "-c", sys.argv[1]], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          pass_fds=[int(sys.argv[2])], start_new_session=True)
+said = worker.stdout.readline().split()
+assert said[:1] == [b"watching"], said
+print(os.getpid(), *map(int, said[1:]), flush=True)
 os._exit(0)
 """
-# A worker that watches its launcher, then waits forever with the test's pipe open.
+# A worker that watches its launcher, says its pid and its parent's, then waits forever (with the
+# test's pipe open, where the test passes one).
 WATCHING_WORKER = """
 import os, threading
 from speedtronic.launcher_watch import LAUNCHER_ENV, watch_launcher
 watch_launcher()
 assert LAUNCHER_ENV not in os.environ  # what this worker starts has another parent
-print("watching", flush=True)
+print("watching", os.getpid(), os.getppid(), flush=True)
 threading.Event().wait()
 """
+# A PYTHON_EXEC wrapper that runs python without exec: the worker's parent is this shell, not
+# the launcher. `; exit $?` keeps sh from exec-ing its last command itself.
+NON_EXEC_WRAPPER = ["sh", "-c", '"$@"; exit $?', "wrapper"]
 
 
-def test_a_worker_stops_itself_when_its_launcher_is_gone():
+def ended_within(read_end: int, timeout: float) -> bool:
+    """Return whether every holder of the pipe's write end closed it (ended) within `timeout`."""
     import select
 
+    ready, _, _ = select.select([read_end], [], [], timeout)
+    return bool(ready) and os.read(read_end, 1) == b""
+
+
+@pytest.mark.parametrize("wrapper", [[], NON_EXEC_WRAPPER], ids=["direct", "non-exec wrapper"])
+def test_a_worker_stops_itself_when_its_launcher_is_gone(wrapper):
     # The worker holds the write end of a pipe: the test's read ends when the worker does.
     read_end, write_end = os.pipe()
     command = [sys.executable, "-c", ORPHANING_LAUNCHER, WATCHING_WORKER, str(write_end)]
     try:
         launcher = subprocess.run(
-            command, env=ENV, pass_fds=[write_end], capture_output=True, timeout=120
+            [*command, *wrapper], env=ENV, pass_fds=[write_end], capture_output=True, timeout=120
         )
     finally:
         os.close(write_end)
     assert launcher.returncode == 0, launcher.stderr.decode()[-2000:]
-    worker = int(launcher.stdout)
+    launcher_pid, worker, parent = map(int, launcher.stdout.split())
+    assert (parent == launcher_pid) == (not wrapper)  # a wrapper ran it, where one was given
     try:
-        ended, _, _ = select.select([read_end], [], [], 60)
-        assert ended and os.read(read_end, 1) == b"", "the orphaned worker still runs"
+        assert ended_within(read_end, 60), "the orphaned worker still runs"
     finally:
         os.close(read_end)
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker, signal.SIGKILL)
+
+
+def test_a_worker_stops_itself_when_the_wrapper_that_runs_it_is_killed():
+    # The test is the launcher; torchrun takes the wrapper's end for the worker's.
+    command = [*NON_EXEC_WRAPPER, sys.executable, "-c", WATCHING_WORKER]
+    env = ENV | {LAUNCHER_ENV: str(os.getpid())}
+    wrapper = subprocess.Popen(command, env=env, stdout=subprocess.PIPE)
+    said = wrapper.stdout.readline().split()
+    try:
+        assert said[:1] == [b"watching"], said  # it runs on while its launcher and wrapper do
+        assert int(said[2]) == wrapper.pid
+        wrapper.kill()
+        wrapper.wait(timeout=60)
+        # The worker alone holds the pipe now.
+        assert ended_within(wrapper.stdout.fileno(), 60), "the worker outlived its wrapper"
+    finally:
+        wrapper.kill()  # nothing once it ended
+        wrapper.wait(timeout=60)
+        wrapper.stdout.close()
+        if said[:1] == [b"watching"]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(said[1]), signal.SIGKILL)
 
 
 def test_the_group_is_judged_by_the_ranks_that_failed_on_their_own(tmp_path, monkeypatch):

@@ -89,6 +89,28 @@ def test_the_same_process_may_build_twice_and_the_lock_ends_with_its_runs(
     assert err.count("\n") == 1
 
 
+def test_a_finished_run_frees_its_folder_though_its_trainer_lives_on(tmp_path, other_run):
+    from speedtronic.cli import main
+
+    # A library that keeps an exception raised in an import made during the run (pyparsing's
+    # cache, under matplotlib's plot) keeps the frames that made it, the trainer's among them:
+    # `speedtronic train` returned with the folder locked until the collector ran.
+    gc.disable()
+    try:
+        argv = ["train", "max_steps: 1\ndevice: cpu", "--set", f"run.output_dir={tmp_path}"]
+        assert main(argv) == 0
+        holder = other_run(tmp_path.resolve())
+        assert holder.pid_line and int(holder.pid_line) == holder.pid
+        end(holder)
+        trainer, _ = runtime.build_runtime(config(tmp_path))
+        runtime.end_run(trainer)  # over: the trainer object may live on
+        runtime.end_run(trainer)  # idempotent
+        holder = other_run(tmp_path.resolve())
+        assert holder.pid_line and int(holder.pid_line) == holder.pid
+    finally:
+        gc.enable()
+
+
 def test_a_checkpoint_folder_outside_the_output_folder_is_claimed_too(tmp_path, other_run):
     outside = tmp_path / "shared-checkpoints"
     values = config(tmp_path / "run", checkpoint={"directory": str(outside)})

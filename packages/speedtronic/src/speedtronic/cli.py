@@ -429,8 +429,6 @@ def _import_torch() -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from speedtronic.report import print_run_summary
-
     refuse_launch_flags_alone(args)
     if args.nproc_per_node is not None:
         from speedtronic_systems.parallel import torchrun_worker
@@ -450,11 +448,23 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if announce:
         _warn_synthetic_data(config)
     _import_torch()
-    from speedtronic.runtime import build_runtime
-    from speedtronic.train_end import report_signal_stop, run_failed
+    from speedtronic.runtime import build_runtime, end_run
 
     # An explicit --max-steps is the target even when data.max_steps is set.
     trainer, _ = build_runtime(config, resume=args.resume, max_steps=args.max_steps)
+    try:
+        return _fit_and_report(trainer, config, metrics, args, announce)
+    finally:
+        end_run(trainer)  # the run's folders are free when train returns, in-process too
+
+
+def _fit_and_report(
+    trainer: Any, config: Any, metrics: Path | None, args: argparse.Namespace, announce: bool
+) -> int:
+    """Train the built run to its target and report it (see _cmd_train); return the exit code."""
+    from speedtronic.report import print_run_summary
+    from speedtronic.train_end import report_signal_stop, run_failed
+
     if announce and metrics is not None and trainer.step == 0:  # built, and not resumed
         _set_aside_earlier_metrics(metrics, None if args.resume else trainer.checkpoint_manager)
     elif announce and metrics is not None:

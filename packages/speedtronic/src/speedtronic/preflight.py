@@ -154,13 +154,13 @@ class NewOutputs:
             remove_unheld_lock(folder)
         remove_empty_folders(self.folders)
 
-    def tie_to(self, owner: object) -> None:
+    def tie_to(self, owner: object) -> weakref.finalize:
         """When `owner` (the run's trainer) goes, remove the checkpoint folder (and its parents)
         made for the run if no checkpoint was written to it: a save makes it again. A folder
         holding anything is kept; so is every other folder (a DiLoCo node's shared one may be
-        written by other nodes).
+        written by other nodes). Return the finalizer, which does it sooner when called.
         """
-        weakref.finalize(owner, remove_empty_folders, self.checkpoint_folders)
+        return weakref.finalize(owner, remove_empty_folders, self.checkpoint_folders)
 
     @contextlib.contextmanager
     def removed_on_error(self) -> Iterator[None]:

@@ -3,7 +3,8 @@ checkpoints and `latest`, and interleave their metrics, each exiting 0.
 
 The lock is an advisory `flock` on a file in the folder, so the kernel drops it when the process
 dies (a SIGKILL leaves nothing to clean up); a process that builds several runs on one folder
-(a notebook, a resume in the same script) holds it once for as long as any of them is alive.
+(a notebook, a resume in the same script) holds it once for as long as any of them is alive,
+or until `speedtronic.runtime.end_run` ends them (`speedtronic train` and `train_from_config` do).
 """
 
 from __future__ import annotations
@@ -60,9 +61,11 @@ class RunLock:
             self.release()  # the folders locked before the busy one
             raise
 
-    def tie_to(self, owner: object) -> None:
-        """Hold the locks for as long as `owner` (the run's trainer) lives."""
-        weakref.finalize(owner, self.release)
+    def tie_to(self, owner: object) -> weakref.finalize:
+        """Hold the locks for as long as `owner` (the run's trainer) lives; return the finalizer,
+        which releases them sooner when called.
+        """
+        return weakref.finalize(owner, self.release)
 
     def release(self) -> None:
         """Drop this run's hold on its folders (idempotent); the last holder unlocks them."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import random
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -161,10 +162,27 @@ def build_runtime(
         except BaseException:
             lock.release()
             raise
-    lock.tie_to(trainer)
+    ties = [lock.tie_to(trainer)]
     if parallel.is_main:  # one rank removes; every rank's saves are over when its trainer goes
-        outputs.tie_to(trainer)
+        ties.append(outputs.tie_to(trainer))
+    _TIES[trainer] = ties
     return trainer, manager
+
+
+# What build_runtime tied to each trainer's life: its folders' lock, the removal of a checkpoint
+# folder left empty. A trainer can outlive its run by much: a library that keeps an exception
+# raised in an import made during the run (pyparsing's cache, under matplotlib) keeps every
+# frame that import was made from, and a caller's frame holds the trainer.
+_TIES: weakref.WeakKeyDictionary[Trainer, list[weakref.finalize]] = weakref.WeakKeyDictionary()
+
+
+def end_run(trainer: Trainer) -> None:
+    """Release now what build_runtime tied to `trainer`'s life (see _TIES), as its end would:
+    another process, or this one, may then run on its folders at once. Call it once the run is
+    over (the trainer is not to fit again); idempotent.
+    """
+    for tie in _TIES.pop(trainer, ()):
+        tie()
 
 
 def _assemble(
@@ -313,6 +331,7 @@ def train_from_config(
         return trainer.fit()
     finally:
         trainer.close()
+        end_run(trainer)
         del trainer  # the model's DDP reducer lets go of the group before it is destroyed
         shutdown_parallel(parallel)
 
@@ -327,6 +346,7 @@ __all__ = [
     "build_runtime",
     "build_scheduler",
     "check_node_group_wait",
+    "end_run",
     "run",
     "seed_everything",
     "step_target",

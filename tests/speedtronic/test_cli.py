@@ -530,6 +530,10 @@ def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path, refus
             "speedtronic train: unrecognized arguments: --max_steps 3; did you mean --max-steps?",
         ),
         (["sample", "c.pt", "--top_k=3"], "arguments: --top_k=3; did you mean --top-k? (see"),
+        # No suggestion where none fits: the dashes every flag shares made `--lr` "close" to
+        # `--help`, and a whole flag left over after `--` was "corrected" to itself.
+        (["train", "c.yaml", "--lr", "3"], "train: unrecognized arguments: --lr 3 (see"),
+        (["train", "c.yaml", "--", "--max-steps", "3"], " --max-steps 3 (see"),
         # INPUT is optional: argparse listed it as missing too (`required: out_dir, texts`)
         (["prepare"], "the following arguments are required: OUT_DIR (see"),
     ],

@@ -48,9 +48,20 @@ class _Parser(argparse.ArgumentParser):
         parsed, extra = self.parse_known_args(args, namespace)
         if extra:
             parser = getattr(self, "commands", {}).get(getattr(parsed, "command", None), self)
-            flags = [flag for action in parser._actions for flag in action.option_strings]
+            # Compared by name: the dashes every flag shares made `--lr` close to `--help`. A flag
+            # typed whole was left over for standing after `--`, not mistyped.
+            flags = {
+                flag.lstrip("-"): flag
+                for action in parser._actions
+                for flag in action.option_strings
+            }
             typed = [word.split("=", 1)[0] for word in extra if word.startswith("--")]
-            close = [match for word in typed for match in difflib.get_close_matches(word, flags, 1)]
+            close = [
+                flags[match]
+                for word in typed
+                if word not in flags.values()
+                for match in difflib.get_close_matches(word.lstrip("-"), flags, 1)
+            ]
             hint = f"; did you mean {close[0]}?" if close else ""
             parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
         return parsed

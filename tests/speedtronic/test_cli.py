@@ -250,7 +250,7 @@ def test_missing_cuda_overlay_names_the_path(tmp_path, refused):
         str(tmp_path / "gone.yaml"),
         cwd=tmp_path,
     )
-    assert_one_line_error(result, 2, "gone.yaml")
+    assert_one_line_error(result, 2, f"--cuda-overlay {tmp_path / 'gone.yaml'}: config file not")
 
 
 def test_a_cuda_overlay_keeps_its_own_output_metrics_and_horizon(tmp_path, monkeypatch):
@@ -536,16 +536,27 @@ def test_vocabulary_smaller_than_the_tokenizer_and_bad_init_from(tmp_path, refus
         (["train", "c.yaml", "--", "--max-steps", "3"], " --max-steps 3 (see"),
         # INPUT is optional: argparse listed it as missing too (`required: out_dir, texts`)
         (["prepare"], "the following arguments are required: OUT_DIR (see"),
+        # An empty path was the current folder: `prepare ''` wrote its shards there.
+        (["prepare", ""], "prepare: argument OUT_DIR: empty path; name a file or folder (see"),
+        (["prepare", "out", ""], "argument INPUT: empty path"),
+        (["prepare", "out", "--tokenizer="], "argument --tokenizer: empty path"),
+        (["export", "c.pt", ""], "export: argument OUT_DIR: empty path"),
+        (["sample", ""], "sample: argument CHECKPOINT: empty path"),
+        (["plot", ""], "plot: argument RUN_DIR_OR_JSONL: empty path"),
+        (["plot", "run", "-o", ""], "argument -o/--output: empty path"),
+        (["train", "c.yaml", "--cuda-overlay", ""], "argument --cuda-overlay: empty path"),
     ],
 )
-def test_bad_arguments_are_one_line_exit_2(tmp_path, capsys, args, fragment):
+def test_bad_arguments_are_one_line_exit_2(tmp_path, monkeypatch, capsys, args, fragment):
     from speedtronic.cli import main
 
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exited:
         main(args)
     err = capsys.readouterr().err
     assert exited.value.code == 2 and fragment in err, err
     assert len(err.strip().splitlines()) == 1 and "usage:" not in err
+    assert not list(tmp_path.iterdir())  # nothing written where it ran
 
 
 @pytest.mark.parametrize(

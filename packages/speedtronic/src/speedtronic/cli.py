@@ -183,6 +183,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_overrides(train)
     train.add_argument(
         "--cuda-overlay",
+        type=_path,
         metavar="FILE",
         help="YAML of key: value overrides applied (before --set) when the run lands on CUDA",
     )
@@ -192,9 +193,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_overrides(validate)
 
     prepare = commands.add_parser("prepare", help="tokenize text into train/val token shards")
-    prepare.add_argument("out_dir", metavar="OUT_DIR", help="folder for the train/val shards")
+    prepare.add_argument(
+        "out_dir", type=_path, metavar="OUT_DIR", help="folder for the train/val shards"
+    )
     prepare.add_argument(
         "texts",
+        type=_path,
         nargs="*",
         metavar="INPUT",
         default=[],  # else argparse lists INPUT among the missing arguments
@@ -203,6 +207,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     prepare.add_argument(
         "--tokenizer",
+        type=_path,
         metavar="TOKENIZER_JSON",
         help="a Hugging Face tokenizers tokenizer.json, or a folder holding one "
         "(default: the byte tokenizer)",
@@ -231,18 +236,22 @@ def _parser() -> argparse.ArgumentParser:
 
     plot = commands.add_parser("plot", help="plot loss, learning rate and tokens/s to a PNG")
     plot.add_argument(
-        "metrics", metavar="RUN_DIR_OR_JSONL", help="a run directory or its metrics.jsonl"
+        "metrics",
+        type=_path,
+        metavar="RUN_DIR_OR_JSONL",
+        help="a run directory or its metrics.jsonl",
     )
     plot.add_argument(
         "-o",
         "--output",
+        type=_path,
         metavar="OUT",
         help="image path, or a folder for loss_curve.png (default: beside the metrics file)",
     )
 
     # Any model with a generate() method samples, not only the reference transformer.
     sample = commands.add_parser("sample", help="generate text from a checkpoint")
-    sample.add_argument("checkpoint", metavar="CHECKPOINT", help=CHECKPOINT_HELP)
+    sample.add_argument("checkpoint", type=_path, metavar="CHECKPOINT", help=CHECKPOINT_HELP)
     sample.add_argument(
         "--prompt", default="\n", metavar="TEXT", help="text to continue (default: a newline)"
     )
@@ -277,6 +286,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sample.add_argument(
         "--tokenizer",
+        type=_path,
         metavar="T",
         help="bytes, a tokenizer.json or a folder holding one (default: the one recorded beside "
         "the run's shards)",
@@ -285,8 +295,10 @@ def _parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         "export", help="write the model as safetensors, or as a transformers Llama folder"
     )
-    export.add_argument("checkpoint", metavar="CHECKPOINT", help=CHECKPOINT_HELP)
-    export.add_argument("out_dir", metavar="OUT_DIR", help="folder to write the export into")
+    export.add_argument("checkpoint", type=_path, metavar="CHECKPOINT", help=CHECKPOINT_HELP)
+    export.add_argument(
+        "out_dir", type=_path, metavar="OUT_DIR", help="folder to write the export into"
+    )
     export.add_argument(
         "--format",
         choices=("speedtronic", "hf"),
@@ -295,6 +307,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument(
         "--tokenizer",
+        type=_path,
         metavar="T",
         help="hf: bytes, a tokenizer.json or a folder holding one (default: the one recorded "
         "beside the run's shards)",
@@ -318,6 +331,15 @@ _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMG]i?)?B?", re.IGNORECASE)
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "KI": 2**10, "MI": 2**20, "GI": 2**30}
 
 
+def _path(text: str) -> str:
+    """argparse type of a file or folder argument: an empty one is refused, where Path("") would
+    read as the current folder (`prepare ''` wrote its shards there).
+    """
+    if not text:
+        raise argparse.ArgumentTypeError("empty path; name a file or folder")
+    return text
+
+
 def _byte_size(text: str) -> int:
     """Return the bytes a size like 5GB, 500MB, 2GiB or 1048576 names (an argparse type)."""
     match = _SIZE.fullmatch(text.strip())
@@ -339,10 +361,14 @@ def _load_config(source: Any, overrides: Sequence[str]):
 
 def _cuda_overrides(path: str) -> list[str]:
     """Return a --cuda-overlay file's `key: value` pairs as `key=value` overrides."""
+    from speedtronic_config import ConfigError
     from speedtronic_config.loading import read_file
     from speedtronic_config.overrides import override_value
 
-    overlay = read_file(path)
+    try:
+        overlay = read_file(path)
+    except ConfigError as error:  # "PATH: config file not found" read as the config's own
+        raise UsageError(f"--cuda-overlay {_one_line(error)}") from None
     if not isinstance(overlay, dict) or not all(isinstance(key, str) for key in overlay):
         raise UsageError(
             f"--cuda-overlay {path}: expected a mapping of dotted keys to values, "

@@ -110,7 +110,11 @@ def test_rerun_removes_stale_shards_and_custom_tokenizer(tmp_path):
     assert set(_tokens(second.train_paths)) == {7}
 
 
-def test_bad_arguments(tmp_path):
+def test_bad_arguments(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # an empty out_dir was the current folder, which got the shards
+    with pytest.raises(DataError, match="empty out_dir; name a folder"):
+        prepare_shards([], "", texts=["some text"], progress=None)
+    assert not list(tmp_path.iterdir())
     with pytest.raises(DataError, match="val_fraction"):
         prepare_shards([], tmp_path, val_fraction=1.0)
     with pytest.raises(DataError, match="no text"):

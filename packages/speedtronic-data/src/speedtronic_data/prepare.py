@@ -275,6 +275,8 @@ def prepare_shards(
     if not 0.0 <= val_fraction < 1.0:
         raise DataError(f"val_fraction must be in [0, 1), got {val_fraction}")
     check_positive_int("prepare_shards", "shard_tokens", shard_tokens)
+    if not str(out_dir):  # Path("") is the current folder, which would take the shards
+        raise DataError("prepare_shards got an empty out_dir; name a folder for the shards")
     # One path or one text, not a list of them: iterating it would take each character as one.
     if isinstance(text_paths, (str, os.PathLike)):
         text_paths = [text_paths]

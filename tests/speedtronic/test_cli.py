@@ -562,6 +562,27 @@ def test_bad_arguments_are_one_line_exit_2(tmp_path, monkeypatch, capsys, args, 
 @pytest.mark.parametrize(
     "args, fragment",
     [
+        # An empty REPO read as no --push-to-hub: hf exported and pushed nothing, exit 0, and
+        # speedtronic ignored it; with --private it was told to add the flag it had.
+        (["--format", "hf"], "--push-to-hub '': not a repository id"),
+        ([], "--push-to-hub needs --format hf"),
+        (["--private"], "--push-to-hub needs --format hf"),
+        (["--format", "hf", "--private"], "--push-to-hub '': not a repository id"),
+    ],
+)
+def test_an_empty_push_to_hub_repo_is_refused(tmp_path, monkeypatch, capsys, args, fragment):
+    from speedtronic.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", "c.pt", "out", "--push-to-hub", "", *args]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not list(tmp_path.iterdir())  # refused before the checkpoint is read
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
         (["missing.txt"], "missing.txt: no such file or folder"),
         (["--tokenizer", "gone.json"], "--tokenizer gone.json: no such file"),
         (["empty.txt"], "'empty.txt' is empty"),

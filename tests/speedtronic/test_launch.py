@@ -1054,6 +1054,19 @@ def test_a_worker_stops_itself_when_its_launcher_is_gone(wrapper):
             os.kill(worker, signal.SIGKILL)
 
 
+def test_a_launcher_that_proc_hides_counts_as_gone(monkeypatch):
+    import speedtronic.launcher_watch as launcher_watch
+
+    # /proc mounted hidepid, with a wrapper run as another user: the walk's PermissionError was a
+    # traceback at the first look (exit 1) and, at a later one, ended the watch without a word.
+    def hidden(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(launcher_watch, "open", hidden, raising=False)
+    assert launcher_watch._descends_from(os.getpid(), os.getppid()) is False
+    assert launcher_watch._descends_from(os.getppid(), os.getppid()) is True  # no walk needed
+
+
 def test_a_worker_stops_itself_when_the_wrapper_that_runs_it_is_killed():
     # The test is the launcher; torchrun takes the wrapper's end for the worker's.
     command = [*NON_EXEC_WRAPPER, sys.executable, "-c", WATCHING_WORKER]

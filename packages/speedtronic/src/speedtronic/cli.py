@@ -659,7 +659,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from speedtronic.artifacts import export_checkpoint, export_hf
     from speedtronic.hub_upload import check_repo_id, push_to_hub
 
-    if args.private and not args.push_to_hub:
+    # An empty REPO is a mistyped one, refused as such, not read as no --push-to-hub.
+    if args.private and args.push_to_hub is None:
         raise UsageError("--private applies to --push-to-hub REPO; add it or drop --private")
     if args.format != "hf":
         extra = [
@@ -669,7 +670,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
                 ("--max-shard-size", args.max_shard_size),
                 ("--push-to-hub", args.push_to_hub),
             )
-            if value
+            if value is not None
         ]
         if extra:
             raise UsageError(f"{', '.join(extra)} need{'s' if len(extra) == 1 else ''} --format hf")
@@ -677,7 +678,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         with _output_folder(Path(args.out_dir), "OUT_DIR") as folder:
             print(export_checkpoint(Path(args.checkpoint), folder))
         return 0
-    if args.push_to_hub:
+    if args.push_to_hub is not None:
         check_repo_id(args.push_to_hub)  # before the export: nothing is written for a typo
     _import_torch()
     with _output_folder(Path(args.out_dir), "OUT_DIR") as folder:
@@ -689,7 +690,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
             repo_id=args.push_to_hub,
         )
     print(out)
-    if args.push_to_hub:
+    if args.push_to_hub is not None:
         print(push_to_hub(out, args.push_to_hub, private=args.private))
     return 0
 

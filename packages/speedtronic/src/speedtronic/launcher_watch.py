@@ -68,7 +68,9 @@ def _descends_from(pid: int, launcher: int) -> bool:
         try:
             with open(f"/proc/{pid}/stat") as stat:  # "pid (name) state ppid ..."
                 pid = int(stat.read().rsplit(")", 1)[1].split()[1])
-        except (FileNotFoundError, ProcessLookupError):  # past pid 1 (its parent is 0), or ended
+        # Past pid 1 (its parent is 0), ended, or hidden (/proc mounted hidepid, another user's
+        # wrapper): a launcher this worker cannot find is taken for gone, as before wrappers.
+        except OSError:
             return False
     return True
 

@@ -28,7 +28,12 @@ from speedtronic.errors import (
     signal_exit_code,
 )
 from speedtronic.group_exit import exit_process, hold_process_group
-from speedtronic.launch import add_launch_arguments, launch, refuse_launch_flags_alone
+from speedtronic.launch import (
+    add_launch_arguments,
+    latest_checkpoint,
+    launch,
+    refuse_launch_flags_alone,
+)
 from speedtronic.launcher_watch import watch_launcher
 from speedtronic.worker_exits import PEER, forget_earlier_exit, record_exit
 
@@ -503,7 +508,9 @@ def _fit_and_report(
     from speedtronic.train_end import report_signal_stop, run_failed
 
     if announce and metrics is not None and trainer.step == 0:  # built, and not resumed
-        _set_aside_earlier_metrics(metrics, None if args.resume else trainer.checkpoint_manager)
+        # --resume continues that run only from a checkpoint of it, and had none if given.
+        resumable = not args.resume and latest_checkpoint(config) is not None
+        _set_aside_earlier_metrics(metrics, offer_resume=resumable)
     elif announce and metrics is not None:
         _set_aside_superseded_metrics(trainer, metrics)
     if trainer.parallel.mode != "none":
@@ -528,11 +535,10 @@ def _fit_and_report(
     return 0
 
 
-def _set_aside_earlier_metrics(metrics: Path, checkpoints: Any) -> None:
+def _set_aside_earlier_metrics(metrics: Path, *, offer_resume: bool) -> None:
     """Move an earlier run's records out of a fresh run's metrics file, to metrics-<time it was
-    last written>.jsonl beside it, so the run's file, plot and model card hold this run alone.
-    `checkpoints` (None after a --resume that found none) is the run's CheckpointManager: only a
-    checkpoint there lets --resume continue that earlier run.
+    last written>.jsonl beside it, so the run's file, plot and model card hold this run alone;
+    the line says so, offering --resume where it would continue that run (`offer_resume`).
     """
     if not metrics.is_file() or metrics.stat().st_size == 0:
         return
@@ -541,10 +547,7 @@ def _set_aside_earlier_metrics(metrics: Path, checkpoints: Any) -> None:
     # (a rename would carry its records along), and a failed copy leaves the records in place.
     shutil.copy2(metrics, kept)
     os.truncate(metrics, 0)
-    latest = None
-    with contextlib.suppress(OSError):  # an unreadable folder offers nothing to resume
-        latest = checkpoints.latest_path() if checkpoints is not None else None
-    resume = " (pass --resume to continue that run instead)" if latest is not None else ""
+    resume = " (pass --resume to continue that run instead)" if offer_resume else ""
     print(
         f"speedtronic train: {metrics} held an earlier run's metrics; kept as {kept.name}{resume}",
         file=sys.stderr,

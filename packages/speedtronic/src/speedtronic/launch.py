@@ -279,7 +279,7 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
         shutdown_timeout(config, args.shutdown_timeout) if torchrun_has_shutdown_timeout() else None
     )
     agent_lines = _ExplainedWorkerExits()
-    saved_before = _latest_checkpoint(config)
+    saved_before = latest_checkpoint(config)
     records = tempfile.mkdtemp(prefix="speedtronic-exits-")  # what each worker exits for
     try:
         # Each worker also learns the launcher's pid, to stop itself if the launcher is gone.
@@ -329,7 +329,7 @@ def _worker_env(values: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _latest_checkpoint(config: Any) -> tuple[Any, int] | None:
+def latest_checkpoint(config: Any) -> tuple[Any, int] | None:
     """Return the run's latest checkpoint and when its pointer was written, else None."""
     from speedtronic_trainer import CheckpointManager
 
@@ -349,7 +349,7 @@ def unhandled_stop_line(
     checkpoint written since the launch where the loop would have saved a final one, it came
     before training started. A latest checkpoint at the step target leaves nothing to resume.
     """
-    saved = _latest_checkpoint(config)
+    saved = latest_checkpoint(config)
     section = config.checkpoint
     handled = section.save_on_signal  # else the loop too dies of the signal, saying nothing
     if saved == saved_before and section.enabled and section.save_final and handled:
@@ -362,7 +362,7 @@ def unhandled_stop_line(
 
 
 def _what_next(config: Any, args: argparse.Namespace, saved: tuple[Any, int] | None) -> str:
-    """Return the latest checkpoint `saved` (see _latest_checkpoint) and what to do after a stop:
+    """Return the latest checkpoint `saved` (see latest_checkpoint) and what to do after a stop:
     resume, unless that checkpoint is at the step target.
     """
     from speedtronic.runtime import step_target
@@ -422,7 +422,7 @@ def killed_line(
     else:
         longer = "give them longer with --shutdown-timeout SECONDS"
         waited = grace_s
-    saved = _latest_checkpoint(config)
+    saved = latest_checkpoint(config)
     if saved == saved_before and not args.resume:  # none, or an earlier run's
         then = _NONE_OF_THIS_RUN
     else:
@@ -492,6 +492,7 @@ __all__ = [
     "failed_line",
     "killed_line",
     "launch",
+    "latest_checkpoint",
     "launch_world_sizes",
     "shutdown_timeout",
     "torchrun_arguments",

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from speedtronic_config import ParallelConfig
 from speedtronic_diloco.diloco import DumbDiLoCoCoordinator
@@ -86,6 +87,7 @@ def full(model: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
 
 
+@record  # a failing rank's traceback ends torchrun's summary, where a test's tail shows it
 def main(mode: str, url: str, out: Path) -> None:
     section = ParallelConfig(data_parallel=mode)
     context = init_parallel(section, torch.device("cpu"))  # gloo, as the trainer joins it

@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
@@ -302,6 +303,7 @@ def fully_sharded_checks(seen: dict) -> None:
     seen["fully_shard_moved"] = max_diff(list(twin.parameters()), start)
 
 
+@record  # a failing rank's traceback ends torchrun's summary, where a test's tail shows it
 def main() -> None:
     out = Path(sys.argv[1])
     dist.init_process_group("gloo")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from speedtronic import runtime
 from speedtronic_optim.distributed_muon import work_split
@@ -42,6 +43,7 @@ def split_kind(trainer) -> str:
     return "none" if split is None else "sharded" if split.sharded else "replicated"
 
 
+@record  # a failing rank's traceback ends torchrun's summary, where a test's tail shows it
 def main() -> None:
     out = Path(sys.argv[1])
     for mode in ("ddp", "fsdp"):

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from speedtronic import runtime
 from speedtronic.train_end import run_failed
@@ -677,6 +678,7 @@ SCENARIOS = {
 }
 
 
+@record  # a failing rank's traceback ends torchrun's summary, where a test's tail shows it
 def main() -> None:
     scenario, out, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     seen = SCENARIOS[scenario](out, mode)

@@ -242,6 +242,33 @@ def test_train_reads_an_empty_config_as_every_default_as_validate_does(tmp_path,
     assert (run.run.name, run.run.max_steps, run.model) == ("x", 3, SpeedtronicConfig().model)
 
 
+def test_a_cuda_overlay_that_clashes_with_set_names_both(tmp_path):
+    import argparse
+
+    from speedtronic import cli
+
+    # An overlay fine alone but not with a --set was blamed alone: "--cuda-overlay FILE: ...".
+    overlay = tmp_path / "cuda.yaml"
+
+    def refusal(content: str) -> str:
+        overlay.write_text(content)
+        args = argparse.Namespace(
+            config=str(tiny_config(tmp_path)),
+            overrides=["model.d_model=30"],  # divisible by the file's 2 heads, not by 4
+            device="cpu",
+            max_steps=None,
+            cuda_overlay=str(overlay),
+        )
+        with pytest.raises(cli.UsageError) as refused:
+            cli._train_config(args, announce=False)
+        return str(refused.value)
+
+    clash = f"--cuda-overlay {overlay} with this command's --set/--max-steps/--device: model."
+    assert refusal("model.n_head: 4\n").startswith(clash)
+    alone = f"--cuda-overlay {overlay}: model.n_layr: unknown key"
+    assert refusal("model.n_layr: 4\n").startswith(alone)
+
+
 def test_missing_cuda_overlay_names_the_path(tmp_path, refused):
     result = refused(
         "train",

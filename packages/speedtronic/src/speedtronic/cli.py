@@ -428,13 +428,30 @@ def _train_config(args: argparse.Namespace, *, announce: bool = True) -> tuple[A
     try:
         overlaid, overlaid_metrics = _train_overrides(values, args, overlay)
         overlaid_config = _load_config(values, overlaid)
-    except ConfigError as error:  # the config loaded without the overlay: the overlay is wrong
-        raise UsageError(f"--cuda-overlay {args.cuda_overlay}: {_one_line(error)}") from None
+    except ConfigError as error:  # the config loaded without the overlay: it is to blame
+        raise UsageError(
+            f"--cuda-overlay {_overlay_blame(args, values, overlay)}: {_one_line(error)}"
+        ) from None
     if resolve_device(config.run.device).type != "cuda":
         return config, metrics
     if announce:
         print(f"speedtronic train: on CUDA, applying {args.cuda_overlay}", file=sys.stderr)
     return overlaid_config, overlaid_metrics
+
+
+def _overlay_blame(args: argparse.Namespace, values: Any, overlay: Sequence[str]) -> str:
+    """Name the --cuda-overlay file that broke a config, and the command line's overrides too
+    when the overlay is fine without them (a clash: either side may be the one to change).
+    """
+    from speedtronic_config import ConfigError
+
+    if not args.overrides and args.device is None and args.max_steps is None:
+        return args.cuda_overlay
+    try:
+        _load_config(values, overlay)
+    except ConfigError:
+        return args.cuda_overlay
+    return f"{args.cuda_overlay} with this command's --set/--max-steps/--device"
 
 
 _TORCH = "torch"  # a test puts a module in its place that swallows a Ctrl-C, as torch's does

@@ -25,6 +25,7 @@ from speedtronic_optim.newton_schulz import (
     NORMALIZE_MODES,
     Coefficients,
     coefficient_schedule,
+    compile_time_constant,
     match_polar_scale,
     orthogonalize,
     post_polar_normalize,
@@ -393,6 +394,15 @@ def _l2_cache_bytes() -> int:
     return 1 << 20
 
 
+# torch.compile cannot trace these probes (get_num_threads, the sysfs read): it runs them while it
+# compiles a step, whose batching then keeps what they said (batch sizes set speed, not maths).
+@compile_time_constant
+def _several_cpu_threads() -> bool:
+    """Return True when torch runs CPU operators on more than one thread."""
+    return torch.get_num_threads() > 1
+
+
+@compile_time_constant
 def _one_thread_batch(shape: torch.Size, dtype: torch.dtype) -> int:
     """Return how many matrices of `shape` one batched Newton–Schulz call takes on one CPU thread.
 
@@ -425,7 +435,7 @@ def _same_shape_batches(params: list[torch.Tensor], group: dict[str, Any]) -> li
         numel = max(1, first.numel())  # an empty matrix (0 x n) costs nothing
         if first.device.type != "cpu":
             size = MAX_BATCH_ELEMENTS // numel
-        elif torch.get_num_threads() > 1:
+        elif _several_cpu_threads():
             size = MAX_CPU_BATCH_ELEMENTS // numel
         else:
             options = (group["ns_coefficients"], group["ns_method"], group["ns_dtype"])

@@ -530,8 +530,11 @@ def test_nonfinite_skip_policy_skips_and_counts():
 
 def test_skip_policy_gives_up_on_a_diverged_run():
     model = NaNAtCall(set(range(1, 1000)))
-    with pytest.raises(NonFiniteLossError, match="consecutive"):
+    with pytest.raises(NonFiniteLossError, match="consecutive") as raised:
         make_trainer(model, sections={"run": {"nonfinite_loss": "skip"}}).fit(2)
+    # The policy is already skip: the fixes offered are the others.
+    assert "lower the learning rate" in str(raised.value)
+    assert "nonfinite_loss" not in str(raised.value)
 
 
 class TwoZeroLogger(MetricLogger):

@@ -1175,6 +1175,29 @@ def test_the_resume_command_runs_from_the_shell_that_started_hatch_run(monkeypat
     assert resume_command(args) == f"hatch run bench:speedtronic train {tail} --resume"
 
 
+def test_a_stop_without_checkpoints_does_not_offer_a_resume(capsys):
+    import argparse
+
+    from speedtronic.train_end import report_signal_stop
+    from speedtronic_trainer import TrainResult
+
+    args = argparse.Namespace(
+        config="run.yaml",
+        overrides=["checkpoint.enabled=false"],
+        max_steps=None,
+        device=None,
+        cuda_overlay=None,
+    )
+    # No checkpoint: what fit() returns with checkpoint.enabled false.
+    stopped = TrainResult(372, 0, 0, final_loss=None, elapsed_s=1.0, stopped_by="SIGTERM")
+    assert report_signal_stop(stopped, args, target=1000) == 143
+    # --resume would start again at step 0: the line must not send the user there.
+    assert capsys.readouterr().err.splitlines() == [
+        "speedtronic train: stopped by SIGTERM at step 372; no checkpoint written "
+        "(checkpoint.enabled is false); this stop left nothing to resume"
+    ]
+
+
 def test_a_fresh_run_that_fails_does_not_send_the_user_to_an_earlier_runs_checkpoint(
     tmp_path, capsys
 ):

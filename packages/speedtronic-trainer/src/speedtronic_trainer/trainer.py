@@ -587,23 +587,22 @@ class Trainer:
             if not math.isfinite(outcome.loss)
             else f"grad_norm={outcome.grad_norm}"
         )
-        hint = (
-            "lower the learning rate, set optimizer.grad_clip, check the data for fully ignored "
-            "labels, or set run.nonfinite_loss: skip to skip such updates"
-        )
+        hint = "lower the learning rate, set optimizer.grad_clip"
+        data = "check the data for fully ignored labels"
         # The loss and gradient norm were agreed on: every rank of a group raises alike.
         if self.config.run.nonfinite_loss == "stop":
             raise on_every_rank(
                 NonFiniteLossError(
                     f"non-finite {what} at step {self.step + 1}; stopped without updating the "
-                    f"weights or writing a checkpoint ({hint})"
+                    f"weights or writing a checkpoint ({hint}, {data}, or set "
+                    "run.nonfinite_loss: skip to skip such updates)"
                 )
             )
         if consecutive >= MAX_CONSECUTIVE_SKIPS:
             raise on_every_rank(
                 NonFiniteLossError(
                     f"{consecutive} consecutive non-finite updates up to step {self.step + 1}; "
-                    f"the run has diverged ({hint})"
+                    f"the run has diverged ({hint} or {data})"
                 )
             )
         # `reason` names the value that was non-finite: a finite loss can have inf/NaN gradients.

@@ -24,6 +24,8 @@ from speedtronic_systems.parallel import elastic_restarts
 
 # What a stop line says instead of the resume command when the run reached its step target.
 TARGET_REACHED = "that is the step target: nothing is left to resume"
+# ... and when the run saved nothing (checkpoint.enabled: false).
+_NOTHING_SAVED = "this stop left nothing to resume"
 
 
 def resume_command(args: argparse.Namespace) -> str:
@@ -80,17 +82,16 @@ def report_signal_stop(
     """
     if not announce:
         return signal_exit_code(result.stopped_by)
-    saved = (
-        f"checkpoint {result.checkpoint}"
-        if result.checkpoint is not None
-        else "no checkpoint written (checkpoint.enabled is false)"
-    )
-    then = f"resume with: {resume_command(args)}"
-    if target is not None and result.steps >= target:
-        then = TARGET_REACHED
-    # A SIGTERM from torchrun after another worker failed, or from a scheduler that stops it too.
-    elif (restart := restart_note()) is not None:
-        then = f"{restart}, unless torchrun itself was stopped: then {then}"
+    if result.checkpoint is None:  # checkpoint.enabled: false; --resume would start at step 0
+        saved, then = "no checkpoint written (checkpoint.enabled is false)", _NOTHING_SAVED
+    else:
+        saved = f"checkpoint {result.checkpoint}"
+        then = f"resume with: {resume_command(args)}"
+        if target is not None and result.steps >= target:
+            then = TARGET_REACHED
+        # A SIGTERM from torchrun after another worker failed, or from a scheduler stopping it too.
+        elif (restart := restart_note()) is not None:
+            then = f"{restart}, unless torchrun itself was stopped: then {then}"
     print_line(
         f"speedtronic train: stopped by {result.stopped_by} at step {result.steps}; {saved}; {then}"
     )

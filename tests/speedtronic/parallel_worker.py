@@ -116,6 +116,7 @@ def scenario_train(out: Path, mode: str) -> dict:
     seen["empty_shares"] = empty_shares(out, mode)
     seen["memory_apart"] = memory_apart(out, mode)
     seen["init_tokenizer_apart"] = init_tokenizer_apart(out, mode)
+    seen["refused_apart"] = refused_apart(out, mode)
     seen["compile_failed"] = compile_failed_on_first_use(out, mode)
     seen["compiled"] = compiled_difference(out, mode, params)
     if mode == "ddp":
@@ -542,6 +543,58 @@ def init_tokenizer_apart(out: Path, mode: str) -> list | None:
         return ["built", False]
     except ConfigError as error:
         return [str(error), raised_on_every_rank(error)]
+
+
+def refused_apart(out: Path, mode: str) -> dict[str, list]:
+    """Return [error type, error, marked as raised on every rank, run folder left behind] of
+    build_runtime when one rank alone meets something it refuses (each node reads its own
+    files): rank 1's run folder blocked by a file, rank 1's copy of the data missing, rank 1's
+    init_from folder without its weights, and rank 0 (the one that logs) without tensorboard for
+    logging.hooks. Every rank must refuse, not one while the others wait for it.
+    """
+    from speedtronic_model import build_model
+    from speedtronic_model.hf_llama import WEIGHTS_NAME, save_llama
+
+    rank = int(os.environ["RANK"])
+    node = out / "apart" / f"node{rank}"  # what this rank's node holds
+    blocked = node / "blocked"
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("a file where rank 1's run folder goes")
+    export = node / "export"
+    save_llama(build_model(config(out, mode)["model"]), export)
+    shard = node / "train_000000.bin"
+    if rank == 0:
+        from speedtronic_data import write_shard
+
+        write_shard(shard, torch.arange(400) % 64)
+    else:
+        (export / WEIGHTS_NAME).unlink()
+    cases = {
+        "output_dir": {"run": {"output_dir": str(blocked / "run" if rank else node / "run")}},
+        "data": {"data": {"shard_path": str(shard)}},
+        "init_from": {"model": {"init_from": f"hf:{export}"}},
+        "hooks": {"logging": {"hooks": ["tensorboard"]}},
+    }
+    seen = {}
+    for name, sections in cases.items():
+        values = config(out / "apart" / name, mode, **sections)
+        saved = sys.modules.get("torch.utils.tensorboard")
+        if name == "hooks" and rank == 0:
+            sys.modules["torch.utils.tensorboard"] = None  # an import of it fails
+        try:
+            runtime.build_runtime(values)
+            seen[name] = ["built"]
+        except Exception as error:
+            torch.distributed.barrier()  # every rank has cleaned up after itself
+            folder = Path(values["run"]["output_dir"])
+            seen[name] = [type(error).__name__, str(error), raised_on_every_rank(error)]
+            seen[name].append(folder.exists())
+        finally:
+            if name == "hooks" and rank == 0:
+                sys.modules.pop("torch.utils.tensorboard")
+                if saved is not None:
+                    sys.modules["torch.utils.tensorboard"] = saved
+    return seen
 
 
 def compile_failed_on_first_use(out: Path, mode: str) -> str:

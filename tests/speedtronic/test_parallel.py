@@ -258,6 +258,33 @@ def test_an_init_from_folder_one_rank_lacks_is_refused_on_every_rank(trained):
     assert error.startswith(expected)
 
 
+def test_what_one_rank_alone_refuses_at_startup_is_refused_on_every_rank(trained):
+    _, out, (zero, one) = trained
+    assert zero["refused_apart"] == one["refused_apart"]  # the same line, marked every rank's
+    node0, node1 = out / "apart" / "node0", out / "apart" / "node1"
+    expected = {
+        "output_dir": (
+            "ConfigError",
+            f"run.output_dir: on rank 1, cannot write to {node1 / 'blocked' / 'run'} ("
+            f"{node1 / 'blocked'} is a file, not a folder); choose a writable folder",
+        ),
+        "data": (
+            "DataError",
+            f"on rank 1, data.shard_path = '{node1 / 'train_000000.bin'}' matches no files; ",
+        ),
+        "init_from": (
+            "ConfigError",
+            f"model.init_from: on rank 1, {node1 / 'export'} has neither model.safetensors nor ",
+        ),
+        "hooks": ("HookUnavailable", "tensorboard is not installed; "),
+    }
+    for name, (kind, start) in expected.items():
+        refused = zero["refused_apart"][name]
+        assert refused[0] == kind and refused[1].startswith(start), refused
+        assert refused[2:] == [True, False], name  # every rank's; no run folder left behind
+    assert not (node0 / "run").exists()
+
+
 def test_a_compiled_model_failing_on_first_use_stops_every_rank_in_one_line(trained):
     _, _, ranks_seen = trained
     for rank, seen in enumerate(ranks_seen):  # not an eager retry that repeats the collectives

@@ -54,14 +54,22 @@ def output_folders(config: SpeedtronicConfig) -> list[tuple[str, Path]]:
     return folders
 
 
-def check_output_paths(config: SpeedtronicConfig) -> None:
+def check_output_paths(
+    config: SpeedtronicConfig, gather: Callable[[Any], list[Any]] = lambda x: [x]
+) -> None:
     """Create and write-probe every output folder; raise ConfigError naming the setting and the
     reason (a folder where a file goes, read-only, full, a file in the way, no permission) for
-    the first that fails.
+    the first that fails. `gather` (a group's all_gather_object) makes every rank raise when any
+    rank would.
     """
+    refuse_together(_output_paths_refusal(config), gather)
+
+
+def _output_paths_refusal(config: SpeedtronicConfig) -> ConfigError | None:
+    """Return check_output_paths's error for this process's folders, or None."""
     for setting, path in output_files(config):  # before any folder is created: none is left
         if path.is_dir():
-            raise ConfigError(
+            return ConfigError(
                 setting, f"{path} is a folder", allowed="name a file; nothing was trained"
             )
     for setting, folder in output_folders(config):
@@ -69,11 +77,32 @@ def check_output_paths(config: SpeedtronicConfig) -> None:
             probe_folder(folder)
         except OSError as error:
             reason = unwritable_reason(folder, error)
-            raise ConfigError(
+            return ConfigError(
                 setting,
                 f"cannot write to {folder} ({reason})",
                 allowed="choose a writable folder; nothing was trained",
-            ) from None
+            )
+    return None
+
+
+def refuse_together(
+    refusal: Exception | None, gather: Callable[[Any], list[Any]] = lambda x: [x]
+) -> None:
+    """Raise on every rank the first of the ranks' refusals (this rank's `refusal`, a ConfigError
+    or an error made from its message alone, such as a DataError; gathered by `gather`, a
+    group's all_gather_object), naming the ranks that refused when not all did; return when none
+    did. Each rank reads its own node's files: a rank refusing alone would leave its peers
+    waiting for it in their next collective.
+    """
+    first = first_refusal(gather(refusal))
+    if first is None:
+        return
+    error, where = first
+    if where and isinstance(error, ConfigError):  # say whose files refused
+        error = ConfigError(error.path, where + error.problem, allowed=error.allowed)
+    elif where:
+        error = type(error)(where + str(error))
+    raise on_every_rank(error)
 
 
 def check_init_tokenizer(
@@ -90,15 +119,8 @@ def check_init_tokenizer(
         refusal = _init_tokenizer_refusal(config)
     except ConfigError as error:  # init_from names no usable folder on this rank
         refusal = error
-    # Each rank read its own files (nodes without a shared filesystem can hold other ones): a
-    # rank refusing alone would leave its peers waiting for it in their next collective.
-    refusal = first_refusal(gather(refusal))
-    if refusal is None:
-        return
-    error, where = refusal
-    if where:  # say whose files refused
-        error = ConfigError(error.path, where + error.problem, allowed=error.allowed)
-    raise on_every_rank(error)
+    # Each rank read its own files (nodes without a shared filesystem can hold other ones).
+    refuse_together(refusal, gather)
 
 
 def _init_tokenizer_refusal(config: SpeedtronicConfig) -> ConfigError | None:
@@ -180,4 +202,5 @@ __all__ = [
     "check_output_paths",
     "output_files",
     "output_folders",
+    "refuse_together",
 ]

@@ -15,12 +15,22 @@ import torch
 
 # 2.0 exposed the same builder here and in speedtronic.optimizers.
 from speedtronic.optimizers import build_v2_optimizer as build_optimizer
-from speedtronic.preflight import NewOutputs, check_init_tokenizer, check_output_paths
+from speedtronic.preflight import (
+    NewOutputs,
+    check_init_tokenizer,
+    check_output_paths,
+    refuse_together,
+)
 from speedtronic.run_lock import claim_run_folders
 from speedtronic.trainer import Trainer  # 2.0's Trainer, which also answers to train()
 from speedtronic_config import ConfigError, SpeedtronicConfig
 from speedtronic_config.errors import on_every_rank
-from speedtronic_data import build_dataloader, build_eval_dataloader, training_tokenizer
+from speedtronic_data import (
+    DataError,
+    build_dataloader,
+    build_eval_dataloader,
+    training_tokenizer,
+)
 from speedtronic_data.rank_shares import check_rank_shares
 from speedtronic_model import apply_init_from, build_model
 from speedtronic_optim import build_lr_scheduler
@@ -36,6 +46,7 @@ from speedtronic_systems.parallel import (
     wrap_model,
 )
 from speedtronic_trainer import CheckpointManager, MetricLogger, TrainResult
+from speedtronic_trainer.integrations import HookUnavailable
 
 
 def seed_everything(seed: int) -> None:
@@ -155,7 +166,8 @@ def build_runtime(
     outputs = NewOutputs(config)
     parallel.barrier()  # every rank sees the folders as new, whichever rank makes them first
     with outputs.removed_on_error():
-        check_output_paths(config)  # a bad folder fails now, not at the first checkpoint
+        # A bad folder fails now, not at the first checkpoint; on any rank, every rank refuses.
+        check_output_paths(config, parallel.all_gather_object)
         lock = claim_run_folders(config, parallel)  # before anything of another run is touched
         try:
             trainer, manager = _assemble(config, parallel, resolved, resume, max_steps)
@@ -200,22 +212,34 @@ def _assemble(
     except ConfigError as error:  # from the model section, which every rank reads alike
         on_every_rank(error)
         raise
-    model = apply_init_from(model, config.model.init_from)
+    if config.model.init_from is not None:
+        refusal = None
+        try:
+            model = apply_init_from(model, config.model.init_from)
+        except ConfigError as error:  # each node reads its own copy of the folder
+            refusal = error
+        refuse_together(refusal, parallel.all_gather_object)  # before DDP/FSDP2 wrap together
     # 4b: wrap before the optimizer exists (fully_shard replaces the parameters).
     model = wrap_model(model.to(resolved), parallel, config.parallel)
     if parallel.active:  # then each rank draws its own dropout (and other) randomness
         seed_everything(config.run.seed + parallel.rank)
     shares = {"device": resolved, "rank": parallel.rank, "world_size": parallel.world_size}
-    dataloader = build_dataloader(config.data, **shares)  # 5
-    # Validation text is tokenized like the training data; other validation shards are refused.
-    eval_dataloader = build_eval_dataloader(config.data, **shares)
+    refusal = None
+    try:  # 5: each node reads its own copy of the data (a node may lack it)
+        dataloader = build_dataloader(config.data, **shares)
+        # Validation text is tokenized like the training data; other validation shards are
+        # refused.
+        eval_dataloader = build_eval_dataloader(config.data, **shares)
+    except DataError as error:
+        refusal = error
+    refuse_together(refusal, parallel.all_gather_object)
     check_rank_shares(dataloader, eval_dataloader, parallel.all_gather_object)
     tokenizer = training_tokenizer(config.data)  # recorded in every checkpoint
     # 6: under DDP or FSDP2, Muon splits its Newton–Schulz over the ranks.
     optimizer = build_optimizer(model, config, resolved, distributed=parallel.mode != "none")
     scheduler = build_scheduler(optimizer, config)  # 7
     manager = _checkpoint_manager(config)  # 8
-    logger = build_logger(config) if parallel.is_main else MetricLogger(level="ERROR")  # 9
+    logger = _group_logger(config, parallel)  # 9
     if config.model.init_from is not None:
         logger.info("model.init_from: weights loaded from %s", config.model.init_from)
     coordinator = build_coordinator(config, model, logger, parallel)  # 10
@@ -250,6 +274,25 @@ def _assemble(
         )
     _warn_if_warmup_outlasts(config, target, trainer.step, logger)
     return trainer, manager
+
+
+def _group_logger(config: SpeedtronicConfig, parallel: ParallelContext) -> MetricLogger:
+    """Return this rank's logger: rank 0's from logging.* (with its hooks), a quiet one on every
+    other rank. A hook rank 0 cannot start (HookUnavailable: its package missing on that node,
+    wandb not logged in there) is raised on every rank: the others would wait for it in their
+    next collective.
+    """
+    if not parallel.is_main:
+        logger, unavailable = MetricLogger(level="ERROR"), None
+    else:
+        try:
+            logger, unavailable = build_logger(config), None
+        except HookUnavailable as error:
+            logger, unavailable = None, error
+    unavailable = parallel.broadcast_object(unavailable)  # rank 0's own error on rank 0
+    if unavailable is not None:
+        raise on_every_rank(unavailable)
+    return logger
 
 
 def _warn_if_warmup_outlasts(

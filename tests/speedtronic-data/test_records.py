@@ -74,7 +74,9 @@ def test_what_counts_as_records(tmp_path):
     [
         ('{"text": "a"}\nnot json\n', "docs.jsonl:2: not a JSON object"),
         ('{"body": "a"}\n', "docs.jsonl:1: no 'text' field \\(has body\\)"),
-        ('{"text": 5}\n', "docs.jsonl:1: 'text' is int, not text"),
+        # Named with the fix, as a Parquet column of another type is.
+        ('{"text": 5}\n', "docs.jsonl:1: 'text' is int, not text; name the text field with"),
+        ('{"text": ["a", "b"]}\n', "docs.jsonl:1: 'text' is list, not text; name the text"),
     ],
 )
 def test_bad_jsonl_lines_are_named(tmp_path, content, fragment):

@@ -45,6 +45,9 @@ def test_rerun_is_a_no_op_unless_the_tokenizer_changed(tmp_path, bpe_json, capsy
 def test_missing_inputs_are_usage_errors(tmp_path):
     with pytest.raises(UsageError, match="nope.parquet: no such file or folder"):
         prepare_corpus(tmp_path / "out", [tmp_path / "nope.parquet"], 0, 0.1)
+    (tmp_path / "loop.txt").symlink_to("loop.txt")  # said to be missing, which it is not
+    with pytest.raises(UsageError, match=r"loop.txt is a symlink loop \(its links lead back"):
+        prepare_corpus(tmp_path / "out", [tmp_path / "loop.txt"], 0, 0.1)
     with pytest.raises(UsageError, match="--tokenizer .*gone.json: no such file"):
         prepare_corpus(tmp_path / "out", [], 1000, 0.1, tokenizer=tmp_path / "gone.json")
 
@@ -110,3 +113,40 @@ def test_shards_prepare_did_not_write_are_kept(tmp_path, capsys):
     assert prepare_corpus(tmp_path, [], 0, 0.1) is None
     assert "shards already in" in capsys.readouterr().out
     assert (tmp_path / "train_000000.bin").read_bytes() == before
+
+
+def test_a_folder_prepared_without_validation_is_not_prepared_again(tmp_path, bpe_json, capsys):
+    """--val-fraction 0 writes train shards alone: a rerun took the folder as incomplete and
+    tokenized everything again, and replaced another tokenizer's shards without a word.
+    """
+    (tmp_path / "a.txt").write_text("line\n" * 100)
+    first = prepare_corpus(tmp_path / "out", [tmp_path / "a.txt"], 0, 0.0)
+    assert first is not None and not first.val_paths
+    before = first.train_paths[0].stat().st_mtime_ns
+    assert prepare_corpus(tmp_path / "out", [tmp_path / "a.txt"], 0, 0.0) is None
+    assert "already in" in capsys.readouterr().out
+    assert first.train_paths[0].stat().st_mtime_ns == before
+    with pytest.raises(UsageError, match="already holds shards written by the byte tokenizer"):
+        prepare_corpus(tmp_path / "out", [tmp_path / "a.txt"], 0, 0.0, tokenizer=bpe_json)
+    # Asked for validation now, it is rebuilt with the same tokenizer, never with another.
+    with pytest.raises(UsageError, match="already holds shards written by the byte tokenizer"):
+        prepare_corpus(tmp_path / "out", [tmp_path / "a.txt"], 0, 0.1, tokenizer=bpe_json)
+    assert prepare_corpus(tmp_path / "out", [tmp_path / "a.txt"], 0, 0.1).val_paths
+    assert "has no val shards; rebuilding them" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["train", "val"])
+def test_shards_of_one_kind_that_prepare_did_not_write_are_not_replaced(tmp_path, kind):
+    """Both kinds of record-less shards were kept, but one kind alone was overwritten and the
+    rest deleted, as if an earlier prepare had left them.
+    """
+    from speedtronic_data import write_shard
+
+    (tmp_path / "a.txt").write_text("line\n" * 100)
+    mine = [
+        write_shard(tmp_path / "out" / f"{kind}_{n:06d}.bin", torch.arange(300)) for n in (0, 1)
+    ]
+    before = [path.read_bytes() for path in mine]
+    with pytest.raises(UsageError, match=f"out holds {kind} shards that speedtronic prepare did"):
+        prepare_corpus(tmp_path / "out", [tmp_path / "a.txt"], 0, 0.1)
+    assert [path.read_bytes() for path in mine] == before

@@ -1,8 +1,11 @@
-"""The one error type of speedtronic-data, and the size check its constructors share."""
+"""The one error type of speedtronic-data, and the checks its constructors and readers share."""
 
 from __future__ import annotations
 
+import errno
 import numbers
+import os
+from pathlib import Path
 from typing import Any
 
 
@@ -18,4 +21,23 @@ def check_positive_int(owner: str, name: str, value: Any) -> None:
         raise DataError(f"{owner} {name} must be positive, got {value}")
 
 
-__all__ = ["DataError", "check_positive_int"]
+def not_a_file(path: Path) -> str | None:
+    """Return why path names something that is neither a regular file nor a folder, to follow
+    its name in an error (a symlink loop, a dangling symlink, a pipe or a device); None when it
+    is a file or folder, or nothing at all.
+    """
+    if path.is_file() or path.is_dir():
+        return None
+    try:
+        path.stat()
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "is a symlink loop (its links lead back to themselves); point it at a file"
+        if path.is_symlink():
+            return f"is a symlink to {os.readlink(path)}, which does not exist"
+        return None
+    # A shell's <(zcat corpus.gz) is a pipe: it can be read once only, and its size is unknown.
+    return "is a pipe, socket or device, not a regular file; save its text to a file first"
+
+
+__all__ = ["DataError", "check_positive_int", "not_a_file"]

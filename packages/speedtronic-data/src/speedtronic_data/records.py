@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speedtronic_data.errors import DataError
+from speedtronic_data.errors import DataError, not_a_file
 
 # `.json` too: what `datasets`' to_json() writes under that name is JSON Lines.
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -45,24 +45,28 @@ class RecordSource:
     kind: str  # parquet, jsonl or arrow
     column: str
     num_rows: int
-    approx_bytes: int  # of text, for progress; exact for JSON Lines only up to the JSON syntax
+    approx_bytes: int  # for progress: a JSON Lines file's size, the text column's otherwise
     files: tuple[Path, ...]
 
     def texts(self) -> Iterator[str]:
         """Yield the text column row by row, skipping nulls."""
+        return (text for text, _ in self.rows() if text is not None)
+
+    def rows(self) -> Iterator[tuple[str | None, int]]:
+        """Yield (text, size) row by row: the text column (None for a null, or a blank JSON Lines
+        line) and the row's share of approx_bytes, so the sizes add up to it as the rows are read.
+        """
         if self.kind == "jsonl":
-            yield from _jsonl_texts(self.path, self.column)
+            yield from _jsonl_rows(self.path, self.column)
             return
         for batch in self._batches():
             for value in batch.column(self.column).to_pylist():
-                if value is None:
-                    continue
-                if not isinstance(value, str):
+                if value is not None and not isinstance(value, str):
                     raise DataError(
                         f"{self.path}: column {self.column!r} holds {type(value).__name__} "
                         "values, not text; pass the text column with --text-column"
                     )
-                yield value
+                yield value, 0 if value is None else len(value.encode("utf-8"))
 
     def _batches(self) -> Iterator[Any]:
         pa = _pyarrow()
@@ -82,7 +86,8 @@ def _check_column(path: Path, column: str, names: list[str]) -> None:
         )
 
 
-def _jsonl_texts(path: Path, column: str) -> Iterator[str]:
+def _jsonl_rows(path: Path, column: str) -> Iterator[tuple[str | None, int]]:
+    """Yield each line's text field (None: null, or a blank line) and the line's bytes."""
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             try:
@@ -95,6 +100,7 @@ def _jsonl_texts(path: Path, column: str) -> Iterator[str]:
             if number == 1:
                 line = line.removeprefix("\ufeff")  # a byte-order mark (Windows tools) is no JSON
             if not line.strip():
+                yield None, len(raw)
                 continue
             try:
                 row = json.loads(line)
@@ -110,11 +116,12 @@ def _jsonl_texts(path: Path, column: str) -> Iterator[str]:
                     "name the text field with --text-column"
                 )
             value = row[column]
-            if value is None:
-                continue
-            if not isinstance(value, str):
-                raise DataError(f"{path}:{number}: {column!r} is {type(value).__name__}, not text")
-            yield value
+            if value is not None and not isinstance(value, str):
+                raise DataError(
+                    f"{path}:{number}: {column!r} is {type(value).__name__}, not text; "
+                    "name the text field with --text-column"
+                )
+            yield value, len(raw)
 
 
 def _jsonl(path: Path, column: str) -> RecordSource:
@@ -175,6 +182,8 @@ def open_records(path: str | Path, column: str = "text") -> RecordSource:
     path = Path(path)
     if path.is_dir():
         return _datasets_folder(path, column)
+    if (problem := not_a_file(path)) is not None:
+        raise DataError(f"{path} {problem}")
     if not path.is_file():
         raise DataError(f"{path} does not exist")
     if path.suffix.lower() in PARQUET_SUFFIXES:

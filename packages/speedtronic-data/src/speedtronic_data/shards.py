@@ -115,7 +115,8 @@ def write_shard(path: str | Path, tokens: Any) -> Path:
 
     def write(handle: IO[bytes]) -> None:
         handle.write(header.tobytes())
-        handle.write(ids.astype(dtype, copy=False).tobytes())
+        # From the array's own memory: tobytes() made one more copy of the whole shard.
+        handle.write(memoryview(np.ascontiguousarray(ids, dtype=dtype)).cast("B"))
 
     return atomic_write(path, write)
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from speedtronic_data.errors import DataError, check_positive_int
+from speedtronic_data.errors import DataError, check_positive_int, not_a_file
 from speedtronic_data.partition import block_plan
 from speedtronic_data.tokenizer import CharTokenizer, check_ids, encode_text, is_byte_tokenizer
 from speedtronic_data.tokenizer_record import check_vocab, record_for
@@ -25,6 +25,8 @@ def check_text_file(path: Path, setting: str = "data.text_path") -> Path:
     """
     if path.is_dir():
         raise DataError(f"{setting} {str(path)!r} is a folder; point it at a UTF-8 text file")
+    if (problem := not_a_file(path)) is not None:
+        raise DataError(f"{setting} {str(path)!r} {problem}")
     if not path.is_file():
         raise DataError(
             f"{setting} {str(path)!r} does not exist; point it at a UTF-8 text file "

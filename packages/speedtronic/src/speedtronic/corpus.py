@@ -74,24 +74,42 @@ def prepare_corpus(
     byte tokenizer or a tokenizer.json; return the PrepareResult, or None when already prepared.
     """
     from speedtronic_data import JsonTokenizer, prepare_shards, stdlib_corpus
-    from speedtronic_data.tokenizer_record import is_unfinished, read_record, record_for
+    from speedtronic_data.errors import not_a_file
+    from speedtronic_data.tokenizer_record import (
+        RECORD_NAME,
+        is_unfinished,
+        read_record,
+        record_for,
+    )
 
     codec = JsonTokenizer.from_file(tokenizer_file(tokenizer)) if tokenizer is not None else None
-    shards = sorted(out_dir.glob("train_*.bin")) and sorted(out_dir.glob("val_*.bin"))
+    train, val = sorted(out_dir.glob("train_*.bin")), sorted(out_dir.glob("val_*.bin"))
     # An interrupted or refused run's part is rebuilt, never taken as done; shards without a
-    # record that prepare did not leave (2.0's, llm.c's) are the user's, kept as before.
-    if shards and is_unfinished(out_dir):
+    # record that prepare did not leave (2.0's, llm.c's) are the user's: kept, never replaced.
+    if (train or val) and is_unfinished(out_dir):
         print(f"prepare: {out_dir} holds an unfinished prepare's shards; rebuilding them")
-    elif shards:
+    elif train or val:
+        # A --val-fraction 0 run writes no val shards: its folder is whole without them.
+        whole = train and (val or val_fraction == 0)
+        if not whole and not (out_dir / RECORD_NAME).is_file():
+            # Rebuilding would overwrite and delete them, as an earlier run's part.
+            raise UsageError(
+                f"{out_dir} holds {'train' if train else 'val'} shards that speedtronic prepare "
+                f"did not write (no {RECORD_NAME}); prepare into another folder"
+            )
         existing, wanted = read_record(out_dir), record_for(codec)
-        if existing.encodes_alike(wanted):
+        if not existing.encodes_alike(wanted):
+            raise UsageError(
+                f"{out_dir} already holds shards written by {existing.describe()}, not "
+                f"{wanted.describe()}; delete the folder to rebuild them"
+            )
+        if whole:
             print(f"prepare: shards already in {out_dir}; delete the folder to rebuild them")
             return None
-        raise UsageError(
-            f"{out_dir} already holds shards written by {existing.describe()}, not "
-            f"{wanted.describe()}; delete the folder to rebuild them"
-        )
+        print(f"prepare: {out_dir} has no {'val' if train else 'train'} shards; rebuilding them")
     for item in inputs:
+        if (problem := not_a_file(item)) is not None:
+            raise UsageError(f"{item} {problem}")
         if not item.exists():
             raise UsageError(f"{item}: no such file or folder")
     inline = [] if inputs else [stdlib_corpus(stdlib_bytes)]

@@ -557,6 +557,40 @@ def test_a_rank_resumes_its_own_share(shards):
     assert seen and not any(torch.equal(seen[0], b) for b in again)
 
 
+def test_ranks_that_read_data_of_different_sizes_refuse_together(shards):
+    from speedtronic_config.errors import raised_on_every_rank
+    from speedtronic_data.rank_shares import check_rank_shares
+
+    # Rank 1's node holds one shard of the two (a stale or partial copy): each rank dealt its
+    # share from another seeded order of another size, overlapping, unequal, without a word.
+    whole = section(shard_path=str(shards / "train_*.bin"), block_size=16, micro_batch_size=2)
+    part = section(shard_path=str(shards / "train_000000.bin"), block_size=16, micro_batch_size=2)
+    on_rank_1 = [_gathered_answer(build_dataloader(part, rank=1, world_size=2))]
+
+    def gather(answer):  # what all_gather_object returns: rank 0's answer, then rank 1's
+        return [answer, on_rank_1[0]]
+
+    with pytest.raises(DataError) as refused:
+        check_rank_shares(build_dataloader(whole, world_size=2), gather=gather)
+    assert str(refused.value) == (
+        "the training data differs between ranks (42 blocks on rank 0; 24 blocks on rank 1): "
+        "each node reads its own copy, and ranks would train on overlapping, unequal shares; "
+        "give every node the same data"
+    )
+    assert raised_on_every_rank(refused.value)
+    on_rank_1[0] = _gathered_answer(build_dataloader(whole, rank=1, world_size=2))
+    check_rank_shares(build_dataloader(whole, world_size=2), gather=gather)  # the same copy
+
+
+def _gathered_answer(loader) -> object:
+    """Return what check_rank_shares gives its gather on this loader's rank."""
+    from speedtronic_data.rank_shares import check_rank_shares
+
+    answers = []
+    check_rank_shares(loader, gather=lambda answer: answers.append(answer) or [answer])
+    return answers[0]
+
+
 @pytest.mark.parametrize("drop_last", [True, False])
 def test_a_rank_left_without_a_batch_is_named_before_the_first_step(tmp_path, shards, drop_last):
     from speedtronic_config.errors import raised_on_every_rank

@@ -548,10 +548,12 @@ def init_tokenizer_apart(out: Path, mode: str) -> list | None:
 def refused_apart(out: Path, mode: str) -> dict[str, list]:
     """Return [error type, error, marked as raised on every rank, run folder left behind] of
     build_runtime when one rank alone meets something it refuses (each node reads its own
-    files): rank 1's run folder blocked by a file, rank 1's copy of the data missing, rank 1's
-    init_from folder without its weights, and rank 0 (the one that logs) without tensorboard for
-    logging.hooks. Every rank must refuse, not one while the others wait for it.
+    files): rank 1's run folder blocked by a file, rank 1's copy of the data missing or shorter,
+    rank 1's init_from folder without its weights, and rank 0 (the one that logs) without
+    tensorboard for logging.hooks. Every rank must refuse, not one while the others wait for it
+    (or, for the shorter copy, train on overlapping shares).
     """
+    from speedtronic_data import write_shard
     from speedtronic_model import build_model
     from speedtronic_model.hf_llama import WEIGHTS_NAME, save_llama
 
@@ -564,14 +566,15 @@ def refused_apart(out: Path, mode: str) -> dict[str, list]:
     save_llama(build_model(config(out, mode)["model"]), export)
     shard = node / "train_000000.bin"
     if rank == 0:
-        from speedtronic_data import write_shard
-
         write_shard(shard, torch.arange(400) % 64)
     else:
         (export / WEIGHTS_NAME).unlink()
+    copy = node / "copy" / "train_000000.bin"  # rank 1's copy of the data is shorter
+    write_shard(copy, torch.arange(300 if rank else 400) % 64)
     cases = {
         "output_dir": {"run": {"output_dir": str(blocked / "run" if rank else node / "run")}},
         "data": {"data": {"shard_path": str(shard)}},
+        "data_size": {"data": {"shard_path": str(copy)}},
         "init_from": {"model": {"init_from": f"hf:{export}"}},
         "hooks": {"logging": {"hooks": ["tensorboard"]}},
     }

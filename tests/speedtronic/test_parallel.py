@@ -272,6 +272,10 @@ def test_what_one_rank_alone_refuses_at_startup_is_refused_on_every_rank(trained
             "DataError",
             f"on rank 1, data.shard_path = '{node1 / 'train_000000.bin'}' matches no files; ",
         ),
+        "data_size": (
+            "DataError",
+            "the training data differs between ranks (24 blocks on rank 0; 18 blocks on rank 1)",
+        ),
         "init_from": (
             "ConfigError",
             f"model.init_from: on rank 1, {node1 / 'export'} has neither model.safetensors nor ",

@@ -85,9 +85,40 @@ def check_rank_shares(
         validation, "validation"
     )
     # Each rank read the sizes itself: ranks that see different files still decide as one.
-    problem = next((found for found in gather(problem) if found is not None), None)
+    answers = gather((problem, [_size(training), _size(validation)]))
+    problem = next((found for found, _ in answers if found is not None), None)
+    if problem is None:
+        problem = _sizes_apart([sizes for _, sizes in answers])
     if problem is not None:
         raise on_every_rank(DataError(problem))  # gathered: every rank raises this alike
+
+
+def _size(loader: Any) -> int | None:
+    """Return the blocks of a loader's data (what its ranks' shares are dealt from), None when
+    unknown or there is no loader.
+    """
+    known = _blocks_and_tokens(loader) if isinstance(loader, ResumableLoader) else None
+    return None if known is None else known[0]
+
+
+def _sizes_apart(sizes: list[list[int | None]]) -> str | None:
+    """Return one line naming the data whose size differs between ranks (each rank's [training,
+    validation] sizes), else None. Nodes with different copies of the data would deal
+    overlapping, unequal shares from different seeded orders, without a word.
+    """
+    for index, what in enumerate(("training", "validation")):
+        seen = [rank_sizes[index] for rank_sizes in sizes]
+        if len(set(seen)) == 1:
+            continue
+        held = "; ".join(
+            f"{'unknown' if size is None else f'{size:,} blocks'} on rank {rank}"
+            for rank, size in enumerate(seen)
+        )
+        return (
+            f"the {what} data differs between ranks ({held}): each node reads its own copy, and "
+            "ranks would train on overlapping, unequal shares; give every node the same data"
+        )
+    return None
 
 
 __all__ = ["check_rank_shares", "rank_share_problem"]

@@ -119,6 +119,16 @@ def test_a_latest_pointer_naming_a_deleted_file_is_reported_in_one_line(tmp_path
     warnings.clear()
     assert manager.load_latest(warn=warnings.append)["step"] == 8
     assert len(warnings) == 1 and "`latest` in" in warnings[0] and "unreadable" in warnings[0]
+    # Every step file gone (deleted by hand to free space): the pointer is the only trace of the
+    # run, and a resume that starts at step 0 says why.
+    (tmp_path / "latest").write_text('{"step": 10, "file": "step_10.pt"}')
+    (tmp_path / "step_8.pt").unlink()
+    warnings.clear()
+    assert manager.load_latest(warn=warnings.append) is None
+    assert warnings == [
+        f"`latest` in {tmp_path} names step_10.pt, which does not exist, and no other checkpoint "
+        "is there"
+    ]
 
 
 def test_a_corrupt_latest_falls_back_to_an_older_checkpoint_never_a_newer_one(tmp_path):
@@ -134,7 +144,8 @@ def test_a_corrupt_latest_falls_back_to_an_older_checkpoint_never_a_newer_one(tm
     with pytest.raises(CheckpointError, match="no loadable checkpoint") as refused:
         manager.load_latest(warn=warnings.append)
     assert str(refused.value).endswith(
-        "not tried: step_10.pt, past the step `latest` names (an earlier run's)"
+        "not tried: step_10.pt, past the step `latest` names (an earlier run's); to go on, put an "
+        "undamaged copy of one there, or start a new run in another run.output_dir"
     )
 
 
@@ -148,11 +159,42 @@ def test_fallback_is_reported_in_one_line_on_stderr_by_default(tmp_path, capsys)
     assert err.startswith("warning: checkpoint ") and len(err.splitlines()) == 1
 
 
-def test_every_checkpoint_corrupt_is_an_error(tmp_path):
+def test_every_checkpoint_corrupt_is_an_error_naming_each_and_the_fix(tmp_path):
     manager = CheckpointManager(tmp_path)
     manager.save(1, state(1)).write_bytes(b"garbage")
-    with pytest.raises(CheckpointError, match="no loadable checkpoint"):
+    with pytest.raises(CheckpointError) as refused:
         manager.load_latest(warn=lambda message: None)
+    message = str(refused.value)
+    assert message.startswith(f"no loadable checkpoint in {tmp_path}: checkpoint {tmp_path}/step_1")
+    assert "\n" not in message and message.endswith(
+        "; to go on, put an undamaged copy of one there, or start a new run in another "
+        "run.output_dir"
+    )
+
+
+def test_bytes_changed_inside_a_tensor_fail_its_crc_and_resume_falls_back(tmp_path):
+    # The file's layout stays whole, so torch loads it (it records each record's CRC-32 but never
+    # checks it): the run would resume with a damaged weight, or fail on an invalid RNG state.
+    manager = CheckpointManager(tmp_path, keep_last=None)
+    manager.save(1, state(1))
+    path = manager.save(2, {"step": 2, "weights": torch.full((64,), 2.0)})
+    data = bytearray(path.read_bytes())
+    data[data.index(torch.full((64,), 2.0).numpy().tobytes()) + 9] ^= 0x10  # one bit flipped
+    path.write_bytes(bytes(data))
+    warnings: list[str] = []
+    assert manager.load_latest(warn=warnings.append)["step"] == 1
+    assert warnings == [
+        f"checkpoint {path} is corrupt (archive/data/0 fails the CRC-32 check torch.save recorded "
+        "for it: its bytes changed after it was written); trying an older checkpoint"
+    ]
+    # A file saved with torch.serialization.set_crc32_options(False) records none: not checked.
+    computed = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        manager.save(3, state(3))
+    finally:
+        torch.serialization.set_crc32_options(computed)
+    assert manager.load_latest(warn=warnings.append)["step"] == 3 and len(warnings) == 1
 
 
 class NotATensor:

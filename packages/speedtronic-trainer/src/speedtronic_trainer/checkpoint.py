@@ -187,9 +187,10 @@ class CheckpointManager:
         except (OSError, ValueError, KeyError, TypeError):
             return "unreadable"  # a damaged pointer is not fatal: the step files are the truth
 
-    def _pointer_fallback(self, latest: Path) -> str | None:
+    def _pointer_fallback(self, latest: Path | None) -> str | None:
         """Return one line when the pointer names no existing checkpoint and `latest`, the newest
-        step file, is resumed instead: the steps after that file are lost, which must not go unsaid.
+        step file, is resumed instead (or, None, there is none): the steps after that file are
+        lost, which must not go unsaid.
         """
         target = self._pointer_target()
         if target is None or (isinstance(target, Path) and target.exists()):
@@ -199,6 +200,8 @@ class CheckpointManager:
             if isinstance(target, str)
             else f"names {target.name}, which does not exist"
         )
+        if latest is None:
+            return f"`latest` in {self.directory} {what}, and no other checkpoint is there"
         return (
             f"`latest` in {self.directory} {what}; resuming from the newest checkpoint there, "
             f"{latest.name}"
@@ -235,12 +238,12 @@ class CheckpointManager:
         through `warn` (default: a `warning:` line on stderr); None when there is none.
         """
         latest = self.latest_path()
-        if latest is None:
-            return None
         warn = warn or _warn_on_stderr
         fallback = self._pointer_fallback(latest)
         if fallback is not None:
             warn(fallback)
+        if latest is None:
+            return None
         # Only older ones: a step past the one `latest` names is an earlier run's, which this
         # run started fresh beside (or rewound from), not a state of this run.
         candidates = [latest] + [
@@ -261,7 +264,10 @@ class CheckpointManager:
             failures.append(
                 f"not tried: {', '.join(newer)}, past the step `latest` names (an earlier run's)"
             )
-        raise CheckpointError(f"no loadable checkpoint in {self.directory}: " + "; ".join(failures))
+        raise CheckpointError(
+            f"no loadable checkpoint in {self.directory}: {'; '.join(failures)}; to go on, put "
+            "an undamaged copy of one there, or start a new run in another run.output_dir"
+        )
 
     def checkpoint_paths(self) -> list[Path]:
         """Return step_<n>.pt files and step_<n>.dcp folders sorted by step, oldest first."""

@@ -24,7 +24,7 @@ from speedtronic_model.hf_llama import INDEX_NAME, WEIGHTS_NAME, hf_folder, llam
 SHAPE = dict(vocab_size=300, block_size=32, n_layer=2, n_head=4, d_model=32, rope_base=5000.0)
 VARIANTS = {
     "mha-tied": dict(n_kv_head=4, tie_weights=True),
-    "mha-untied": dict(n_kv_head=4, tie_weights=False),
+    "mha-untied": dict(n_kv_head=4, tie_weights=False, d_ff=72),  # d_ff not 4 * d_model
     "gqa-tied": dict(n_kv_head=2, tie_weights=True),
     "gqa-untied": dict(n_kv_head=1, tie_weights=False),
 }

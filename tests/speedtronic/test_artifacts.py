@@ -5,6 +5,7 @@ text; and export -> model.init_from -> export round trips byte for byte.
 from __future__ import annotations
 
 import io
+import json
 import re
 import shutil
 import sys
@@ -124,7 +125,19 @@ def test_a_bpe_run_exports_its_tokenizer(tmp_path, bpe_json):
 def test_a_recorded_tokenizer_whose_shards_moved_is_asked_for_by_name(tmp_path, bpe_json):
     prepare(tmp_path / "shards", bpe_json)
     checkpoint = noisy_checkpoint(run_config(tmp_path / "run", tmp_path / "shards"))
+    # The run's tokenizer.json saved again (as transformers' save_pretrained does): other bytes,
+    # the same ids. It passes while the shards' copy is there to compare it with.
+    saved_again = tmp_path / "saved-again" / "tokenizer.json"
+    saved_again.parent.mkdir()
+    saved_again.write_text(json.dumps(json.loads(bpe_json.read_text(encoding="utf-8"))))
+    greedy = sample_text(checkpoint, "def ", max_new_tokens=4, temperature=0.0)
+    assert (
+        sample_text(checkpoint, "def ", max_new_tokens=4, temperature=0.0, tokenizer=saved_again)
+        == greedy
+    )
     shutil.rmtree(tmp_path / "shards")
+    with pytest.raises(UsageError, match=r"the same name and size but another file.*sha256"):
+        sample_text(checkpoint, "def ", tokenizer=saved_again)
     with pytest.raises(UsageError, match="cannot tell which tokenizer") as error:
         export_hf(checkpoint, tmp_path / "hf")
     # --tokenizer bytes would be refused for this checkpoint: the hint names the one it records

@@ -190,20 +190,25 @@ def resolve_tokenizer(
     nothing here is also tried from each folder above `checkpoint` (the run started in one).
     """
     from speedtronic_data import CharTokenizer, DataError, load_tokenizer
-    from speedtronic_data.tokenizer_record import behaves_alike, record_for, record_from_identity
+    from speedtronic_data.tokenizer_record import record_for, record_from_identity
 
     expected = record_from_identity(recorded) if recorded is not None else None
     if choice is not None:
         codec = _chosen_tokenizer(choice)
         given = record_for(codec)
-        # The checkpoint records an identity; where that tokenizer is at hand (bytes), the choice
-        # is compared by what it does, so a byte-level tokenizer.json (an export's) passes.
-        if expected is not None and not (
-            given.encodes_alike(expected) or (expected.at_hand and behaves_alike(codec, expected))
+        if expected is not None and not _is_recorded(
+            codec, given, expected, config.data, checkpoint
         ):
+            # Two tokenizer.json files of one size read alike: say that the bytes differ.
+            other = (
+                " (the same name and size but another file; with the run's data, which holds its "
+                "copy, not at hand, only the sha256 the checkpoint records can be compared)"
+                if given.describe() == expected.describe()
+                else ""
+            )
             raise UsageError(
                 f"--tokenizer {choice} is {given.describe()}, but the checkpoint was trained with "
-                f"{expected.describe()}; pass that one, or omit --tokenizer"
+                f"{expected.describe()}{other}; pass that one, or omit --tokenizer"
             )
         return codec
     if expected is not None and expected.kind == "bytes":
@@ -228,6 +233,28 @@ def resolve_tokenizer(
         raise UsageError(f"{problem}; {hint}")
     print(f"note: decoding with the byte tokenizer: {problem}; {hint}", file=sys.stderr)
     return CharTokenizer()
+
+
+def _is_recorded(
+    codec: Any, given: Any, expected: Any, data: Any, checkpoint: PathLike | None
+) -> bool:
+    """Return True when a --tokenizer choice (codec, its record `given`) maps text to the ids of
+    the tokenizer a checkpoint records (`expected`): the same file, or one that behaves alike it
+    (see behaves_alike) where it is at hand, as bytes or as the copy beside the run's shards. So
+    a byte-level tokenizer.json (an export's) passes for bytes, and the run's tokenizer.json saved
+    again by transformers (other bytes, the same ids) passes while the run's data is there.
+    """
+    from speedtronic_data import DataError
+    from speedtronic_data.tokenizer_record import behaves_alike
+
+    if given.encodes_alike(expected):
+        return True
+    try:
+        reference = expected if expected.at_hand else _shards_tokenizer(data, expected, checkpoint)
+        # a folder prepared again with another tokenizer is no reference
+        return reference.encodes_alike(expected) and behaves_alike(codec, reference)
+    except DataError:  # the run's data moved: only the recorded sha256 could tell
+        return False
 
 
 def _shards_tokenizer(data: Any, expected: Any, checkpoint: PathLike | None) -> Any:

@@ -231,6 +231,62 @@ def test_a_full_disk_says_so_and_keeps_the_previous_checkpoint(tmp_path, monkeyp
     assert manager.load_latest()["step"] == 4
 
 
+def test_a_failed_write_names_only_a_checkpoint_of_this_run_as_intact(tmp_path, monkeypatch):
+    import errno
+
+    from speedtronic_trainer import checkpoint
+
+    earlier = CheckpointManager(tmp_path, keep_last=None)
+    for step in (2, 3):
+        earlier.save(step, state(step))
+    (tmp_path / "step_3.pt").write_bytes(b"torn")  # `latest` names a damaged file
+    resumed, fresh = CheckpointManager(tmp_path), CheckpointManager(tmp_path)
+    assert resumed.load_latest(warn=lambda line: None)["step"] == 2  # fell back from step_3.pt
+
+    def full(state, path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "atomic_torch_save", full)
+    failed = {}
+    for name, manager, step in [("resumed", resumed, 4), ("fresh", fresh, 1)]:
+        with pytest.raises(CheckpointError) as caught:
+            manager.save(step, state(step))
+        failed[name] = str(caught.value).split("; ")[1]
+    assert failed == {
+        "resumed": "the previous checkpoint is intact (step_2.pt)",  # not the damaged step_3.pt
+        "fresh": "no checkpoint of this run was written (step_3.pt is an earlier run's)",
+    }
+
+
+def test_a_digest_tells_copies_of_a_save_from_another_save_of_the_step(tmp_path):
+    import shutil
+
+    from speedtronic_trainer.checkpoint import checkpoint_digest
+
+    digests = {}
+    for crc32 in (True, False):  # without CRC-32s in the file, its bytes are hashed
+        torch.serialization.set_crc32_options(crc32)
+        try:
+            for attempt in (1, 2):  # the same step saved twice, with other weights
+                path = tmp_path / f"{crc32}{attempt}" / "step_3.pt"
+                CheckpointManager(path.parent).save(3, state(3 + attempt))
+                copy = shutil.copy(path, tmp_path / f"{crc32}{attempt}.pt")
+                digests[crc32, attempt] = checkpoint_digest(path)
+                assert checkpoint_digest(copy) == digests[crc32, attempt]
+        finally:
+            torch.serialization.set_crc32_options(True)
+    assert len(set(digests.values())) == len(digests)
+
+
+def test_a_checkpoint_folder_removed_while_listed_holds_no_checkpoints(tmp_path, monkeypatch):
+    # A peer rank's trainer that ends removes the empty folder it made, between any check here
+    # for the folder and the listing (seen once in a data-parallel test: FileNotFoundError).
+    gone = tmp_path / "checkpoints"
+    monkeypatch.setattr(Path, "is_dir", lambda self: self == gone or Path.exists(self))
+    assert CheckpointManager(gone).checkpoint_paths() == []
+    assert CheckpointManager(gone).latest_path() is None
+
+
 def test_pruning_removes_temp_files_an_interrupted_save_left(tmp_path):
     manager = CheckpointManager(tmp_path, keep_last=2)
     stale = [tmp_path / ".step_3.pt.0a1b2c3d4e5f.tmp", tmp_path / ".latest.abcdef.tmp"]

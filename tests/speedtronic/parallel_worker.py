@@ -119,6 +119,8 @@ def scenario_train(out: Path, mode: str) -> dict:
     seen["refused_apart"] = refused_apart(out, mode)
     seen["compile_failed"] = compile_failed_on_first_use(out, mode)
     seen["compiled"] = compiled_difference(out, mode, params)
+    seen["compile_apart"] = compile_apart(out, mode)
+    seen["resume_other_copy"] = resume_other_copy(out, mode)
     if mode == "ddp":
         seen["own_loss"] = own_loss_step(trainer.parallel)
         seen["forward_buffer_sync"] = forward_buffer_sync(trainer)
@@ -623,6 +625,62 @@ def compile_failed_on_first_use(out: Path, mode: str) -> str:
         return str(error)
     finally:
         torch.compile = original
+
+
+def compile_apart(out: Path, mode: str) -> list:
+    """Return [compiled, the warning] after one step of `compile: auto` where only rank 0's
+    machine has a C++ compiler (and the run is long enough to pay for compiling): every rank
+    must train alike, eagerly. torch.compile is replaced by the model itself (no inductor).
+    """
+    from speedtronic_systems import compile_choice
+
+    rank = int(os.environ["RANK"])
+    saved = compile_choice.inductor_cpp_compiler, compile_choice.CPU_COMPILE_BREAK_EVEN_STEPS
+    saved_compile = torch.compile
+    compile_choice.inductor_cpp_compiler = lambda: None if rank else "/usr/bin/g++"
+    compile_choice.CPU_COMPILE_BREAK_EVEN_STEPS = 1
+    torch.compile = lambda model, **options: model
+    try:
+        values = {**config(out / "compile_apart", mode, run={"max_steps": 1}), "compile": "auto"}
+        values["logging"]["file"] = str(out / "compile_apart" / "train.log")
+        trainer, _ = runtime.build_runtime(values)
+        trainer.fit()
+    finally:
+        compile_choice.inductor_cpp_compiler, compile_choice.CPU_COMPILE_BREAK_EVEN_STEPS = saved
+        torch.compile = saved_compile
+    log = (out / "compile_apart" / "train.log").read_text() if rank == 0 else ""
+    warned = [line.split("compile: ", 1)[1] for line in log.splitlines() if "ranks decided" in line]
+    return [trainer._compiled is not None, warned]
+
+
+def resume_other_copy(out: Path, mode: str) -> dict[str, list | str]:
+    """Resume where each rank's node holds its own copy of step 3: rank 1's copied from rank 0's
+    ("same"), then ("other") another save of that step under the same name (the compiled run's,
+    as an earlier attempt's file left on a node). The first resumes; the second must be refused
+    on every rank, not train rank 1 on from other weights than rank 0's. A resume is [its step,
+    every rank's sum of its weights (DDP) or of its shard (FSDP2)].
+    """
+    import shutil
+
+    rank = int(os.environ["RANK"])
+    seen = {}
+    for case in ("same", "other"):
+        source = out / ("compiled" if rank and case == "other" else "") / "run" / "checkpoints"
+        checkpoint = sorted(source.glob("step_3.*"))[0]
+        values = config(out / f"{case}_copy" / f"node{rank}", mode)
+        folder = Path(values["run"]["output_dir"]) / "checkpoints"
+        folder.mkdir(parents=True)
+        copy = shutil.copytree if checkpoint.is_dir() else shutil.copy2
+        copy(checkpoint, folder / checkpoint.name)
+        try:
+            trainer, _ = runtime.build_runtime(values, resume=True)
+        except CheckpointError as error:
+            seen[case] = str(error)
+            continue
+        mine = [p.to_local() if hasattr(p, "to_local") else p for p in trainer.model.parameters()]
+        sums = trainer.parallel.all_gather_object(sum(float(p.double().sum()) for p in mine))
+        seen[case] = [trainer.step, sums]
+    return seen
 
 
 def stage_roots(trainer) -> list[list[str]]:

@@ -1199,8 +1199,11 @@ def test_a_stop_without_checkpoints_does_not_offer_a_resume(capsys):
 
 
 def test_a_fresh_run_that_fails_does_not_send_the_user_to_an_earlier_runs_checkpoint(
-    tmp_path, capsys
+    tmp_path, capsys, monkeypatch
 ):
+    import errno
+
+    import speedtronic_trainer.checkpoint as checkpoint
     from speedtronic.cli import main
 
     config = str(tiny_config(tmp_path))
@@ -1215,6 +1218,16 @@ def test_a_fresh_run_that_fails_does_not_send_the_user_to_an_earlier_runs_checkp
     earlier = tmp_path / "run" / "checkpoints" / "step_8.pt"
     assert f"; no checkpoint of this run was written ({earlier} is an earlier run's)" in line
     assert "--resume" not in line
+    # Its first save finds the disk full: step_8.pt is not "the previous checkpoint" of this run.
+    full = OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(checkpoint, "atomic_torch_save", lambda state, path: _raise(full))
+    assert main(["train", config, "--set", "checkpoint.every_steps=2"]) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == (
+        f"speedtronic train: CheckpointError: no space left on {earlier.parent} while writing "
+        "step 2; no checkpoint of this run was written (step_8.pt is an earlier run's); fix the "
+        "cause, then start it again (set SPEEDTRONIC_DEBUG=1 for the traceback)"
+    )
 
 
 def test_speedtronic_debug_0_keeps_the_one_line_and_1_raises(tmp_path, capsys, monkeypatch):

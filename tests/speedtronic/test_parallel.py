@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -223,6 +224,29 @@ def test_ranks_that_find_different_checkpoints_refuse_to_resume_together(trained
             )
 
 
+def test_ranks_holding_different_copies_of_a_checkpoint_refuse_to_resume_together(trained):
+    mode, out, ranks_seen = trained
+    name = "step_3.dcp" if mode == "fsdp" else "step_3.pt"
+    digests = []
+    for rank, seen in enumerate(ranks_seen):
+        step, sums = seen["resume_other_copy"]["same"]  # rank 1 holds a copy of rank 0's file
+        assert step == 3 and (mode == "fsdp" or sums[0] == sums[1])  # FSDP2: shards differ
+        # Rank 1's is another save of step 3: without the check it resumed from other weights.
+        refused = seen["resume_other_copy"]["other"]
+        assert isinstance(refused, str), f"resumed apart: [step, weight sums] {refused}"
+        folder = out / "other_copy" / f"node{rank}" / "run" / "checkpoints"
+        match = re.fullmatch(
+            rf"the ranks hold different copies of {re.escape(name)} \(contents (\w{{12}}) on "
+            rf"rank 0; (\w{{12}}) on rank 1\): another save of that step is on some node; give "
+            rf"every node the same copy of {re.escape(str(folder))}, or put it on a filesystem "
+            "all nodes share",
+            refused,
+        )
+        assert match and match[1] != match[2], refused
+        digests.append(match.groups())
+    assert digests[0] == digests[1]  # one line for the group
+
+
 def test_a_split_that_leaves_a_rank_without_a_batch_is_refused_on_every_rank(trained):
     _, _, (zero, one) = trained
     need = "each rank needs at least one batch of 2 x 16 = 32 tokens"
@@ -297,6 +321,17 @@ def test_a_compiled_model_failing_on_first_use_stops_every_rank_in_one_line(trai
             "injected: inductor failed); under data parallelism a rank cannot fall back to eager "
             "alone (its peers are in the step's collectives); set compile: false"
         )
+
+
+def test_ranks_that_resolve_compile_auto_differently_all_train_eagerly(trained):
+    _, _, (zero, one) = trained
+    # Only rank 0's machine has a C++ compiler: compiled beside an eager rank 1 before.
+    assert zero["compile_apart"][0] is one["compile_apart"][0] is False
+    (warning,) = zero["compile_apart"][1]  # one line, from rank 0 for the group
+    assert warning.startswith(
+        "the ranks decided differently (compiled on rank 0; eager on rank 1); every rank trains "
+        "eagerly. Rank 1: auto: no C++ compiler for torch.compile on CPU ("
+    )
 
 
 def test_out_of_order_backprop_finds_the_stages_inside_ddp(trained):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import random
 import re
 import shutil
 import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -59,6 +61,10 @@ class CheckpointManager:
         self.every_steps = every_steps
         self.keep_last = keep_last
         self.enabled = enabled
+        # The newest checkpoint of this run (committed here, or resumed by load_latest): the one
+        # a failed write names as intact. `latest` may name an earlier run's, which this run
+        # started fresh beside, or a damaged file the resume fell back from.
+        self.run_checkpoint: Path | None = None
 
     @classmethod
     def from_config(
@@ -146,25 +152,27 @@ class CheckpointManager:
             atomic_json_dump({"step": step, "file": path.name}, self.directory / LATEST_POINTER)
         except OSError as error:
             raise self.write_failure(error, path) from error
+        self.run_checkpoint = path
         if prune:
             self.prune()
 
     def write_failure(self, error: OSError, path: Path) -> CheckpointError:
-        """Return one line: why writing the checkpoint at `path` failed, and that the previous
-        checkpoint stands.
+        """Return one line: why writing the checkpoint at `path` failed, and which checkpoint of
+        this run (run_checkpoint) stands, if any.
         """
         step = checkpoint_step(path)
-        previous = self.latest_path()
         what = (
             f"no space left on {self.directory}"
             if error.errno == errno.ENOSPC
             else f"cannot write {self.directory} ({error.strerror or type(error).__name__})"
         )
-        kept = (
-            f"the previous checkpoint is intact ({previous.name})"
-            if previous is not None
-            else "no earlier checkpoint exists"
-        )
+        earlier = self.latest_path()
+        if self.run_checkpoint is not None:
+            kept = f"the previous checkpoint is intact ({self.run_checkpoint.name})"
+        elif earlier is not None:  # not this run's: resuming it would continue another run
+            kept = f"no checkpoint of this run was written ({earlier.name} is an earlier run's)"
+        else:
+            kept = "no earlier checkpoint exists"
         return CheckpointError(f"{what} while writing step {step}; {kept}")
 
     def latest_path(self) -> Path | None:
@@ -258,6 +266,7 @@ class CheckpointManager:
                 warn(f"{exc}; trying an older checkpoint")
                 continue
             state.setdefault("checkpoint_path", str(path))
+            self.run_checkpoint = path
             return state
         newer = [p.name for p in self.checkpoint_paths() if _step_of(p) > _step_of(latest)]
         if newer:
@@ -271,11 +280,13 @@ class CheckpointManager:
 
     def checkpoint_paths(self) -> list[Path]:
         """Return step_<n>.pt files and step_<n>.dcp folders sorted by step, oldest first."""
-        if not self.directory.is_dir():
+        try:
+            entries = list(self.directory.iterdir())
+        except (FileNotFoundError, NotADirectoryError):
+            # None yet; or gone since a check: a peer rank whose trainer ended removes the empty
+            # checkpoint folder it made (speedtronic.preflight.NewOutputs.tie_to).
             return []
-        found = [
-            (step, p) for p in self.directory.iterdir() if (step := checkpoint_step(p)) is not None
-        ]
+        found = [(step, p) for p in entries if (step := checkpoint_step(p)) is not None]
         return [p for _, p in sorted(found)]
 
     def prune(self) -> None:
@@ -342,6 +353,33 @@ def checkpoint_step(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def checkpoint_digest(path: str | os.PathLike[str]) -> str:
+    """Return a short digest of a checkpoint's contents: equal for copies of one save, different
+    for another save of the same step (an earlier attempt's, left on one node). It reads little:
+    each record of a step file carries the CRC-32 of its bytes in the zip's directory (which
+    load_checkpoint_file checked against them), and a sharded folder's DCP `.metadata` names
+    its save (a uuid) and where each shard lies, beside its trainer_state.pt. A file without
+    CRC-32s (torch's pre-1.6 format, or torch.save with them turned off) is hashed whole.
+    """
+    path = Path(path)
+    digest = hashlib.sha256()
+    if path.suffix == ".dcp":
+        digest.update((path / ".metadata").read_bytes())
+        path = path / TRAINER_STATE
+    try:
+        with zipfile.ZipFile(path) as archive:
+            records = [(r.filename, r.CRC, r.file_size) for r in archive.infolist()]
+    except zipfile.BadZipFile:
+        records = []
+    if records and all(crc or not size for _, crc, size in records):
+        digest.update(repr(records).encode())
+    else:
+        with path.open("rb") as file:  # hashlib.file_digest is Python 3.11+
+            while chunk := file.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()[:12]
+
+
 def _step_of(path: Path) -> float:
     """Return checkpoint_step(path); infinity for a file of another name (then every step file
     counts as older).
@@ -406,6 +444,7 @@ __all__ = [
     "atomic_json_dump",
     "atomic_torch_save",
     "capture_rng_state",
+    "checkpoint_digest",
     "checkpoint_step",
     "restore_rng_state",
 ]

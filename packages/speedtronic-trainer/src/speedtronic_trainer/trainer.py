@@ -28,6 +28,7 @@ from speedtronic_systems.parallel import (
     ParallelContext,
     check_batch_split,
     check_optimizer_after_wrapping,
+    describe_ranks,
     gradient_sync,
     model_class_name,
     syncs_every_microbatch,
@@ -52,7 +53,12 @@ from speedtronic_trainer.batches import (
     unshifted_labels,
     valid_label_count,
 )
-from speedtronic_trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from speedtronic_trainer.checkpoint import (
+    CheckpointManager,
+    capture_rng_state,
+    checkpoint_digest,
+    restore_rng_state,
+)
 from speedtronic_trainer.checkpoint_checks import (
     CheckpointError,
     check_model_fits,
@@ -275,9 +281,7 @@ class Trainer:
         self._stream = BatchStream(dataloader)
         self._guard = StepGuard()
         self.emergency_checkpoint: Path | None = None  # written when fit() failed mid-run
-        # This trainer's own latest checkpoint (written, or resumed from): the one to resume, where
-        # the folder's newest may be an earlier run's that this one started fresh beside.
-        self.last_checkpoint: Path | None = None
+        self._last_checkpoint: Path | None = None  # see last_checkpoint, without a manager
         # A transformers causal LM would shift the already-shifted labels again (and learn the
         # token after next): it gets no labels, and the loss comes from its logits.
         self._labels_to_model = not shifts_labels_itself(unwrap_model(self.model))
@@ -300,6 +304,24 @@ class Trainer:
         )
         self._non_blocking = self.device.type == "cuda"
         self._configure_features()
+
+    @property
+    def last_checkpoint(self) -> Path | None:
+        """This trainer's own latest checkpoint (written, or resumed from): the one to resume,
+        where the folder's newest may be an earlier run's that this one started fresh beside.
+        Kept by the checkpoint manager (its run_checkpoint), so that a failed write names it.
+        """
+        manager = self.checkpoint_manager
+        return manager.run_checkpoint if manager is not None else self._last_checkpoint
+
+    @last_checkpoint.setter
+    def last_checkpoint(self, path: Path | None) -> None:
+        # Set on every rank, where only rank 0's manager commits (FSDP2's failed shard write
+        # names it on every rank alike).
+        if self.checkpoint_manager is not None:
+            self.checkpoint_manager.run_checkpoint = path
+        else:
+            self._last_checkpoint = path
 
     def _check_shapes(self) -> Any:
         """Run the startup shape check the runtime did not already run."""
@@ -352,16 +374,18 @@ class Trainer:
 
     def _decide_compile(self, remaining_steps: int) -> None:
         """Compile (or not) once, on the first fit(): `auto` weighs the steps left after any
-        resume, which the constructor does not know yet.
+        resume, which the constructor does not know yet. Every rank decides alike.
         """
         self._compile_decided = True
         compile_model, why = resolve_compile(self.config.compile, self.device, remaining_steps)
         if self.config.compile == "auto":
             self.logger.info("compile: auto -> %s (%s)", "on" if compile_model else "off", why)
         if compile_model:
-            self._enable_compile()
+            why = self._enable_compile() or why
+        self._agree_on_compile(why)
 
-    def _enable_compile(self) -> None:
+    def _enable_compile(self) -> str | None:
+        """torch.compile the model; return why it could not be, else None."""
         try:
             mode = self.config.compile_mode  # the default mode keeps 2.0's plain call
             options = {} if mode == "default" else {"mode": mode}
@@ -371,6 +395,29 @@ class Trainer:
                 "torch.compile failed (%s: %s); training eagerly", type(exc).__name__, exc
             )
             self._compiled = None
+            return f"torch.compile failed ({type(exc).__name__}: {exc})"
+        return None
+
+    def _agree_on_compile(self, why: str) -> None:
+        """Train eagerly on every rank unless every rank compiled (`why`: this rank's reason when
+        it did not). `auto` probes each rank's own machine (its C++ compiler), and torch.compile
+        can fail on one rank alone; but a step waits for its slowest rank, so compiling some
+        ranks pays nothing, and a compiled rank cannot fall back alone if its model fails on
+        first use (_compile_failed_alone). One collective, on the first fit().
+        """
+        compiled = self._compiled is not None
+        ranks = self.parallel.all_gather_object((compiled, why))
+        if len({done for done, _ in ranks}) == 1:
+            return
+        self._compiled = None
+        kinds = describe_ranks(["compiled" if done else "eager" for done, _ in ranks])
+        rank, reason = next((r, reason) for r, (done, reason) in enumerate(ranks) if not done)
+        self.logger.warning(
+            "compile: the ranks decided differently (%s); every rank trains eagerly. Rank %d: %s",
+            kinds,
+            rank,
+            reason,
+        )
 
     # --------------------------------------------------------------------------------- forward
 
@@ -1075,6 +1122,8 @@ class Trainer:
         )
         if error is not None:
             raise error
+        if state is not None:
+            self._agree_on_copy(Path(state["checkpoint_path"]))
         try:
             self.resume(state)
         except CheckpointError as refused:  # the agreed checkpoint against the same settings
@@ -1095,6 +1144,29 @@ class Trainer:
                 f"the ranks found different checkpoints to resume ({split}); every node must see "
                 f"the same checkpoint folder {folder}: put it on a filesystem all nodes share, or "
                 "copy it to each node"
+            )
+        )
+
+    def _agree_on_copy(self, path: Path) -> None:
+        """Raise CheckpointError on every rank when the ranks' copies of the checkpoint they
+        agreed on differ (a node holding another save of that step under the same name): DDP
+        broadcasts rank 0's weights only when it wraps the model, before a resume loads them, so
+        each rank would train on from its own copy; FSDP2's would join shards of two saves.
+        """
+        if not self.parallel.active:
+            return
+        try:
+            digest = checkpoint_digest(path)
+        except OSError as error:  # raised here on one rank, it would leave the others waiting
+            digest = f"unreadable ({error.strerror or type(error).__name__})"
+        split = self.parallel.disagreement(digest)
+        if split is None:
+            return
+        raise on_every_rank(
+            CheckpointError(
+                f"the ranks hold different copies of {path.name} (contents {split}): another "
+                f"save of that step is on some node; give every node the same copy of "
+                f"{path.parent}, or put it on a filesystem all nodes share"
             )
         )
 

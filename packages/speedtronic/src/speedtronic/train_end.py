@@ -120,9 +120,10 @@ def _failure_line(error: Exception, trainer: Any, args: argparse.Namespace) -> s
     latest: Path | None = trainer.last_checkpoint  # not an earlier run's it started fresh beside
     if saved is not None:
         where = f"emergency checkpoint of the last sound step: {saved}"
-    elif isinstance(error, CheckpointError) and latest is not None:
-        # A failed save already names the checkpoint that is intact.
-        return f"{what}; fix the cause, then resume with: {resume_command(args)}"
+    elif isinstance(error, CheckpointError):
+        # A failed save already names this run's checkpoint that is intact, or says it has none.
+        then = f"resume with: {resume_command(args)}" if latest is not None else "start it again"
+        return f"{what}; fix the cause, then {then}"
     elif latest is not None:
         where = f"latest checkpoint: {latest}"
     else:

@@ -933,9 +933,10 @@ def test_ranks_that_share_a_nodes_ram_are_refused_what_only_one_of_them_fits(tmp
 
 
 def test_a_rank_whose_peer_failed_says_so_instead_of_gloos_connection_error(tmp_path):
-    # Rank 0 alone builds the TensorBoard hook: a file where its folder goes fails it alone (where
-    # tensorboard is not installed, as in CI's isolated environment, the missing package does, a
-    # usage error), and rank 1, in a collective with it, loses its connection.
+    # Rank 0 alone builds the TensorBoard hook: a file where its folder goes fails it alone, and
+    # rank 1, in a collective with it, loses its connection. Where tensorboard is not installed
+    # (CI's isolated environment), the missing package is known before any collective: every
+    # rank refuses it alike, one usage-error line from rank 0 for the group.
     installed = importlib.util.find_spec("tensorboard") is not None
     out = tmp_path / "run"
     out.mkdir()
@@ -944,17 +945,21 @@ def test_a_rank_whose_peer_failed_says_so_instead_of_gloos_connection_error(tmp_
     log = out.with_suffix(".log")
     assert wait_all([run], [log], timeout=240) == [1 if installed else 2], tails([log])
     said = [line for line in log.read_text().splitlines() if line.startswith("speedtronic train:")]
-    # The failing rank's own line, then (unless torchrun stopped it first) the survivor's one
-    # line, which names no error of its own; gloo's text never shows.
-    own = "FileExistsError: " if installed else "tensorboard is not installed; "
-    assert said[0].startswith(f"speedtronic train: rank 0: {own}"), tails([log])
-    if installed:  # a runtime failure: the launcher's line ends the log, rank 0 named first
-        # with the code it noted (torchrun may have seen its process end otherwise), then rank
-        # 1, noted as stopped for it, unless torchrun terminated it before its note.
-        rank1 = ["stopped because another rank failed", "terminated by torchrun"]
-        assert said.pop() in [
-            f"{FAILED}rank 0 (exit code 1); rank 1 {what}; see their errors above" for what in rank1
+    if not installed:
+        assert [line.split(";")[0] for line in said] == [
+            "speedtronic train: tensorboard is not installed"
         ], tails([log])
+        return
+    # The failing rank's own line, then (unless torchrun stopped it first) the survivor's one
+    # line, which names no error of its own; gloo's text never shows. The launcher's line ends
+    # the log, rank 0 named first with the code it noted (torchrun may have seen its process end
+    # otherwise), then rank 1, noted as stopped for it, unless torchrun terminated it before its
+    # note.
+    assert said[0].startswith("speedtronic train: rank 0: FileExistsError: "), tails([log])
+    rank1 = ["stopped because another rank failed", "terminated by torchrun"]
+    assert said.pop() in [
+        f"{FAILED}rank 0 (exit code 1); rank 1 {what}; see their errors above" for what in rank1
+    ], tails([log])
     assert set(said[1:]) <= {f"speedtronic train: rank 1: {PEER_FAILED}"}, tails([log])
     assert "GLHF" not in log.read_text() and "by peer" not in log.read_text(), tails([log])
 

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from speedtronic_config import SpeedtronicConfig
-from speedtronic_config.errors import ConfigError, unknown_key
+from speedtronic_config.errors import ConfigError, describe_ranks, unknown_key
 
 
 def test_config_error_is_a_value_error_with_parts():
@@ -66,3 +66,10 @@ def test_a_huge_value_is_shown_short_and_never_breaks_the_message():
         with pytest.raises(ConfigError, match=re.escape(shown)) as caught:
             SpeedtronicConfig.from_dict({"optimizer": {"lr": value}})
         assert len(str(caught.value)) < 140
+
+
+def test_ranks_that_disagree_are_described_by_value_in_order_of_appearance():
+    assert describe_ranks(["bf16", "fp32", "bf16", None]) == (
+        "bf16 on rank 0, 2; fp32 on rank 1; None on rank 3"
+    )
+    assert describe_ranks(["step_3.pt"]) == "step_3.pt on rank 0"

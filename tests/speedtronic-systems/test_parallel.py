@@ -14,7 +14,6 @@ from speedtronic_systems.parallel import (
     SINGLE,
     ParallelContext,
     check_batch_split,
-    describe_ranks,
     elastic_restarts,
     gradient_sync,
     init_parallel,
@@ -32,13 +31,6 @@ def test_a_plain_run_needs_no_process_group_and_its_collectives_are_identities()
     assert SINGLE.all_reduce_sum([1.5, 2.0]) == [1.5, 2.0] and SINGLE.any(True)
     assert SINGLE.all_gather_object({"a": 1}) == [{"a": 1}] and SINGLE.broadcast_object(3) == 3
     assert SINGLE.is_main and not SINGLE.active and SINGLE.disagreement("fp32") is None
-
-
-def test_ranks_that_disagree_are_described_by_value_in_order_of_appearance():
-    assert describe_ranks(["bf16", "fp32", "bf16", None]) == (
-        "bf16 on rank 0, 2; fp32 on rank 1; None on rank 3"
-    )
-    assert describe_ranks(["step_3.pt"]) == "step_3.pt on rank 0"
 
 
 def test_several_processes_without_a_data_parallel_mode_are_refused(monkeypatch):

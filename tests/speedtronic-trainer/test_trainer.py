@@ -1253,6 +1253,21 @@ def test_a_one_rank_fsdp_group_writes_no_weightless_emergency_checkpoint(tmp_pat
     assert "no emergency checkpoint under data parallelism" in stream.getvalue()
 
 
+def test_a_failure_under_data_parallelism_names_this_runs_checkpoint_not_an_earlier_runs(tmp_path):
+    make_trainer(checkpoint_manager=CheckpointManager(tmp_path, every_steps=1)).fit(2)
+    stream = io.StringIO()
+    trainer = make_trainer(  # a fresh run beside the earlier run's step_2.pt
+        loader=make_loader(FailingDataset(7, n=10)),
+        logger=MetricLogger(stream=stream),
+        checkpoint_manager=CheckpointManager(tmp_path, every_steps=100),
+        parallel=ParallelContext(mode="fsdp", world_size=1),
+    )
+    with pytest.raises(ValueError, match="bad sample"):
+        trainer.fit(5)
+    assert "resume from the start (this run wrote no checkpoint)" in stream.getvalue()
+    assert "step_2.pt" not in stream.getvalue()
+
+
 def test_resume_reports_another_optimizer_and_logs_fallbacks_in_one_line(tmp_path):
     from speedtronic_trainer import CheckpointMismatch
 

@@ -104,6 +104,16 @@ def first_refusal(refusals: list[Any]) -> tuple[Any, str] | None:
     return refusals[refused[0]], where
 
 
+def describe_ranks(values: list[Any]) -> str:
+    """Return which rank holds which value, for an error about ranks that disagree: values in
+    order of first appearance, e.g. "bf16 on rank 0, 2; fp32 on rank 1".
+    """
+    ranks: dict[str, list[str]] = {}
+    for rank, value in enumerate(values):
+        ranks.setdefault(str(value), []).append(str(rank))
+    return "; ".join(f"{value} on rank {', '.join(owners)}" for value, owners in ranks.items())
+
+
 def raised_on_every_rank(error: BaseException) -> bool:
     """Return True for an error marked by on_every_rank."""
     return getattr(error, _EVERY_RANK, False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from speedtronic_config.errors import on_every_rank
+from speedtronic_config.errors import describe_ranks, on_every_rank
 from speedtronic_data.errors import DataError
 from speedtronic_data.loader import ResumableLoader, ResumableSampler
 from speedtronic_data.text import TextFileTokenDataset
@@ -110,10 +110,7 @@ def _sizes_apart(sizes: list[list[int | None]]) -> str | None:
         seen = [rank_sizes[index] for rank_sizes in sizes]
         if len(set(seen)) == 1:
             continue
-        held = "; ".join(
-            f"{'unknown' if size is None else f'{size:,} blocks'} on rank {rank}"
-            for rank, size in enumerate(seen)
-        )
+        held = describe_ranks(["unknown" if size is None else f"{size:,} blocks" for size in seen])
         return (
             f"the {what} data differs between ranks ({held}): each node reads its own copy, and "
             "ranks would train on overlapping, unequal shares; give every node the same data"

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from speedtronic_config import ConfigError, ParallelConfig, resolve_section
-from speedtronic_config.errors import on_every_rank
+from speedtronic_config.errors import describe_ranks, on_every_rank
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Module containers whose children FSDP2 shards one by one (the transformer blocks).
@@ -182,16 +182,6 @@ def init_parallel(section: Any, device: torch.device) -> ParallelContext:
     return ParallelContext(
         section.data_parallel, dist.get_rank(), dist.get_world_size(), local_rank, device
     )
-
-
-def describe_ranks(values: list[Any]) -> str:
-    """Return which rank holds which value, for an error about ranks that disagree: values in
-    order of first appearance, e.g. "bf16 on rank 0, 2; fp32 on rank 1".
-    """
-    ranks: dict[str, list[str]] = {}
-    for rank, value in enumerate(values):
-        ranks.setdefault(str(value), []).append(str(rank))
-    return "; ".join(f"{value} on rank {', '.join(owners)}" for value, owners in ranks.items())
 
 
 def check_world_size(section: Any, world_size: int) -> None:
@@ -453,7 +443,6 @@ __all__ = [
     "check_batch_split",
     "check_optimizer_after_wrapping",
     "check_world_size",
-    "describe_ranks",
     "elastic_restarts",
     "gradient_sync",
     "init_parallel",

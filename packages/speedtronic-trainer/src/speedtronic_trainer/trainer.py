@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from speedtronic_config import ConfigError, SpeedtronicConfig
-from speedtronic_config.errors import on_every_rank
+from speedtronic_config.errors import describe_ranks, on_every_rank
 from speedtronic_config.serialize import plain_data
 from speedtronic_systems.checkpointing import gradient_checkpointing_switch
 from speedtronic_systems.compile_choice import resolve_compile
@@ -28,7 +28,6 @@ from speedtronic_systems.parallel import (
     ParallelContext,
     check_batch_split,
     check_optimizer_after_wrapping,
-    describe_ranks,
     gradient_sync,
     model_class_name,
     syncs_every_microbatch,
@@ -1316,7 +1315,8 @@ class Trainer:
             self.logger.error(
                 "%s: no emergency checkpoint under data parallelism; resume from %s",
                 failed_at,
-                manager.latest_path() or "the start (no checkpoint yet)",
+                # Not latest_path(): that may be an earlier run's, which this run started beside.
+                self.last_checkpoint or "the start (this run wrote no checkpoint)",
             )
             return
         try:

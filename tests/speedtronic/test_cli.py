@@ -1196,6 +1196,13 @@ def test_a_stop_without_checkpoints_does_not_offer_a_resume(capsys):
         "speedtronic train: stopped by SIGTERM at step 372; no checkpoint written "
         "(checkpoint.enabled is false); this stop left nothing to resume"
     ]
+    # Resumed from a checkpoint it cannot replace: --resume goes back there.
+    assert report_signal_stop(stopped, args, target=1000, resumed=Path("out/step_200.pt")) == 143
+    assert capsys.readouterr().err.splitlines() == [
+        "speedtronic train: stopped by SIGTERM at step 372; no checkpoint written "
+        "(checkpoint.enabled is false); resume with: speedtronic train run.yaml --set "
+        "checkpoint.enabled=false --resume (from step_200.pt, where this run began)"
+    ]
 
 
 def test_a_fresh_run_that_fails_does_not_send_the_user_to_an_earlier_runs_checkpoint(

@@ -543,7 +543,11 @@ def _fit_and_report(
         trainer.close()
     if result.stopped_by is not None:  # preempted: no slow report, a distinct exit code
         return report_signal_stop(
-            result, args, announce=trainer.parallel.is_main, target=trainer.max_steps
+            result,
+            args,
+            announce=trainer.parallel.is_main,
+            target=trainer.max_steps,
+            resumed=trainer.last_checkpoint,  # with nothing written: the one it resumed
         )
     if trainer.parallel.is_main:  # one summary for the whole group
         # This run's own checkpoint (written, or resumed from): the folder's `latest` may name a

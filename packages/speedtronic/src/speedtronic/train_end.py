@@ -24,7 +24,8 @@ from speedtronic_systems.parallel import elastic_restarts
 
 # What a stop line says instead of the resume command when the run reached its step target.
 TARGET_REACHED = "that is the step target: nothing is left to resume"
-# ... and when the run saved nothing (checkpoint.enabled: false).
+# ... and when the run saved nothing (checkpoint.enabled: false) and resumed from nothing:
+# --resume would start at step 0.
 _NOTHING_SAVED = "this stop left nothing to resume"
 
 
@@ -74,16 +75,25 @@ def restart_note() -> str | None:
 
 
 def report_signal_stop(
-    result: Any, args: argparse.Namespace, *, announce: bool = True, target: int | None = None
+    result: Any,
+    args: argparse.Namespace,
+    *,
+    announce: bool = True,
+    target: int | None = None,
+    resumed: Path | None = None,
 ) -> int:
     """Say where a signal-stopped run saved its state and how to resume (when `announce`: one
     rank speaks for a data-parallel group); return its exit code. A run stopped at its step
-    `target` (in its last step or its last evaluation) has nothing left to resume.
+    `target` (in its last step or its last evaluation) has nothing left to resume; one that saved
+    nothing but `resumed` from a checkpoint can resume from that one again.
     """
     if not announce:
         return signal_exit_code(result.stopped_by)
-    if result.checkpoint is None:  # checkpoint.enabled: false; --resume would start at step 0
+    if result.checkpoint is None:  # checkpoint.enabled: false
         saved, then = "no checkpoint written (checkpoint.enabled is false)", _NOTHING_SAVED
+        if resumed is not None:  # --resume goes back to it, losing this run's steps
+            command = resume_command(args)
+            then = f"resume with: {command} (from {resumed.name}, where this run began)"
     else:
         saved = f"checkpoint {result.checkpoint}"
         then = f"resume with: {resume_command(args)}"

@@ -250,10 +250,10 @@ def test_a_cuda_overlay_that_clashes_with_set_names_both(tmp_path):
     # An overlay fine alone but not with a --set was blamed alone: "--cuda-overlay FILE: ...".
     overlay = tmp_path / "cuda.yaml"
 
-    def refusal(content: str) -> str:
+    def refusal(content: str, config: Path | None = None) -> str:
         overlay.write_text(content)
         args = argparse.Namespace(
-            config=str(tiny_config(tmp_path)),
+            config=str(config or tiny_config(tmp_path)),
             overrides=["model.d_model=30"],  # divisible by the file's 2 heads, not by 4
             device="cpu",
             max_steps=None,
@@ -267,6 +267,11 @@ def test_a_cuda_overlay_that_clashes_with_set_names_both(tmp_path):
     assert refusal("model.n_head: 4\n").startswith(clash)
     alone = f"--cuda-overlay {overlay}: model.n_layr: unknown key"
     assert refusal("model.n_layr: 4\n").startswith(alone)
+    # A file that loads only with the --set (31 is divisible by neither 2 nor 4 heads): the overlay
+    # breaking the file alone says nothing, so both are named.
+    config = tiny_config(tmp_path)
+    config.write_text(config.read_text().replace("d_model: 32", "d_model: 31"))
+    assert refusal("model.n_head: 4\n", config).startswith(clash)
 
 
 def test_missing_cuda_overlay_names_the_path(tmp_path, refused):

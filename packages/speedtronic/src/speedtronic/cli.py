@@ -441,15 +441,22 @@ def _train_config(args: argparse.Namespace, *, announce: bool = True) -> tuple[A
 
 def _overlay_blame(args: argparse.Namespace, values: Any, overlay: Sequence[str]) -> str:
     """Name the --cuda-overlay file that broke a config, and the command line's overrides too
-    when the overlay is fine without them (a clash: either side may be the one to change).
+    when the overlay is fine without them (a clash: either side may be the one to change), or
+    when the file needs them to load at all (then the overlay cannot be judged without them).
     """
     from speedtronic_config import ConfigError
 
     if not args.overrides and args.device is None and args.max_steps is None:
         return args.cuda_overlay
-    try:
-        _load_config(values, overlay)
-    except ConfigError:
+
+    def loads(overrides: Sequence[str]) -> bool:
+        try:
+            _load_config(values, overrides)
+        except ConfigError:
+            return False
+        return True
+
+    if not loads(overlay) and loads([]):  # the file loads alone, and the overlay breaks it
         return args.cuda_overlay
     return f"{args.cuda_overlay} with this command's --set/--max-steps/--device"
 

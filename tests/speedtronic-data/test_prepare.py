@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import errno
+import gzip
 import json
 import os
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -206,6 +210,109 @@ def test_an_input_that_is_no_regular_file_is_named_for_what_it_is(tmp_path, make
     with pytest.raises(DataError, match=f"{name}'? {fragment}"):
         prepare_shards([tmp_path / name], tmp_path / "out", progress=None)
     assert not (tmp_path / "out").exists()
+
+
+def _unreadable(path, monkeypatch):
+    """Take path's read permission; where that does not stop this process (root reads any file),
+    have speedtronic_data's open() refuse it as the system does.
+    """
+    from speedtronic_data import records, text
+
+    path.chmod(0)
+    try:
+        path.open("rb").close()
+    except PermissionError:
+        return
+    real = open
+
+    def refusing(file, *args, **kwargs):
+        if Path(file) == path:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
+        return real(file, *args, **kwargs)
+
+    for module in (text, records):
+        monkeypatch.setattr(module, "open", refusing, raising=False)
+
+
+@pytest.mark.parametrize("name", ["locked.txt", "locked.jsonl"])
+def test_an_unreadable_input_is_refused_before_any_is_tokenized(tmp_path, monkeypatch, name):
+    # It was a PermissionError (exit 1 from the CLI) once every input before it was tokenized.
+    (tmp_path / "first.txt").write_text("line\n" * 1000)
+    (tmp_path / name).write_text(json.dumps({"text": "a document"}) + "\n")
+    _unreadable(tmp_path / name, monkeypatch)
+    seen = []
+    with pytest.raises(DataError, match=rf"'.*{name}' cannot be read \(Permission denied\); make"):
+        prepare_shards(
+            [tmp_path / "first.txt", tmp_path / name],
+            tmp_path / "out",
+            progress=None,
+            on_progress=lambda *progress: seen.append(progress),
+        )
+    assert not seen and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (gzip.compress(b"line\n" * 100), "is a gzip file, not text; decompress"),
+        ("café\n".encode("latin-1"), r"is not valid UTF-8 near byte 3; re-encode"),
+    ],
+)
+def test_an_input_that_is_not_text_is_refused_before_any_is_tokenized(tmp_path, content, fragment):
+    # Found when it was reached, once every input before it was tokenized (hours, with a BPE).
+    (tmp_path / "first.txt").write_text("line\n" * 1000)
+    (tmp_path / "second.txt").write_bytes(content)
+    seen = []
+    with pytest.raises(DataError, match=f"second.txt' {fragment}"):
+        prepare_shards(
+            [tmp_path / "first.txt", tmp_path / "second.txt"],
+            tmp_path / "out",
+            progress=None,
+            on_progress=lambda *progress: seen.append(progress),
+        )
+    assert not seen and not (tmp_path / "out").exists()
+
+
+def test_an_input_given_twice_is_tokenized_twice_with_one_warning(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("a.txt").write_text("line\n" * 100)
+    Path("b.txt").write_text("other\n" * 100)
+    Path("link.txt").symlink_to("a.txt")
+    Path("docs.jsonl").write_text(json.dumps({"text": "doc"}) + "\n" + json.dumps({"text": "x"}))
+    docs = str(Path("docs.jsonl").resolve())  # the same file by its absolute path
+    inputs = ["a.txt", "b.txt", "./a.txt", "link.txt", "docs.jsonl", docs]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = prepare_shards(inputs, "out", progress=None)
+    assert [str(w.message) for w in caught] == [
+        "inputs given more than once are tokenized each time, so their text weighs that many "
+        "times in the shards: 'a.txt' (3 times), 'docs.jsonl' (2 times); leave out the repeats "
+        "unless that is meant"
+    ]
+    assert caught[0].filename == __file__  # the line that called prepare_shards
+    # Allowed (repeating a source up-weights it): every copy is split alike, none leaks to train.
+    assert result.train_tokens + result.val_tokens == 3 * 500 + 600 + 2 * len(b"doc\nx\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # distinct inputs: no warning
+        prepare_shards(["a.txt", "b.txt"], "again", progress=None)
+
+
+def test_a_run_that_would_write_no_validation_tokens_is_refused(tmp_path):
+    # A file under 1 / val_fraction bytes gave train shards alone, exit 0: `train` with
+    # data.val_shard_path then said no file matched and to run prepare, and a CLI rerun took
+    # the folder for unfinished and rebuilt it, again without validation, every time.
+    (tmp_path / "short.txt").write_text("hello world\n")  # 5% of 12 bytes is under one
+    (tmp_path / "one.jsonl").write_text(json.dumps({"text": "one document"}) + "\n")
+    for source in ("short.txt", "one.jsonl"):
+        with pytest.raises(DataError, match=r"no validation tokens from \[.*\(val_fraction 0.05"):
+            prepare_shards([tmp_path / source], tmp_path / "out", progress=None)
+        assert not (tmp_path / "out").exists()
+    with pytest.raises(DataError, match=r"raise val_fraction \(--val-fraction\), or set it to 0"):
+        prepare_shards([], tmp_path / "out", texts=["hello world\n"], progress=None)
+    result = prepare_shards([tmp_path / "short.txt"], tmp_path / "out", None, 0.0, progress=None)
+    assert result.train_tokens == 12 and not result.val_paths  # asked for none: fine
+    result = prepare_shards([tmp_path / "short.txt"], tmp_path / "out", None, 0.1, progress=None)
+    assert result.val_tokens == 1 and result.train_tokens == 11  # 10% of 12 bytes: one
 
 
 def test_hugging_face_tokenizer_vocab_is_enforced(tmp_path):

@@ -619,6 +619,8 @@ def test_an_empty_push_to_hub_repo_is_refused(tmp_path, monkeypatch, capsys, arg
         (["--tokenizer", "gone.json"], "--tokenizer gone.json: no such file"),
         (["empty.txt"], "'empty.txt' is empty"),
         (["binary.txt"], "not valid UTF-8"),
+        # 5% of 12 bytes is no byte: train shards alone, which `train` then could not validate on
+        (["short.txt"], "no validation tokens from ['short.txt'] (val_fraction 0.05"),
     ],
 )
 def test_prepare_refuses_before_creating_its_folder(tmp_path, monkeypatch, capsys, args, fragment):
@@ -627,10 +629,26 @@ def test_prepare_refuses_before_creating_its_folder(tmp_path, monkeypatch, capsy
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "binary.txt").write_bytes(b"\xff\xfe not UTF-8")
+    (tmp_path / "short.txt").write_text("hello world\n")
     assert main(["prepare", "data/out", *args, "--stdlib-bytes", "2000"]) == 2
     err = capsys.readouterr().err
     assert fragment in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "data").exists()
+
+
+def test_prepare_warns_in_one_line_of_an_input_given_twice(tmp_path, monkeypatch, capsys):
+    from speedtronic.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.txt").write_text("some text\n" * 10)
+    assert main(["prepare", "out", "a.txt", "./a.txt", "--val-fraction", "0"]) == 0
+    out, err = capsys.readouterr()
+    assert err == (
+        "speedtronic prepare: warning: inputs given more than once are tokenized each time, so "
+        "their text weighs that many times in the shards: 'a.txt' (2 times); leave out the "
+        "repeats unless that is meant\n"
+    )
+    assert "prepared 200 train + 0 val tokens" in out
 
 
 @pytest.mark.parametrize(

@@ -40,4 +40,14 @@ def not_a_file(path: Path) -> str | None:
     return "is a pipe, socket or device, not a regular file; save its text to a file first"
 
 
-__all__ = ["DataError", "check_positive_int", "not_a_file"]
+def unreadable(subject: str, error: OSError) -> DataError:
+    """Return the DataError for a file that is there but cannot be read (no read permission, an
+    I/O error): subject (the file, and the setting that gave it) and the system's reason.
+    """
+    return DataError(
+        f"{subject} cannot be read ({error.strerror or error}); "
+        "make it readable (check its permissions) or leave it out"
+    )
+
+
+__all__ = ["DataError", "check_positive_int", "not_a_file", "unreadable"]

@@ -9,6 +9,7 @@ import os
 import sys
 import sysconfig
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -228,29 +229,61 @@ def _record_pieces(source: RecordSource, val_fraction: float) -> Iterator[tuple[
 
 @dataclass(frozen=True)
 class _Source:
-    """One input: its name, its size in bytes (for progress) and its (split, text, bytes read)
-    pieces.
+    """One input: its name, its size in bytes (for progress), its (split, text, bytes read)
+    pieces and the files it reads (none for an in-memory text).
     """
 
     name: str
     size: int
     pieces: Callable[[float], Iterator[tuple[str, str, int]]]  # val_fraction -> pieces
+    files: tuple[Path, ...] = ()
+
+
+def _warn_repeats(sources: list[_Source]) -> None:
+    """Warn once, before any tokenizing, of inputs that read a file an earlier one read (the same
+    path, another spelling or link of it, a `datasets` folder again): each is tokenized again,
+    which weighs its text that many times. That may be meant (to up-weight a source), so it is
+    allowed; a shell glob that also matches a file named beside it is the usual accident.
+    """
+    first: dict[tuple[int, int], str] = {}  # (device, inode) -> the input that read it first
+    repeats: dict[str, int] = {}  # that input -> how many times it is given
+    for source in sources:
+        files = {(stat.st_dev, stat.st_ino) for stat in (file.stat() for file in source.files)}
+        earlier = next((first[file] for file in files if file in first), None)
+        if earlier is not None:
+            repeats[earlier] = repeats.get(earlier, 1) + 1
+        for file in files:
+            first.setdefault(file, source.name)
+    if repeats:
+        named = ", ".join(f"{name!r} ({count} times)" for name, count in repeats.items())
+        warnings.warn(
+            f"inputs given more than once are tokenized each time, so their text weighs that "
+            f"many times in the shards: {named}; leave out the repeats unless that is meant",
+            UserWarning,
+            stacklevel=4,  # the caller of prepare_shards
+        )
 
 
 def _sources(text_paths: Iterable[str | Path], texts: Iterable[str], column: str) -> list[_Source]:
+    """Return the inputs, each checked (there, readable, of a kind prepare reads) before any is
+    tokenized: a refused one would otherwise cost the time spent on those before it.
+    """
     sources: list[_Source] = []
     for item in text_paths:
         path = Path(item)
         if is_record_source(path):
             records = open_records(path, column)
             pieces = partial(_record_pieces, records)
-            sources.append(_Source(str(path), records.approx_bytes, pieces))
+            sources.append(_Source(str(path), records.approx_bytes, pieces, records.files))
             continue
         path = check_text_file(path, "input")
         size = path.stat().st_size
         sources.append(
             _Source(
-                str(path), size, lambda f, p=path, n=size: _text_pieces(n, iter_text_chunks(p), f)
+                str(path),
+                size,
+                lambda f, p=path, n=size: _text_pieces(n, iter_text_chunks(p), f),
+                (path,),
             )
         )
     for number, text in enumerate(texts):
@@ -260,6 +293,7 @@ def _sources(text_paths: Iterable[str | Path], texts: Iterable[str], column: str
                 f"texts[{number}]", size, lambda f, t=text, n=size: _text_pieces(n, _chunks(t), f)
             )
         )
+    _warn_repeats(sources)
     return sources
 
 
@@ -345,6 +379,15 @@ def prepare_shards(
                 "prepare_shards produced no training tokens from "
                 f"{[source.name for source in sources]}; "
                 "lower val_fraction or add text"
+            )
+        # A folder asked for validation but holding none would fail `train` with
+        # data.val_shard_path (no files match), and a CLI rerun would take it as unfinished.
+        if val_fraction > 0 and not (writers["val"].total or writers["val"].buffered):
+            raise DataError(
+                f"prepare_shards produced no validation tokens from "
+                f"{[source.name for source in sources]} (val_fraction {val_fraction} of each "
+                "is under one byte, or of a one-document record file no row); add text, raise "
+                "val_fraction (--val-fraction), or set it to 0 for no validation split"
             )
         for writer in writers.values():
             writer.flush()

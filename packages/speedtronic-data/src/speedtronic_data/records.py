@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speedtronic_data.errors import DataError, not_a_file
+from speedtronic_data.errors import DataError, not_a_file, unreadable
 
 # `.json` too: what `datasets`' to_json() writes under that name is JSON Lines.
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -180,6 +180,13 @@ def _datasets_folder(path: Path, column: str) -> RecordSource:
 def open_records(path: str | Path, column: str = "text") -> RecordSource:
     """Return the record source at path (Parquet, JSON Lines or a `datasets` folder)."""
     path = Path(path)
+    try:
+        return _open_records(path, column)
+    except OSError as error:  # no read permission, say: the file that could not be read
+        raise unreadable(repr(str(error.filename or path)), error) from None
+
+
+def _open_records(path: Path, column: str) -> RecordSource:
     if path.is_dir():
         return _datasets_folder(path, column)
     if (problem := not_a_file(path)) is not None:

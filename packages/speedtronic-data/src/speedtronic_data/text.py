@@ -11,17 +11,18 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from speedtronic_data.errors import DataError, check_positive_int, not_a_file
+from speedtronic_data.errors import DataError, check_positive_int, not_a_file, unreadable
 from speedtronic_data.partition import block_plan
 from speedtronic_data.tokenizer import CharTokenizer, check_ids, encode_text, is_byte_tokenizer
 from speedtronic_data.tokenizer_record import check_vocab, record_for
 
 CHUNK_BYTES = 1 << 20  # read granularity: memory stays O(chunk + block) for any file size
+HEAD_BYTES = 1 << 16  # what check_text_file reads of a file to see it is UTF-8 text
 
 
 def check_text_file(path: Path, setting: str = "data.text_path") -> Path:
-    """Return path when it is a non-empty file, else raise DataError naming it and the setting
-    (or argument) that gave it.
+    """Return path when it is a non-empty file that can be read and starts as UTF-8 text, else
+    raise DataError naming it and the setting (or argument) that gave it.
     """
     if path.is_dir():
         raise DataError(f"{setting} {str(path)!r} is a folder; point it at a UTF-8 text file")
@@ -34,6 +35,17 @@ def check_text_file(path: Path, setting: str = "data.text_path") -> Path:
         )
     if path.stat().st_size == 0:
         raise DataError(f"{setting} {str(path)!r} is empty; point it at a file with text in it")
+    # Now, not when the file is reached: prepare would have tokenized every input before it. Its
+    # head is checked too, which finds a compressed or otherwise encoded file at no cost.
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(HEAD_BYTES)
+    except OSError as error:
+        raise unreadable(f"{setting} {str(path)!r}", error) from None
+    try:
+        codecs.utf_8_decode(head, None, False)  # not final: a character the read cut is fine
+    except UnicodeDecodeError as error:
+        raise _not_utf8(str(path), head, error.start, at_start=True) from None
     return path
 
 
@@ -45,6 +57,16 @@ _COMPRESSED = (
     (b"\x28\xb5\x2f\xfd", "zstd"),
     (b"PK\x03\x04", "zip"),
 )
+
+
+def _not_utf8(name: str, raw: bytes, at: int, *, at_start: bool) -> DataError:
+    """Return the DataError for bytes that are not UTF-8 at byte `at` of the file name; raw is
+    the bytes read, from the file's start when at_start (then a compressed file is named as one).
+    """
+    packed = next((kind for magic, kind in _COMPRESSED if raw.startswith(magic)), None)
+    if at_start and packed is not None:  # re-encoding would not help
+        return DataError(f"{name!r} is a {packed} file, not text; decompress it first")
+    return DataError(f"{name!r} is not valid UTF-8 near byte {at}; re-encode it as UTF-8")
 
 
 _ASCII_SPACES = frozenset(b" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f")  # str.isspace's
@@ -106,15 +128,7 @@ def read_text_chunks(handle: BinaryIO, name: str, offset: int = 0) -> Iterator[s
             # of a read splits stays in carry.
             text, used = codecs.utf_8_decode(memoryview(raw)[: max(cut, 0)], None, not read)
         except UnicodeDecodeError as error:
-            packed = next((kind for magic, kind in _COMPRESSED if raw.startswith(magic)), None)
-            if offset == start and packed is not None:  # re-encoding would not help
-                raise DataError(
-                    f"{name!r} is a {packed} file, not text; decompress it first"
-                ) from None
-            raise DataError(
-                f"{name!r} is not valid UTF-8 near byte {offset + error.start}; "
-                "re-encode it as UTF-8"
-            ) from None
+            raise _not_utf8(name, raw, offset + error.start, at_start=offset == start) from None
         if text:
             yield text
         if not read:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,12 @@ class _Progress:
     def write(self, line: str) -> None:
         """Print a line above the bar."""
         self.bar.write(line, file=sys.stdout)
+
+    def warn(self, message: Any, *args: Any, **kwargs: Any) -> None:
+        """Print a warning (warnings.showwarning's arguments) as one line on stderr, above the
+        bar, as the CLI's errors are.
+        """
+        self.bar.write(f"speedtronic prepare: warning: {message}", file=sys.stderr)
 
     def close(self) -> None:
         """Remove the bar."""
@@ -115,16 +122,18 @@ def prepare_corpus(
     inline = [] if inputs else [stdlib_corpus(stdlib_bytes)]
     bar = _Progress(progress)
     try:
-        result = prepare_shards(
-            inputs,
-            out_dir,
-            codec,
-            val_fraction=val_fraction,
-            texts=inline,
-            text_column=text_column,
-            progress=bar.write,
-            on_progress=bar.update,
-        )
+        with warnings.catch_warnings():
+            warnings.showwarning = bar.warn  # a repeated input, say; restored on leaving
+            result = prepare_shards(
+                inputs,
+                out_dir,
+                codec,
+                val_fraction=val_fraction,
+                texts=inline,
+                text_column=text_column,
+                progress=bar.write,
+                on_progress=bar.update,
+            )
     finally:
         bar.close()
     print(

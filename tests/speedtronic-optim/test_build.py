@@ -121,6 +121,16 @@ def test_bad_sections(make_lm) -> None:
         build_optimizer(model, Section(), "cpu")
 
 
+def test_a_mapping_with_a_key_no_section_has_is_refused_and_a_bare_name_builds(make_lm) -> None:
+    # A misspelt key left the setting at its default, silently: lr 3e-4 here, not 0.02.
+    with pytest.raises(ValueError, match=r"optimizer section: unknown key 'learning_rate'; the "):
+        build_optimizer(make_lm(), {"name": "muon", "learning_rate": 0.02})
+    with pytest.raises(ValueError, match=r"unknown key 'muon_lr'; the keys are adamw_lr, betas"):
+        build_optimizer(make_lm(), {"name": "muon", "muon_lr": 0.02})
+    # The YAML shorthand `optimizer: muon` names the optimizer alone (it read as name None).
+    assert isinstance(build_optimizer(make_lm(), "muon"), HybridOptimizer)
+
+
 def test_package_imports_only_torch() -> None:
     root = Path(speedtronic_optim.__file__).parent
     imported = set()

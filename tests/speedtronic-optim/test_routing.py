@@ -79,6 +79,21 @@ def test_bad_override_and_non_matrix_muon_override(make_lm) -> None:
         route_parameters(model)
 
 
+def test_a_muon_override_takes_the_modules_matrix_and_leaves_its_bias_to_adamw() -> None:
+    # A hidden layer whose name reads as a head ("output", as in BERT-style blocks) opts into Muon;
+    # a bias is never Muon's (2.0: "biases ... are sent to AdamW"), nor a reason to refuse.
+    block = nn.ModuleDict({"norm": nn.LayerNorm(8), "output": nn.Linear(8, 8)})
+    assert route_parameters(block).muon_names == []
+    block.output._speedtronic_optimizer_role = "muon"
+    routing = route_parameters(block)
+    assert routing.muon_names == ["output.weight"]
+    assert routing.adamw_names == ["norm.weight", "norm.bias", "output.bias"]
+    assert routing.muon == [block.output.weight]
+    block.norm._speedtronic_optimizer_role = "muon"  # a norm's 1-D weight still cannot be
+    with pytest.raises(ValueError, match=r"norm.weight has shape \(8,\) but is routed to Muon"):
+        route_parameters(block)
+
+
 def _transformers_lm(kind: str, tied: bool = False) -> nn.Module:
     transformers = pytest.importorskip("transformers")
     if kind == "gpt2":

@@ -91,3 +91,12 @@ def test_fields_a_section_lacks_take_the_schedule_defaults() -> None:
     assert [fn(s) for s in (0, 500, 2000)] == [warmup_cosine(s) for s in (0, 500, 2000)] and fn(
         0
     ) == pytest.approx(1 / DEFAULT_WARMUP_STEPS)
+
+
+def test_a_mapping_with_a_key_no_schedule_has_is_refused() -> None:
+    refused = r"scheduler section: unknown key 'warmup'; the keys are decay_ratio, max_steps"
+    with pytest.raises(ValueError, match=refused):
+        lr_lambda({"name": "cosine", "warmup": 10, "max_steps": 100})
+    # Every field of every schedule is known, also to a schedule that does not read it.
+    fn = lr_lambda({"name": "constant", "warmup_steps": 4, "max_steps": 9, "decay_ratio": 0.5})
+    assert fn(1) == pytest.approx(0.5) and lr_lambda("constant")(0) == warmup_constant(0)

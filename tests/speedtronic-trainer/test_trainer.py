@@ -205,6 +205,22 @@ def test_tuple_batches_call_model_with_inputs_and_labels():
     assert not torch.equal(before, model.linear.weight)
 
 
+def test_int32_token_windows_train_and_evaluate_as_int64_ones():
+    # Token ids often arrive as int32 (numpy memmaps, tokenizers' arrays); cross_entropy, which
+    # scores the logits, takes int64 targets only.
+    tokens = TokenDataset(n=8, ignore_every=3)
+    windows = [tokens[i] for i in range(len(tokens))]
+    inputs = torch.stack([w["input_ids"] for w in windows])
+    labels = torch.stack([w["labels"] for w in windows])
+    results = []
+    for dtype in (torch.int64, torch.int32):
+        pairs = TensorDataset(inputs.to(dtype), labels.to(dtype))
+        torch.manual_seed(0)
+        trainer = make_trainer(loader=DataLoader(pairs, batch_size=4), eval_dataloader=[pairs[:]])
+        results.append((trainer.fit(2).final_loss, trainer.evaluate()))
+    assert results[1] == results[0] and math.isfinite(results[0][1])
+
+
 def test_unsupported_batch_form_is_a_clear_error():
     with pytest.raises(TypeError, match="unsupported batch"):
         make_trainer(loader=[torch.zeros(2, 3)]).fit(1)

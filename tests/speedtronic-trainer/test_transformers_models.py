@@ -105,6 +105,26 @@ def test_the_reported_loss_is_transformers_own_loss_on_padded_batches(name):
     assert trainer.tokens == sum(batch["input_ids"].numel() for batch in batches)
 
 
+def test_a_model_its_user_compiled_is_seen_as_itself():
+    """torch.compile wraps a model in an OptimizedModule. Seen as it, GPT-2 was handed the
+    shifted labels, shifted them again and learnt the token after next, silently; and its
+    checkpoint held `_orig_mod.` keys that fitted no uncompiled GPT-2.
+    """
+    torch.manual_seed(0)
+    model = _gpt2()
+    stream = io.StringIO()
+    trainer = make_trainer(torch.compile(model, backend="eager"), padded_batches(1), stream=stream)
+    assert "GPT2LMHeadModel shifts labels itself" in stream.getvalue()
+    state = trainer.state_dict()
+    assert set(state["model"]) == set(model.state_dict())
+    assert state["model_class"] == "transformers.models.gpt2.modeling_gpt2.GPT2LMHeadModel"
+    # Such a checkpoint written before (`_orig_mod.` keys) resumes into the model too.
+    for weights in (state["model"], trainer.model.state_dict()):
+        plain = make_trainer(_gpt2(), padded_batches(1))
+        plain.resume({**state, "model": weights})
+        assert torch.equal(plain.model.lm_head.weight, model.lm_head.weight)
+
+
 def test_accumulated_padded_microbatches_train_as_one_batch():
     """Two microbatches with different numbers of valid labels update the weights as their
     concatenation does: each weighs by its labels, not by one half.

@@ -18,7 +18,13 @@ from speedtronic_config.normalize import SECTIONS
 from speedtronic_data import build_dataloader
 from speedtronic_diloco import DumbDiLoCoCoordinator
 from speedtronic_model import GPTConfig, build_model
-from speedtronic_optim import HybridOptimizer, make_adamw, warmup_stable_decay
+from speedtronic_optim import (
+    HybridOptimizer,
+    build_lr_scheduler,
+    build_optimizer,
+    make_adamw,
+    warmup_stable_decay,
+)
 from speedtronic_systems.precision import resolve_precision
 from speedtronic_trainer import CheckpointManager, MetricLogger, Trainer
 
@@ -110,3 +116,12 @@ def test_the_scheduler_sections_defaults_are_the_schedule_functions_defaults():
         assert defaults[field] == getattr(scheduler, field), field
     # An unset horizon follows the run's step target, whose default is the schedule default.
     assert defaults["max_steps"] == DEFAULTS.run.max_steps == DEFAULTS.scheduler.max_steps
+
+
+def test_the_builders_take_every_field_of_the_sections_as_a_mapping():
+    # speedtronic-optim lists the fields it knows without the config: a config's own mapping of
+    # either section (as from YAML) must pass its unknown-key check.
+    model = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 4))
+    values = SpeedtronicConfig.from_dict({"optimizer": {"name": "muon"}}).to_dict()
+    optimizer = build_optimizer(model, values["optimizer"])
+    build_lr_scheduler(optimizer, {**values["scheduler"], "max_steps": 10})

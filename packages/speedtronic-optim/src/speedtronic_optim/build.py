@@ -27,6 +27,11 @@ _HYBRID_FIELDS = {
     "muon_plus": "muon_plus",
 }
 
+# Every OptimizerConfig field: those read here, and grad_clip, which the trainer reads.
+_SECTION_FIELDS = frozenset(
+    {"name", "lr", "adamw_lr", "fused", "cautious", "grad_clip", *_ADAMW_FIELDS, *_HYBRID_FIELDS}
+)
+
 
 def _given(section: Any, names: dict[str, str]) -> dict[str, Any]:
     """Return the fields of ``names`` the section sets (not None), checked, by keyword."""
@@ -45,20 +50,21 @@ def build_optimizer(
 ) -> Optimizer:
     """Return AdamW (fused probed) or hybrid Muon/AdamW (``name: muon``), cautious when asked.
 
-    ``optimizer_section`` is any object (or mapping) with a ``name`` (adamw or muon) and any of
-    the OptimizerConfig fields (lr, betas, eps, weight_decay, fused, muon_plus, cautious,
-    muon_momentum, muon_ns_steps, muon_norm_eps, adamw_lr: the rate of Muon's AdamW branch, `lr`
-    when unset); a field of the wrong type or range raises naming it. ``device``
-    is accepted for the 2.0 signature; parameters already live where the model does.
-    ``distributed`` and ``process_group`` go to Muon: True when the model is a DDP or FSDP2
-    replica in `process_group` (default: the world), so Newton–Schulz is split over its ranks.
+    ``optimizer_section`` is any object (or mapping, refused with a key of no such field; or a
+    bare name) with a ``name`` (adamw or muon) and any of the OptimizerConfig fields (lr, betas,
+    eps, weight_decay, fused, muon_plus, cautious, muon_momentum, muon_ns_steps, muon_norm_eps,
+    adamw_lr: the rate of Muon's AdamW branch, `lr` when unset); a field of the wrong type or
+    range raises naming it. ``device`` is accepted for the 2.0 signature; parameters already live
+    where the model does. ``distributed`` and ``process_group`` go to Muon: True when the model
+    is a DDP or FSDP2 replica in `process_group` (default: the world), so Newton–Schulz is split
+    over its ranks.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(
             f"build_optimizer model: expected a torch.nn.Module, got {type(model).__name__}; "
             "pass the model (routing needs its modules), or build make_adamw/Muon from parameters"
         )
-    section = as_section(optimizer_section)
+    section = as_section(optimizer_section, "optimizer section", _SECTION_FIELDS)
     name = getattr(section, "name", None)
     if name not in ("adamw", "muon"):
         raise ValueError(f"optimizer name {name!r} is not supported; use 'adamw' or 'muon'")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -136,6 +136,17 @@ def check_arguments(owner: str, **values: Any) -> None:
         rule(f"{owner} {name}", value)
 
 
-def as_section(section: Any) -> Any:
-    """Return ``section``, or a namespace of its items when it is a mapping (parsed YAML/JSON)."""
-    return SimpleNamespace(**section) if isinstance(section, Mapping) else section
+def as_section(section: Any, owner: str, fields: Collection[str]) -> Any:
+    """Return ``section``; a namespace of its items when it is a mapping (parsed YAML/JSON), whose
+    keys must be among ``fields``; or of ``name`` alone for a string (YAML's ``optimizer: muon``).
+    """
+    if isinstance(section, str):
+        return SimpleNamespace(name=section)
+    if not isinstance(section, Mapping):
+        return section  # any object: only the fields read are looked up
+    unknown = sorted((key for key in section if key not in fields), key=str)
+    if unknown:  # a misspelt key would leave its setting at the default, silently
+        raise ValueError(
+            f"{owner}: unknown key {unknown[0]!r}; the keys are {', '.join(sorted(fields))}"
+        )
+    return SimpleNamespace(**section)

@@ -76,7 +76,8 @@ def route_parameters(model: nn.Module) -> ParameterRouting:
     listed in ``transposed``: give Muon ``muon_param_groups()``, which marks them, not ``muon``.
 
     Each parameter appears once even when tied (its first owner decides; a tie with an embedding
-    always sends it to AdamW). ``module._speedtronic_optimizer_role = "muon" | "adamw"`` overrides.
+    always sends it to AdamW). ``module._speedtronic_optimizer_role = "muon" | "adamw"`` overrides
+    (a "muon" module's ``bias`` stays on AdamW).
     """
     routing = ParameterRouting()
     roles: dict[int, str] = {}
@@ -91,7 +92,10 @@ def route_parameters(model: nn.Module) -> ParameterRouting:
                     roles[id(param)] = "skipped"
                     order.append((qualified, param))
                 continue
-            if override is not None:
+            if override == "muon" and param_name == "bias":
+                # The module's matrix opts into Muon; its bias stays AdamW's, as every bias is.
+                role = "adamw"
+            elif override is not None:
                 role = override
             elif (
                 _is_linear(module)

@@ -78,6 +78,8 @@ _FIELDS = {
     "constant": ("warmup_steps",),
     "wsd": ("warmup_steps", "max_steps", "min_lr_ratio", "decay_ratio"),
 }
+# Every SchedulerConfig field (a schedule ignores those it does not read).
+_SECTION_FIELDS = frozenset({"name", *(field for names in _FIELDS.values() for field in names)})
 
 
 def lr_lambda(scheduler_section: Any) -> Callable[[int], float]:
@@ -85,7 +87,7 @@ def lr_lambda(scheduler_section: Any) -> Callable[[int], float]:
     constant or wsd. A field the section lacks keeps the schedule function's default; one of the
     wrong type or range raises naming it.
     """
-    section = as_section(scheduler_section)
+    section = as_section(scheduler_section, "scheduler section", _SECTION_FIELDS)
     name = getattr(section, "name", None)
     if name not in _SCHEDULES:
         raise ValueError(f"scheduler name {name!r} is not supported; use one of {list(_SCHEDULES)}")

@@ -14,6 +14,7 @@ import gc
 import importlib
 import inspect
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -363,8 +364,26 @@ def _has_state_buffers(model: nn.Module) -> bool:
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """Return the user's module inside a DDP wrapper (FSDP2 shards in place: the same module)."""
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    """Return the user's module inside DDP and ``torch.compile`` wrappers (FSDP2 shards in place:
+    the same module). A model its user compiled keeps its weights, class and label convention
+    in ``_orig_mod``: its checkpoint would hold ``_orig_mod.`` keys, and a transformers causal LM
+    would be given labels it shifts again.
+    """
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif _is_compiled(model):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def _is_compiled(model: nn.Module) -> bool:
+    """Return True for torch.compile's OptimizedModule, without importing torch._dynamo: until
+    something imported it, nothing was compiled.
+    """
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return eval_frame is not None and isinstance(model, eval_frame.OptimizedModule)
 
 
 def model_class_name(model: nn.Module) -> str:

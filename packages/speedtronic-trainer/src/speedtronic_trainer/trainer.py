@@ -100,6 +100,10 @@ DATA_ORDER_FIELDS = (
 )
 
 
+# The key prefix of a torch.compile'd module's state dict (its OptimizedModule's _orig_mod).
+_COMPILED_PREFIX = "_orig_mod."
+
+
 class NonFiniteLossError(RuntimeError):
     """The loss or gradient norm was NaN/inf and the policy is `stop` (or too many steps were
     skipped).
@@ -1065,6 +1069,11 @@ class Trainer:
             raise ValueError(
                 f"checkpoint state lacks {missing}; it was not written by this trainer"
             )
+        # A model its user compiled was saved through its OptimizedModule before unwrap_model
+        # saw through torch.compile: its keys carry the wrapper's `_orig_mod.` prefix.
+        if state["model"] and all(key.startswith(_COMPILED_PREFIX) for key in state["model"]):
+            weights = state["model"].items()
+            state = {**state, "model": {k.removeprefix(_COMPILED_PREFIX): v for k, v in weights}}
         sharded = self.parallel.mode == "fsdp"
         load = load_full_model_state if sharded else torch.nn.Module.load_state_dict
         # Checked, then the optimizer (put back if refused), then the weights: a checkpoint

@@ -60,9 +60,9 @@ def full_parameters(trainer) -> dict[str, torch.Tensor]:
     """Return the whole model's parameters on every rank (FSDP shards gathered)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False)
-    if trainer.parallel.mode == "fsdp":
-        return get_model_state_dict(trainer.model, options=options)
+    if trainer.parallel.mode == "fsdp":  # cpu_offload would keep them on rank 0 alone
+        options = StateDictOptions(full_state_dict=True)
+        return {k: v.cpu() for k, v in get_model_state_dict(trainer.model, options=options).items()}
     model = getattr(trainer.model, "module", trainer.model)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -117,6 +117,7 @@ def scenario_train(out: Path, mode: str) -> dict:
     seen["memory_apart"] = memory_apart(out, mode)
     seen["init_tokenizer_apart"] = init_tokenizer_apart(out, mode)
     seen["refused_apart"] = refused_apart(out, mode)
+    seen["init_from_other_copy"] = init_from_other_copy(out, mode)
     seen["compile_failed"] = compile_failed_on_first_use(out, mode)
     seen["compiled"] = compiled_difference(out, mode, params)
     seen["compile_apart"] = compile_apart(out, mode)
@@ -600,6 +601,27 @@ def refused_apart(out: Path, mode: str) -> dict[str, list]:
                 if saved is not None:
                     sys.modules["torch.utils.tensorboard"] = saved
     return seen
+
+
+def init_from_other_copy(out: Path, mode: str) -> list[bool]:
+    """Return [the weights after setup are rank 0's copy, they are this rank's own copy] when
+    model.init_from names a folder whose copy on rank 1's node holds other weights (a stale
+    copy). Every rank must start from rank 0's, as DDP's broadcast makes them, not (FSDP2) from
+    its own shards of its own copy: a mixture no node holds.
+    """
+    from speedtronic_model import apply_init_from, build_model
+    from speedtronic_model.hf_llama import save_llama
+
+    rank = int(os.environ["RANK"])
+    model_section = config(out, mode)["model"]
+    exports = [out / "init_other" / f"node{r}" / "export" for r in range(2)]
+    torch.manual_seed(100 + rank)  # rank 1's copy: other weights of the same shapes
+    save_llama(build_model(model_section), exports[rank])
+    values = config(out / "init_other", mode, model={"init_from": f"hf:{exports[rank]}"})
+    trainer, _ = runtime.build_runtime(values)  # its collectives: rank 0's copy is written
+    weights = full_parameters(trainer)
+    copies = [apply_init_from(build_model(model_section), f"hf:{exports[r]}") for r in (0, rank)]
+    return [all(torch.equal(weights[k], v) for k, v in c.state_dict().items()) for c in copies]
 
 
 def compile_failed_on_first_use(out: Path, mode: str) -> str:

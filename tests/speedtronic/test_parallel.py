@@ -282,6 +282,14 @@ def test_an_init_from_folder_one_rank_lacks_is_refused_on_every_rank(trained):
     assert error.startswith(expected)
 
 
+def test_every_rank_starts_from_rank_0s_copy_of_the_init_from_weights(trained):
+    _, _, (zero, one) = trained
+    # Rank 1's node holds a stale copy (other weights): both start from rank 0's, as DDP's
+    # broadcast makes them; FSDP2 used to keep each rank's shards of its own copy, a mixture.
+    assert zero["init_from_other_copy"] == [True, True]
+    assert one["init_from_other_copy"] == [True, False]  # [rank 0's copy, its own]
+
+
 def test_what_one_rank_alone_refuses_at_startup_is_refused_on_every_rank(trained):
     _, out, (zero, one) = trained
     assert zero["refused_apart"] == one["refused_apart"]  # the same line, marked every rank's

@@ -305,7 +305,8 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
 
 def wrap_model(model: nn.Module, context: ParallelContext, section: Any) -> nn.Module:
     """Return the model wrapped for its data-parallel mode (DDP, or FSDP2 per block then the
-    root); unchanged for a plain run. Build the optimizer from the returned model's parameters.
+    root), holding rank 0's weights on every rank in both; unchanged for a plain run. Build the
+    optimizer from the returned model's parameters.
     """
     section = resolve_section(section, "parallel")
     if context.mode == "ddp":
@@ -334,10 +335,25 @@ def wrap_model(model: nn.Module, context: ParallelContext, section: Any) -> nn.M
         "mp_policy": policy,
         "reshard_after_forward": section.fsdp_reshard_after_forward,
     }
+    _broadcast_module_states(model, context)  # before fully_shard keeps this rank's shards
     for block in blocks:
         fully_shard(block, **options)
     fully_shard(model, **options)
     return model
+
+
+def _broadcast_module_states(model: nn.Module, context: ParallelContext) -> None:
+    """Copy rank 0's parameters and saved buffers into every rank's `model`, in place: what DDP
+    does when it wraps a model, and FSDP2's fully_shard does not (each rank would keep its shards
+    of its own weights). Ranks can hold other weights: each node reads its own copy of
+    model.init_from, and one may be stale.
+    """
+    if not context.active:
+        return
+    states = {id(t): t for t in model.state_dict(keep_vars=True).values()}  # a tied weight once
+    with torch.no_grad():
+        for tensor in states.values():
+            dist.broadcast(tensor.detach(), src=0)
 
 
 def _buffer_options(model: nn.Module) -> dict[str, bool]:

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from speedtronic_config.tokenizer_identity import describe_tokenizer, encode_alike
+from speedtronic_config.tokenizer_identity import describe_apart, describe_tokenizer, encode_alike
 
 BPE = {"kind": "tokenizers", "vocab_size": 50257, "name": "tokenizer.json", "sha256": "ab"}
 
@@ -29,3 +29,14 @@ def test_descriptions_name_the_tokenizer_and_its_ids():
     byte = {"kind": "bytes", "vocab_size": 256}
     assert describe_tokenizer(byte) == "the byte tokenizer (256 ids)"
     assert describe_tokenizer({"kind": "custom", "name": "m.T"}) == "m.T (vocabulary unknown)"
+
+
+def test_two_tokenizers_that_read_alike_are_told_apart_by_their_hash():
+    other = {**BPE, "sha256": "cd" * 32}
+    assert describe_apart(BPE, other) == (
+        f"tokenizer.json (50,257 ids, sha256 {BPE['sha256'][:12]})",
+        "tokenizer.json (50,257 ids, sha256 cdcdcdcdcdcd)",
+    )
+    byte = {"kind": "bytes", "vocab_size": 256}
+    described = ("tokenizer.json (50,257 ids)", "the byte tokenizer (256 ids)")
+    assert describe_apart(BPE, byte) == described  # told apart already

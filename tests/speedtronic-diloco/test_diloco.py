@@ -72,7 +72,7 @@ def model(seed=0):
     return torch.nn.Linear(4, 1, bias=False)
 
 
-def node(server, tmp_path, name, seed=0, **overrides):
+def node(server, tmp_path, name, seed=0, tokenizer=None, **overrides):
     net = model(seed)
     role = "master" if name == "master" else "worker"
     coordinator = DumbDiLoCoCoordinator(
@@ -80,6 +80,7 @@ def node(server, tmp_path, name, seed=0, **overrides):
         net,
         hub=client(server, tmp_path, name),
         state_dir=tmp_path / "state" / name,
+        tokenizer=tokenizer,
     )
     return coordinator, net, torch.optim.AdamW(net.parameters(), lr=0.05)
 
@@ -1027,3 +1028,26 @@ def test_a_checkpoint_taken_before_a_failed_upload_is_collected_keeps_its_delta(
     assert [job["step"] for job in state["pending_uploads"]] == [4]
     worker.stop()
     master.stop()
+
+
+def test_a_node_whose_data_has_another_tokenizer_refuses_the_global_model(server, tmp_path):
+    # Nodes tokenized with different tokenizers of one vocabulary size build the same shapes:
+    # the worker joined and its deltas, whose ids mean other text, were averaged in unnoticed.
+    bpe = {"kind": "tokenizers", "vocab_size": 256, "name": "tokenizer.json", "sha256": "a" * 64}
+    master = node(server, tmp_path, "master", tokenizer=bpe)[0]
+    master.start()  # publishes outer step 0 with its tokenizer
+    assert master.hub.global_metadata().tokenizer == bpe
+    stranger = node(server, tmp_path, "w1", tokenizer={**bpe, "sha256": "b" * 64})[0]
+    with pytest.raises(
+        HubError,
+        match=r"^global model at outer step 0 in org/run was trained on tokens of tokenizer.json "
+        r"\(256 ids, sha256 aaaaaaaaaaaa\), but this node's data holds tokens of tokenizer.json "
+        r"\(256 ids, sha256 bbbbbbbbbbbb\); prepare this node's data with the run's tokenizer, or "
+        r"give it its own distributed.repo_id$",
+    ):
+        stranger.start()
+    joined = node(server, tmp_path, "w2", tokenizer=dict(bpe))[0]  # the run's tokenizer joins
+    joined.start()
+    assert joined.last_global_step == 0
+    for coordinator in (joined, master):
+        coordinator.stop()

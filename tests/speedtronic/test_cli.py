@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -1328,3 +1329,49 @@ def test_wandb_without_an_api_key_is_a_usage_error(tmp_path, capsys, monkeypatch
 
 def _raise(error: BaseException) -> None:
     raise error
+
+
+def test_a_node_refused_under_a_used_node_id_is_told_the_one_fix_that_applies(
+    smoke_run, refused, tmp_path
+):
+    # A node started without its checkpoint under a node id another process claimed is refused.
+    # The refusal said both "--resume" and "where it wrote none, give a new node_id": the
+    # coordinator could not tell a checkpoint not given from none there.
+    from speedtronic_config import SpeedtronicConfig
+    from speedtronic_diloco import build_hub_client
+    from speedtronic_diloco.testing.hub_server import HubServer
+
+    with HubServer() as server:
+        node = yaml.safe_dump(
+            {
+                "enabled": True,
+                "role": "master",
+                "node_id": "m",
+                "repo_id": "org/run",
+                "endpoint": server.url,
+            }
+        )
+        config = tiny_config(tmp_path, distributed=node)
+        hub = build_hub_client(SpeedtronicConfig.load(config).distributed)
+        hub.create_repo()
+        # m's claim, by a process on another machine: never taken over
+        hub.write_json("nodes/m.json", {"session": "other", "host": "elsewhere", "pid": 1})
+        refusal = "speedtronic train: HubError: node 'm' already ran in org/run or runs there now"
+        checkpoints = tmp_path / "run" / "checkpoints"
+        for args in ([], ["--resume"]):  # a folder without a checkpoint: resuming cannot help
+            assert_one_line_error(
+                refused("train", str(config), *args, cwd=tmp_path),
+                1,
+                refusal,
+                f"; {checkpoints} holds no checkpoint of this node to resume from, so give it a "
+                "new distributed.node_id (deleting nodes/m.json would let them collide)",
+            )
+        shutil.copytree(smoke_run[1] / "checkpoints", checkpoints, dirs_exist_ok=True)
+        result = refused("train", str(config), cwd=tmp_path)  # its checkpoint, not resumed
+        assert_one_line_error(
+            result,
+            1,
+            refusal,
+            f"; resume it from its checkpoint {checkpoints / 'step_4.pt'} (--resume) (deleting",
+        )
+        assert "node_id" not in result.stderr.split("; resume it")[1]

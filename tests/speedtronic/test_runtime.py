@@ -102,6 +102,27 @@ def test_config_objects_are_validated_again(tmp_path):
         runtime.build_runtime(config)
 
 
+def test_a_diloco_node_is_given_its_data_tokenizer_and_its_checkpoint_choice(
+    tmp_path, byte_shards, monkeypatch
+):
+    # The coordinator refuses a global model of another tokenizer's data only when it knows its
+    # own, and names the one fix for a used node id only when it knows whether a checkpoint is
+    # there to resume (tests/speedtronic-diloco, tests/speedtronic/test_cli.py).
+    monkeypatch.chdir(tmp_path)  # the node's default state_dir is relative
+    data = {"shard_path": str(byte_shards / "train_*.bin"), "micro_batch_size": 2}
+    config = small_config(
+        tmp_path,
+        data={**data, "target_batch_size": 2},
+        model={"vocab_size": 256, "max_seq_len": 16, "n_layer": 1, "n_head": 2, "d_model": 16},
+        distributed={"enabled": True, "repo_id": "me/run"},
+    )
+    trainer, manager = runtime.build_runtime(config)
+    assert trainer.coordinator.tokenizer == trainer.tokenizer
+    assert trainer.tokenizer["kind"] == "bytes"
+    assert trainer.coordinator._checkpoints == (manager.directory, None)
+    runtime.end_run(trainer)
+
+
 def test_enabled_distributed_without_the_package_names_it(tmp_path, monkeypatch):
     import builtins
 

@@ -37,4 +37,18 @@ def describe_tokenizer(identity: Mapping[str, Any]) -> str:
     return f"{label} ({ids})"
 
 
-__all__ = ["describe_tokenizer", "encode_alike"]
+def describe_apart(first: Mapping[str, Any], second: Mapping[str, Any]) -> tuple[str, str]:
+    """Return describe_tokenizer of two identities that do not encode alike, told apart: two
+    tokenizer.json files of one size would read the same, so each then names its sha256's start.
+    """
+    one, other = describe_tokenizer(first), describe_tokenizer(second)
+    if one != other:
+        return one, other
+    # "tokenizer.json (288 ids)" -> "tokenizer.json (288 ids, sha256 0123456789ab)"
+    return (
+        f"{one[:-1]}, sha256 {str(first.get('sha256'))[:12]})",
+        f"{other[:-1]}, sha256 {str(second.get('sha256'))[:12]})",
+    )
+
+
+__all__ = ["describe_apart", "describe_tokenizer", "encode_alike"]

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import torch
 
 from speedtronic_config import resolve_section
+from speedtronic_config.tokenizer_identity import describe_apart, encode_alike
 from speedtronic_diloco.group import NodeGroup
 from speedtronic_diloco.hub import (
     GlobalMetadata,
@@ -74,6 +75,7 @@ class GlobalCandidate:
 
     outer_step: int
     state: dict[str, torch.Tensor]
+    tokenizer: Mapping[str, Any] | None = None  # of the master's data, where it published one
 
 
 def _failure(exc: Exception) -> str:
@@ -87,7 +89,9 @@ class DumbDiLoCoCoordinator:
     """Coordinate local inner loops and a Hub-backed outer loop (implements SyncCoordinator).
 
     With `parallel` (the node's data-parallel group) every rank calls every method; only rank 0
-    builds the Hub client, runs the lanes and the outer loop, and keeps the baseline.
+    builds the Hub client, runs the lanes and the outer loop, and keeps the baseline. `tokenizer`
+    is the recorded identity of the tokenizer of this node's data: a master publishes it, and a
+    node refuses a global model whose data was tokenized otherwise.
     """
 
     def __init__(
@@ -100,8 +104,10 @@ class DumbDiLoCoCoordinator:
         logger: logging.Logger | Any | None = None,
         events: Callable[[str, dict[str, Any]], None] | Any | None = None,
         parallel: ParallelContext = SINGLE,
+        tokenizer: Mapping[str, Any] | None = None,
     ) -> None:
         self.settings = resolve_section(config, "distributed")
+        self.tokenizer = dict(tokenizer) if tokenizer is not None else None
         self.group = NodeGroup(parallel)
         self.identity = resolve_identity(config, state_dir)
         self.model = model
@@ -159,6 +165,9 @@ class DumbDiLoCoCoordinator:
         self._session = uuid.uuid4().hex
         self._claimed = False
         self._resumed = False  # DiLoCo state came from a checkpoint (checked at start)
+        # From note_checkpoint: (the run's checkpoint folder, its checkpoint this process did not
+        # resume from or None); None while unknown.
+        self._checkpoints: tuple[Path, Path | None] | None = None
         # Set from a signal handler (interrupt), so a plain flag: an Event's lock could be held by
         # the very code the handler interrupted.
         self._interrupted = False
@@ -192,6 +201,13 @@ class DumbDiLoCoCoordinator:
             sink(event, {"node_id": self.identity.node_id, **payload})
         except Exception:  # metric hooks never break training (docs/architecture.md)
             self.logger.warning("metric hook failed for %s", event, exc_info=True)
+
+    def note_checkpoint(self, folder: str | Path, unused: str | Path | None) -> None:
+        """Record the run's checkpoint folder and the checkpoint there this process did not resume
+        from (None: it holds none, or a resume found none it could use), so that a refusal of a
+        used node id names the one fix that applies; without this call it names both.
+        """
+        self._checkpoints = (Path(folder), None if unused is None else Path(unused))
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -273,16 +289,27 @@ class DumbDiLoCoCoordinator:
                 f"{self.hub.repo_id}{unsure}): two processes of one node id overwrite each other's "
                 "deltas; give this node another distributed.node_id"
             )
-        # Whether this node has a checkpoint is the trainer's to know, and a --resume that finds
-        # none starts afresh like this: the fix must hold for both. Deleting the claim is none:
-        # a delta of the same step and base, unread or applied, would still take the name.
+        # Whether this node has a checkpoint is the caller's to know (note_checkpoint), and a
+        # --resume that finds none starts afresh like this: unknown, the fix must hold for both.
+        # Deleting the claim is none: a delta of the same step and base, unread or applied,
+        # would still take the name.
+        if self._checkpoints is None:
+            fix = (
+                "resume it from its checkpoint (--resume, the same run.output_dir), or, where it "
+                "wrote none, give this node a new distributed.node_id"
+            )
+        elif self._checkpoints[1] is not None:
+            fix = f"resume it from its checkpoint {self._checkpoints[1]} (--resume)"
+        else:
+            fix = (
+                f"{self._checkpoints[0]} holds no checkpoint of this node to resume from, so "
+                "give it a new distributed.node_id"
+            )
         return HubError(
             f"node {node!r} already ran in {self.hub.repo_id} or runs there now "
             f"(nodes/{node}.json) and this process starts without its checkpoint: its deltas "
             f"would take that process's names (deltas/{node}/step-N-...), overwriting them or "
-            "being mistaken for them; resume it from its checkpoint (--resume, the same "
-            "run.output_dir), or, where it wrote none, give this node a new distributed.node_id "
-            f"(deleting nodes/{node}.json would let them collide)"
+            f"being mistaken for them; {fix} (deleting nodes/{node}.json would let them collide)"
         )
 
     def _keep_local_work(self, read_state: StateReader) -> None:
@@ -345,6 +372,7 @@ class DumbDiLoCoCoordinator:
                 events=self._emit_event,
                 logger=self.logger,
                 check_owner=self._check_owner,
+                tokenizer=self.tokenizer,
             )
         self.master.recover()
         self.master.start()
@@ -672,7 +700,8 @@ class DumbDiLoCoCoordinator:
             )
             if metadata is None or metadata.outer_step <= known:
                 return None
-            return GlobalCandidate(metadata.outer_step, self.hub.download_global_state(metadata))
+            state = self.hub.download_global_state(metadata)
+            return GlobalCandidate(metadata.outer_step, state, metadata.tokenizer)
         except HubRefused as exc:
             self._fatal = exc  # raised on the training thread; it does not train on
             return None
@@ -737,14 +766,27 @@ class DumbDiLoCoCoordinator:
 
     def _on_outer_update(self, state: dict[str, torch.Tensor], outer_step: int) -> None:
         """Master thread callback: stage the freshly published global for the training thread."""
-        self._stage(GlobalCandidate(outer_step, state))
+        self._stage(GlobalCandidate(outer_step, state, self.tokenizer))
 
     def _check_fits(self, candidate: GlobalCandidate) -> None:
-        """Raise HubError unless the global model holds exactly the module's entries, shaped alike.
+        """Raise HubError unless the global model holds exactly the module's entries, shaped alike,
+        trained on tokens of this node's tokenizer where both are known.
 
         An entry the module lacks is refused too: installed, it became part of the baseline and
         the first delta failed mid-training with a misleading KeyError.
         """
+        repo = self.hub.repo_id if self.hub is not None else "the repository"
+        theirs, ours = candidate.tokenizer, self.tokenizer
+        if theirs is not None and ours is not None and not encode_alike(theirs, ours):
+            # One id means other text on each side: averaged, the deltas would undo each other's
+            # embeddings, and nothing else tells (the shapes agree).
+            theirs_text, ours_text = describe_apart(theirs, ours)
+            raise HubError(
+                f"global model at outer step {candidate.outer_step} in {repo} was trained on "
+                f"tokens of {theirs_text}, but this node's data holds tokens of {ours_text}; "
+                "prepare this node's data with the run's tokenizer, or give it its own "
+                "distributed.repo_id"
+            )
         shapes = self.group.state_shapes(self.model)
         missing = sorted(set(shapes) - set(candidate.state))
         extra = sorted(set(candidate.state) - set(shapes))
@@ -757,7 +799,6 @@ class DumbDiLoCoCoordinator:
             (wrong, "has other shapes for"),
         ):
             if names:
-                repo = self.hub.repo_id if self.hub is not None else "the repository"
                 raise HubError(
                     f"global model at outer step {candidate.outer_step} in {repo} {what} "
                     f"{names[:5]}: it belongs to a different model; give this node the run's "
@@ -775,7 +816,6 @@ class DumbDiLoCoCoordinator:
         )
         if other:
             name = other[0]
-            repo = self.hub.repo_id if self.hub is not None else "the repository"
             raise HubError(
                 f"global model at outer step {candidate.outer_step} in {repo} is "
                 f"{candidate.state[name].dtype} where this model is {dtypes[name]} ({other[:5]}): "

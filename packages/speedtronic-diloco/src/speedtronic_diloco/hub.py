@@ -93,6 +93,8 @@ class GlobalMetadata:
     sha256: str | None = None
     publish_id: str | None = None
     revision: str | None = None
+    # The tokenizer the master's data was tokenized with (its recorded identity), when known.
+    tokenizer: Mapping[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, value: Mapping[str, Any], *, revision: str | None = None) -> GlobalMetadata:
@@ -105,6 +107,7 @@ class GlobalMetadata:
                 sha256=value.get("sha256"),
                 publish_id=value.get("publish_id"),
                 revision=revision,
+                tokenizer=value["tokenizer"] if isinstance(value.get("tokenizer"), dict) else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             # repr, not dict(value): the value may be JSON that is no object at all ([1], null).
@@ -112,13 +115,14 @@ class GlobalMetadata:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form (the revision is where it was read, not part of the file)."""
-        return {
+        value = {
             "outer_step": self.outer_step,
             "updated_at": self.updated_at,
             "model_file": self.model_file,
             "sha256": self.sha256,
             "publish_id": self.publish_id,
         }
+        return value if self.tokenizer is None else {**value, "tokenizer": dict(self.tokenizer)}
 
 
 def check_repo_path(path: str) -> str:
@@ -475,9 +479,11 @@ class HubClient:
         updated_at: str | None = None,
         metadata_extra: dict[str, str] | None = None,
         consumed: list[str] | tuple = (),
+        tokenizer: Mapping[str, Any] | None = None,
     ) -> GlobalMetadata:
         """Publish model, step_count.json and manifest in one compare-and-swap commit; delete
-        consumed deltas.
+        consumed deltas. `tokenizer` (the identity of the tokenizer of the master's data) goes
+        into step_count.json, so nodes trained on other token ids refuse the model.
         """
         del work_dir  # 2.0 staged files on disk; contents now travel from memory
         model = to_safetensors_bytes(
@@ -489,6 +495,7 @@ class HubClient:
             GLOBAL_MODEL,
             hashlib.sha256(model).hexdigest(),
             uuid.uuid4().hex,
+            tokenizer=tokenizer,
         )
         manifest = {
             "outer_step": outer_step,

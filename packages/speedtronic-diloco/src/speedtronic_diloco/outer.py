@@ -130,6 +130,8 @@ class MasterOuterLoop:
         logger: logging.Logger | None = None,
         # Raises HubError when this process may no longer publish (another master took over).
         check_owner: Callable[[], None] | None = None,
+        # The identity of the tokenizer of the master's data, published with every global model.
+        tokenizer: Mapping[str, Any] | None = None,
     ) -> None:
         if staleness_limit is not None and staleness_limit < 0:
             raise ValueError(
@@ -143,6 +145,7 @@ class MasterOuterLoop:
         self.staleness_limit = staleness_limit
         self.on_global_update = on_global_update
         self.check_owner = check_owner
+        self.tokenizer = tokenizer
         self.events = events
         self.logger = logger or LOGGER
         self.optimizer = NesterovOuterOptimizer(state, outer_lr, outer_momentum)
@@ -393,7 +396,9 @@ class MasterOuterLoop:
             try:
                 if self.check_owner is not None:
                     self.check_owner()
-                self.hub.publish_global(state, outer_step=step, consumed=sorted(ledger))
+                self.hub.publish_global(
+                    state, outer_step=step, consumed=sorted(ledger), tokenizer=self.tokenizer
+                )
             # A shared folder's OSError (full, remounted read-only) too: raised, it ended the round
             # unreported (no event, no count) and logged a traceback every round.
             except (HubError, OSError) as exc:

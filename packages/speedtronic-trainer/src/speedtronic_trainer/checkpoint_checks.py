@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from speedtronic_config import ModelConfig
-from speedtronic_config.tokenizer_identity import describe_tokenizer, encode_alike
+from speedtronic_config.tokenizer_identity import describe_apart, encode_alike
 from speedtronic_systems.parallel import model_class_name
 
 # 2.0 pickled NumPy's RNG state (a tuple holding a uint32 ndarray). weights_only loading stays on;
@@ -344,9 +344,10 @@ def check_tokenizer(state: Mapping[str, Any], identity: Mapping[str, Any] | None
         return
     if encode_alike(saved, identity):
         return
+    saved_text, ours_text = describe_apart(saved, identity)
     raise CheckpointMismatch(
-        f"checkpoint {_where(state)} was trained on tokens of {describe_tokenizer(saved)}, but "
-        f"this run's data holds tokens of {describe_tokenizer(identity)}; prepare the data with "
+        f"checkpoint {_where(state)} was trained on tokens of {saved_text}, but "
+        f"this run's data holds tokens of {ours_text}; prepare the data with "
         "the checkpoint's tokenizer, or start a new run in another run.output_dir (to keep these "
         "weights: export them with --format hf and set model.init_from: hf:DIR)"
     )

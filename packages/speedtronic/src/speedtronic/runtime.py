@@ -98,9 +98,11 @@ def build_coordinator(
     model: torch.nn.Module,
     logger: MetricLogger,
     parallel: ParallelContext = SINGLE,
+    tokenizer: Mapping[str, Any] | None = None,
 ) -> Any:
     """Return the DumbDiLoCo coordinator when distributed.enabled and mode is dumb_diloco, else
-    None. Under data parallelism the whole group is one DiLoCo node, led by rank 0.
+    None. Under data parallelism the whole group is one DiLoCo node, led by rank 0. `tokenizer`
+    is the identity of the training data's tokenizer (nodes trained on other ids refuse to join).
     """
     if not config.distributed.active:  # disabled, or mode: disabled / single
         return None
@@ -114,7 +116,9 @@ def build_coordinator(
             f"true needs the speedtronic-diloco package ({error})",
             allowed="install it with `pip install speedtronic-diloco`",
         ) from error
-    return DumbDiLoCoCoordinator(config, model, events=logger, parallel=parallel)
+    return DumbDiLoCoCoordinator(
+        config, model, events=logger, parallel=parallel, tokenizer=tokenizer
+    )
 
 
 def _checkpoint_manager(config: SpeedtronicConfig) -> CheckpointManager:
@@ -242,7 +246,8 @@ def _assemble(
     logger = _group_logger(config, parallel)  # 9
     if config.model.init_from is not None:
         logger.info("model.init_from: weights loaded from %s", config.model.init_from)
-    coordinator = build_coordinator(config, model, logger, parallel)  # 10
+    identity = tokenizer.identity() if tokenizer is not None else None
+    coordinator = build_coordinator(config, model, logger, parallel, identity)  # 10
     target = step_target(config, max_steps)  # 11
     # 12: the trainer resolves the precision plan and the startup shape report, once.
     trainer = Trainer(
@@ -258,10 +263,11 @@ def _assemble(
         max_steps=target,
         eval_dataloader=eval_dataloader,
         parallel=parallel,
-        tokenizer=tokenizer.identity() if tokenizer is not None else None,
+        tokenizer=identity,
     )
     earlier = manager.latest_path() if manager.enabled else None
-    if resume or config.checkpoint.resume or _restart_resumes(earlier, parallel, config):  # 13
+    resumes = resume or config.checkpoint.resume or _restart_resumes(earlier, parallel, config)
+    if resumes:  # 13
         trainer.resume_latest()  # warns and starts fresh when there is none
     elif earlier is not None:
         _remember_fresh_start(earlier, parallel, config)
@@ -272,6 +278,8 @@ def _assemble(
             manager.directory,
             earlier.name,
         )
+    if coordinator is not None:  # its refusal of a used node id names the fix that applies
+        coordinator.note_checkpoint(manager.directory, None if resumes else earlier)
     _warn_if_warmup_outlasts(config, target, trainer.step, logger)
     return trainer, manager
 

@@ -60,8 +60,9 @@ def test_float_rejects_non_finite_and_non_numbers(raw):
 
 def test_optional_allows_null_and_required_does_not():
     assert coerce(None, "int | None", "x") is None
-    with pytest.raises(ConfigError, match="must not be null"):
-        coerce(None, "int", "x")
+    with pytest.raises(ConfigError) as caught:
+        coerce(None, "int", "x")  # `x:` left without a value
+    assert str(caught.value) == "x: must not be null (got None); give it a value, or remove the key"
 
 
 def test_strings_lists_and_pairs():
@@ -109,3 +110,11 @@ def test_strings_refuse_a_nul_character():
     with pytest.raises(ConfigError, match="run.output_dir: must not contain a NUL"):
         coerce("runs/\x00x", "str", "run.output_dir")
     assert coerce("runs/x", "str | None", "run.output_dir") == "runs/x"
+
+
+def test_a_string_for_a_list_names_the_list_form():
+    with pytest.raises(ConfigError) as caught:
+        coerce("tensorboard", "list[str]", "logging.hooks")
+    assert str(caught.value) == (
+        "logging.hooks: expected a list of strings (got 'tensorboard'); e.g. [a, b], or [] for none"
+    )

@@ -130,6 +130,19 @@ def test_a_tab_in_yaml_names_the_fix(text, where):
     )
 
 
+@pytest.mark.parametrize(
+    "text, tag",
+    [("a: !ENV ${TOKEN}\n", "'!ENV'"), ("a: =\n", "'tag:yaml.org,2002:value'")],
+)
+def test_a_yaml_tag_names_the_fix(text, tag):
+    with pytest.raises(ConfigError) as caught:
+        parse_text(text, "run.yaml")
+    assert str(caught.value) == (
+        f"run.yaml: invalid YAML at line 1, column 4: could not determine a constructor for the "
+        f"tag {tag}; quote the value if it is text; a config takes no custom tags"
+    )
+
+
 def test_a_utf16_file_names_the_fix(tmp_path):
     # What Windows PowerShell 5 writes for `speedtronic validate run.yaml > out.yaml`.
     path = tmp_path / "out.yaml"
@@ -207,6 +220,29 @@ def test_an_integer_with_a_leading_zero_is_refused_not_read_as_octal(text, where
         f"run.yaml: invalid YAML at {where}: an integer with a leading 0 is octal in YAML 1.1 "
         "(010 is 8); write it without the leading zeros, or quote it if it is text"
     )
+
+
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("max_steps: 1:30\n", "line 1, column 12"),  # 90 in YAML 1.1, text in YAML 1.2
+        ("run: {name: 12:30}\n", "line 1, column 13"),  # refused as 750, "expected a string"
+        ("optimizer:\n  lr: -1:30.5\n", "line 2, column 7"),  # -90.5
+    ],
+)
+def test_a_base_60_number_is_refused_not_read_silently(text, where):
+    with pytest.raises(ConfigError) as caught:
+        parse_text(text, "run.yaml")
+    assert str(caught.value) == (
+        f"run.yaml: invalid YAML at {where}: a number with a colon is base 60 in YAML 1.1 "
+        "(1:30 is 90); write it in base 10, or quote it if it is text"
+    )
+    # Text with a colon that is no base-60 number, or quoted, reads as it did.
+    assert parse_text("a: '1:30'\nb: cuda:0\nc: 1:70\n", "run.yaml") == {
+        "a": "1:30",
+        "b": "cuda:0",
+        "c": "1:70",
+    }
 
 
 def test_integers_without_a_leading_zero_still_load():

@@ -43,8 +43,15 @@ def test_a_dotted_root_key_names_the_nested_form(key, nested):
 
 
 def test_section_must_be_a_mapping():
-    with pytest.raises(ConfigError, match=r"^model: expected a mapping"):
-        canonical({"model": [1]})
+    with pytest.raises(ConfigError) as caught:
+        canonical({"model": [{"n_layer": 2}]})  # `- n_layer: 2`: a list item
+    assert str(caught.value) == (
+        "model: expected a mapping (got [{'n_layer': 2}]); write its fields as `field: value` "
+        "lines indented under model:"
+    )
+    with pytest.raises(ConfigError) as caught:
+        canonical({"precision": False})  # `precision: off`, YAML 1.1's false
+    assert str(caught.value).endswith("under precision:, or name one, e.g. precision: bf16")
     assert canonical({"model": None})["model"] == {}
 
 

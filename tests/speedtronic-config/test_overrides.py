@@ -235,3 +235,10 @@ def test_a_value_nested_too_deeply_is_one_config_error(depth):
 )
 def test_override_value_reads_back_exactly(value):
     assert parse_override(f"run.name={override_value(value)}")[1] == value
+
+
+def test_a_base_60_override_is_refused():
+    # `--set run.max_steps=1:30` ran 90 steps; `run.name=12:30` was refused as 750.
+    with pytest.raises(ConfigError, match=r"^run.max_steps: .* base 60 in YAML 1.1"):
+        apply_overrides({}, ["run.max_steps=1:30"])
+    assert apply_overrides({}, ["run.name='12:30'"]) == {"run": {"name": "12:30"}}

@@ -993,6 +993,8 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly():
         # Read as data.text_path=corpus and max_steps=320 before.
         (["c.yaml", "--set", "data.text_path=corpus #2.txt"], "text_path: the # starts a YAML"),
         (["c.yaml", "--set", "max_steps=0500"], "with a leading 0 is octal in YAML 1.1"),
+        (["c.yaml", "--set", "max_steps=1:30"], "with a colon is base 60 in YAML 1.1"),  # was 90
+        (["model: [n_layer: 2]"], "model: expected a mapping (got [{'n_layer': 2}]); write its"),
     ],
 )
 def test_validate_input_errors_name_the_command(tmp_path, monkeypatch, capsys, args, fragment):

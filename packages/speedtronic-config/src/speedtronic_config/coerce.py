@@ -78,7 +78,9 @@ def _str(value: Any, path: str) -> str:
 
 def _str_list(value: Any, path: str) -> list[str]:
     if not isinstance(value, (list, tuple)):
-        raise ConfigError(path, "expected a list of strings", value=value)
+        raise ConfigError(
+            path, "expected a list of strings", value=value, allowed="e.g. [a, b], or [] for none"
+        )
     return [_str(item, f"{path}[{index}]") for index, item in enumerate(value)]
 
 
@@ -116,7 +118,10 @@ def coerce(value: Any, annotation: str, path: str) -> Any:
             return None
         annotation = annotation[: -len(" | None")]
     elif value is None:
-        raise ConfigError(path, "must not be null", value=value)
+        # Most often a key left without a value (`n_layer:`), which YAML reads as null.
+        raise ConfigError(
+            path, "must not be null", value=value, allowed="give it a value, or remove the key"
+        )
     return _CONVERTERS[annotation](value, path)
 
 

@@ -71,11 +71,33 @@ def _int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
             "leading zeros, or quote it if it is text",
             node.start_mark,
         )
+    _refuse_base_60(node)
     return loader.construct_yaml_int(node)
+
+
+def _float(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> float:
+    """Construct a float; one written with a colon (base 60) is refused, as an integer is."""
+    _refuse_base_60(node)
+    return loader.construct_yaml_float(node)
+
+
+def _refuse_base_60(node: yaml.ScalarNode) -> None:
+    """Refuse YAML 1.1's base-60 number: `1:30` is 90 (and `12:30` 750), silently, where a reader
+    of the file (and YAML 1.2) sees a time or text.
+    """
+    if ":" in node.value:
+        raise yaml.constructor.ConstructorError(
+            None,
+            None,
+            "a number with a colon is base 60 in YAML 1.1 (1:30 is 90); write it in base 10, "
+            "or quote it if it is text",
+            node.start_mark,
+        )
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _int)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _float)
 # Far deeper than any config; below what the readers of the data (deepcopy) can recurse through.
 MAX_DEPTH = 32
 # Far larger than any config (the shipped ones are under 2 KB): a bigger file is data named by
@@ -88,6 +110,10 @@ _INLINE = "<inline config>"
 _FIXES = {
     "another document": "a config is one YAML document: remove the --- line",
     "'\\t'": "use spaces: YAML does not allow a tab there",  # PyYAML's repr of a tab
+    # A tag (`!ENV ${TOKEN}`, `!!python/name:x`), or a bare `=` (YAML 1.1's value key).
+    "could not determine a constructor": (
+        "quote the value if it is text; a config takes no custom tags"
+    ),
 }
 
 

@@ -47,12 +47,19 @@ def field_names(cls: type) -> list[str]:
     return [spec.name for spec in fields(cls) if spec.init]
 
 
+# A section these take a name for: its shorthand (`precision: bf16`), shown in the fix.
+_SHORTHAND_EXAMPLES = {"optimizer": "muon", "precision": "bf16"}
+
+
 def _section(values: Mapping[str, Any], key: str) -> dict[str, Any]:
     raw = values.get(key)
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
-        raise ConfigError(key, "expected a mapping", value=raw)
+        fix = f"write its fields as `field: value` lines indented under {key}:"
+        if key in _SHORTHAND_EXAMPLES:  # `precision: off` is YAML 1.1's false, not a mode
+            fix += f", or name one, e.g. {key}: {_SHORTHAND_EXAMPLES[key]}"
+        raise ConfigError(key, "expected a mapping", value=raw, allowed=fix)
     return dict(raw)
 
 

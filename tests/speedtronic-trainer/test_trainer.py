@@ -395,6 +395,30 @@ def test_compile_mode_reaches_torch_compile(monkeypatch, mode):
     assert modes == [{"mode": mode}, {}]  # the default mode: torch.compile(model), as in 2.0
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cuda_graph_compile_mode_accumulates_the_eager_update():
+    # CUDA graphs reuse their output memory between replays; with gradient accumulation torch has
+    # had bugs where a microbatch's gradient was overwritten (pytorch/pytorch#96693, #169545).
+    # The trainer accepts compile_mode: reduce-overhead with accumulation: it must match eager.
+    weights = []
+    for sections in ({"compile": False}, {"compile": True, "compile_mode": "reduce-overhead"}):
+        torch.manual_seed(0)
+        model = TinyLM()
+        trainer = Trainer(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            make_loader(),
+            device="cuda",
+            config=make_config(data={"micro_batch_size": 2, "target_batch_size": 8}, **sections),
+            logger=MetricLogger(stream=io.StringIO()),
+        )
+        trainer.fit(3)
+        weights.append([p.detach().cpu() for p in model.parameters()])
+    for eager, graphed in zip(*weights, strict=True):
+        assert (eager - graphed).abs().max() <= 1e-5
+
+
 @pytest.mark.parametrize("done, compiled", [(1, False), (0, True)])
 def test_compile_auto_weighs_the_steps_left_after_a_resume(monkeypatch, done, compiled):
     monkeypatch.setenv("CXX", sys.executable)  # any executable: torch.compile is faked below

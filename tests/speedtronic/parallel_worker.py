@@ -57,14 +57,16 @@ def config(out: Path, mode: str, **sections) -> dict:
 
 
 def full_parameters(trainer) -> dict[str, torch.Tensor]:
-    """Return the whole model's parameters on every rank (FSDP shards gathered)."""
+    """Return the whole model's parameters on every rank (FSDP shards gathered), on the CPU:
+    under NCCL they are compared with weights loaded there (torch.equal refuses two devices).
+    """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     if trainer.parallel.mode == "fsdp":  # cpu_offload would keep them on rank 0 alone
         options = StateDictOptions(full_state_dict=True)
         return {k: v.cpu() for k, v in get_model_state_dict(trainer.model, options=options).items()}
     model = getattr(trainer.model, "module", trainer.model)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
 def first_batch_ids(trainer) -> list[int]:

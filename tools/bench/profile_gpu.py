@@ -83,20 +83,26 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     model_config = TINY if args.tiny else MODEL_124M
     values = config(model_config, 50, args.batch, args.device, compile_=False)
+    compile_ = not args.no_compile  # the bare loops' own torch.compile, not the trainer's
     with tempfile.TemporaryDirectory(prefix="profile-gpu-") as tmp:
         values["run"]["output_dir"] = tmp
         trainer, _ = build_runtime(values)
-        payload = _measure(trainer, model_config, args.batch, device, not args.no_compile)
-        payload["variants"] = _variants(
-            trainer,
-            model_config,
-            args.batch,
-            args.variants,
-            not args.no_compile,
-            payload["tokens_per_s"],
-        )
+        payload = {
+            "benchmark": "gpu_profile",
+            "machine": machine_info(),
+            **_measure(trainer, model_config, args.batch, device, compile_),
+            "variants": {},
+        }
+        # Written after each part: a variant that outlasts gpu_check.sh's time limit (a compile,
+        # a graph capture) is killed without a word, and what was measured before it stays.
+        write_json(args.out, payload)
+        plain = payload["tokens_per_s"]
+        for name in args.variants:
+            payload["variants"][name] = _variant(
+                trainer, model_config, args.batch, name, compile_, plain
+            )
+            write_json(args.out, payload)
         trainer.close()
-    payload = {"benchmark": "gpu_profile", "machine": machine_info(), **payload}
     print(
         f"bare loop, batch {args.batch}: {payload['tokens_per_s']:,.0f} tokens/s "
         f"(MFU {mfu_text(payload['mfu'])})"
@@ -114,7 +120,6 @@ def main(argv: list[str] | None = None) -> int:
             else f"variant {name}, batch {v['batch']}: {v['tokens_per_s']:,.0f} tokens/s, "
             f"{v['ratio']:.3f}x the plain loop (MFU {mfu_text(v['mfu'])})"
         )
-    write_json(args.out, payload)
     print(f"wrote {args.out}")
     return 0
 
@@ -200,46 +205,42 @@ def _mfu(model: Any, device: torch.device, tokens_per_s: float) -> float | None:
     return model.flops_per_token() * tokens_per_s / peak if peak else None
 
 
-def _variants(
+def _variant(
     trainer: Any,
     model_config: dict[str, Any],
     batch: int,
-    names: list[str],
+    name: str,
     compile_: bool,
     plain_tokens_per_s: float,
 ) -> dict[str, Any]:
-    """Time the bare loop under each named variant; return its tokens/s and ratio to the plain."""
-    model, results = trainer.model, {}
-    for name in names:
-        variant = VARIANTS[name]
-        options, factor = variant.compile_options or {}, variant.batch_factor
-        torch._dynamo.reset()  # compiled afresh with these options, not from the plain loop's
-        compiled = torch.compile(model, **options) if compile_ else model
-        steps = _bare_loop(trainer, compiled, model_config, batch * factor)
-        # Cast where the stream starts; every later add and norm then stays bf16 under autocast.
-        hook = (
-            model.tok_emb.register_forward_hook(lambda _m, _i, out: out.to(torch.bfloat16))
-            if variant.bf16_residual
-            else None
-        )
-        try:
-            rate = statistics.median(_rates(steps, batch * factor * model_config["max_seq_len"]))
-        except Exception as error:  # an untried setting may fail (memory, graphs): keep the rest
-            trainer.optimizer.zero_grad(set_to_none=True)  # no half step's gradients carry over
-            results[name] = {"batch": batch * factor, "error": f"{type(error).__name__}: {error}"}
-            continue
-        finally:
-            if hook is not None:
-                hook.remove()
-        results[name] = {
-            "batch": batch * factor,
-            "compile_options": options,
-            "bf16_residual": variant.bf16_residual,
-            "tokens_per_s": rate,
-            "ratio": rate / plain_tokens_per_s,
-            "mfu": _mfu(model, trainer.device, rate),
-        }
-    return results
+    """Time the bare loop under the named variant; return its tokens/s and ratio to the plain."""
+    model, variant = trainer.model, VARIANTS[name]
+    options, factor = variant.compile_options or {}, variant.batch_factor
+    torch._dynamo.reset()  # compiled afresh with these options, not from the plain loop's
+    compiled = torch.compile(model, **options) if compile_ else model
+    steps = _bare_loop(trainer, compiled, model_config, batch * factor)
+    # Cast where the stream starts; every later add and norm then stays bf16 under autocast.
+    hook = (
+        model.tok_emb.register_forward_hook(lambda _m, _i, out: out.to(torch.bfloat16))
+        if variant.bf16_residual
+        else None
+    )
+    try:
+        rate = statistics.median(_rates(steps, batch * factor * model_config["max_seq_len"]))
+    except Exception as error:  # an untried setting may fail (memory, graphs): keep the rest
+        trainer.optimizer.zero_grad(set_to_none=True)  # no half step's gradients carry over
+        return {"batch": batch * factor, "error": f"{type(error).__name__}: {error}"}
+    finally:
+        if hook is not None:
+            hook.remove()
+    return {
+        "batch": batch * factor,
+        "compile_options": options,
+        "bf16_residual": variant.bf16_residual,
+        "tokens_per_s": rate,
+        "ratio": rate / plain_tokens_per_s,
+        "mfu": _mfu(model, trainer.device, rate),
+    }
 
 
 if __name__ == "__main__":

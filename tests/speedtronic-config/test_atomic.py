@@ -256,3 +256,27 @@ def test_staged_files_appear_together_or_not_at_all(tmp_path):
         "a.bin": "new a",
         "mine.txt": "kept",
     }
+
+
+def test_ctrl_c_while_staged_files_move_in_waits_for_the_whole_set(tmp_path, monkeypatch):
+    # Ctrl-C between two renames left an export's new config.json beside its old weights.
+    folder = tmp_path / "out"
+    folder.mkdir()
+    names = ("config.json", "model.safetensors", "tokenizer.json")
+    for name in names:
+        (folder / name).write_text("old")
+    replace, moved = os.replace, []
+
+    def pressed_after_the_first(source, target):
+        replace(source, target)
+        moved.append(target)
+        if len(moved) == 1:
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(atomic.os, "replace", pressed_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic.staged_files(folder) as stage:
+            for name in names:
+                (stage / name).write_text("new")
+    assert {p.name: p.read_text() for p in folder.iterdir()} == dict.fromkeys(names, "new")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -230,3 +230,33 @@ def test_records_only_nested_keeps_the_outer_block_quiet():
     assert [line.split(" INFO ")[1] for line in stream.getvalue().splitlines()] == [
         "nonfinite_skip step=4"
     ]
+
+
+def test_a_record_cut_short_is_dropped_before_appending_so_the_next_starts_its_own_line(tmp_path):
+    # A run stopped mid-write left a line without its newline; a later run appending to the same
+    # logging.json_file glued its first record onto it, and plot refused the whole file.
+    def steps(path):
+        return [json.loads(line)["step"] for line in path.read_text().splitlines()]
+
+    path = tmp_path / "metrics.jsonl"
+    whole = json.dumps({"event": "train_step", "step": 1, "loss": 2.0}) + "\n"
+    path.write_text(whole + '{"event": "train_step", "time": 1.0, "st')
+    stream = io.StringIO()
+    logger = MetricLogger(stream=stream, json_file=str(path))
+    logger.emit("train_step", {"step": 2, "loss": 1.5})
+    logger.emit("train_step", {"step": 3, "loss": 1.2})
+    logger.close()
+    assert steps(path) == [1, 2, 3]
+    assert path.read_text().startswith(whole)
+    assert f"{path} ended in a record cut short" in stream.getvalue()
+    logger = MetricLogger(stream=io.StringIO(), json_file=str(path))  # a whole file: untouched
+    logger.emit("train_step", {"step": 4})
+    logger.close()
+    assert steps(path) == [1, 2, 3, 4]
+    # A whole record without its newline (another tool's) is kept: it only gets its newline.
+    path.write_text(path.read_text() + json.dumps({"event": "note", "step": 5}))
+    stream = io.StringIO()
+    logger = MetricLogger(stream=stream, json_file=str(path))
+    logger.emit("train_step", {"step": 6})
+    logger.close()
+    assert steps(path) == [1, 2, 3, 4, 5, 6] and "cut short" not in stream.getvalue()

@@ -785,3 +785,22 @@ def test_a_checkpoint_of_a_model_of_ones_own_is_refused_in_one_line_that_says_so
     reloaded = transformers.LlamaForCausalLM(config)
     load_sharded(folder, reloaded, None)
     assert all(torch.equal(reloaded.state_dict()[k], v) for k, v in state["model"].items())
+
+
+def test_a_damaged_latest_checkpoint_names_the_older_ones_to_use(tmp_path, checkpoint):
+    # `sample RUN` reached a damaged newest checkpoint and said only "pass a step_<n>.pt a
+    # Speedtronic run wrote", though the run's older one beside it was whole.
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    shutil.copy(checkpoint, folder / "step_4.pt")
+    (folder / "step_8.pt").write_bytes(checkpoint.read_bytes()[:5000])  # cut short
+    (folder / "latest").write_text("step_8.pt\n")
+    for given in (tmp_path, folder / "latest", folder / "step_8.pt"):
+        with pytest.raises(UsageError) as caught:
+            sample_text(given, "x", max_new_tokens=1)
+        message = str(caught.value)
+        assert "step_8.pt is truncated or corrupt" in message and "\n" not in message
+        assert message.endswith(f"; {folder} also has step_4.pt, which you can pass instead")
+    (folder / "step_4.pt").unlink()
+    with pytest.raises(UsageError, match=r"corrupt \(.*\); pass a step_<n>.pt a Speedtronic run"):
+        sample_text(tmp_path, "x", max_new_tokens=1)  # nothing else to offer

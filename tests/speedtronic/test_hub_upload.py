@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from huggingface_hub import HfApi
 from interop_testkit import noisy_checkpoint, run_config
 
 from speedtronic.artifacts import export_hf
@@ -118,3 +119,22 @@ def test_a_push_deletes_the_weights_and_tokenizer_files_an_earlier_push_left(
     assert {k: v for k, v in remote.items() if k != ".gitattributes"} == local_files(sharded)
     assert "model.safetensors" not in remote and "model.safetensors.index.json" in remote
     assert len(server.store.repos[("model", "me/tiny")].commits) == 3  # one commit a push
+
+
+def test_private_refuses_a_public_repository_before_uploading(tmp_path, server, monkeypatch):
+    # create_repo(exist_ok=True) leaves an existing repository's visibility as it is: the weights
+    # of a push asked to be private were published in the user's public repository.
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    HfApi(endpoint=server.url).create_repo("me/open")  # public, as the Hub creates one
+    with pytest.raises(UsageError) as refused:
+        push_to_hub(folder, "me/open", private=True, endpoint=server.url)
+    message = str(refused.value)
+    assert "me/open is public" in message and "\n" not in message
+    assert f"the export in {folder} is complete" in message and SECRET not in message
+    assert "config.json" not in server.files("me/open")  # nothing uploaded
+    push_to_hub(folder, "me/private", private=True, endpoint=server.url)  # a new one: private
+    assert server.store.repos[("model", "me/private")].private
+    push_to_hub(folder, "me/private", private=True, endpoint=server.url)  # and it stays usable

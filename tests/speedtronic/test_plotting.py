@@ -220,3 +220,25 @@ def test_a_run_folder_plots_its_own_metrics_before_a_nested_runs(tmp_path):
     nested.write_text(own.read_text())
     assert find_metrics_file(own.parent) == own
     assert find_metrics_file(tmp_path) == own  # the shallowest below the folder given
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, OSError(28, "No space left on device")])
+def test_a_plot_stopped_while_writing_keeps_the_earlier_image(tmp_path, monkeypatch, stop):
+    # savefig wrote straight into the image: Ctrl-C or a full disk left a truncated PNG there.
+    from matplotlib.figure import Figure
+
+    def torn(self, target, **kwargs):
+        with contextlib.ExitStack() as stack:
+            if isinstance(target, (str, os.PathLike)):
+                target = stack.enter_context(open(target, "wb"))
+            target.write(PNG)  # a head, then the stop
+        raise stop
+
+    source = metrics(tmp_path)
+    earlier = source.with_name("loss_curve.png")
+    earlier.write_bytes(PNG + b"an earlier whole curve")
+    monkeypatch.setattr(Figure, "savefig", torn)
+    with pytest.raises(KeyboardInterrupt if stop is KeyboardInterrupt else UsageError):
+        plot_metrics(source)
+    assert earlier.read_bytes() == PNG + b"an earlier whole curve"
+    assert sorted(p.name for p in earlier.parent.iterdir()) == ["loss_curve.png", "metrics.jsonl"]

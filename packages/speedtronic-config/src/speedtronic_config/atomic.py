@@ -10,7 +10,9 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -119,15 +121,43 @@ def staged_files(
     try:
         yield stage
         names = sorted(path.name for path in stage.iterdir())
-        for name in names:
-            os.replace(stage / name, folder / name)
-        for pattern in replaces:
-            for path in folder.glob(pattern):
-                if path.name not in names:
-                    path.unlink(missing_ok=True)
+        with interrupts_held():  # Ctrl-C between two renames would leave a mixed set
+            for name in names:
+                os.replace(stage / name, folder / name)
+            for pattern in replaces:
+                for path in folder.glob(pattern):
+                    if path.name not in names:
+                        path.unlink(missing_ok=True)
         fsync_folder(folder)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Within the block, Ctrl-C (SIGINT) waits: it is raised as KeyboardInterrupt once the block
+    is done. Only in the main thread under Python's default handler; an ignored SIGINT or a
+    host's own handler is left as it is.
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    pressed = False
+
+    def hold(signum: int, frame: Any) -> None:
+        nonlocal pressed
+        pressed = True
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if pressed:
+        raise KeyboardInterrupt
 
 
 def current_umask() -> int:
@@ -322,6 +352,7 @@ __all__ = [
     "atomic_write_text",
     "current_umask",
     "fsync_folder",
+    "interrupts_held",
     "missing_folders",
     "new_folders_removed_on_error",
     "probe_folder",

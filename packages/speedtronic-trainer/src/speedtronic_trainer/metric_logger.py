@@ -54,6 +54,7 @@ class MetricLogger:
         self._records_only = threading.local()  # set on the thread inside records_only()
         self._text = self._open(self.file)
         self._json = self._open(self.json_file)
+        self._json_end_checked = False  # set once the first record checked the file's end
         self.hook_failures: dict[str, int] = {}  # hook name -> failed deliveries, for the summary
 
     @classmethod
@@ -98,6 +99,39 @@ class MetricLogger:
                 "run; writing to a new file from here on (the earlier lines are gone)\n"
             )
         return reopened
+
+    def _end_last_record(self, handle: TextIO) -> None:
+        """Before the first record goes to the JSONL file, end a last line left without its
+        newline: appended to, it swallowed this run's first record, and plot and the model card
+        refused the whole file. A whole record (written by another tool) gets its newline; a
+        write a stopped run cut short, which no reader can parse, is dropped, and said.
+        """
+        self._json_end_checked = True
+        end = keep = os.fstat(handle.fileno()).st_size
+        with open(self.json_file, "rb") as reader:  # type: ignore[arg-type]
+            while keep > 0:  # back to the last newline, a block at a time: the file may be large
+                start = max(0, keep - 4096)
+                reader.seek(start)
+                newline = reader.read(keep - start).rfind(b"\n")
+                if newline >= 0:
+                    keep = start + newline + 1
+                    break
+                keep = start
+            reader.seek(keep)
+            last = reader.read(end - keep)
+        if not last:
+            return
+        try:
+            json.loads(last)
+        except ValueError:  # UnicodeDecodeError included
+            os.ftruncate(handle.fileno(), keep)
+            self._write_text(
+                logging.WARNING,
+                f"{self.json_file} ended in a record cut short (a run stopped while writing it); "
+                f"dropped its {end - keep} bytes so this run's records start on their own line",
+            )
+            return
+        handle.write("\n")
 
     def set_aside_records_after(self, step: int, destination: str | os.PathLike[str]) -> int:
         """Move the JSONL file's records of steps after `step` to `destination`; return how many
@@ -161,6 +195,8 @@ class MetricLogger:
             console = self.console_metrics or event != "train_step"
             self._write_text(logging.INFO, line, console=console)
         self._json = self._reopen_if_deleted(self._json, self.json_file)
+        if self._json is not None and not self._json_end_checked:
+            self._end_last_record(self._json)
         if self._json is not None:
             record = _strict_json({"event": event, "time": time.time(), **payload})
             self._json.write(json.dumps(record, default=str, allow_nan=False) + "\n")

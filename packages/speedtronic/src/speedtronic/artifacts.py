@@ -53,11 +53,16 @@ def _missing_checkpoint(path: Path) -> UsageError:
             f"{path}: no such checkpoint (look in <output_dir>/checkpoints: latest, step_<n>.pt "
             "or .dcp)"
         )
-    from speedtronic_trainer import CheckpointManager
-
-    steps = [p.name for p in CheckpointManager(path.parent).checkpoint_paths()]
+    steps = _step_checkpoints(path.parent)
     held = f"has {', '.join(steps)}" if steps else "has no step checkpoints"
     return UsageError(f"{path}: no such checkpoint; {path.parent} {held}")
+
+
+def _step_checkpoints(folder: Path, *, besides: Path | None = None) -> list[str]:
+    """Return the names of the step checkpoints in folder, but `besides`."""
+    from speedtronic_trainer import CheckpointManager
+
+    return [p.name for p in CheckpointManager(folder).checkpoint_paths() if p != besides]
 
 
 def read_checkpoint(path: PathLike) -> dict[str, Any]:
@@ -78,7 +83,10 @@ def read_checkpoint(path: PathLike) -> dict[str, Any]:
         else:
             state = load_checkpoint_file(path, hint="pass a step_<n>.pt a Speedtronic run wrote")
     except CheckpointError as error:
-        raise UsageError(str(error)) from None
+        # A run folder or `latest` leads to the newest: an older one beside it may be whole.
+        others = _step_checkpoints(path.parent, besides=path)
+        offer = f"; {path.parent} also has {', '.join(others)}, which you can pass instead"
+        raise UsageError(f"{error}{offer if others else ''}") from None
     if "config" not in state or ("model" not in state and "sharded" not in state):
         raise UsageError(f"{path}: not a Speedtronic trainer checkpoint (no model/config entries)")
     return state

@@ -8,9 +8,7 @@ import difflib
 import os
 import re
 import shutil
-import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -471,27 +469,12 @@ def _import_torch() -> None:
     it has `python -m` end by SIGINT after its line, not exit 130. train, prepare, sample and
     export call this once their quick checks are done (a usage error stays quick).
     """
-    module = _TORCH
-    if (
-        module in sys.modules
-        or threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # ignored, or a host's
-    ):
-        __import__(module)
+    from speedtronic_config.atomic import interrupts_held
+
+    if _TORCH in sys.modules:
         return
-    pressed = False
-
-    def hold(signum: int, frame: Any) -> None:
-        nonlocal pressed
-        pressed = True
-
-    signal.signal(signal.SIGINT, hold)
-    try:
-        __import__(module)
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if pressed:
-        raise KeyboardInterrupt
+    with interrupts_held():
+        __import__(_TORCH)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

@@ -32,7 +32,8 @@ def push_to_hub(
 ) -> str:
     """Create the model repository if needed and upload every file of folder as one commit;
     return the repository URL. Weight files, tokenizer extras and a loss curve an earlier push
-    left that folder lacks are deleted in that commit, as export deletes them locally.
+    left that folder lacks are deleted in that commit, as export deletes them locally. With
+    private, an existing public repository is refused (UsageError) before anything is uploaded.
 
     The token is huggingface_hub's own: HF_TOKEN, else the `hf auth login` cache. Speedtronic
     never reads, prints or stores it. `endpoint` (default: HF_ENDPOINT, else huggingface.co)
@@ -46,24 +47,36 @@ def push_to_hub(
         raise UsageError(f"{folder}: no such export folder")
     check_repo_id(repo_id)
     api = HfApi(endpoint=endpoint)
+    kept = (
+        f"the export in {folder} is complete: push it again with `hf upload {repo_id} {folder}`, "
+        "or rerun the export with --push-to-hub"
+    )
     try:
         url = api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
-        api.upload_folder(
-            folder_path=str(folder),
-            repo_id=repo_id,
-            repo_type="model",
-            commit_message="Upload a Speedtronic export",
-            # A model.safetensors left by an earlier push would shadow new shards: transformers
-            # loads it first. Files uploaded in this commit are never deleted.
-            delete_patterns=list(hf_replaced_files()),
-        )
+        # create_repo leaves an existing repository's visibility as it is: asked for private,
+        # the weights would be published.
+        refused = private and api.repo_info(repo_id, repo_type="model").private is not True
+        if not refused:
+            api.upload_folder(
+                folder_path=str(folder),
+                repo_id=repo_id,
+                repo_type="model",
+                commit_message="Upload a Speedtronic export",
+                # A model.safetensors left by an earlier push would shadow new shards:
+                # transformers loads it first. Files uploaded in this commit are never deleted.
+                delete_patterns=list(hf_replaced_files()),
+            )
     except Exception as error:  # network, token, server: name where, and that nothing is lost
         raise RuntimeError(
             f"pushing to {repo_id} on {api.endpoint} failed ({type(error).__name__}: "
-            f"{first_line(error)}); "
-            f"the export in {folder} is complete: push it again with `hf upload {repo_id} "
-            f"{folder}`, or rerun the export with --push-to-hub"
+            f"{first_line(error)}); {kept}"
         ) from error
+    if refused:
+        raise UsageError(
+            f"--private: {repo_id} is public on {api.endpoint} and --private does not change an "
+            f"existing repository, so nothing was uploaded; make it private in its settings or "
+            f"drop --private; {kept}"
+        )
     return str(url)
 
 

@@ -152,12 +152,13 @@ def plot_metrics(
     fig.suptitle(f"Speedtronic run: {metrics.parent.name}")
     fig.tight_layout()
     target = output_path(metrics, output)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(target, dpi=110)  # a folder without write permission fails here
-    except OSError as error:
-        from speedtronic_config.atomic import unwritable_reason
+    from speedtronic_config.atomic import atomic_write, unwritable_reason
 
+    image = target.suffix[1:].lower()
+    try:
+        # Through a temp file: Ctrl-C or a full disk while writing keeps an earlier image whole.
+        atomic_write(target, lambda handle: fig.savefig(handle, format=image, dpi=110))
+    except OSError as error:  # a folder without write permission fails here
         where = f"-o {target}" if output is not None else str(target)
         fix = (
             "choose a writable folder"

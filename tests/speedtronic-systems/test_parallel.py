@@ -117,3 +117,27 @@ def test_a_plain_model_is_left_alone():
         model(torch.ones(1, 3)).sum().backward()
     assert model.weight.grad is not None
     assert total_norm(torch.tensor(2.5)) == 2.5
+
+
+def test_fsdp_wraps_a_model_whose_state_dict_holds_extra_state():
+    # wrap_model gives every rank rank 0's weights; a module's get_extra_state() entry (any
+    # object, as TransformerEngine layers keep) is no weight to broadcast. An in-process fake
+    # group of two ranks runs the real wrapping; its collectives do nothing.
+    fake_pg = pytest.importorskip("torch.testing._internal.distributed.fake_pg")
+    import torch.distributed as dist
+
+    class Block(nn.Linear):
+        def get_extra_state(self):
+            return {"recipe": "delayed"}
+
+        def set_extra_state(self, state):
+            pass
+
+    model = nn.Module()
+    model.layers = nn.ModuleList([Block(4, 4), Block(4, 4)])
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=0, world_size=2)
+    try:
+        wrap_model(model, ParallelContext("fsdp", 0, 2), {"data_parallel": "fsdp"})
+    finally:
+        dist.destroy_process_group()
+    assert "layers.0._extra_state" in model.state_dict()

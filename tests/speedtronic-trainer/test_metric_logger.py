@@ -2,7 +2,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -260,3 +263,41 @@ def test_a_record_cut_short_is_dropped_before_appending_so_the_next_starts_its_o
     logger.emit("train_step", {"step": 6})
     logger.close()
     assert steps(path) == [1, 2, 3, 4, 5, 6] and "cut short" not in stream.getvalue()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_json_file_that_is_a_pipe_gets_its_records(tmp_path):
+    # logging.json_file may name a pipe (or /dev/stdout): it cannot be read back or cut, so the
+    # check for a record cut short is for regular files only.
+    fifo = tmp_path / "metrics.fifo"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()), daemon=True)
+    reader.start()  # opening a pipe to write waits for its reader
+    logger = MetricLogger(stream=io.StringIO(), json_file=str(fifo))
+    logger.emit("train_step", {"step": 1})
+    logger.emit("train_step", {"step": 2})
+    logger.close()
+    reader.join()
+    assert [json.loads(line)["step"] for line in received[0].splitlines()] == [1, 2]
+
+
+def test_a_json_file_that_cannot_be_read_back_gets_its_records(tmp_path, monkeypatch):
+    # Written but not readable (mode 0200; root reads it anyway, so the refusal is staged): the
+    # check of its last line is skipped, not a PermissionError at the first record.
+    from speedtronic_trainer import metric_logger
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"event": "train_step", "st')
+    real = open
+
+    def write_only(file, mode="r", *args, **kwargs):
+        if "r" in mode and Path(file) == path:
+            raise PermissionError(13, "Permission denied", str(file))
+        return real(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(metric_logger, "open", write_only, raising=False)
+    logger = MetricLogger(stream=io.StringIO(), json_file=str(path))
+    logger.emit("train_step", {"step": 1})
+    logger.close()
+    assert path.read_text().endswith('"step": 1}\n')

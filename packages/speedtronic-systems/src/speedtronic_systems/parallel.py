@@ -350,9 +350,10 @@ def _broadcast_module_states(model: nn.Module, context: ParallelContext) -> None
     """
     if not context.active:
         return
-    states = {id(t): t for t in model.state_dict(keep_vars=True).values()}  # a tied weight once
+    # Not the state_dict's values: a module's get_extra_state() entry there is any object. Each
+    # listing holds a tied tensor once.
     with torch.no_grad():
-        for tensor in states.values():
+        for tensor in [*model.parameters(), *_saved_buffers(model)]:
             dist.broadcast(tensor.detach(), src=0)
 
 
@@ -365,7 +366,7 @@ def _buffer_options(model: nn.Module) -> dict[str, bool]:
     torchrun killed it, silently). torch 2.13 renamed the flag; the old one also leaves buffers
     out of DDP's initial sync, which derived ones do not need.
     """
-    if _has_state_buffers(model):
+    if _saved_buffers(model):
         return {}
     renamed = (
         "forward_sync_buffers" in inspect.signature(nn.parallel.DistributedDataParallel).parameters
@@ -373,10 +374,10 @@ def _buffer_options(model: nn.Module) -> dict[str, bool]:
     return {"forward_sync_buffers" if renamed else "broadcast_buffers": False}
 
 
-def _has_state_buffers(model: nn.Module) -> bool:
-    """Return whether the model has a buffer its state_dict saves (a persistent one)."""
+def _saved_buffers(model: nn.Module) -> list[torch.Tensor]:
+    """Return the model's buffers its state_dict saves (the persistent ones), each once."""
     saved = model.state_dict(keep_vars=True).keys()
-    return any(name in saved for name, _ in model.named_buffers())
+    return [buffer for name, buffer in model.named_buffers() if name in saved]
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import stat
 import sys
 import threading
 import time
@@ -27,6 +28,24 @@ _LEVELS = {
     "WARNING": logging.WARNING,
     "ERROR": logging.ERROR,
 }
+
+
+def _last_line(path: str | os.PathLike[str], end: int) -> tuple[int, bytes]:
+    """Return (where the file's last line starts, its bytes up to `end`), reading back from the
+    end a block at a time: the file may be large.
+    """
+    keep = end
+    with open(path, "rb") as reader:
+        while keep > 0:
+            start = max(0, keep - 4096)
+            reader.seek(start)
+            newline = reader.read(keep - start).rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            keep = start
+        reader.seek(keep)
+        return keep, reader.read(end - keep)
 
 
 @dataclass
@@ -107,18 +126,14 @@ class MetricLogger:
         write a stopped run cut short, which no reader can parse, is dropped, and said.
         """
         self._json_end_checked = True
-        end = keep = os.fstat(handle.fileno()).st_size
-        with open(self.json_file, "rb") as reader:  # type: ignore[arg-type]
-            while keep > 0:  # back to the last newline, a block at a time: the file may be large
-                start = max(0, keep - 4096)
-                reader.seek(start)
-                newline = reader.read(keep - start).rfind(b"\n")
-                if newline >= 0:
-                    keep = start + newline + 1
-                    break
-                keep = start
-            reader.seek(keep)
-            last = reader.read(end - keep)
+        status = os.fstat(handle.fileno())
+        if not stat.S_ISREG(status.st_mode):  # a pipe or device (/dev/stdout): nothing to read
+            return
+        end = status.st_size
+        try:
+            keep, last = _last_line(self.json_file, end)  # type: ignore[arg-type]
+        except OSError:  # written but not readable back (mode 0200): left as it is
+            return
         if not last:
             return
         try:

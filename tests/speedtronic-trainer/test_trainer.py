@@ -1276,16 +1276,21 @@ def test_a_failure_after_the_update_saves_the_completed_step(tmp_path):
     assert torch.load(tmp_path / "step_2.pt", weights_only=True)["step"] == 2
 
 
+def _failing_fsdp_trainer(checkpoints, stream):
+    """A one-rank FSDP trainer whose 7th sample raises, logging into stream."""
+    return make_trainer(
+        loader=make_loader(FailingDataset(7, n=10)),
+        logger=MetricLogger(stream=stream),
+        checkpoint_manager=CheckpointManager(checkpoints, every_steps=100),
+        parallel=ParallelContext(mode="fsdp", world_size=1),
+    )
+
+
 def test_a_one_rank_fsdp_group_writes_no_weightless_emergency_checkpoint(tmp_path):
     # Its dense state holds no weights (FSDP2 saves through DCP): a file from it would move
     # `latest` to a checkpoint that cannot resume.
     stream = io.StringIO()
-    trainer = make_trainer(
-        loader=make_loader(FailingDataset(7, n=10)),
-        logger=MetricLogger(stream=stream),
-        checkpoint_manager=CheckpointManager(tmp_path, every_steps=100),
-        parallel=ParallelContext(mode="fsdp", world_size=1),
-    )
+    trainer = _failing_fsdp_trainer(tmp_path, stream)
     with pytest.raises(ValueError, match="bad sample"):
         trainer.fit(5)
     assert trainer.step == 3 and trainer.emergency_checkpoint is None
@@ -1296,12 +1301,7 @@ def test_a_one_rank_fsdp_group_writes_no_weightless_emergency_checkpoint(tmp_pat
 def test_a_failure_under_data_parallelism_names_this_runs_checkpoint_not_an_earlier_runs(tmp_path):
     make_trainer(checkpoint_manager=CheckpointManager(tmp_path, every_steps=1)).fit(2)
     stream = io.StringIO()
-    trainer = make_trainer(  # a fresh run beside the earlier run's step_2.pt
-        loader=make_loader(FailingDataset(7, n=10)),
-        logger=MetricLogger(stream=stream),
-        checkpoint_manager=CheckpointManager(tmp_path, every_steps=100),
-        parallel=ParallelContext(mode="fsdp", world_size=1),
-    )
+    trainer = _failing_fsdp_trainer(tmp_path, stream)  # a fresh run beside the earlier step_2.pt
     with pytest.raises(ValueError, match="bad sample"):
         trainer.fit(5)
     assert "resume from the start (this run wrote no checkpoint)" in stream.getvalue()

@@ -197,6 +197,7 @@ def resolve_tokenizer(
     stderr. A checkpoint trained on bytes needs no shards. A relative shard glob that matches
     nothing here is also tried from each folder above `checkpoint` (the run started in one).
     """
+    from speedtronic_config.tokenizer_identity import describe_apart
     from speedtronic_data import CharTokenizer, DataError, load_tokenizer
     from speedtronic_data.tokenizer_record import record_for, record_from_identity
 
@@ -207,16 +208,17 @@ def resolve_tokenizer(
         if expected is not None and not _is_recorded(
             codec, given, expected, config.data, checkpoint
         ):
-            # Two tokenizer.json files of one size read alike: say that the bytes differ.
+            # Two tokenizer.json files of one size read alike: name each sha256 and say why.
+            this, recorded_one = describe_apart(given.identity(), expected.identity())
             other = (
-                " (the same name and size but another file; with the run's data, which holds its "
-                "copy, not at hand, only the sha256 the checkpoint records can be compared)"
+                " (another file; with the run's data, which holds its copy, not at hand, only the "
+                "sha256 the checkpoint records can be compared)"
                 if given.describe() == expected.describe()
                 else ""
             )
             raise UsageError(
-                f"--tokenizer {choice} is {given.describe()}, but the checkpoint was trained with "
-                f"{expected.describe()}{other}; pass that one, or omit --tokenizer"
+                f"--tokenizer {choice} is {this}, but the checkpoint was trained with "
+                f"{recorded_one}{other}; pass that one, or omit --tokenizer"
             )
         return codec
     if expected is not None and expected.kind == "bytes":

@@ -10,10 +10,9 @@
 #      FSDP2 saving a DCP checkpoint and resuming from it, then DDP (eager: the compiled path is 3);
 #   5. the Muon benchmark at 12 layers x d_model 768 on the GPU (tools/bench/bench_optim.py);
 #   6. where the 124M step's GPU time goes by kernel family, what the trainer costs over a bare
-#      loop, and what cuDNN's attention kernel, CUDA graphs, a bf16 residual stream and twice the
-#      batch change (profile_gpu.py --variants, likeliest MFU gain first; max_autotune is left
-#      out: minutes). Last, as the longest: it gets what the budget has left, and writes its JSON
-#      after each part it measured.
+#      loop, and what twice the batch, CUDA graphs and a bf16 residual stream change
+#      (profile_gpu.py --variants; max_autotune is left out: minutes). Last, as the longest: it
+#      gets what the budget has left, and writes its JSON after each part it measured.
 # Every step runs under its own time limit, cut to what the budget has left (a step with under
 # 20 s left is skipped); a failed, timed-out or skipped step does not stop the later ones, and
 # the summary ($GPU_CHECK_OUT/summary.txt) lists each step's exit code and seconds.
@@ -94,7 +93,7 @@ step ddp 60 "$PYTHON" -m speedtronic train "${parallel[@]}" --set parallel.data_
 step muon 90 "$PYTHON" tools/bench/bench_optim.py --full --device cuda --world 1 --repeats 10 \
   --out "$OUT/optim_cuda.json"
 step gpu-profile 240 "$PYTHON" tools/bench/profile_gpu.py --out "$OUT/gpu_profile.json" \
-  --variants cudnn_attention cuda_graphs bf16_residual batch_x2
+  --variants batch_x2 cuda_graphs bf16_residual
 
 echo "results in $OUT"
 cat "$OUT/summary.txt"

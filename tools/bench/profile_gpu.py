@@ -6,8 +6,8 @@ tokens/s set beside bench_gpu's trainer figure shows what the trainer's bookkeep
 profiles five bare steps and sums the GPU kernels' time by family (matrix products, attention,
 Triton-fused elementwise/norm/loss kernels, optimizer, other), the question an MFU gap asks first.
 With --variants it also times the bare loop under settings not yet tried on a GPU (twice the batch,
-CUDA graphs, max-autotune, a bf16 residual stream, cuDNN's attention kernel), each as a ratio to the
-plain compiled loop measured in the same run.
+CUDA graphs, max-autotune, a bf16 residual stream), each as a ratio to the plain compiled loop
+measured in the same run.
 
 Usage: python tools/bench/profile_gpu.py [--batch 16] [--out PATH] [--variants NAME ...]
        [--tiny --device cpu --no-compile] (a CPU smoke run of this script; CPU time then)
@@ -22,13 +22,11 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from bench_gpu import MODEL_124M, TINY, add_run_arguments, config, cuda_missing
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchlib import RESULTS, machine_info, mfu_text, write_json
 from speedtronic.runtime import build_runtime
@@ -52,9 +50,6 @@ class Variant(NamedTuple):
     # Autocast keeps the residual stream (embedding output, every residual add, the norms'
     # inputs) in float32: a bf16 one halves the bytes the Triton elementwise/norm kernels move.
     bf16_residual: bool = False
-    # scaled_dot_product_attention's kernel: torch picks FlashAttention-2 by default, while
-    # cuDNN's attention is reported faster on Hopper (sm90). None leaves torch's choice.
-    attention: str | None = None
 
 
 # max-autotune benchmarks kernel choices while compiling: minutes on a GPU.
@@ -63,7 +58,6 @@ VARIANTS = {
     "cuda_graphs": Variant(compile_options={"mode": "reduce-overhead"}),
     "max_autotune": Variant(compile_options={"mode": "max-autotune-no-cudagraphs"}),
     "bf16_residual": Variant(bf16_residual=True),
-    "cudnn_attention": Variant(attention="CUDNN_ATTENTION"),
 }
 
 
@@ -231,15 +225,8 @@ def _variant(
         if variant.bf16_residual
         else None
     )
-    # Held while it compiles too: the traced graph keeps the backend the context names.
-    backend = (
-        sdpa_kernel([getattr(SDPBackend, variant.attention)])
-        if variant.attention
-        else nullcontext()
-    )
     try:
-        with backend:
-            rate = statistics.median(_rates(steps, batch * factor * model_config["max_seq_len"]))
+        rate = statistics.median(_rates(steps, batch * factor * model_config["max_seq_len"]))
     except Exception as error:  # an untried setting may fail (memory, graphs): keep the rest
         trainer.optimizer.zero_grad(set_to_none=True)  # no half step's gradients carry over
         return {"batch": batch * factor, "error": f"{type(error).__name__}: {error}"}
@@ -250,7 +237,6 @@ def _variant(
         "batch": batch * factor,
         "compile_options": options,
         "bf16_residual": variant.bf16_residual,
-        "attention": variant.attention,
         "tokens_per_s": rate,
         "ratio": rate / plain_tokens_per_s,
         "mfu": _mfu(model, trainer.device, rate),

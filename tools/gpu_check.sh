@@ -76,7 +76,9 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep the log, r
 
 step gpu-124m 120 "$PYTHON" tools/bench/bench_gpu.py --out "$OUT/gpu.json"
 mapfile -t cuda_tests < <(grep -rl "pytest.mark.cuda" tests --include='test_*.py' | sort)
-step cuda-tests 180 "$PYTHON" -m pytest -q -rs -m cuda -p no:cacheprovider \
+# -vv (the project's addopts hold -q) names each test as it ends: a step cut short by its limit
+# still shows which ones ran, and the durations size this step's limit for the next session.
+step cuda-tests 180 "$PYTHON" -m pytest -vv -rs --durations=0 -m cuda -p no:cacheprovider \
   --basetemp=/tmp/gpu-check-pytest "${cuda_tests[@]}"
 [ -f data/stdlib/val_000000.bin ] || step prepare 60 "$PYTHON" -m speedtronic prepare data/stdlib
 step main-job 150 "$PYTHON" -m speedtronic train configs/quickstart.yaml \

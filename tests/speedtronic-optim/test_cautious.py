@@ -24,6 +24,19 @@ def test_masks_misaligned_entries_and_rescales() -> None:
     torch.testing.assert_close(delta[:3], torch.full((3,), 1.1 * 4 / 4))
 
 
+def test_a_maximizing_base_keeps_the_entries_that_ascend() -> None:
+    # With maximize=True the base moves along the gradient; every entry read as misaligned and
+    # was reverted, so the wrapped optimizer never moved.
+    params = [torch.nn.Parameter(torch.zeros(4)) for _ in range(2)]
+    groups = [{"params": [params[0]], "maximize": True}, {"params": [params[1]]}]
+    optimizer = CautiousOptimizer(torch.optim.SGD(groups, lr=1.0))
+    for param in params:
+        param.grad = torch.tensor([1.0, -1.0, 2.0, -2.0])
+    optimizer.step()  # every entry agrees with its group's direction: all kept, scaled 4 / 5
+    torch.testing.assert_close(params[0].detach(), torch.tensor([1.0, -1.0, 2.0, -2.0]) * 0.8)
+    torch.testing.assert_close(params[1].detach(), torch.tensor([-1.0, 1.0, -2.0, 2.0]) * 0.8)
+
+
 def test_fp16_parameters_are_masked_and_scaled_as_float32_ones() -> None:
     # The kept count (an fp16 sum) overflowed past 65504 entries, so the scale was 0 and nothing
     # moved; and delta * grad of small values underflowed to 0, reverting descent entries.

@@ -50,7 +50,10 @@ def _check_raises(error: type[Exception], fragment: str, build) -> None:
         ({"ns_steps": 0}, ValueError, "Muon ns_steps: expected an integer >= 1, got 0"),
         ({"weight_decay": math.nan}, ValueError, "Muon weight_decay: expected a finite number"),
         ({"eps": -1}, ValueError, "Muon eps: expected a finite number >= 0, got -1"),
-        ({"norm_eps": math.inf}, ValueError, "Muon norm_eps: expected a finite number >= 0"),
+        ({"norm_eps": math.inf}, ValueError, "Muon norm_eps: expected a finite number > 0"),
+        # Muon+ divides each row and column by its norm + norm_eps: a zero row (a dead unit's
+        # gradient) made the whole matrix NaN.
+        ({"norm_eps": 0.0}, ValueError, "Muon norm_eps: expected a finite number > 0, got 0.0"),
         ({"nesterov": "yes"}, TypeError, "Muon nesterov: expected True or False, got 'yes'"),
         ({"muon_plus": 1}, TypeError, "Muon muon_plus: expected True or False, got 1"),
         ({"ns_dtype": "bf16"}, TypeError, "Muon ns_dtype: expected None or one of"),
@@ -83,6 +86,9 @@ def test_muon_rejects_a_module_for_its_parameters(make_lm) -> None:
         ({"fused": "no"}, TypeError, "HybridOptimizer fused: expected True, False or None"),
         ({"muon_ns_steps": 2.5}, TypeError, "HybridOptimizer muon_ns_steps: expected an integer"),
         ({"muon_momentum": -0.1}, ValueError, "HybridOptimizer muon_momentum: expected a finite"),
+        ({"muon_norm_eps": 0}, ValueError, "HybridOptimizer muon_norm_eps: expected a finite"),
+        ({"muon_adjust_lr": "rms"}, ValueError, "HybridOptimizer muon_adjust_lr: expected one of"),
+        ({"muon_process_group": 0}, TypeError, "HybridOptimizer muon_process_group: expected a"),
     ],
 )
 def test_hybrid_rejects(kwargs: dict, error: type[Exception], fragment: str) -> None:

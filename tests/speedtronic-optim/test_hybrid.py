@@ -156,7 +156,7 @@ def test_a_parameter_in_both_branches_or_a_bare_tensor_is_refused() -> None:
 
 
 def test_a_process_group_that_is_not_one_is_refused_when_built() -> None:
-    with pytest.raises(TypeError, match="Muon process_group: expected a torch.distributed"):
+    with pytest.raises(TypeError, match="HybridOptimizer muon_process_group: expected a torch"):
         HybridOptimizer([torch.nn.Parameter(torch.randn(4, 4))], [], muon_process_group="world")
 
 
@@ -204,3 +204,39 @@ def test_setdefault_and_pop_of_a_parameter_without_state_act_as_torch_optimizers
         with pytest.raises(KeyError):
             optimizer.state.pop(vector)
         assert optimizer.state.pop(matrix) == {"step": 7} and len(optimizer.state) == 0
+
+
+def _stepped_pair(norm_width: int) -> HybridOptimizer:
+    """Return a hybrid over a Linear(8, 8) (Muon) and a LayerNorm of `norm_width` after a step."""
+    torch.manual_seed(0)
+    linear, norm = torch.nn.Linear(8, 8), torch.nn.LayerNorm(norm_width)
+    optimizer = HybridOptimizer([linear.weight], [linear.bias, *norm.parameters()], muon_lr=0.02)
+    for param in [linear.weight, linear.bias, *norm.parameters()]:
+        param.grad = torch.randn_like(param)
+    optimizer.step()
+    return optimizer
+
+
+def test_a_state_from_another_model_is_refused_before_either_branch_loads() -> None:
+    # The Muon matrices match, the AdamW ones not: AdamW loaded moments of the wrong shape and
+    # the next step() failed with a bare broadcasting error, and a refused AdamW branch left
+    # the Muon branch already loaded.
+    saved = copy.deepcopy(_stepped_pair(8).state_dict())
+    other = _stepped_pair(4)
+    before = copy.deepcopy(other.state_dict())
+    with pytest.raises(ValueError, match=r"adamw: parameter 1 of group 0 has shape \(4,\).*\(8,\)"):
+        other.load_state_dict(saved)
+    after = other.state_dict()
+    for name in ("muon", "adamw"):
+        for index, state in before[name]["state"].items():
+            for key, value in state.items():
+                assert torch.equal(after[name]["state"][index][key], value), (name, index, key)
+    other.adamw.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+    with pytest.raises(
+        ValueError, match="adamw: the optimizer has 2 parameter groups but the state 1"
+    ):
+        other.load_state_dict(saved)
+    assert torch.equal(
+        other.muon.state_dict()["state"][0]["momentum_buffer"],
+        before["muon"]["state"][0]["momentum_buffer"],
+    )

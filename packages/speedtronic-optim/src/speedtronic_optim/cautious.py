@@ -20,7 +20,8 @@ class CautiousOptimizer(Optimizer):
     """Composable cautious wrapper around a Speedtronic/native optimizer.
 
     After the base step, entries of the observed update that do not descend along the current
-    gradient are reverted, and the kept entries are scaled by numel / (kept + 1) (C-Optim's rule).
+    gradient (ascend, in a group with ``maximize=True``) are reverted, and the kept entries are
+    scaled by numel / (kept + 1) (C-Optim's rule).
     """
 
     def __init__(self, base: Optimizer) -> None:
@@ -81,13 +82,16 @@ class CautiousOptimizer(Optimizer):
                         f"{'complex' if param.is_complex() else 'sparse'} one of shape "
                         f"{tuple(param.shape)}; train without cautious for it"
                     )
-                snapshot.append((param, param.detach().clone(), param.grad))
+                # A maximizing group (torch.optim's maximize=True) ascends: along the gradient.
+                sign = -1 if group.get("maximize", False) else 1
+                snapshot.append((param, param.detach().clone(), param.grad, sign))
         self.base.step()
-        for param, before, grad in snapshot:
+        for param, before, grad, sign in snapshot:
             delta = param.detach() - before
-            # Moves against the gradient: a descent entry. Signs, not delta * grad, which
-            # underflows to 0 in fp16; the count is an int64 sum, where fp16's overflows at 65504.
-            keep = delta.sign() * grad.sign() < 0
+            # Moves against the gradient (along it, maximizing): a descent entry. Signs, not
+            # delta * grad, which underflows to 0 in fp16; the count is an int64 sum, where
+            # fp16's overflows at 65504.
+            keep = delta.sign() * grad.sign() * sign < 0
             scale = keep.numel() / (keep.sum() + 1)
             param.copy_(before.add_(delta.mul_(keep).mul_(scale)))
         return loss

@@ -110,7 +110,8 @@ _FRACTION = functools.partial(check_number, low=0.0, high=1.0, open_high=True)
 _RULES: dict[str, Callable[[str, Any], None]] = {
     "lr": _NON_NEGATIVE,
     "eps": _NON_NEGATIVE,
-    "norm_eps": _NON_NEGATIVE,
+    # Muon+ divides rows and columns by norm + norm_eps: 0 makes a zero row (a dead unit) NaN.
+    "norm_eps": functools.partial(check_number, low=0.0, open_low=True),
     "weight_decay": _NON_NEGATIVE,
     "momentum": _FRACTION,
     "betas": check_betas,

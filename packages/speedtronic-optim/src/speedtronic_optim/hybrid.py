@@ -15,7 +15,8 @@ from speedtronic_optim.adamw import (
     DEFAULT_WEIGHT_DECAY,
     make_adamw,
 )
-from speedtronic_optim.checks import check_arguments, check_parameters
+from speedtronic_optim.checks import check_arguments, check_parameters, show_value
+from speedtronic_optim.distributed_muon import check_process_group
 from speedtronic_optim.facade import (
     MergedState,
     check_keys,
@@ -24,7 +25,8 @@ from speedtronic_optim.facade import (
     hooked_state_dict,
     init_facade,
 )
-from speedtronic_optim.muon import Muon
+from speedtronic_optim.muon import ADJUST_LR, Muon
+from speedtronic_optim.saved_state import check_loadable
 
 
 def _listed(params: Any) -> list[Any]:
@@ -96,6 +98,12 @@ class HybridOptimizer(Optimizer):
             muon_plus=muon_plus,
             muon_distributed=muon_distributed,
         )
+        if muon_adjust_lr not in ADJUST_LR:
+            raise ValueError(
+                f"HybridOptimizer muon_adjust_lr: expected one of {ADJUST_LR}, got "
+                f"{show_value(muon_adjust_lr)}"
+            )
+        check_process_group("HybridOptimizer muon_process_group", muon_process_group)
         muon_params, adamw_params = _listed(muon_params), _listed(adamw_params)
         if not muon_params and not adamw_params:
             raise ValueError(
@@ -200,5 +208,7 @@ class HybridOptimizer(Optimizer):
 
     def _load_children(self, state_dict: dict[str, Any]) -> None:
         check_keys(state_dict, set(self.children), "HybridOptimizer")
+        for name, child in self.children.items():  # all checked first: none loads if one fails
+            check_loadable(f"HybridOptimizer.load_state_dict: {name}", child, state_dict[name])
         for name, child in self.children.items():
             child.load_state_dict(state_dict[name])

@@ -31,6 +31,7 @@ from speedtronic_optim.newton_schulz import (
     post_polar_normalize,
     work_dtype,
 )
+from speedtronic_optim.saved_state import check_state_shapes
 
 ADJUST_LR = ("original", "match_rms_adamw", "none")
 # torch.optim.Muon's adjust_lr_fn values (None is its "original") as this Muon's adjust_lr.
@@ -76,24 +77,6 @@ def _check_options(owner: str, options: dict[str, Any]) -> None:
                 f"triple of finite numbers or a non-empty sequence of them, got "
                 f"{show_value(coefficients)}"
             ) from None
-
-
-def _check_momentum_shapes(groups: list[dict[str, Any]], state: dict[Any, Any]) -> None:
-    """Raise unless every parameter's momentum has its shape: torch.optim pairs saved and live
-    parameters by position, so groups built in another order than the saved run's load, and
-    every step() then fails with a bare broadcasting error.
-    """
-    for group_index, group in enumerate(groups):
-        for index, param in enumerate(group["params"]):
-            held = state.get(param)
-            buffer = held.get("momentum_buffer") if isinstance(held, dict) else None
-            if isinstance(buffer, torch.Tensor) and buffer.shape != param.shape:
-                raise ValueError(
-                    f"Muon.load_state_dict: parameter {index} of group {group_index} has shape "
-                    f"{tuple(param.shape)} but its saved momentum {tuple(buffer.shape)}: the "
-                    "state was saved with the groups or parameters in another order; build the "
-                    "optimizer with them in the saved run's order"
-                )
 
 
 def _from_torch_muon(groups: list[dict[str, Any]]) -> None:
@@ -211,7 +194,9 @@ class Muon(Optimizer):
         """
         # load_state_dict hands its result here, after its pre-hooks and before anything changes.
         _from_torch_muon(state.get("param_groups", []))
-        _check_momentum_shapes(state.get("param_groups", []), state.get("state", {}))
+        check_state_shapes(
+            "Muon.load_state_dict", state.get("param_groups", []), state.get("state", {})
+        )
         mode = {name: self.__dict__.get(name) for name in ("distributed", "process_group")}
         super().__setstate__({**mode, **state})
         # Groups saved before an option existed (2.0's Muon) take this optimizer's value.

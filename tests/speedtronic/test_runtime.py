@@ -324,6 +324,33 @@ def test_a_resume_that_moves_the_schedules_horizon_says_so(tmp_path):
     assert len([line for line in log.read_text().splitlines() if "WARNING" in line]) == 1
 
 
+@pytest.mark.parametrize(
+    "scheduler",
+    [
+        {},  # the horizon follows the later target
+        {"warmup_steps": 4, "max_steps": 8},
+        {"name": "wsd", "decay_ratio": 0.5},
+        {"name": "constant"},
+    ],
+)
+def test_a_resumed_runs_first_step_takes_the_rate_its_new_schedule_gives(tmp_path, scheduler):
+    from speedtronic_optim.schedules import lr_lambda
+
+    def config(target: int, **changed) -> dict:
+        return small_config(tmp_path, max_steps=target, scheduler={"warmup_steps": 1, **changed})
+
+    runtime.train_from_config(config(2))
+    trainer, _ = runtime.build_runtime(config(8, **scheduler), resume=True)
+    # The optimizer state holds the rate the checkpoint's schedule set for step 3; the first
+    # resumed update must run at the new schedule's rate, as every later one does.
+    factor = lr_lambda(trainer.config.scheduler)(2)
+    assert [group["lr"] for group in trainer.optimizer.param_groups] == [
+        base * factor for base in trainer.scheduler.base_lrs
+    ]
+    assert trainer.scheduler.get_last_lr() == [base * factor for base in trainer.scheduler.base_lrs]
+    trainer.close()
+
+
 def test_a_resume_at_a_target_below_its_checkpoint_warns_nothing_and_deletes_nothing(tmp_path):
     log = tmp_path / "train.log"
     config = small_config(
@@ -365,6 +392,22 @@ def test_a_changed_batch_or_window_on_resume_is_named_in_one_warning_each(tmp_pa
     (warning,) = [line for line in log.read_text().splitlines() if "WARNING" in line]
     assert "data.block_size is 8 here but 16 in the checkpoint" in warning
     assert "does not continue the data exactly where it stopped" in warning
+
+
+def test_a_changed_run_seed_on_resume_is_named_in_one_warning(tmp_path):
+    log = tmp_path / "train.log"
+
+    def config(seed: int) -> dict:
+        data = {"num_tokens": 32, "micro_batch_size": 2, "target_batch_size": 2, "seed": 1234}
+        return small_config(tmp_path, seed=seed, data=data, logging={"file": str(log)})
+
+    runtime.train_from_config(config(1234))
+    runtime.build_runtime(config(1234), resume=True)[0].close()
+    assert "WARNING" not in log.read_text()
+    # The checkpoint's random state is restored: the new seed draws nothing.
+    runtime.build_runtime(config(7), resume=True)[0].close()
+    (warning,) = [line for line in log.read_text().splitlines() if "WARNING" in line]
+    assert "run.seed 7 is not applied on resume" in warning and "seeded with 1234" in warning
 
 
 def bpe_config(tmp_path, **data) -> dict:

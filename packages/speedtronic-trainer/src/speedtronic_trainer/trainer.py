@@ -188,6 +188,23 @@ def _same_setting(first: Any, second: Any) -> bool:
     return bool(first == second)
 
 
+def _apply_schedule(scheduler: Any) -> None:
+    """Set each parameter group's rate to what `scheduler` (just restored) gives at its step.
+
+    The optimizer state holds the rate the checkpoint's schedule set for the next step: under
+    another horizon, warmup or schedule, the first resumed update would still run at it. A
+    LambdaLR's rate is a closed form of its step, so it is recomputed (the same value when the
+    schedule is unchanged); another scheduler is left as torch restored it.
+    """
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        return
+    step, lambdas = scheduler.last_epoch, scheduler.lr_lambdas
+    rates = [base * fn(step) for base, fn in zip(scheduler.base_lrs, lambdas, strict=True)]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
+        group["lr"] = rate
+    scheduler._last_lr = rates  # get_last_lr() reports the rate the next update runs at
+
+
 def _as_config(config: Any) -> SpeedtronicConfig:
     """Return config as a SpeedtronicConfig: None gives every default, a mapping is validated."""
     if config is None:
@@ -924,6 +941,7 @@ class Trainer:
         self._warn_if_settings_kept(built)
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+            _apply_schedule(self.scheduler)
             self._warn_if_lr_kept(state)
             self._warn_if_horizon_moved(state)
         self._warn_if_data_changed(state)
@@ -1112,6 +1130,24 @@ class Trainer:
             for warning in caught:
                 self.logger.warning("%s", warning.message)
         restore_rng_state(mine.get("rng"))
+        self._warn_if_seed_kept(state)
+
+    def _warn_if_seed_kept(self, state: dict[str, Any]) -> None:
+        """Say so when this run's run.seed differs from the checkpoint's: its random state was
+        just restored, so the new seed draws nothing (data.seed, which orders the data, is named
+        by _warn_if_data_changed).
+        """
+        saved = ((state.get("config") or {}).get("run") or {}).get("seed")
+        if not self._config_given or saved is None or saved == self.config.run.seed:
+            return
+        self.logger.warning(
+            "run.seed %d is not applied on resume: the checkpoint's random state continues (its "
+            "run was seeded with %d); to draw with seed %d, export these weights (speedtronic "
+            "export CHECKPOINT DIR --format hf) and start a new run with model.init_from: hf:DIR",
+            self.config.run.seed,
+            saved,
+            self.config.run.seed,
+        )
 
     def resume_latest(self) -> bool:
         """Resume from the checkpoint manager's newest valid checkpoint; return whether one was

@@ -249,6 +249,25 @@ def test_rope_tables_are_not_saved_in_the_state_dict():
     )
 
 
+def test_a_model_built_on_the_meta_device_computes_its_rope_tables_on_to_empty():
+    # The large-model recipe: build on meta, to_empty(), load a checkpoint. No checkpoint holds the
+    # RoPE tables, so to_empty's uninitialised memory gave NaN logits.
+    reference = small().eval()
+    with torch.device("meta"):
+        model = small()
+    model.to_empty(device="cpu").load_state_dict(reference.state_dict())
+    assert torch.equal(model.eval()(tokens())["logits"], reference(tokens())["logits"])
+
+
+def test_rope_tables_are_computed_again_not_rounded_on_a_dtype_round_trip():
+    model, reference = small(), small()
+    model.to(torch.bfloat16).float()  # weights rounded, tables recomputed from rope_base
+    for name in ("inv_freq", "cos_cached", "sin_cached"):
+        assert torch.equal(getattr(model.rope, name), getattr(reference.rope, name)), name
+    assert model.to(torch.bfloat16).rope.cos_cached.dtype == torch.bfloat16
+    assert torch.equal(model.rope.cos_cached, reference.rope.cos_cached.to(torch.bfloat16))
+
+
 # -- tying, init, optimizer roles ----------------------------------------------------------
 
 
@@ -260,6 +279,43 @@ def test_tied_embedding_and_head_share_one_tensor():
     loss = tied(tokens(), labels=tokens(seed=4))["loss"]
     loss.backward()
     assert tied.tok_emb.weight.grad is tied.lm_head.weight.grad
+
+
+def test_loading_with_assign_keeps_the_head_tied():
+    # The meta-device recipe's other way in: load_state_dict(assign=True) put the checkpoint's
+    # two entries in as two parameters, so training moved them apart and the export (which
+    # writes the embedding once) dropped the head's.
+    reference = small().eval()
+    with torch.device("meta"):
+        model = small()
+    model.load_state_dict(reference.state_dict(), assign=True)
+    assert model.lm_head.weight is model.tok_emb.weight
+    assert model.num_parameters() == reference.num_parameters()
+    assert model.rope.cos_cached.device.type == "cpu"  # built where the weights landed
+    assert torch.equal(model.eval()(tokens())["logits"], reference(tokens())["logits"])
+
+
+def test_a_tied_model_refuses_a_checkpoint_whose_head_differs_from_its_embedding():
+    untied = small(tie_weights=False).state_dict()
+    model = small()
+    with pytest.raises(ValueError, match="tie_weights") as error:
+        model.load_state_dict(untied)
+    assert "\n" not in str(error.value)
+    assert torch.equal(model.tok_emb.weight, small().tok_emb.weight)  # nothing loaded
+    del untied["tok_emb.weight"]
+    model.load_state_dict(untied, strict=False)  # 2.0's load: the head's values in both
+    assert torch.equal(model.tok_emb.weight, untied["lm_head.weight"])
+    assert model.lm_head.weight is model.tok_emb.weight
+    copies = {name: value.clone() for name, value in small().state_dict().items()}
+    small().load_state_dict(copies)  # equal copies (a safetensors round trip) load
+    copies["tok_emb.weight"][0, 0] = math.nan  # a diverged run's: still one tensor saved twice
+    copies["lm_head.weight"] = copies["tok_emb.weight"].clone()
+    small().load_state_dict(copies)
+
+
+def test_share_memory_shares_the_rebuilt_rope_tables_too():
+    model = small().share_memory()
+    assert model.rope.cos_cached.is_shared() and model.rope.inv_freq.is_shared()
 
 
 def test_embedding_and_head_are_routed_to_adamw():

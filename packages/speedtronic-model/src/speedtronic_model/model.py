@@ -113,20 +113,40 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, base: float = 10000.0, max_seq_len: int = 2048) -> None:
         super().__init__()
-        inv_freq = 1.0 / base ** (
-            torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
-        )  # (D/2,)
+        self.head_dim, self.base = head_dim, base
         # Non-persistent buffers: they follow .to(device) but stay out of checkpoints.
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", torch.empty(0), persistent=False)  # (D/2,)
         self.register_buffer("cos_cached", torch.empty(0), persistent=False)
         self.register_buffer("sin_cached", torch.empty(0), persistent=False)
         self._build(max_seq_len)
 
     def _build(self, seq_len: int) -> None:
-        t = torch.arange(seq_len, device=self.inv_freq.device, dtype=torch.float32)
-        freqs = torch.outer(t, self.inv_freq)  # (T, D/2)
+        """Compute the tables in float32 on the CPU (unless on meta), then give them the buffers'
+        device and dtype.
+        """
+        device, dtype = self.inv_freq.device, self.inv_freq.dtype
+        on = device if device.type == "meta" else torch.device("cpu")
+        inv_freq = 1.0 / self.base ** (
+            torch.arange(0, self.head_dim, 2, device=on, dtype=torch.float32) / self.head_dim
+        )
+        t = torch.arange(seq_len, device=on, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)  # (T, D/2)
         angles = torch.cat((freqs, freqs), dim=-1)  # (T, D)
-        self.cos_cached, self.sin_cached = angles.cos(), angles.sin()
+        self.inv_freq, self.cos_cached, self.sin_cached = (
+            table.to(device=device, dtype=dtype) for table in (inv_freq, angles.cos(), angles.sin())
+        )
+
+    def _apply(self, fn: Any, recurse: bool = True) -> RotaryEmbedding:
+        # The tables are a function of base, never of the moved values: to_empty() (after a build
+        # on the meta device) leaves them uninitialised and no checkpoint restores them, and a
+        # .to(bfloat16).float() round trip would keep them rounded.
+        super()._apply(fn, recurse)
+        shared = self.cos_cached.is_shared()
+        self._build(self.cos_cached.size(0))
+        if shared:  # Module.share_memory() puts every tensor in shared memory: the new ones too
+            for table in (self.inv_freq, self.cos_cached, self.sin_cached):
+                table.share_memory_()
+        return self
 
     def forward(
         self, seq_len: int, device: torch.device, dtype: torch.dtype
@@ -337,6 +357,7 @@ class ReferenceTransformer(nn.Module):
                 nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
         if config.tie_weights:
             self.lm_head.weight = self.tok_emb.weight
+        self.register_load_state_dict_post_hook(_after_load)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -344,6 +365,12 @@ class ReferenceTransformer(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
+
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
+        # Runs before any submodule loads, also inside a wrapper's load_state_dict.
+        if self.config.tie_weights:
+            _check_tied_head(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def set_gradient_checkpointing(self, enabled: bool = True) -> None:
         """Recompute every block's activations in backward (less memory, ~1/3 more compute)."""
@@ -545,6 +572,44 @@ class ReferenceTransformer(nn.Module):
         finally:
             restore_modes()
         return input_ids
+
+
+def _check_tied_head(state_dict: Any, prefix: str) -> None:
+    """Raise ValueError when a checkpoint for a tied model holds a head other than its embedding:
+    both load into the one shared tensor, so the head's values would replace the embedding's.
+    """
+    embedding, head = (
+        state_dict.get(prefix + name) for name in ("tok_emb.weight", "lm_head.weight")
+    )
+    # Plain tensors only: a DTensor pair (FSDP2) compares through a collective, and a sharded
+    # resume checks the model settings it was written with instead.
+    if not all(type(t) in (torch.Tensor, nn.Parameter) for t in (embedding, head)):
+        return
+    if embedding.is_meta or head.is_meta or embedding.shape != head.shape:
+        return  # nothing to compare; a shape mismatch is load_state_dict's own error
+    same = embedding.data_ptr() == head.data_ptr() and embedding.stride() == head.stride()
+    # A NaN in both copies (a diverged run's checkpoint) is still one tensor saved twice.
+    copy = head.to(embedding.device, embedding.dtype)
+    if same or torch.allclose(embedding, copy, rtol=0.0, atol=0.0, equal_nan=True):
+        return
+    raise ValueError(
+        f"the state dict's {prefix}lm_head.weight differs from its {prefix}tok_emb.weight (an "
+        "untied model's), but this model ties them (tie_weights=True), so the embedding would be "
+        "lost; build the model with tie_weights=False (model.tie_weights: false) to load both, or "
+        "leave out one of the two and pass strict=False to load the other into both"
+    )
+
+
+def _after_load(model: ReferenceTransformer, incompatible_keys: Any) -> None:
+    """Tie the head again (load_state_dict(assign=True) puts each checkpoint entry in as its own
+    parameter) and build the RoPE tables a model made on the meta device still lacks, where its
+    weights now are.
+    """
+    if model.config.tie_weights and model.lm_head.weight is not model.tok_emb.weight:
+        model.lm_head.weight = model.tok_emb.weight
+    weight = model.tok_emb.weight
+    if model.rope.inv_freq.is_meta and not weight.is_meta:
+        model.rope.to_empty(device=weight.device)
 
 
 def _takes_keyword(function: Any, name: str) -> bool:

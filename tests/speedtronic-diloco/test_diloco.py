@@ -507,6 +507,82 @@ def test_failed_delta_after_a_global_install_is_resent_with_its_own_base(server,
     master.stop()
 
 
+def diloco_reference(rounds, delay):
+    """Hand-computed DiLoCo for one node, as `train` feeds it (round r: 4 steps of seed r): the
+    pseudo-gradient is the round's start minus its end, the outer step torch.optim.SGD(lr 0.7,
+    momentum 0.9, nesterov) on it, the inner AdamW reset at each boundary. delay 0 is the paper's
+    synchronous round (the node restarts from the global its delta made); with delay 1 the node
+    installs, at a boundary, the global the round before made, which lacks the delta it just sent.
+    Return (the global model's weight, the node's).
+    """
+    net = model(0)
+    opt = torch.optim.AdamW(net.parameters(), lr=0.05)
+    weight = torch.nn.Parameter(net.weight.detach().clone())
+    outer = torch.optim.SGD([weight], lr=0.7, momentum=0.9, nesterov=True)
+    start = weight.detach().clone()
+    for index in range(rounds):
+        gen = torch.Generator().manual_seed(index)
+        for _ in range(4):
+            x = torch.randn(16, 4, generator=gen)
+            loss = torch.nn.functional.mse_loss(net(x), x @ TRUE_W.T)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        weight.grad = start - net.weight.detach()
+        published = weight.detach().clone()  # the previous round's global
+        outer.step()
+        opt.state.clear()
+        if delay == 0:
+            published = weight.detach().clone()
+        elif index == 0:  # outer step 0 is installed already: the node trains on
+            published = net.weight.detach().clone()
+        with torch.no_grad():
+            net.weight.copy_(published)
+        start = published
+    return weight.detach(), net.weight.detach()
+
+
+def test_a_lone_master_with_max_local_rounds_1_runs_the_papers_synchronous_rounds(server, tmp_path):
+    # Each boundary waits for the round of the delta it sent: every round starts from the global
+    # model the last one made, as in DiLoCo's algorithm (k = 1).
+    master, net, opt = node(
+        server,
+        tmp_path,
+        "master",
+        max_local_rounds=1,
+        global_wait_timeout=60.0,
+        async_global_poll=True,  # the master's round stages its global for the waiting node
+        poll_interval=0.1,  # the master's own thread runs the rounds
+    )
+    master.start()
+    for index in range(3):
+        train(master, net, opt, 4, seed=index)
+    outer_step, state = master.master.snapshot()
+    weight, inner = diloco_reference(3, delay=0)
+    assert outer_step == 3 and master.last_global_step == 3
+    assert torch.allclose(state["weight"], weight, rtol=0, atol=1e-6)
+    assert torch.allclose(net.weight.detach(), inner, rtol=0, atol=1e-6)
+    master.stop()
+
+
+def test_a_lone_master_that_never_waits_applies_each_delta_one_round_late(server, tmp_path):
+    # docs/diloco.md (tuning notes): with max_local_rounds null a node installs, at a boundary,
+    # the global that lacks the delta it sends there, so even a master alone trains on a global
+    # one outer step behind the one its delta is applied to. Each delta still counts once.
+    master, net, opt = node(server, tmp_path, "master", staleness_limit=None)
+    master.start()
+    for index in range(3):
+        train(master, net, opt, 4, seed=index)
+        master.master.sync_once()  # a round right after each boundary
+    outer_step, state = master.master.snapshot()
+    weight, inner = diloco_reference(3, delay=1)
+    assert outer_step == 3 and master.master.counters["applied"] == 3
+    assert torch.allclose(state["weight"], weight, rtol=0, atol=1e-6)
+    assert torch.allclose(net.weight.detach(), inner, rtol=0, atol=1e-6)
+    assert not torch.allclose(weight, diloco_reference(3, delay=0)[0], rtol=0, atol=1e-3)
+    master.stop()
+
+
 def test_a_node_waits_after_max_local_rounds_until_a_newer_global_arrives(server, tmp_path):
     master, _, _ = node(server, tmp_path, "master")
     master.start()

@@ -483,6 +483,28 @@ def test_generate_stops_where_every_row_has_emitted_eos_token_id():
         model.generate(prompt, 2, eos_token_id=97)
 
 
+def test_generate_puts_each_token_to_a_streamer_as_it_is_sampled():
+    # sample printed nothing until every token was generated: generate had no streaming hook.
+    class Recorder:
+        def __init__(self):
+            self.puts, self.ended = [], False
+
+        def put(self, ids):
+            assert not self.ended and ids.device.type == "cpu"
+            self.puts.append(ids.clone())
+
+        def end(self):
+            self.ended = True
+
+    model = small()
+    prompt = tokens(2, 4)
+    streamer = Recorder()
+    out = model.generate(prompt, 6, temperature=0.0, streamer=streamer)
+    assert torch.equal(out, model.generate(prompt, 6, temperature=0.0)) and streamer.ended
+    assert torch.equal(streamer.puts[0], prompt)  # the prompt first, as transformers does
+    assert torch.equal(torch.stack(streamer.puts[1:], dim=1), out[:, 4:])  # then (B,) a step
+
+
 def test_flops_per_token_follows_palm():
     model = small()
     cfg = model.config

@@ -16,6 +16,7 @@ import torch
 from interop_testkit import noisy_checkpoint, prepare, run_config
 
 from speedtronic.artifacts import (
+    export_checkpoint,
     export_hf,
     load_checkpoint_model,
     load_exported,
@@ -806,3 +807,118 @@ def test_a_damaged_latest_checkpoint_names_the_older_ones_to_use(tmp_path, check
     (folder / "step_4.pt").unlink()
     with pytest.raises(UsageError, match=r"corrupt \(.*\); pass a step_<n>.pt a Speedtronic run"):
         sample_text(tmp_path, "x", max_new_tokens=1)  # nothing else to offer
+
+
+def test_an_export_over_one_of_the_other_format_removes_only_that_exports_files(
+    tmp_path, checkpoint
+):
+    # --format speedtronic over an hf export left its card, tokenizer and generation config beside
+    # the new config.json, and transformers failed on the mixed folder.
+    out = tmp_path / "out"
+    export_hf(checkpoint, out)
+    (out / "notes.txt").write_text("mine\n")
+    hf_files = {p.name for p in out.iterdir()}
+    assert {"README.md", *TOKENIZER_FILES, *MODEL_FILES} <= hf_files
+    export_checkpoint(checkpoint, out)
+    assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "notes.txt"}
+    assert load_exported(out) is not None
+    export_hf(checkpoint, out)  # and back: the hf set, the user's file kept
+    assert {p.name for p in out.iterdir()} == hf_files
+
+
+def test_a_speedtronic_export_keeps_a_readme_and_tokenizer_the_user_put_there(tmp_path, checkpoint):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "README.md").write_text("# my notes\n")
+    (out / "tokenizer.json").write_text("{}\n")
+    export_checkpoint(checkpoint, out)
+    export_checkpoint(checkpoint, out)
+    assert (out / "README.md").read_text() == "# my notes\n"
+    assert (out / "tokenizer.json").read_text() == "{}\n"
+
+
+def test_sample_hands_on_its_text_as_it_is_generated(checkpoint, bpe_json, tmp_path):
+    # sample_text returned the text only once every token was generated: nothing to show sooner.
+    args = {"max_new_tokens": 48, "temperature": 2.0, "seed": 5}
+    pieces: list[str] = []
+    text = sample_text(checkpoint, "é", on_text=pieces.append, **args)
+    assert text == sample_text(checkpoint, "é", **args)  # the same string as without on_text
+    assert "".join(pieces) == text and pieces[0] == "é" and len(pieces) > 10
+    # A multi-byte character comes whole; U+FFFD only where the model emitted invalid UTF-8.
+    assert all(not piece.endswith("\ufffd") or "\ufffd" in text for piece in pieces)
+    bpe = noisy_checkpoint(run_config(tmp_path / "bpe", prepare(tmp_path, bpe_json)), step=2)
+    pieces.clear()
+    text = sample_text(bpe, "def ", on_text=pieces.append, **args)
+    assert "".join(pieces) == text and len(pieces) > 10
+
+
+def stream_pieces(codec, prompt: list[int], ids: list[int]) -> list[str]:
+    """The pieces a TextStream hands on for prompt, then ids put one at a time, then closed."""
+    from speedtronic.text_stream import TextStream
+
+    pieces: list[str] = []
+    stream = TextStream(codec, prompt, pieces.append)
+    stream.put(torch.tensor([prompt]))
+    for token in ids:
+        stream.put(torch.tensor([token]))
+    stream.close(codec.decode(prompt + ids))
+    return pieces
+
+
+def test_text_stream_pieces_join_to_the_decoded_text(bpe_json):
+    import random
+
+    from speedtronic_data import CharTokenizer, JsonTokenizer
+
+    tokenizers = pytest.importorskip("tokenizers")
+    words = {"▁a": 0, "▁b": 1, "c": 2}  # SentencePiece style: no space before the first word
+    metaspace = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="c"))
+    metaspace.decoder = tokenizers.decoders.Metaspace()
+    assert stream_pieces(JsonTokenizer(metaspace.to_str(), "t"), [0], [1, 2, 0]) == [
+        "a",
+        " b",
+        "c",
+        " a",
+    ]
+    rng = random.Random(0)
+    for codec, vocab in ((CharTokenizer(), 300), (JsonTokenizer.from_file(bpe_json), 1000)):
+        ids = [rng.randrange(vocab) for _ in range(2000)]  # invalid UTF-8 and ids past 255 too
+        assert "".join(stream_pieces(codec, [65], ids)) == codec.decode([65, *ids])
+
+
+def test_text_stream_holds_a_character_until_its_last_byte():
+    from speedtronic_data import CharTokenizer
+
+    text = "aé€😀\n"
+    assert stream_pieces(CharTokenizer(), [], list(text.encode())) == ["a", "é", "€", "😀", "\n"]
+
+
+def test_text_stream_follows_a_decoder_that_rewrites_across_tokens():
+    class Cleanup:  # as WordPiece's clean-up decodes "do n't" as "don't"
+        def decode(self, ids):
+            return " ".join(map(str, ids)).replace(" 9", "9")
+
+    assert stream_pieces(Cleanup(), [1], [2, 9, 3]) == ["1", " 2", "9", " 3"]
+
+
+def test_a_model_without_a_streamer_hands_on_its_text_at_the_end(tmp_path):
+    from speedtronic_model import register_model
+
+    class Hi(torch.nn.Module):  # a user's model: generate(ids, n, temperature=, top_k=) only
+        def __init__(self, vocab_size, **_):
+            super().__init__()
+            self.table = torch.nn.Embedding(vocab_size, vocab_size)
+
+        def forward(self, input_ids, **_):
+            return {"logits": self.table(input_ids)}
+
+        def generate(self, input_ids, max_new_tokens, temperature=1.0, top_k=None):
+            return torch.cat((input_ids, torch.tensor([[104, 105]])), dim=1)
+
+    register_model("sample_test_hi", Hi)
+    model = {"name": "sample_test_hi", "vocab_size": 256, "max_seq_len": 8}
+    config = {"run": {"device": "cpu", "output_dir": str(tmp_path)}, "model": model}
+    checkpoint = noisy_checkpoint(config | {"data": {"num_tokens": 8}})
+    pieces: list[str] = []
+    assert sample_text(checkpoint, "x", tokenizer="bytes", on_text=pieces.append) == "xhi"
+    assert pieces == ["xhi"]

@@ -1079,6 +1079,34 @@ def test_a_refused_export_leaves_no_folder_it_created(smoke_run, capsys, format_
     assert out.is_dir()
 
 
+def test_sample_shows_its_text_as_it_is_generated_and_ctrl_c_keeps_it(smoke_run):
+    # sample printed nothing until every token was generated: Ctrl-C lost all of it.
+    import threading
+
+    _, run = smoke_run
+    sample = [sys.executable, "-m", "speedtronic", "sample", str(run), "--prompt", "ab"]
+    proc = subprocess.Popen(
+        [*sample, "--max-new-tokens", "10000000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    watchdog = threading.Timer(120, proc.kill)  # a sample that never streams fails, not hangs
+    watchdog.start()
+    try:
+        shown = b""
+        while len(shown) < 40:  # the prompt and some generated text, long before the end
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            assert chunk, proc.stderr.read().decode()
+            shown += chunk
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        watchdog.cancel()
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.decode().splitlines() == ["speedtronic sample: interrupted"]
+    out = shown + rest
+    assert out.startswith(b"ab") and out.endswith(b"\n") and len(out) > 40
+
+
 def test_sample_names_what_the_checkpoint_cannot_take(smoke_run, refused):
     _, run = smoke_run
     result = refused("sample", str(run / "checkpoints" / "step_3.pt"), cwd=run)

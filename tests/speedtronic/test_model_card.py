@@ -119,7 +119,7 @@ def test_the_curve_stops_at_the_checkpoint_step(tmp_path, byte_shards, monkeypat
 def test_a_nonfinite_val_loss_reads_alike_as_nan_or_null(tmp_path):
     # Metrics files now write a non-finite value as null (strict JSON); older ones hold NaN. The
     # card reports that last evaluation either way, not an earlier finite one.
-    from speedtronic.plotting import read_metrics
+    from speedtronic.plotting import iter_metrics
 
     for literal in ("NaN", "null"):
         path = tmp_path / f"{literal}.jsonl"
@@ -128,5 +128,5 @@ def test_a_nonfinite_val_loss_reads_alike_as_nan_or_null(tmp_path):
             f'{{"event": "eval", "step": 4, "val_loss": {literal}}}\n'
             f'{{"event": "nonfinite_skip", "step": 5, "loss": {literal}, "reason": "loss"}}\n'
         )
-        step, value = final_val_loss(read_metrics(path), 5)
+        step, value = final_val_loss(list(iter_metrics(path)), 5)
         assert step == 4 and math.isnan(value)

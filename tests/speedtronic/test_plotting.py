@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from speedtronic.errors import UsageError
-from speedtronic.plotting import output_path, plot_metrics, read_metrics
+from speedtronic.plotting import iter_metrics, output_path, plot_metrics
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -54,7 +54,7 @@ def test_lines_that_are_not_records_are_usage_errors(tmp_path, content, fragment
     path = tmp_path / "m.jsonl"
     path.write_text(content)
     with pytest.raises(UsageError, match=fragment):
-        read_metrics(path)
+        list(iter_metrics(path))
 
 
 def test_a_binary_file_is_a_usage_error(tmp_path):
@@ -88,8 +88,8 @@ def test_a_run_shorter_than_its_logging_interval_is_told_what_to_change(tmp_path
     )
 
 
-def test_a_resumed_run_replaces_its_steps_and_run_averages_stay_out():
-    from speedtronic.plotting import _series
+def test_a_resumed_run_replaces_its_steps_and_run_averages_stay_out(tmp_path):
+    from speedtronic.plotting import _read_series
 
     records = [
         {"event": "train_step", "step": 1, "loss": 4.0, "tokens_per_s": 10.0},
@@ -99,9 +99,55 @@ def test_a_resumed_run_replaces_its_steps_and_run_averages_stay_out():
         {"event": "eval", "step": 3, "val_loss": 2.6},
         {"event": "fit_end", "step": 3, "tokens_per_s": 99.0, "val_loss": 2.6},
     ]
-    assert _series(records, "loss") == ([1, 2, 3], [4.0, 3.0, 2.4])
-    assert _series(records, "tokens_per_s") == ([1, 2, 3], [10.0, 10.0, 11.0])
-    assert _series(records, "val_loss", "eval") == ([3], [2.6])
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    series = _read_series(path, None)
+    assert series["loss"] == ([1, 2, 3], [4.0, 3.0, 2.4])
+    assert series["tokens_per_s"] == ([1, 2, 3], [10.0, 10.0, 11.0])
+    assert series["val_loss"] == ([3], [2.6])
+    assert _read_series(path, 2)["loss"] == ([1, 2], [4.0, 3.0])
+
+
+def test_a_large_metrics_file_is_read_streaming(tmp_path):
+    # plot read the whole file and every record into memory: 1.9 GB for a 250 MB file.
+    import tracemalloc
+
+    from speedtronic.plotting import _read_series
+
+    path = tmp_path / "metrics.jsonl"
+    note = "x" * 4000  # a wide record: 20 MB of text for 5,000 steps
+    with path.open("w") as handle:
+        for step in range(1, 5_001):
+            handle.write(json.dumps({"event": "train_step", "step": step, "loss": 1.0, "n": note}))
+            handle.write("\n")
+    tracemalloc.start()
+    try:
+        steps, _ = _read_series(path, None)["loss"]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(steps) == 5_000 and peak < 4 * 2**20
+
+
+def test_far_more_points_than_pixels_are_cut_keeping_every_spike(tmp_path):
+    from speedtronic.plotting import MAX_POINTS, _read_series
+
+    path = tmp_path / "metrics.jsonl"
+    loss = {step: 2.0 + (step % 7) / 100 for step in range(1, 100_001)}
+    loss[43_211], loss[77_777] = 9.0, 0.5  # a spike and a dip, one step each
+    path.write_text(
+        "".join(
+            json.dumps({"event": "train_step", "step": s, "loss": v}) + "\n"
+            for s, v in loss.items()
+        )
+    )
+    steps, values = _read_series(path, None)["loss"]
+    assert len(steps) <= MAX_POINTS and steps == sorted(steps)
+    assert (steps[0], steps[-1]) == (1, 100_000)
+    assert {43_211, 77_777} <= set(steps)
+    assert all(values[steps.index(s)] == loss[s] for s in steps)
+    path.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(MAX_POINTS)))
+    assert len(_read_series(path, None)["loss"][0]) == MAX_POINTS  # not cut: the same image
 
 
 def test_muons_adamw_branch_rate_gets_its_own_line(tmp_path, monkeypatch):
@@ -155,7 +201,7 @@ def test_a_skip_record_plots_alike_as_nan_or_null(tmp_path, literal):
             '{"torn": ', f'{{"event": "nonfinite_skip", "step": 4, "loss": {literal}}}\n'
         )
     )
-    assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, 4]
+    assert [r["step"] for r in list(iter_metrics(path))] == [1, 2, 3, 4]
     assert plot_metrics(path).read_bytes()[:8] == PNG
 
 
@@ -207,7 +253,7 @@ def test_a_metrics_file_that_cannot_be_read_is_a_usage_error(tmp_path, capsys):
     assert err.endswith(": cannot read it (Permission denied); pass a metrics file you can read\n")
     # The model card reads it alone, and turns a UsageError into a card without its curve.
     with as_another_user(), pytest.raises(UsageError, match=r"cannot read it \(Permission denied"):
-        read_metrics(path)
+        list(iter_metrics(path))
 
 
 def test_a_run_folder_plots_its_own_metrics_before_a_nested_runs(tmp_path):

@@ -25,6 +25,9 @@ BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "<|endoftext|>")
 # Files transformers reads beside tokenizer.json that add tokens or set bos/eos/pad: another
 # tokenizer's, left in the folder, would change the ids of the one written here.
 TOKENIZER_EXTRAS = ("special_tokens_map.json", "added_tokens.json")
+TOKENIZER_CONFIG = "tokenizer_config.json"
+# The files write_hf_tokenizer writes.
+HF_TOKENIZER_FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG)
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -115,13 +118,15 @@ def write_hf_tokenizer(
         "bos_token": bos[0] if bos else None,
         "eos_token": eos[0] if eos else None,
     }
-    atomic_write_text(out / "tokenizer_config.json", _json_text(config))
+    atomic_write_text(out / TOKENIZER_CONFIG, _json_text(config))
     return (bos[1] if bos else None, eos[1] if eos else None)
 
 
 __all__ = [
     "BOS_NAMES",
     "EOS_NAMES",
+    "HF_TOKENIZER_FILES",
+    "TOKENIZER_CONFIG",
     "TOKENIZER_EXTRAS",
     "byte_level_tokenizer_json",
     "bytes_to_unicode",

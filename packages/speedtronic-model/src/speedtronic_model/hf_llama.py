@@ -27,6 +27,7 @@ ARCHITECTURE = "LlamaForCausalLM"
 HF_PREFIX = "hf:"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
+GENERATION_CONFIG_NAME = "generation_config.json"
 # Every weight file an export may write: one left by an earlier export with other sharding would
 # shadow or confuse the new ones.
 WEIGHT_FILES = ("model*.safetensors", INDEX_NAME)
@@ -191,7 +192,7 @@ def save_llama(
     config = llama_config(model, bos_token_id=bos_token_id, eos_token_id=eos_token_id)
     generation = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "pad_token_id": None}
     written = [_write_json(out / "config.json", config)]
-    written.append(_write_json(out / "generation_config.json", generation))
+    written.append(_write_json(out / GENERATION_CONFIG_NAME, generation))
     tensors = llama_state_dict(model)
     groups = _shards(tensors, max_shard_bytes)
     names = (
@@ -450,6 +451,7 @@ __all__ = [
     "ARCHITECTURE",
     "DEFAULT_MAX_SHARD_BYTES",
     "HF_PREFIX",
+    "GENERATION_CONFIG_NAME",
     "INDEX_NAME",
     "WEIGHTS_NAME",
     "WEIGHT_FILES",

@@ -495,13 +495,16 @@ class ReferenceTransformer(nn.Module):
         generator: torch.Generator | None = None,
         eos_token_id: int | None = None,
         use_cache: bool = True,
+        streamer: Any = None,
     ) -> torch.Tensor:
         """Return input_ids (B, T) extended by max_new_tokens sampled ids, in its dtype and on its
         device; temperature 0 is greedy. With eos_token_id, a row ends at that id (later ids are
         it again) and sampling stops once every row has, as transformers' generate does. The model
         sees the latest block_size tokens. use_cache keeps each layer's keys and values (KVCache),
         so a token costs one position, not the whole window, while the sequence fits block_size;
-        past it every token recomputes the window, as use_cache=False always does.
+        past it every token recomputes the window, as use_cache=False always does. A streamer
+        (transformers' TextStreamer, or any object with put(ids) and end()) is put the prompt,
+        then each step's (B,) ids, on the CPU, and ended after the last: one host sync a token.
         """
         if input_ids.dim() != 2 or input_ids.size(1) == 0:
             # Else cropping the context fails as a bare IndexError ("too many indices").
@@ -547,6 +550,8 @@ class ReferenceTransformer(nn.Module):
         # A subclass's forward that takes neither kv_cache nor **kwargs would raise a TypeError.
         use_cache = use_cache and _takes_keyword(self.forward, "kv_cache")
         cache = KVCache(block_size)  # allocated on first use: nothing when use_cache=False
+        if streamer is not None:
+            streamer.put(input_ids.cpu())
         try:
             for _ in range(max_new_tokens):
                 if use_cache and input_ids.size(1) <= block_size:
@@ -566,11 +571,15 @@ class ReferenceTransformer(nn.Module):
                     finished |= next_ids[:, 0] == eos_token_id
                 # cat would promote an int32 prompt to the sampled int64: keep the caller's dtype
                 input_ids = torch.cat((input_ids, next_ids.to(input_ids.dtype)), dim=1)
+                if streamer is not None:
+                    streamer.put(input_ids[:, -1].cpu())
                 # One host sync per token, only with eos_token_id; an empty batch runs to the end.
                 if eos_token_id is not None and input_ids.size(0) and bool(finished.all()):
                     break
         finally:
             restore_modes()
+        if streamer is not None:
+            streamer.end()
         return input_ids
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -336,9 +336,13 @@ def sample_text(
     top_k: int | None = None,
     seed: int = 0,
     tokenizer: PathLike | None = None,
+    on_text: Callable[[str], None] | None = None,
 ) -> str:
     """Return the prompt continued by the checkpoint's model, in the run's tokenizer (or
-    `tokenizer`: bytes or a tokenizer.json).
+    `tokenizer`: bytes or a tokenizer.json). on_text, when given, is called with each new piece of
+    that text as it is generated, the prompt first (TextStream); the pieces join to the returned
+    text, all of it at the end for a model whose generate() takes no streamer=. A tokenizer whose
+    decoder rewrites text already handed on (WordPiece's clean-up) can hand on less.
     """
     import torch
 
@@ -376,12 +380,23 @@ def sample_text(
         )
     ids = torch.tensor([prompt_ids], dtype=torch.long)
     # The export's generation_config names this eos, and transformers' generate stops there.
-    stop = _eos_token_id(codec, model)
+    options: dict[str, Any] = _eos_token_id(codec, model)
+    stream = None
+    if on_text is not None and _takes(model.generate, "streamer"):
+        from speedtronic.text_stream import TextStream
+
+        stream = TextStream(codec, prompt_ids, on_text)
+        options["streamer"] = stream
     with torch.no_grad():
         out = _seeded_generate(
-            model, seed, ids, max_new_tokens, temperature=temperature, top_k=top_k, **stop
+            model, seed, ids, max_new_tokens, temperature=temperature, top_k=top_k, **options
         )
-    return codec.decode(out[0].tolist())
+    text = codec.decode(out[0].tolist())
+    if stream is not None:
+        stream.close(text)
+    elif on_text is not None:
+        on_text(text)
+    return text
 
 
 def _unusable_generate(model: Any) -> str | None:
@@ -446,7 +461,8 @@ def _eos_token_id(codec: Any, model: Any) -> dict[str, int]:
 def export_checkpoint(path: PathLike, out_dir: PathLike) -> Path:
     """Write model.safetensors and config.json (the model section) to out_dir; return out_dir.
     Both appear together: a failure on the way leaves an earlier export in out_dir whole; weight
-    shards an earlier export left are removed.
+    shards an earlier export left are removed, as are the other files of an earlier --format hf
+    export (hf_export_leftovers).
     """
     from safetensors.torch import save_model
 
@@ -456,7 +472,8 @@ def export_checkpoint(path: PathLike, out_dir: PathLike) -> Path:
     model, config = load_checkpoint_model(path)
     out_dir = Path(out_dir)
     # The shards and index of an earlier --format hf export would sit beside other weights.
-    with staged_files(out_dir, replaces=WEIGHT_FILES) as stage:
+    replaces = (*WEIGHT_FILES, *hf_export_leftovers(out_dir))
+    with staged_files(out_dir, replaces=replaces) as stage:
         weights = stage / "model.safetensors"
         save_model(model, str(weights), metadata={"format": "pt"})  # dedupes tied tensors
         publish_private_file(weights, weights)  # safetensors creates it 0600
@@ -497,6 +514,27 @@ def hf_replaced_files() -> tuple[str, ...]:
     from speedtronic_model.hf_llama import WEIGHT_FILES
 
     return (*WEIGHT_FILES, *TOKENIZER_EXTRAS, CURVE_NAME)
+
+
+def hf_export_leftovers(out_dir: Path) -> tuple[str, ...]:
+    """Return the names of the files an earlier --format hf export left in out_dir that a
+    --format speedtronic export there removes: transformers would read them beside the new
+    config.json. None unless out_dir's config.json is a transformers one (a folder of a
+    speedtronic export keeps a tokenizer.json the user put beside it); the README.md only while it
+    is the export's model card, so a README of the user's own stays.
+    """
+    from speedtronic.model_card import CARD_NAME, is_model_card
+    from speedtronic_data.hf_tokenizer import HF_TOKENIZER_FILES
+    from speedtronic_model.hf_llama import GENERATION_CONFIG_NAME
+
+    try:
+        config = json.loads((out_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # no earlier export, or not one of ours: nothing to remove
+        return ()
+    if not isinstance(config, dict) or "model_type" not in config:  # a speedtronic config.json
+        return ()
+    card = (CARD_NAME,) if is_model_card(out_dir / CARD_NAME) else ()
+    return (*hf_replaced_files(), GENERATION_CONFIG_NAME, *HF_TOKENIZER_FILES, *card)
 
 
 def export_hf(

@@ -655,17 +655,30 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     from speedtronic.report import for_terminal
 
     _import_torch()
-    text = sample_text(
-        Path(args.checkpoint),
-        args.prompt,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        seed=args.seed,
-        tokenizer=args.tokenizer,
-    )
     # Escaped only for a terminal: redirected to a file or pipe, the text stays as generated.
-    print(for_terminal(text) if sys.stdout.isatty() else text)
+    escape = for_terminal if sys.stdout.isatty() else str
+    shown = False
+
+    def show(piece: str) -> None:  # each piece as it is generated: Ctrl-C keeps what was shown
+        nonlocal shown
+        sys.stdout.write(escape(piece))
+        sys.stdout.flush()
+        shown = True
+
+    try:
+        sample_text(
+            Path(args.checkpoint),
+            args.prompt,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            seed=args.seed,
+            tokenizer=args.tokenizer,
+            on_text=show,
+        )
+    finally:
+        if shown:  # ends the line, also when interrupted, before the error line on stderr
+            print()
     return 0
 
 

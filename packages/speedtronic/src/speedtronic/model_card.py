@@ -140,14 +140,15 @@ def write_model_card(
     repo_id: str | None = None,
 ) -> Path:
     """Write README.md (and loss_curve.png when the run's metrics are found) into out_dir."""
-    from speedtronic.plotting import plot_metrics, read_metrics
+    from speedtronic.plotting import iter_metrics, plot_metrics
     from speedtronic_config.atomic import atomic_write_bytes
 
     metrics = find_metrics(config, checkpoint)
     step = state.get("step") if isinstance(state.get("step"), int) else 2**63
     curve = out_dir / CURVE_NAME
     try:
-        records = read_metrics(metrics) if metrics is not None else []
+        # Only the evaluations final_val_loss reads: a large metrics file is not held in memory.
+        records = [r for r in iter_metrics(metrics) if "val_loss" in r] if metrics else []
     except UsageError as error:
         # A damaged metrics file (not UTF-8, a bad line) costs the card its curve and loss, not
         # the export: the weights and tokenizer are already written by now.
@@ -173,11 +174,25 @@ def write_model_card(
     return target
 
 
+def is_model_card(path: Path) -> bool:
+    """Return whether path is a card write_model_card wrote (its front matter tags speedtronic),
+    edited or not; a README.md of the user's own is not.
+    """
+    try:
+        with path.open(encoding="utf-8") as handle:
+            head = handle.read(4096)
+    except (OSError, UnicodeDecodeError):
+        return False
+    front, marker, _ = head.removeprefix("---\n").partition("\n---\n")
+    return head.startswith("---\n") and bool(marker) and "- speedtronic" in front.splitlines()
+
+
 __all__ = [
     "CARD_NAME",
     "CURVE_NAME",
     "final_val_loss",
     "find_metrics",
+    "is_model_card",
     "render_card",
     "write_model_card",
 ]

@@ -4,40 +4,44 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from speedtronic.errors import UsageError
 
 IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """Return the JSON records of a metrics file, skipping a torn last line from a killed run."""
+def iter_metrics(path: Path) -> Iterator[dict]:
+    """Yield the JSON records of a metrics file one line at a time, skipping a torn last line from
+    a killed run: a file of any size is read in constant memory.
+    """
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        with path.open(encoding="utf-8") as handle:
+            torn = None  # a line that is not JSON: an error unless it is the last
+            for number, line in enumerate(handle, start=1):
+                if torn is not None:
+                    raise UsageError(
+                        f"{path}:{torn}: not a JSON line; is this a metrics.jsonl file?"
+                    )
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    torn = number
+                    continue
+                if not isinstance(record, dict):
+                    raise UsageError(
+                        f"{path}:{number}: a JSON {type(record).__name__}, not a record; is this "
+                        "a metrics.jsonl file?"
+                    )
+                yield record
     except UnicodeDecodeError:
         raise UsageError(f"{path}: not UTF-8 text; is this a metrics.jsonl file?") from None
     except OSError as error:
         raise _unreadable(path, error) from None
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if number < len(lines):
-                raise UsageError(
-                    f"{path}:{number}: not a JSON line; is this a metrics.jsonl file?"
-                ) from None
-            continue
-        if not isinstance(record, dict):
-            raise UsageError(
-                f"{path}:{number}: a JSON {type(record).__name__}, not a record; is this a "
-                "metrics.jsonl file?"
-            )
-        records.append(record)
-    return records
 
 
 def output_path(metrics: Path, output: str | Path | None) -> Path:
@@ -56,21 +60,70 @@ def output_path(metrics: Path, output: str | Path | None) -> Path:
     return output
 
 
-def _series(
-    records: list[dict], key: str, event: str = "train_step"
-) -> tuple[list[float], list[float]]:
-    """Return (steps, values) of `key` in `event` records: one point per step, the last logged,
-    in step order. A run resumed from an earlier step, or a rerun appending to the same file,
-    replaces those points instead of drawing back over them; fit_end's run averages stay out.
+# (event, key) of each curve plot_metrics draws: fit_end's run averages stay out.
+PLOTTED = (
+    ("train_step", "loss"),
+    ("eval", "val_loss"),
+    ("train_step", "lr"),
+    ("train_step", "lr_adamw"),
+    ("train_step", "tokens_per_s"),
+)
+# Past this many points a curve is cut to each bucket's first, lowest, highest and last point: a
+# panel is under 1,000 pixels wide, so the image keeps every spike at a fraction of the drawing.
+MAX_POINTS = 8_000
+_BUCKETS = MAX_POINTS // 4
+
+
+def _read_series(
+    metrics: Path, last_step: int | None
+) -> dict[str, tuple[list[float], list[float]]]:
+    """Return {key: (steps, values)} of each PLOTTED key, read streaming: two floats a point are
+    kept, not the records.
     """
-    latest: dict[float, float] = {}
-    for r in records:
-        value, step = r.get(key), r.get("step")
-        if r.get("event", event) == event and isinstance(value, (int, float)):
-            if isinstance(step, (int, float)):
-                latest[step] = value
-    steps = sorted(latest)
-    return steps, [latest[s] for s in steps]
+    from array import array
+
+    points = {key: (array("d"), array("d")) for _, key in PLOTTED}
+    for r in iter_metrics(metrics):
+        step = r.get("step")
+        if not isinstance(step, (int, float)) or (last_step is not None and step > last_step):
+            continue
+        for event, key in PLOTTED:
+            value = r.get(key)
+            if isinstance(value, (int, float)) and r.get("event", event) == event:
+                points[key][0].append(step)
+                points[key][1].append(value)
+    return {key: _latest_per_step(steps, values) for key, (steps, values) in points.items()}
+
+
+def _latest_per_step(steps: Any, values: Any) -> tuple[list[float], list[float]]:
+    """Return (steps, values): one point per step, the last logged, in step order, cut to at most
+    MAX_POINTS (_decimate). A run resumed from an earlier step, or a rerun appending to the same
+    file, replaces those points instead of drawing back over them.
+    """
+    import numpy as np
+
+    steps, values = np.asarray(steps), np.asarray(values)
+    # The last of each step: the first in the reversed arrays.
+    unique, first = np.unique(steps[::-1], return_index=True)
+    values = values[::-1][first]
+    keep = _decimate(values)
+    return unique[keep].tolist(), values[keep].tolist()
+
+
+def _decimate(values: Any) -> Any:
+    """Return the indices to draw of values: all of them up to MAX_POINTS, else the first,
+    lowest, highest and last of each of _BUCKETS runs of points, in order.
+    """
+    import numpy as np
+
+    n = len(values)
+    if n <= MAX_POINTS:
+        return np.arange(n)
+    width = -(-n // _BUCKETS)
+    buckets = np.pad(values, (0, _BUCKETS * width - n), mode="edge").reshape(_BUCKETS, width)
+    starts = np.arange(_BUCKETS) * width
+    picks = (starts, starts + buckets.argmin(axis=1), starts + buckets.argmax(axis=1))
+    return np.unique(np.minimum(np.concatenate((*picks, starts + width - 1)), n - 1))
 
 
 def _draw(axes, steps: list[float], values: list[float], **style) -> None:
@@ -114,11 +167,8 @@ def plot_metrics(
     only the records up to that step (a checkpoint's, when the run went on past it).
     """
     metrics = find_metrics_file(source)
-    records = read_metrics(metrics)
-    if last_step is not None:
-        records = [r for r in records if isinstance(r.get("step"), (int, float))]
-        records = [r for r in records if r["step"] <= last_step]
-    steps, loss = _series(records, "loss")
+    series = _read_series(metrics, last_step)
+    steps, loss = series["loss"]
     if not steps:
         raise UsageError(
             f"{metrics}: no training-step records with a loss to plot (a run logs one every "
@@ -131,21 +181,21 @@ def plot_metrics(
 
     fig, (ax_loss, ax_lr, ax_tps) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
     _draw(ax_loss, steps, loss, label="train loss", color="tab:blue")
-    val_steps, val_loss = _series(records, "val_loss", "eval")
+    val_steps, val_loss = series["val_loss"]
     if val_steps:
         ax_loss.plot(val_steps, val_loss, "o-", label="val loss", color="tab:orange")
     ax_loss.set_ylabel("loss (nats/token)")
     ax_loss.legend()
     ax_loss.grid(alpha=0.3)
-    adamw_steps, adamw_lr = _series(records, "lr_adamw")
+    adamw_steps, adamw_lr = series["lr_adamw"]
     # With optimizer.adamw_lr, Muon's matrices and its AdamW branch follow two rates.
-    _draw(ax_lr, *_series(records, "lr"), color="tab:green", label="lr" if adamw_steps else None)
+    _draw(ax_lr, *series["lr"], color="tab:green", label="lr" if adamw_steps else None)
     if adamw_steps:
         _draw(ax_lr, adamw_steps, adamw_lr, color="tab:purple", label="lr_adamw (AdamW branch)")
         ax_lr.legend()
     ax_lr.set_ylabel("learning rate")
     ax_lr.grid(alpha=0.3)
-    _draw(ax_tps, *_series(records, "tokens_per_s"), color="tab:red")
+    _draw(ax_tps, *series["tokens_per_s"], color="tab:red")
     ax_tps.set_ylabel("tokens / s")
     ax_tps.set_xlabel("optimizer step")
     ax_tps.grid(alpha=0.3)

@@ -5,9 +5,10 @@ import io
 
 import pytest
 import torch
-from trainer_testkit import TinyLM, make_loader
+from trainer_testkit import RecordingHook, TinyLM, make_loader
 
 from speedtronic_trainer import (
+    CheckpointManager,
     MetricLogger,
     TensorboardHook,
     Trainer,
@@ -18,6 +19,19 @@ from speedtronic_trainer import (
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
 NO_TENSORBOARD = "tensorboard not installed (pip install speedtronic-trainer[tensorboard])"
+
+
+@pytest.fixture
+def wandb_offline(monkeypatch):
+    """W&B in offline mode for the test. wandb reads WANDB_MODE once per process, into the
+    setup it keeps until teardown: torn down before (an earlier test's online setup) and after.
+    """
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb.teardown()
+    yield wandb
+    wandb.teardown()
 
 
 def train_with(hook, steps=3):
@@ -150,3 +164,57 @@ def test_tensorboard_events_without_a_step_go_at_the_latest_step(tmp_path):
     events.Reload()
     assert [e.step for e in events.Scalars("diloco/upload/local_step")] == [2, 2, 2]
     assert [e.step for e in events.Scalars("train_step/loss")] == [1, 2, 3]
+
+
+def _trainer(checkpoints, *hooks):
+    """A trainer that saves every 2 steps to `checkpoints` and logs every step to `hooks`."""
+    model = TinyLM()
+    return Trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        make_loader(),
+        device="cpu",
+        logger=MetricLogger(stream=io.StringIO(), hooks=list(hooks)),
+        checkpoint_manager=CheckpointManager(checkpoints, every_steps=2),
+    )
+
+
+@pytest.mark.skipif(not HAS_TENSORBOARD, reason=NO_TENSORBOARD)
+def test_a_resumed_run_replaces_the_later_steps_in_tensorboard(tmp_path):
+    # A run resumed from its checkpoint of step 2 logged steps 3 and 4 again beside the crashed
+    # attempt's: TensorBoard drew two points per step, the curve doubling back at step 2.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    crashed = _trainer(tmp_path / "ckpt", TensorboardHook(str(tmp_path / "tb")))
+    crashed.fit(3)  # checkpoints step 2, logs 1-3, then stops as a crash would (step 3 is saved)
+    crashed.logger.close()
+    (tmp_path / "ckpt" / "step_3.pt").unlink()  # the crash came before step 3's checkpoint
+    (tmp_path / "ckpt" / "latest").unlink()
+    recorded = RecordingHook()
+    resumed = _trainer(tmp_path / "ckpt", TensorboardHook(str(tmp_path / "tb")), recorded)
+    assert resumed.resume_latest() and resumed.step == 2
+    resumed.fit(4)
+    resumed.logger.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    losses = events.Scalars("train_step/loss")
+    assert [e.step for e in losses] == [1, 2, 3, 4]
+    # Steps 3 and 4 are the resumed run's.
+    assert [e.value for e in losses[2:]] == pytest.approx(recorded.values("train_step", "loss"))
+
+
+def test_a_resumed_run_continues_the_same_wandb_run(tmp_path, wandb_offline):
+    # A resumed run started a second W&B run (a new id): its curve began at the checkpoint's
+    # step, apart from the one it continues.
+
+    def run_id(resume):
+        (hook,) = hooks_from_names(["wandb"], log_dir=str(tmp_path), resume=resume)
+        hook.on_event("train_step", {"step": 1, "loss": 1.0})
+        hook.close()
+        return hook.run.id
+
+    first = run_id(resume=False)
+    assert run_id(resume=True) == first
+    assert run_id(resume=False) != first  # a fresh run in the same folder is a new W&B run
+    # Offline, each attempt has its folder; `wandb sync` uploads them to the one run.
+    assert len(list((tmp_path / "wandb").glob(f"offline-run-*/run-{first}.wandb"))) == 2

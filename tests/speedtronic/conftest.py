@@ -17,6 +17,19 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.pop("HATCH_ENV_ACTIVE", None)
 
 
+@pytest.fixture
+def wandb_offline(monkeypatch):
+    """W&B in offline mode for the test. wandb reads WANDB_MODE once per process, into the
+    setup it keeps until teardown: torn down before (an earlier test's online setup) and after.
+    """
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb.teardown()
+    yield wandb
+    wandb.teardown()
+
+
 @pytest.fixture(scope="session")
 def byte_shards(tmp_path_factory) -> Path:
     """A folder of byte-level train/val shards (with its tokenizer record) of stdlib source."""

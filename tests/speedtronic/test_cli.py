@@ -1357,6 +1357,47 @@ def test_wandb_without_an_api_key_is_a_usage_error(tmp_path, capsys, monkeypatch
     assert not (tmp_path / "run").exists()  # refused before training: nothing left behind
 
 
+def test_a_resumed_run_continues_its_tensorboard_curve_and_wandb_run(
+    tmp_path, capsys, monkeypatch, wandb_offline
+):
+    # A crash after steps 3 and 4 were logged, then --resume from step 2: TensorBoard drew steps
+    # 3 and 4 twice (the crashed attempt's and the resumed run's) and W&B started a second run.
+    pytest.importorskip("tensorboard")
+    import errno
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import speedtronic_trainer.checkpoint as checkpoint
+    from speedtronic.cli import main
+
+    run = tmp_path / "run"
+    argv = ["train", str(ROOT / "configs" / "smoke.yaml"), "--device", "cpu"]
+    argv += ["--set", f"run.output_dir={run}", "--set", "checkpoint.every_steps=2"]
+    argv += ["--set", "logging.hooks=[tensorboard, wandb]"]
+    assert main([*argv, "--max-steps", "2"]) == 0
+    with monkeypatch.context() as patch:  # step 4's checkpoint finds the disk full
+        full = OSError(errno.ENOSPC, "No space left on device")
+        save = checkpoint.atomic_torch_save
+        patch.setattr(
+            checkpoint,
+            "atomic_torch_save",
+            lambda state, path: save(state, path) if state["step"] < 4 else _raise(full),
+        )
+        assert main([*argv, "--max-steps", "5", "--resume"]) == 1
+    assert main([*argv, "--max-steps", "5", "--resume"]) == 0
+    capsys.readouterr()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = {r["step"]: r["loss"] for r in records if r["event"] == "train_step"}
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    logged = {e.step: e.value for e in events.Scalars("train_step/loss")}
+    assert [e.step for e in events.Scalars("train_step/loss")] == [1, 2, 3, 4, 5]
+    assert logged == pytest.approx(losses)  # the values metrics.jsonl holds, step for step
+    # Three attempts, one W&B run: `wandb sync` uploads the offline folders to the same run.
+    assert len(list((run / "wandb").glob("offline-run-*"))) == 3
+    assert len({path.name for path in (run / "wandb").glob("offline-run-*/run-*.wandb")}) == 1
+
+
 def _raise(error: BaseException) -> None:
     raise error
 

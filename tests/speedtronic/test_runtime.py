@@ -95,6 +95,16 @@ def test_train_from_config_reaches_the_target(tmp_path):
     assert again.final_loss is None
 
 
+def test_each_train_from_config_call_finishes_its_own_wandb_run(tmp_path, wandb_offline):
+    # The logger was never closed: the W&B run stayed active after train_from_config returned,
+    # the next call's wandb.init returned it, and the second run's steps were dropped into it.
+    for name in ("a", "b"):
+        hooks = {"hooks": ["wandb"]}
+        runtime.train_from_config(small_config(tmp_path / name, logging=hooks))
+        assert wandb_offline.run is None  # finished when the call returned
+        assert len(list((tmp_path / name / "wandb").glob("offline-run-*"))) == 1
+
+
 def test_config_objects_are_validated_again(tmp_path):
     config = SpeedtronicConfig.from_dict(small_config(tmp_path))
     config.model.n_head = 3  # 16 is not divisible by 3

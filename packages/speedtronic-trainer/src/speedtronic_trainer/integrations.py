@@ -78,6 +78,15 @@ class WandbHook:
         self.run.finish()
 
 
+def _earlier_wandb_run(log_dir: str) -> dict[str, str]:
+    """Return wandb.init settings that continue the latest W&B run under log_dir, or none when
+    there is none. The id is read from the run's data file (`run-<id>.wandb`) in the folder
+    wandb's `latest-run` link names: the folder's own name may carry a suffix (`-1`).
+    """
+    runs = sorted((Path(log_dir) / "wandb" / "latest-run").glob("run-*.wandb"))
+    return {"id": runs[0].stem.removeprefix("run-"), "resume": "allow"} if runs else {}
+
+
 class TensorboardHook:
     """Write every event's numeric fields as TensorBoard scalars under `<event>/<name>`."""
 
@@ -97,19 +106,32 @@ class TensorboardHook:
         for name, value in _scalars(payload).items():
             self.writer.add_scalar(f"{event}/{name}", value, global_step=step)
 
+    def resumed_at(self, step: int) -> None:
+        """Mark a resume from the checkpoint of `step`: TensorBoard then drops the records of the
+        later steps that an earlier attempt wrote to this folder, which this run logs again.
+        """
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        start = Event(step=step + 1, session_log=SessionLog(status=SessionLog.START))
+        self.writer.file_writer.add_event(start)
+
     def close(self) -> None:
         """Flush and close the event file."""
         self.writer.close()
 
 
 _FACTORIES = {
-    "tensorboard": lambda log_dir: TensorboardHook(str(Path(log_dir) / "tensorboard")),
-    "wandb": lambda log_dir: WandbHook(dir=str(log_dir)),
+    "tensorboard": lambda log_dir, _: TensorboardHook(str(Path(log_dir) / "tensorboard")),
+    "wandb": lambda log_dir, resume: WandbHook(
+        dir=str(log_dir), **(_earlier_wandb_run(log_dir) if resume else {})
+    ),
 }
 
 
-def hooks_from_names(names: list[str], *, log_dir: str = "runs") -> list[Any]:
-    """Build the hooks named in `logging.hooks` (tensorboard, wandb), with files under log_dir."""
+def hooks_from_names(names: list[str], *, log_dir: str = "runs", resume: bool = False) -> list[Any]:
+    """Build the hooks named in `logging.hooks` (tensorboard, wandb), with files under log_dir;
+    `resume`: the run continues from a checkpoint there, and W&B continues its latest run.
+    """
     hooks = []
     for name in names:
         factory = _FACTORIES.get(str(name).lower())
@@ -117,7 +139,7 @@ def hooks_from_names(names: list[str], *, log_dir: str = "runs") -> list[Any]:
             raise ValueError(
                 f"logging.hooks: unknown hook {name!r}; choose from {sorted(_FACTORIES)}"
             )
-        hooks.append(factory(log_dir))
+        hooks.append(factory(log_dir, resume))
     return hooks
 
 

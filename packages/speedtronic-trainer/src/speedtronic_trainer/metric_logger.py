@@ -78,16 +78,21 @@ class MetricLogger:
 
     @classmethod
     def from_config(
-        cls, section: Any, *, hooks: list[Any] | None = None, hook_dir: str = "runs"
+        cls,
+        section: Any,
+        *,
+        hooks: list[Any] | None = None,
+        hook_dir: str = "runs",
+        resume: bool = False,
     ) -> MetricLogger:
         """Build a logger from a LoggingConfig-like section, including its `hooks` names
-        (tensorboard, wandb).
+        (tensorboard, wandb); `resume`: the run continues from a checkpoint under hook_dir.
         """
         # Integrations import optional packages: only when a section names them.
         from speedtronic_trainer.integrations import hooks_from_names
 
         section = resolve_section(section, "logging")
-        built = list(hooks or []) + hooks_from_names(section.hooks, log_dir=hook_dir)
+        built = list(hooks or []) + hooks_from_names(section.hooks, log_dir=hook_dir, resume=resume)
         return cls(
             level=section.level,
             file=section.file,
@@ -181,6 +186,20 @@ class MetricLogger:
             self._json.close()
             self._json = self._open(self.json_file)
             return moved.count(b"\n")
+
+    def resumed_at(self, step: int) -> None:
+        """Tell every hook with a resumed_at(step) method that the run resumed from its
+        checkpoint of `step` (TensorBoard then drops an earlier attempt's later steps).
+        """
+        with self._lock:
+            for hook in self.hooks:
+                resumed = getattr(hook, "resumed_at", None)
+                if not callable(resumed):
+                    continue
+                try:
+                    resumed(step)
+                except Exception as exc:  # a metrics sink must never end a training run
+                    self._hook_failed(hook, "resumed_at", exc)
 
     def wants_step(self, step: int) -> bool:
         """Return True when a train_step record for `step` is due under every_steps."""

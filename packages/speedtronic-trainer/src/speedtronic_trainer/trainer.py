@@ -962,6 +962,10 @@ class Trainer:
             self.step,
             state.get("checkpoint_path", "a state dict"),
         )
+        # A logger of the caller's own, duck-typed as 2.0 allowed, may not have it.
+        resumed = getattr(self.logger, "resumed_at", None)
+        if callable(resumed):
+            resumed(self.step)
 
     def _warn_if_lr_kept(self, state: dict[str, Any]) -> None:
         """Say so when this run's optimizer.lr (or adamw_lr) differs from the checkpoint's: the

@@ -63,9 +63,11 @@ def build_scheduler(
     return build_lr_scheduler(optimizer, config.scheduler)
 
 
-def build_logger(config: SpeedtronicConfig) -> MetricLogger:
-    """Build the text/JSONL MetricLogger, with the hooks named in logging.hooks."""
-    return MetricLogger.from_config(config.logging, hook_dir=config.run.output_dir)
+def build_logger(config: SpeedtronicConfig, *, resume: bool = False) -> MetricLogger:
+    """Build the text/JSONL MetricLogger, with the hooks named in logging.hooks; `resume`: the
+    run continues from a checkpoint in run.output_dir (W&B continues its latest run there).
+    """
+    return MetricLogger.from_config(config.logging, hook_dir=config.run.output_dir, resume=resume)
 
 
 def step_target(config: SpeedtronicConfig, max_steps: int | None) -> int:
@@ -178,17 +180,24 @@ def build_runtime(
         except BaseException:
             lock.release()
             raise
-    ties = [lock.tie_to(trainer)]
+    # The logger first: its files and hooks (TensorBoard, W&B) write in the locked folder.
+    closes = weakref.finalize(trainer, trainer.logger.close)
+    # Not at exit, where wandb's own exit hook has already stopped its service (its run.finish()
+    # would then fail, "Connection lost"), and finishes the run itself.
+    closes.atexit = False
+    ties = [closes, lock.tie_to(trainer)]
     if parallel.is_main:  # one rank removes; every rank's saves are over when its trainer goes
         ties.append(outputs.tie_to(trainer))
     _TIES[trainer] = ties
     return trainer, manager
 
 
-# What build_runtime tied to each trainer's life: its folders' lock, the removal of a checkpoint
-# folder left empty. A trainer can outlive its run by much: a library that keeps an exception
-# raised in an import made during the run (pyparsing's cache, under matplotlib) keeps every
-# frame that import was made from, and a caller's frame holds the trainer.
+# What build_runtime tied to each trainer's life: the close of its logger (which finishes a W&B
+# run: left active, the next wandb.init in the process returned it, and a second run logged into
+# the first), its folders' lock, the removal of a checkpoint folder left empty. A trainer can
+# outlive its run by much: a library that keeps an exception raised in an import made during the
+# run (pyparsing's cache, under matplotlib) keeps every frame that import was made from, and a
+# caller's frame holds the trainer.
 _TIES: weakref.WeakKeyDictionary[Trainer, list[weakref.finalize]] = weakref.WeakKeyDictionary()
 
 
@@ -243,7 +252,9 @@ def _assemble(
     optimizer = build_optimizer(model, config, resolved, distributed=parallel.mode != "none")
     scheduler = build_scheduler(optimizer, config)  # 7
     manager = _checkpoint_manager(config)  # 8
-    logger = _group_logger(config, parallel)  # 9
+    earlier = manager.latest_path() if manager.enabled else None
+    resumes = resume or config.checkpoint.resume or _restart_resumes(earlier, parallel, config)
+    logger = _group_logger(config, parallel, resumes and earlier is not None)  # 9
     if config.model.init_from is not None:
         logger.info("model.init_from: weights loaded from %s", config.model.init_from)
     identity = tokenizer.identity() if tokenizer is not None else None
@@ -265,8 +276,6 @@ def _assemble(
         parallel=parallel,
         tokenizer=identity,
     )
-    earlier = manager.latest_path() if manager.enabled else None
-    resumes = resume or config.checkpoint.resume or _restart_resumes(earlier, parallel, config)
     if resumes:  # 13
         trainer.resume_latest()  # warns and starts fresh when there is none
     elif earlier is not None:
@@ -284,17 +293,19 @@ def _assemble(
     return trainer, manager
 
 
-def _group_logger(config: SpeedtronicConfig, parallel: ParallelContext) -> MetricLogger:
-    """Return this rank's logger: rank 0's from logging.* (with its hooks), a quiet one on every
-    other rank. A hook rank 0 cannot start (HookUnavailable: its package missing on that node,
-    wandb not logged in there) is raised on every rank: the others would wait for it in their
-    next collective.
+def _group_logger(
+    config: SpeedtronicConfig, parallel: ParallelContext, resume: bool
+) -> MetricLogger:
+    """Return this rank's logger: rank 0's from logging.* (with its hooks, `resume` as for
+    build_logger), a quiet one on every other rank. A hook rank 0 cannot start (HookUnavailable:
+    its package missing on that node, wandb not logged in there) is raised on every rank: the
+    others would wait for it in their next collective.
     """
     if not parallel.is_main:
         logger, unavailable = MetricLogger(level="ERROR"), None
     else:
         try:
-            logger, unavailable = build_logger(config), None
+            logger, unavailable = build_logger(config, resume=resume), None
         except HookUnavailable as error:
             logger, unavailable = None, error
     unavailable = parallel.broadcast_object(unavailable)  # rank 0's own error on rank 0

@@ -26,6 +26,32 @@ def test_collate_causal_keeps_a_given_mask():
     assert mask.dtype == torch.bool and mask.tolist() == [[True, True, False, False]] * 2
 
 
+def test_an_example_without_a_mask_is_all_true_beside_one_with_a_mask():
+    # The mask of a later example was dropped (padding attended to) and one on the first
+    # example alone was a KeyError.
+    masked = dict(_example(0), attention_mask=torch.tensor([1, 1, 0, 0]))
+    for batch, expected in (
+        ([_example(0), masked], [[True] * 4, [True, True, False, False]]),
+        ([masked, _example(0)], [[True, True, False, False], [True] * 4]),
+    ):
+        mask = collate_causal(batch)["attention_mask"]
+        assert mask.dtype == torch.bool and mask.tolist() == expected
+
+
+@pytest.mark.parametrize(
+    ("batch", "fragment"),
+    [
+        ([_example(0), _example(0, length=6)], "example 1 has 6 input_ids but example 0 has 4"),
+        ([{"input_ids": torch.arange(4), "labels": torch.arange(3)}], "has 3 labels but"),
+        ([dict(_example(0), attention_mask=torch.ones(3))], "has 3 attention_mask but"),
+    ],
+)
+def test_examples_of_unequal_lengths_are_named(batch, fragment):
+    # Unequal lengths failed inside torch.stack, and labels shorter than the inputs passed.
+    with pytest.raises(DataError, match=f"{fragment}.*pad them in the dataset"):
+        collate_causal(batch)
+
+
 def test_collate_causal_names_missing_keys():
     with pytest.raises(DataError, match=r"missing \['labels'\]"):
         collate_causal([{"input_ids": torch.zeros(3)}])

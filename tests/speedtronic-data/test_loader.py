@@ -288,6 +288,34 @@ def test_a_state_saved_after_the_last_batch_of_an_epoch_resumes_in_the_next(
     assert [len(list(plain)), len(list(plain))] == [0, per_epoch]
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize(
+    "case", ["synthetic shuffled", "shards sequential, 2 workers", "text, 2 workers"]
+)
+def test_a_state_saved_after_a_for_loop_over_an_epoch_resumes_at_the_next_epoch(
+    shards, text_file, case
+):
+    # A training loop of its own saves after `for batch in loader` ran out: the resumed loader's
+    # next pass is the next epoch, as in the run that went on, not an empty rest of the last one
+    # (a loop over epochs would have spent an epoch on it, training one fewer).
+    config = _resume_cases(shards, text_file)[case]
+    reference = build_dataloader(config)
+    expected = [[b["input_ids"] for b in reference] for _ in range(3)]
+    first = build_dataloader(config)
+    got = [[b["input_ids"] for b in first]]
+    state = loader_state(first)
+    assert _position(state) == (1, 0, 0)
+    resumed = build_dataloader(config)
+    restore_loader(resumed, state)
+    got += [[b["input_ids"] for b in resumed] for _ in range(2)]
+    assert [len(epoch) for epoch in got] == [len(epoch) for epoch in expected]
+    assert all(
+        torch.equal(a, b)
+        for mine, theirs in zip(got, expected, strict=True)
+        for a, b in zip(mine, theirs, strict=True)
+    )
+
+
 @pytest.mark.parametrize("case", ["shards shuffled", "text"])
 def test_a_resume_at_another_batch_size_continues_at_the_same_sample(shards, text_file, case):
     # A run resumed with a smaller data.micro_batch_size (a GPU with less memory) must neither
@@ -555,6 +583,19 @@ def test_a_rank_resumes_its_own_share(shards):
         torch.equal(a, b) for a, b in zip(again, rest, strict=True)
     )
     assert seen and not any(torch.equal(seen[0], b) for b in again)
+
+
+@pytest.mark.parametrize("world", [1, 4])
+def test_a_rank_state_loaded_at_another_world_size_is_refused(shards, world):
+    # A rank's position counts its own share; at another world size the shares are other slices
+    # of the data, so the count silently skipped and repeated windows.
+    config = section(shard_path=str(shards / "train_*.bin"), shuffle=True)
+    first = build_dataloader(config, rank=1, world_size=2)
+    next(iter(first))
+    state = loader_state(first)
+    assert state["world_size"] == 2
+    with pytest.raises(DataError, match="share of 2 data-parallel ranks, but this loader is one"):
+        restore_loader(build_dataloader(config, rank=0, world_size=world), state)
 
 
 def test_ranks_that_read_data_of_different_sizes_refuse_together(shards):

@@ -21,6 +21,18 @@ def test_each_pass_is_the_next_epoch_unless_a_resume_point_was_loaded():
     assert position.start_pass() == (5, 0)
 
 
+def test_a_pass_run_to_its_end_moves_the_position_to_the_next_epoch():
+    position = DataPosition()
+    position.start_pass()
+    position.samples += 8
+    position.end_pass(0)
+    assert (position.epoch, position.samples) == (1, 0)
+    assert position.start_pass() == (1, 0)
+    position.resume_at(3, 4, "state")  # loaded while the pass ran: the loaded point stands
+    position.end_pass(1)
+    assert position.start_pass() == (3, 4)
+
+
 def test_negative_positions_are_rejected_by_name():
     with pytest.raises(DataError, match="my state has a negative epoch or position"):
         DataPosition().resume_at(0, -1, "my state")

@@ -33,13 +33,33 @@ def collate_causal(batch: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.
             f"collate_causal needs input_ids and labels in every example; missing {missing} "
             f"(keys: {sorted(batch[0])}); pass your own collate_fn for other dictionaries"
         )
+    _check_lengths(batch)
     input_ids = torch.stack([example["input_ids"] for example in batch]).long()
     labels = torch.stack([example["labels"] for example in batch]).long()
-    if "attention_mask" in batch[0]:
-        mask = torch.stack([example["attention_mask"] for example in batch]).bool()
-    else:
+    # An example without a mask is all true, whichever examples of the batch carry one.
+    masks = [example.get("attention_mask") for example in batch]
+    if all(mask is None for mask in masks):
         mask = torch.ones_like(input_ids, dtype=torch.bool)
+    else:
+        ones = torch.ones(input_ids.shape[1:], dtype=torch.bool)
+        mask = torch.stack([ones if m is None else torch.as_tensor(m).bool() for m in masks])
     return {"input_ids": input_ids, "labels": labels, "attention_mask": mask}
+
+
+def _check_lengths(batch: Sequence[dict[str, Any]]) -> None:
+    """Raise DataError unless every example has as many labels (and mask entries) as input ids,
+    and as many as the first example: examples are stacked, not padded.
+    """
+    length = len(batch[0]["input_ids"])
+    for number, example in enumerate(batch):
+        for key in ("input_ids", "labels", "attention_mask"):
+            if key in example and len(example[key]) != length:
+                raise DataError(
+                    f"collate_causal: example {number} has {len(example[key])} {key} but example "
+                    f"0 has {length} input_ids; it stacks equal-length examples with one label per "
+                    "input position: pad them in the dataset (labels -100 and attention_mask "
+                    "false at the pads) or pass your own collate_fn"
+                )
 
 
 def collate_batch(batch: list[Any]) -> Any:

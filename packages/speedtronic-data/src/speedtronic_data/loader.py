@@ -116,13 +116,15 @@ class ResumableLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:
         # A generator, so merely calling iter() (without drawing a batch) does not start an epoch.
         position = self.position
-        replay = self._position(*position.start_pass())
+        epoch, skip = position.start_pass()
+        replay = self._position(epoch, skip)
         iterator = super().__iter__()
         for _ in range(replay):
             next(iterator, None)
         for batch in iterator:
             position.samples += self.batch_size
             yield batch
+        position.end_pass(epoch)
 
     def _data_size(self) -> tuple[int, str] | None:
         """Return the size of the data the position points into and its unit: a map-style
@@ -137,13 +139,16 @@ class ResumableLoader(DataLoader):
     def state_dict(self) -> dict[str, int]:
         """Return {"epoch", "batches", "samples"}: the pass in progress, how many of its batches
         were handed out and the samples they held (so a resume at another batch size continues
-        at the same sample), plus "data_size" when the data's size is known (see _data_size).
+        at the same sample), plus "data_size" when the data's size is known (see _data_size) and
+        "world_size" under data parallelism (the position counts this rank's share).
         """
         samples, size = self.position.samples, self.batch_size
         state = {"epoch": self.position.epoch, "batches": -(-samples // size), "samples": samples}
         known = self._data_size()
         if known is not None:
             state["data_size"] = known[0]
+        if self.world_size > 1:
+            state["world_size"] = self.world_size
         return state
 
     def resumes_exactly(self, state: Any) -> bool:
@@ -164,9 +169,19 @@ class ResumableLoader(DataLoader):
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Make the next pass continue epoch state["epoch"] after state["samples"] samples (a
         state without them: after state["batches"] batches of this loader's batch size); warn
-        when the data's size differs from the saved one, as the position then means nothing.
+        when the data's size differs from the saved one, as the position then means nothing;
+        DataError for a state saved at another world size.
         """
         epoch, batches = read_state(state, "batches", "ResumableLoader")
+        saved_world = state.get("world_size", self.world_size)
+        if saved_world != self.world_size:
+            # Each rank's share is another slice of the data at another world size: the count
+            # would skip and repeat windows unnoticed.
+            raise DataError(
+                f"loader state {state!r} counts a share of {saved_world} data-parallel ranks, "
+                f"but this loader is one of {self.world_size}; resume at world size "
+                f"{saved_world}, or start the epoch afresh (leave the state out)"
+            )
         samples = batches * self.batch_size
         if "samples" in state:
             samples = read_state(state, "samples", "ResumableLoader")[1]

@@ -36,6 +36,14 @@ class DataPosition:
         self.next_epoch, self.next_samples = self.epoch + 1, 0
         return self.epoch, self.samples
 
+    def end_pass(self, epoch: int) -> None:
+        """Mark the pass over `epoch` run to its end: unless another pass began or a resume point
+        was loaded since, the position is then the start of the next epoch, so a state saved after
+        a for loop over the loader resumes there, not in an empty rest of `epoch`.
+        """
+        if self.epoch == epoch and (self.next_epoch, self.next_samples) == (epoch + 1, 0):
+            self.epoch, self.samples = epoch + 1, 0
+
     def resume_at(self, epoch: int, samples: int, what: str) -> None:
         """Make the next pass continue `epoch` after `samples` samples; `what` names the state in
         errors.

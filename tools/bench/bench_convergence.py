@@ -32,6 +32,7 @@ import torch
 
 from benchlib import (
     RESULTS,
+    best_run,
     ensure_corpus,
     machine_info,
     quickstart_values,
@@ -212,7 +213,7 @@ def sweep(
     for name, grid in lrs.items():
         for lr in grid:
             point(name, lr, None)
-        best_lr = min(runs[name], key=lambda run: run["final_val_loss"])["lr"]
+        best_lr = best_run(runs[name])["lr"]
         for factor in other_factors:
             point(name, best_lr, best_lr * factor)
     return runs
@@ -241,8 +242,9 @@ def shortest_horizon(
             runs.append(run | {"optimizer": name, "fraction": fraction})
             print(f"  {name} {rates_text(run)} over {short} steps: {run['final_val_loss']:.4f}")
         record.extend(runs)
-        best = min(runs, key=lambda run: run["final_val_loss"])
-        if best["final_val_loss"] <= target:
+        reached = [run for run in runs if run["final_val_loss"] <= target]  # NaN never is
+        if reached:
+            best = best_run(reached)
             return {
                 "fraction": fraction,
                 "steps": short,
@@ -318,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.other_lr_factors is not None:
         factors = tuple(args.other_lr_factors)
     runs = sweep(grid, factors, steps, batches, eval_every)
-    best = {name: min(grid, key=lambda run: run["final_val_loss"]) for name, grid in runs.items()}
+    best = {name: best_run(grid) for name, grid in runs.items()}
     target = best["adamw"]["final_val_loss"]
     muon = best["muon"]
     reach = steps_to_reach(muon["curve"], target)

@@ -13,9 +13,11 @@ first steps of the shuffled stdlib shard loader, in the same order):
 The first, untimed Speedtronic run switches the process's malloc to caching (`run.cpu_allocator:
 auto` on CPU, process-wide), so every timed round of every framework runs with that allocator: the
 ratios compare the training loops, not malloc settings (bench_cpu_settings.py measures those).
-Each round runs every framework once, from construction to the last step, in a rotating order;
-tokens/s is over the steps after the warm-up (steady state) and end to end (construction
-included). The per-step losses must agree across frameworks (identical work, not just similar).
+Each round runs every framework once, from construction to its teardown, in a rotating order;
+tokens/s is over the steps after the warm-up up to the end of the last step (steady state: each
+framework's clock stops in its own last-step hook, so no one's teardown counts) and end to end
+(construction and teardown included: Lightning's and the HF Trainer's end of fit, Speedtronic's
+close()). The per-step losses must agree across frameworks (identical work, not just similar).
 Lightning and transformers are benchmark-only dependencies (hatch env `bench`); without them those
 rows are skipped and say so.
 
@@ -100,17 +102,20 @@ def fresh_parts(
 
 
 class Clock:
-    """Marks the wall time at construction, after the warm-up step and at the end."""
+    """Marks the wall time at construction, after the warm-up steps, after the last step and
+    after teardown.
+    """
 
     def __init__(self) -> None:
         self.start = time.perf_counter()
-        self.warm = self.end = self.start
+        self.warm = self.last = self.end = self.start
         self.losses: list[float] = []
 
     def result(self, steps: int, tokens_per_step: int) -> dict[str, Any]:
         return {
-            "steady_tokens_per_s": (steps - WARMUP) * tokens_per_step / (self.end - self.warm),
+            "steady_tokens_per_s": (steps - WARMUP) * tokens_per_step / (self.last - self.warm),
             "end_to_end_tokens_per_s": steps * tokens_per_step / (self.end - self.start),
+            "teardown_s": self.end - self.last,
         }
 
 
@@ -126,8 +131,9 @@ def run_speedtronic(config: dict[str, Any], batches: list, steps: int, record: b
     trainer.fit(WARMUP)
     clock.warm = time.perf_counter()
     trainer.fit(steps)
-    clock.end = time.perf_counter()
+    clock.last = time.perf_counter()
     trainer.close()
+    clock.end = time.perf_counter()
     return clock
 
 
@@ -145,7 +151,7 @@ def run_manual(config: SpeedtronicConfig, batches: list, steps: int, record: boo
         clock.losses.append(loss.item())
         if step == WARMUP:
             clock.warm = time.perf_counter()
-    clock.end = time.perf_counter()
+    clock.last = clock.end = time.perf_counter()
     return clock
 
 
@@ -170,6 +176,8 @@ def run_lightning(config: SpeedtronicConfig, batches: list, steps: int, record: 
                 clock.losses.append(float(outputs["loss"]))
             if index + 1 == WARMUP:
                 clock.warm = time.perf_counter()
+            elif index + 1 == steps:
+                clock.last = time.perf_counter()
 
         def configure_optimizers(self) -> Any:
             return {
@@ -205,6 +213,8 @@ def run_hf(config: SpeedtronicConfig, batches: list, steps: int, record: bool) -
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.global_step == WARMUP:
                 clock.warm = time.perf_counter()
+            elif state.global_step == steps:
+                clock.last = time.perf_counter()
 
     class Trainer(transformers.Trainer):
         def get_train_dataloader(self) -> DataLoader:
@@ -316,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             "speedtronic_over_this_end_to_end": median_ratio(ours_whole, whole),
             "steady_per_round": steady,
             "end_to_end_per_round": whole,
+            "teardown_s": statistics.median(r["teardown_s"] for r in runs),
             "max_loss_diff_vs_speedtronic": max(
                 abs(a - b) for a, b in zip(losses[name], losses["speedtronic"], strict=True)
             ),
@@ -327,13 +338,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{'framework':<20}{'tok/s steady':>13}{'ST / this':>10}{'tok/s e2e':>11}"
-        f"{'ST / this':>10}{'max |dloss|':>13}"
+        f"{'ST / this':>10}{'teardown s':>11}{'max |dloss|':>13}"
     )
     for name, row in rows.items():
         print(
             f"{name:<20}{row['steady_tokens_per_s']:>13,.0f}"
             f"{row['speedtronic_over_this_steady']:>10.3f}{row['end_to_end_tokens_per_s']:>11,.0f}"
-            f"{row['speedtronic_over_this_end_to_end']:>10.3f}"
+            f"{row['speedtronic_over_this_end_to_end']:>10.3f}{row['teardown_s']:>11.3f}"
             f"{row['max_loss_diff_vs_speedtronic']:>13.2g}"
         )
     for name in missing:

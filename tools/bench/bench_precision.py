@@ -1,8 +1,8 @@
 """CPU precision benchmark: BF16 autocast against FP32 for a matmul and an MLP forward+backward.
 
-Each case runs its FP32 and BF16 variants alternately in one process (machines are noisy, so the
-ratio of interleaved medians is the number to trust) and reports the FP32/BF16 time ratio:
-above 1.0 means BF16 autocast is faster on this CPU.
+Each case runs its FP32 and BF16 variants alternately in one process, the first of each pair
+alternating (machines are noisy, so the ratio of interleaved medians is the number to trust), and
+reports the FP32/BF16 time ratio: above 1.0 means BF16 autocast is faster on this CPU.
 
 Usage: python tools/bench/bench_precision.py [--quick] [--threads N] [--out PATH]
 """
@@ -67,8 +67,10 @@ def measure(name: str, fn: Callable[[], torch.Tensor], repeats: int) -> Result:
     run(fn, False), run(fn, True)  # warm-up: oneDNN picks and caches kernels on first use
     times: dict[bool, list[float]] = {False: [], True: []}
     outputs: dict[bool, torch.Tensor] = {}
-    for _ in range(repeats):
-        for bf16 in (False, True):  # interleaved, so drift in clock speed hits both sides alike
+    for index in range(repeats):
+        # Interleaved, so drift in clock speed hits both sides alike; the first side alternates,
+        # so what one call leaves in the caches does not always help the same side.
+        for bf16 in (False, True) if index % 2 == 0 else (True, False):
             seconds, outputs[bf16] = run(fn, bf16)
             times[bf16].append(seconds)
     fp32, bf16 = statistics.median(times[False]) * 1e3, statistics.median(times[True]) * 1e3

@@ -2,8 +2,8 @@
 loop.
 
 Both run the same reference model, data, AdamW and step count, interleaved round by round in one
-process (machines are noisy, so only the ratio is meaningful). Prints a table and writes
-tools/bench/results/trainer.json.
+process, the one that runs first alternating (machines are noisy, so only the paired ratio is
+meaningful). Prints a table and writes tools/bench/results/trainer.json.
 
 Usage: python tools/bench/bench_trainer.py [--steps 30] [--rounds 5] [--device cpu] [--out PATH]
 """
@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import io
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from benchlib import machine_info, write_json
+from benchlib import interleaved, machine_info, median_ratio, write_json
 from speedtronic_config import SpeedtronicConfig
 from speedtronic_model.model import ReferenceTransformer
 from speedtronic_trainer import MetricLogger, Trainer
@@ -103,22 +104,27 @@ def run_manual(steps: int, device: torch.device) -> float:
     return tokens / (time.perf_counter() - start)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = torch.device(args.device)
     (
         run_trainer(3, device),
         run_manual(3, device),
     )  # warm-up: allocator, kernels, the peak-FLOPs probe
-    trainer, manual = [], []
-    for _ in range(args.rounds):
-        trainer.append(run_trainer(args.steps, device))
-        manual.append(run_manual(args.steps, device))
+    # Rotating order: a side that always ran second would inherit the first one's warm caches.
+    rates = interleaved(
+        {
+            "trainer": lambda: run_trainer(args.steps, device),
+            "manual": lambda: run_manual(args.steps, device),
+        },
+        args.rounds,
+    )
+    trainer, manual = rates["trainer"], rates["manual"]
     ratios = [t / m for t, m in zip(trainer, manual, strict=True)]
     result = {
         "benchmark": "trainer_overhead",
@@ -136,7 +142,7 @@ def main() -> None:
         "median_trainer_tokens_per_s": statistics.median(trainer),
         "median_manual_tokens_per_s": statistics.median(manual),
         "ratio_per_round": ratios,
-        "median_ratio": statistics.median(ratios),
+        "median_ratio": median_ratio(trainer, manual),
         "goal": 0.97,
     }
     print(f"{'round':>5} {'trainer tok/s':>14} {'manual tok/s':>13} {'ratio':>7}")
@@ -149,7 +155,8 @@ def main() -> None:
     )
     write_json(args.out, result)
     print(f"wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -104,6 +105,18 @@ def interleaved(variants: dict[str, Callable[[], float]], rounds: int) -> dict[s
 def median_ratio(numerator: list[float], denominator: list[float]) -> float:
     """Return the median of the per-round ratios (paired: drift hits both sides of a round)."""
     return statistics.median(a / b for a, b in zip(numerator, denominator, strict=True))
+
+
+def best_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return the run with the lowest final held-out loss, never a diverged (non-finite) one:
+    min() keeps a NaN it meets first, since nothing compares below it.
+    """
+    finite = [run for run in runs if math.isfinite(run["final_val_loss"])]
+    if not finite:
+        raise ValueError(
+            f"every run diverged ({len(runs)} runs, no finite held-out loss): lower the lrs tried"
+        )
+    return min(finite, key=lambda run: run["final_val_loss"])
 
 
 def rates_text(run: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchlib import RESULTS, ROOT, mfu_text, rates_text
+from benchlib import RESULTS, ROOT, best_run, mfu_text, rates_text
 from speedtronic_systems.compile_choice import CPU_COMPILE_BREAK_EVEN_STEPS
 from speedtronic_systems.precision import CPU_BF16_MIN_WIDTH
 
@@ -48,10 +48,8 @@ def load(results_dir: Path) -> Results:
 def _session_reach(c: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], float | None]:
     """Return the best shuffled AdamW and Muon runs and the step Muon reaches AdamW's loss."""
     shuffled = [r for r in c["runs"] if r["shuffle"]]
-    adamw = min(
-        (r for r in shuffled if r["optimizer"] == "adamw"), key=lambda r: r["final_val_loss"]
-    )
-    muon = min((r for r in shuffled if r["optimizer"] == "muon"), key=lambda r: r["final_val_loss"])
+    adamw = best_run([r for r in shuffled if r["optimizer"] == "adamw"])
+    muon = best_run([r for r in shuffled if r["optimizer"] == "muon"])
     curve = muon["curve_every_50_steps"]
     reach = None
     for index in range(1, len(curve)):
@@ -152,9 +150,10 @@ def _convergence_row(c: dict[str, Any]) -> tuple[str, str, str]:
             else f"{name} no horizon tried"
             for name, found in shortest.items()
         )
+    run = _best_run(c, "adamw")
     return (
         f"convergence on the stdlib corpus, {c['steps']} steps x "
-        f"{c['config']['model']['max_seq_len'] * 16 // 1000}k tokens, one fixed held-out set "
+        f"{run['tokens'] // run['steps'] // 1000}k tokens, one fixed held-out set "
         f"({c['held_out_tokens'] // 1000}k tokens), lr and non-matrix lr tuned per optimizer",
         "`python tools/bench/bench_convergence.py`",
         f"{reach} (goal <= 0.6x). Held-out loss: {losses}",
@@ -163,14 +162,18 @@ def _convergence_row(c: dict[str, Any]) -> tuple[str, str, str]:
 
 def _peers_row(p: dict[str, Any]) -> tuple[str, str, str]:
     parts = []
-    ours = max(p["frameworks"]["speedtronic"]["steady_per_round"])
+    ours_rounds = p["frameworks"]["speedtronic"]["steady_per_round"]
+    ours = max(ours_rounds)
     for name, row in p["frameworks"].items():
         if name == "speedtronic":
             continue
         fastest = ours / max(row["steady_per_round"])
+        # Each round's ratio: their spread says how far the median can be trusted.
+        paired = [a / b for a, b in zip(ours_rounds, row["steady_per_round"], strict=True)]
         parts.append(
             f"{name} **{_x(fastest, 3)}** fastest round against fastest "
-            f"({_x(row['speedtronic_over_this_steady'], 3)} paired median)"
+            f"({_x(row['speedtronic_over_this_steady'], 3)} paired median, rounds "
+            f"{min(paired):.2f}-{max(paired):.2f})"
         )
     diff = max(row["max_loss_diff_vs_speedtronic"] for row in p["frameworks"].values())
     missing = f"; not installed: {', '.join(p['missing'])}" if p["missing"] else ""
@@ -788,8 +791,7 @@ def _routing_finding(c: dict[str, Any]) -> str:
         shared, split = _by_rates(runs)
         if not (shared and split):
             continue
-        base = min(shared, key=lambda r: r["final_val_loss"])
-        best = min(split, key=lambda r: r["final_val_loss"])
+        base, best = best_run(shared), best_run(split)
         parts.append(
             f"{name} {base['final_val_loss']:.3f} -> {best['final_val_loss']:.3f} "
             f"(non-matrix lr {best['other_lr'] / best['lr']:g}x its lr)"
@@ -803,22 +805,33 @@ def _routing_finding(c: dict[str, Any]) -> str:
     )
 
 
+def _commits_text(run: dict[str, Any]) -> str:
+    """Return the commits the run's results were measured at, as far as run.json records them."""
+    if "commits" in run:
+        return f"commits {', '.join(run['commits'])} (per benchmark below)"
+    # run.json before per-benchmark commits held the commit of the latest `--only` rerun alone.
+    return (
+        f"commit {run.get('commit', '?')} for the benchmarks last rerun; the others' commits are "
+        "not recorded"
+    )
+
+
 def _section_run(run: dict[str, Any]) -> list[str]:
     lines = [
         "## The run",
         "",
         f"`{run.get('command', 'hatch run bench')}`, {run.get('mode')} mode, started "
-        f"{run.get('started')}, {run.get('duration_s', 0) / 60:.1f} min, commit "
-        f"{run.get('commit', '?')}.",
+        f"{run.get('started')}, {run.get('duration_s', 0) / 60:.1f} min (the benchmarks' "
+        f"seconds summed), {_commits_text(run)}.",
         "",
-        "| benchmark | started (UTC) | seconds | load average before -> after | exit |",
-        "|---|---|---|---|---|",
+        "| benchmark | started (UTC) | commit | seconds | load average before -> after | exit |",
+        "|---|---|---|---|---|---|",
     ]
     for name, b in run.get("benchmarks", {}).items():
         before, after = b["loadavg_before"][0], b["loadavg_after"][0]
         lines.append(
-            f"| {name} | {b.get('started', '')} | {b['seconds']:.0f} | {before:.2f} -> "
-            f"{after:.2f} | {b['returncode']} |"
+            f"| {name} | {b.get('started', '')} | {b.get('commit', '?')} | {b['seconds']:.0f} | "
+            f"{before:.2f} -> {after:.2f} | {b['returncode']} |"
         )
     notes = [
         f"- {name}: {b['note']}" for name, b in run.get("benchmarks", {}).items() if "note" in b
@@ -935,12 +948,12 @@ def plots(results: Results, out_dir: Path) -> list[Path]:
         steps = list(range(every, len(losses) + 1, every))
         fig, ax = plt.subplots(figsize=(7, 4))
         ax.plot(range(1, len(losses) + 1), losses, color="lightgray", label="every step")
-        ax.plot(steps, [losses[s - 1] for s in steps], "o-", label="logged today (one step)")
+        ax.plot(steps, [losses[s - 1] for s in steps], "o-", label="one step (2.0's record)")
         ax.plot(
             steps,
             [statistics.fmean(losses[s - every : s]) for s in steps],
             "o-",
-            label=f"mean over the {every}-step interval",
+            label=f"mean over the {every}-step interval (the record now)",
         )
         ax.set(xlabel="step", ylabel="train loss", title="Train-loss logging (Muon run)")
         ax.legend()

@@ -91,10 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         "command": "hatch run bench" + (" --quick" if args.quick else ""),
         "started": earlier.get("started")
         or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
         "machine": machine_info(),
         "benchmarks": dict(kept),
     }
+    commit = git_commit()
     failed = []
     for name, extra in chosen:
         script = HERE / f"bench_{name}.py"
@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         code = subprocess.run(command, cwd=ROOT).returncode
         run["benchmarks"][name] = {
             "started": stamp,
+            "commit": commit,  # a benchmark rerun with --only later may be at another commit
             "seconds": time.perf_counter() - begun,
             "returncode": code,
             "loadavg_before": [round(v, 2) for v in before],
@@ -113,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         if code != 0:
             failed.append(name)
+    # Every commit the kept results were measured at ("?" for entries from before this field).
+    run["commits"] = list(dict.fromkeys(b.get("commit", "?") for b in run["benchmarks"].values()))
     run["duration_s"] = sum(b["seconds"] for b in run["benchmarks"].values())
     loads = [b["loadavg_before"][0] for b in run["benchmarks"].values()]
     loads += [b["loadavg_after"][0] for b in run["benchmarks"].values()]

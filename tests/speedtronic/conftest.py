@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+# A suite started as a script's background job (`pytest ... &`) inherits SIGINT ignored, which
+# Python keeps: the Ctrl-C tests, and the processes they start, need Python's default handler.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # The tests expect the resume command a plain shell prints, also when the suite runs under

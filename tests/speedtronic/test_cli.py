@@ -769,9 +769,7 @@ def test_metrics_follow_a_run_folder_named_with_characters_outside_the_bmp(tmp_p
 def test_a_fresh_run_sets_an_earlier_runs_metrics_aside_and_a_resume_logs_each_step_once(
     tmp_path, capsys, monkeypatch
 ):
-    import errno
 
-    import speedtronic_trainer.checkpoint as checkpoint
     from speedtronic.cli import main
 
     run = tmp_path / "run"
@@ -786,15 +784,7 @@ def test_a_fresh_run_sets_an_earlier_runs_metrics_aside_and_a_resume_logs_each_s
     assert "held an earlier run" not in capsys.readouterr().err
     # A crash: steps 3 and 4 are logged, then their checkpoint finds the disk full (no emergency
     # checkpoint after a failed save), so the run resumes at step 2 and logs 3 and 4 again.
-    with monkeypatch.context() as patch:
-        full = OSError(errno.ENOSPC, "No space left on device")
-        save = checkpoint.atomic_torch_save
-        patch.setattr(
-            checkpoint,
-            "atomic_torch_save",
-            lambda state, path: save(state, path) if state["step"] < 4 else _raise(full),
-        )
-        assert main([*argv, "--max-steps", "5", "--resume"]) == 1
+    assert _with_step_4_checkpoint_on_a_full_disk(monkeypatch, main, argv) == 1
     assert steps(run / "metrics.jsonl") == [1, 2, 3, 4]
     capsys.readouterr()
     assert main([*argv, "--max-steps", "5", "--resume"]) == 0  # continues: the same file
@@ -1363,11 +1353,9 @@ def test_a_resumed_run_continues_its_tensorboard_curve_and_wandb_run(
     # A crash after steps 3 and 4 were logged, then --resume from step 2: TensorBoard drew steps
     # 3 and 4 twice (the crashed attempt's and the resumed run's) and W&B started a second run.
     pytest.importorskip("tensorboard")
-    import errno
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    import speedtronic_trainer.checkpoint as checkpoint
     from speedtronic.cli import main
 
     run = tmp_path / "run"
@@ -1375,15 +1363,7 @@ def test_a_resumed_run_continues_its_tensorboard_curve_and_wandb_run(
     argv += ["--set", f"run.output_dir={run}", "--set", "checkpoint.every_steps=2"]
     argv += ["--set", "logging.hooks=[tensorboard, wandb]"]
     assert main([*argv, "--max-steps", "2"]) == 0
-    with monkeypatch.context() as patch:  # step 4's checkpoint finds the disk full
-        full = OSError(errno.ENOSPC, "No space left on device")
-        save = checkpoint.atomic_torch_save
-        patch.setattr(
-            checkpoint,
-            "atomic_torch_save",
-            lambda state, path: save(state, path) if state["step"] < 4 else _raise(full),
-        )
-        assert main([*argv, "--max-steps", "5", "--resume"]) == 1
+    assert _with_step_4_checkpoint_on_a_full_disk(monkeypatch, main, argv) == 1
     assert main([*argv, "--max-steps", "5", "--resume"]) == 0
     capsys.readouterr()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -1400,6 +1380,25 @@ def test_a_resumed_run_continues_its_tensorboard_curve_and_wandb_run(
 
 def _raise(error: BaseException) -> None:
     raise error
+
+
+def _with_step_4_checkpoint_on_a_full_disk(monkeypatch, main, argv) -> int:
+    """Return the exit code of `train ARGV --max-steps 5 --resume` whose checkpoints from step 4
+    on find the disk full (a crash after steps 3 and 4 were logged).
+    """
+    import errno
+
+    import speedtronic_trainer.checkpoint as checkpoint
+
+    full = OSError(errno.ENOSPC, "No space left on device")
+    save = checkpoint.atomic_torch_save
+    with monkeypatch.context() as patch:
+        patch.setattr(
+            checkpoint,
+            "atomic_torch_save",
+            lambda state, path: save(state, path) if state["step"] < 4 else _raise(full),
+        )
+        return main([*argv, "--max-steps", "5", "--resume"])
 
 
 def test_a_node_refused_under_a_used_node_id_is_told_the_one_fix_that_applies(

@@ -596,10 +596,11 @@ def _check_tied_head(state_dict: Any, prefix: str) -> None:
         return
     if embedding.is_meta or head.is_meta or embedding.shape != head.shape:
         return  # nothing to compare; a shape mismatch is load_state_dict's own error
-    same = embedding.data_ptr() == head.data_ptr() and embedding.stride() == head.stride()
+    if embedding.data_ptr() == head.data_ptr() and embedding.stride() == head.stride():
+        return  # one tensor saved under both names: nothing to compare or copy
     # A NaN in both copies (a diverged run's checkpoint) is still one tensor saved twice.
     copy = head.to(embedding.device, embedding.dtype)
-    if same or torch.allclose(embedding, copy, rtol=0.0, atol=0.0, equal_nan=True):
+    if torch.allclose(embedding, copy, rtol=0.0, atol=0.0, equal_nan=True):
         return
     raise ValueError(
         f"the state dict's {prefix}lm_head.weight differs from its {prefix}tok_emb.weight (an "

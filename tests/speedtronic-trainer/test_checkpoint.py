@@ -391,6 +391,7 @@ def _sharded(manager: CheckpointManager, step: int, model: torch.nn.Module) -> P
 def test_a_sharded_checkpoint_replaces_one_of_its_step_only_once_complete(tmp_path):
     manager = CheckpointManager(tmp_path, keep_last=None)
     first = _sharded(manager, 2, torch.nn.Linear(30, 20))
+    (first / "__1_0.distcp").write_bytes(b"rank 1's shard")  # as saved at world size 2
     old_shards = {p.name: p.read_bytes() for p in first.iterdir()}
     # A rerun's save of step 2 killed while its ranks wrote: the committed folder is untouched,
     # and the next start removes what the save left.
@@ -403,6 +404,8 @@ def test_a_sharded_checkpoint_replaces_one_of_its_step_only_once_complete(tmp_pa
     # A rerun's complete save takes the name; nothing of the old folder stays beside it.
     second = _sharded(manager, 2, torch.nn.Linear(30, 21))
     assert second == first and {p.name for p in tmp_path.iterdir()} == {"step_2.dcp", "latest"}
+    # Resaved at world size 1: no shard of the earlier save is left to take disk space.
+    assert "__1_0.distcp" not in {p.name for p in second.iterdir()}
     assert (second / "__0_0.distcp").read_bytes() != old_shards["__0_0.distcp"]
 
 

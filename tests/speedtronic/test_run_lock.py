@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import gc
+import hashlib
+import os
+import re
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+from test_launch import latest_step, wait_for
 from test_runtime import small_config as config
 
 import speedtronic.runtime as runtime
@@ -15,6 +24,7 @@ from speedtronic.run_lock import LOCK_NAME, RunFolderBusy, run_folders
 from speedtronic_config import SpeedtronicConfig
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def hold_lock(folder) -> subprocess.Popen:
@@ -136,3 +146,90 @@ def test_a_refused_run_removes_what_it_made_but_never_a_live_runs_lock(tmp_path,
     end(holder)
     outputs.remove()
     assert not (tmp_path / "new").exists()
+
+
+def train(out, *extra: str, log) -> subprocess.Popen:
+    """Start `speedtronic train` on the smoke config in its own process, writing under out."""
+    command = [sys.executable, "-m", "speedtronic", "train", str(ROOT / "configs" / "smoke.yaml")]
+    command += ["--set", f"run.output_dir={out}", "--set", "checkpoint.every_steps=2", *extra]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as stream:  # the child holds its own descriptor
+        return subprocess.Popen(
+            command, stdout=stream, stderr=subprocess.STDOUT, env=environment, cwd=ROOT
+        )
+
+
+def files(folder) -> dict[str, tuple[int, int, str]]:
+    """Return every file under folder as (size, mtime_ns, sha256), by relative path."""
+    return {
+        str(path.relative_to(folder)): (
+            path.stat().st_size,
+            path.stat().st_mtime_ns,
+            hashlib.sha256(path.read_bytes()).hexdigest(),
+        )
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def refused_line(out, log, *extra: str) -> str:
+    """Run a second `speedtronic train` in out to its end; return its one line, once it exits 2."""
+    second = train(out, *extra, log=log)
+    assert second.wait(timeout=240) == 2, log.read_text()[-3000:]
+    said = [line for line in log.read_text().splitlines() if line.startswith("speedtronic")]
+    assert len(said) == 1, log.read_text()[-3000:]
+    assert "Traceback" not in log.read_text() and "failed (exitcode" not in log.read_text()
+    return said[0]
+
+
+def test_a_second_run_in_a_live_runs_folder_is_refused_and_a_killed_run_blocks_nothing(tmp_path):
+    from speedtronic.cli import main
+
+    out = tmp_path / "run"
+    first = train(out, "--max-steps", "100000", log=tmp_path / "first.log")
+    try:
+        wait_for(lambda: latest_step(out) >= 2, "the first run's step-2 checkpoint", first)
+        # Held still, so any change to its files while the second run is refused is the
+        # second run's.
+        first.send_signal(signal.SIGSTOP)
+        before = files(out)
+        busy = (
+            rf"speedtronic train: {out} is in use by another run \(pid {first.pid} on "
+            rf"{re.escape(socket.gethostname())}, since \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\); "
+            r"stop it or wait for it to end, or give this run its own run\.output_dir"
+        )
+        assert re.match(busy, refused_line(out, tmp_path / "second.log")), busy
+        # Under torchrun every rank refuses alike, in one line from rank 0.
+        ddp = ["--nproc-per-node", "2", "--set", "parallel.data_parallel=ddp"]
+        assert re.match(busy, refused_line(out, tmp_path / "ddp.log", *ddp)), busy
+        # What only reads the folder works while the run holds it.
+        assert main(["sample", str(out / "checkpoints"), "--max-new-tokens", "2"]) == 0
+        assert main(["export", str(out / "checkpoints"), str(tmp_path / "export")]) == 0
+        assert main(["plot", str(out), "-o", str(tmp_path / "plot.png")]) == 0
+        assert files(out) == before
+    finally:
+        first.kill()  # SIGKILL: the lock file stays, and the kernel has dropped its lock
+        first.wait(timeout=60)
+    saved = latest_step(out)
+    resumed = train(out, "--resume", "--max-steps", str(saved + 1), log=tmp_path / "resumed.log")
+    log = (tmp_path / "resumed.log").read_text
+    assert resumed.wait(timeout=240) == 0, log()[-3000:]
+    assert f"resumed at step {saved}" in log()
+
+
+def test_a_filesystem_without_locks_trains_unguarded_and_says_so(tmp_path, monkeypatch, capsys):
+    from speedtronic.cli import main
+
+    def no_locks(handle, operation):  # what flock says on Lustre mounted without -o flock
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    argv = ["train", "max_steps: 1\ndevice: cpu", "--set", f"run.output_dir={tmp_path}"]
+    assert main(argv) == 0  # as in 2.0, which took no lock
+    out = capsys.readouterr().out  # the run's log
+    assert f"{tmp_path.resolve()} is on a filesystem that keeps no file locks" in out, out
+    # A run refused there (a bad data path) still removes the lock file it made.
+    folder = tmp_path / "refused"
+    argv = ["train", "max_steps: 1\ndevice: cpu\ndata:\n  shard_path: missing/*.bin"]
+    assert main([*argv, "--set", f"run.output_dir={folder}"]) == 2
+    assert not folder.exists()

@@ -5,6 +5,8 @@ The lock is an advisory `flock` on a file in the folder, so the kernel drops it 
 dies (a SIGKILL leaves nothing to clean up); a process that builds several runs on one folder
 (a notebook, a resume in the same script) holds it once for as long as any of them is alive,
 or until `speedtronic.runtime.end_run` ends them (`speedtronic train` and `train_from_config` do).
+Where no lock can be taken (no fcntl on Windows, a filesystem that keeps no locks) the run trains
+unguarded, as 2.0 did.
 """
 
 from __future__ import annotations
@@ -51,10 +53,15 @@ class RunLock:
 
     def __init__(self, folders: list[Path]) -> None:
         self.folders: list[Path] = []
+        self.warnings: list[str] = []  # one per folder its filesystem could not lock
         try:
             for folder in folders:
                 if folder not in _held:
-                    _held[folder] = [_lock(folder), 0]
+                    handle = _lock(folder)
+                    if handle is None:
+                        self.warnings.append(_unlocked_warning(folder))
+                        continue
+                    _held[folder] = [handle, 0]
                 _held[folder][1] += 1
                 self.folders.append(folder)
         except BaseException:
@@ -94,7 +101,10 @@ def claim_run_folders(config: SpeedtronicConfig, parallel: Any) -> RunLock:
     return lock
 
 
-def _lock(folder: Path) -> TextIO:
+def _lock(folder: Path) -> TextIO | None:
+    """Return the open, locked lock file of `folder`, or None where its filesystem keeps no
+    locks; raise RunFolderBusy, naming the holder, where another process holds it.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     handle = open(folder / LOCK_NAME, "a+", encoding="utf-8")  # noqa: SIM115 (held open)
     try:
@@ -104,15 +114,28 @@ def _lock(folder: Path) -> TextIO:
         holder = handle.read().strip() or "another process"
         handle.close()
         raise RunFolderBusy(
-            f"{folder} is in use by another run ({holder}); wait for it to finish, or give this "
-            "run its own run.output_dir (or checkpoint.directory)"
+            f"{folder} is in use by another run ({holder}); stop it or wait for it to end, or give "
+            "this run its own run.output_dir (or checkpoint.directory)"
         ) from None
+    except OSError:
+        # Lustre mounted without `flock`, some network mounts: 2.0 trained there, and so does
+        # this run, unguarded (RunLock.warnings says so).
+        handle.close()
+        return None
     handle.seek(0)
     handle.truncate()
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {started}\n")
     handle.flush()
     return handle
+
+
+def _unlocked_warning(folder: Path) -> str:
+    return (
+        f"{folder} is on a filesystem that keeps no file locks (flock failed), so a second run "
+        "started in it now would not be refused: start one run per run.output_dir (on Lustre, "
+        "mount with -o flock to have it refused)"
+    )
 
 
 def remove_unheld_lock(folder: Path) -> None:
@@ -128,6 +151,8 @@ def remove_unheld_lock(folder: Path) -> None:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return
+            except OSError:  # a filesystem without locks, where no run can hold one
+                pass
         path.unlink(missing_ok=True)
 
 

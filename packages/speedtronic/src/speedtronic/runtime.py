@@ -180,6 +180,8 @@ def build_runtime(
         except BaseException:
             lock.release()
             raise
+    for warning in lock.warnings:  # a folder its filesystem could not lock
+        trainer.logger.warning(warning)
     # The logger first: its files and hooks (TensorBoard, W&B) write in the locked folder.
     closes = weakref.finalize(trainer, trainer.logger.close)
     # Not at exit, where wandb's own exit hook has already stopped its service (its run.finish()

@@ -397,6 +397,24 @@ def test_resuming_over_data_that_changed_on_disk_warns(shards, text_file, case):
         restore_loader(build_dataloader(config), state)
 
 
+def test_resuming_synthetic_samples_over_a_text_file_names_each_unit(text_file):
+    first = build_dataloader(section())  # 40 synthetic tokens: 40 samples
+    next(iter(first))
+    state = loader_state(first)
+    size = text_file.stat().st_size
+    with pytest.warns(UserWarning) as said:
+        restore_loader(build_dataloader(section(text_path=str(text_file))), state)
+    (line,) = [str(warning.message) for warning in said]
+    assert f"was taken over 40 samples, but the data now holds {size} bytes of text" in line
+    assert "the data changed kind since" in line
+    # A state saved before the unit was recorded counts in the loader's own unit.
+    del state["data_unit"]
+    with pytest.warns(
+        UserWarning, match=f"taken over 40 bytes of text, but the data now holds {size}:"
+    ):
+        restore_loader(build_dataloader(section(text_path=str(text_file))), state)
+
+
 def test_calling_iter_without_drawing_does_not_start_an_epoch():
     loader = build_dataloader(section(shuffle=True))
     reference = [b["input_ids"].tolist() for b in build_dataloader(section(shuffle=True))]
@@ -409,7 +427,13 @@ def test_state_round_trip_and_bad_states():
     list(loader)
     it = iter(loader)
     next(it)
-    assert loader.state_dict() == {"epoch": 1, "batches": 1, "samples": 4, "data_size": 40}
+    assert loader.state_dict() == {
+        "epoch": 1,
+        "batches": 1,
+        "samples": 4,
+        "data_size": 40,
+        "data_unit": "samples",
+    }
     with pytest.raises(DataError, match="not a ResumableLoader state"):
         loader.load_state_dict({"epoch": 1})
     with pytest.raises(DataError, match="'samples': int"):
@@ -513,6 +537,7 @@ def test_dataset_state_resumes_at_exactly_the_next_batch(shards, fields, stop_at
         "batches": within,
         "samples": within * 4,
         "data_size": len(dataset),
+        "data_unit": "samples",
     }  # the loader shares the dataset's position
     rest = [(b["input_ids"], b["labels"]) for _ in range(3 - epoch) for b in resumed]
     got = taken + rest

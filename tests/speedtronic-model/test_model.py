@@ -313,6 +313,22 @@ def test_a_tied_model_refuses_a_checkpoint_whose_head_differs_from_its_embedding
     small().load_state_dict(copies)
 
 
+@pytest.mark.parametrize("assign", [False, True])
+def test_a_tied_model_loads_a_state_dict_without_its_head_strictly(assign):
+    # Another tool's save of a tied model holds the embedding once: strict loading failed with
+    # torch's "Missing key(s) in state_dict: "lm_head.weight"", though the embedding is the head.
+    weights = {k: v + 1 for k, v in small().state_dict().items() if k != "lm_head.weight"}
+    model = small()
+    loaded = model.load_state_dict(weights, assign=assign)
+    assert (loaded.missing_keys, loaded.unexpected_keys) == ([], [])
+    assert "lm_head.weight" not in weights  # the caller's dict is left as it was
+    assert model.lm_head.weight is model.tok_emb.weight
+    assert torch.equal(model.tok_emb.weight, weights["tok_emb.weight"])
+    wrapped = torch.nn.Sequential(small())  # under a prefix, as in a wrapper's state dict
+    wrapped.load_state_dict({f"0.{k}": v for k, v in weights.items()}, assign=assign)
+    assert torch.equal(wrapped[0].lm_head.weight, weights["tok_emb.weight"])
+
+
 def test_share_memory_shares_the_rebuilt_rope_tables_too():
     model = small().share_memory()
     assert model.rope.cos_cached.is_shared() and model.rope.inv_freq.is_shared()

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -1345,6 +1346,38 @@ def test_wandb_without_an_api_key_is_a_usage_error(tmp_path, capsys, monkeypatch
         "account, or remove wandb from logging.hooks\n"
     )
     assert not (tmp_path / "run").exists()  # refused before training: nothing left behind
+
+
+def test_an_unreachable_wandb_server_is_a_usage_error_in_one_line(tmp_path, capsys, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    from speedtronic.cli import main
+
+    with socket.socket() as probe:  # a port nothing listens on once it is closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "2")  # how long wandb retries (its default: 90 s)
+    for name in ("WANDB_MODE", "WANDB_DIR", "WANDB_CONFIG_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    config = tiny_config(tmp_path, logging="{hooks: [wandb]}", max_steps="1")
+    wandb.teardown()  # wandb reads its environment once per process, at setup
+    try:
+        # It was exit 1, "CommError: Timed out while retrying: ..." after 90 s of wandb's retries.
+        assert main(["train", str(config)]) == 2
+    finally:
+        wandb.teardown()
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith(
+        "speedtronic train: logging.hooks: wandb could not start a run on its server ("
+    )
+    assert f"127.0.0.1:{port}" in line and "connection refused" in line, line
+    assert line.endswith(
+        "; check WANDB_BASE_URL and the network, set WANDB_MODE=offline to log locally (upload "
+        "later with `wandb sync`), or remove wandb from logging.hooks"
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before training
 
 
 def test_a_resumed_run_continues_its_tensorboard_curve_and_wandb_run(

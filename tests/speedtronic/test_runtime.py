@@ -294,14 +294,18 @@ def test_a_resume_names_the_optimizer_settings_it_keeps_and_records_the_kept_rat
     runtime.train_from_config(config(2))
     # torch restores each group's hyperparameters with its state: a changed one is named.
     trainer, _ = runtime.build_runtime(
-        config(4, weight_decay=0.5, muon_momentum=0.8, lr=2e-3), resume=True
+        config(4, weight_decay=0.5, muon_momentum=0.8, muon_ns_steps=3, lr=2e-3), resume=True
     )
     assert {group["weight_decay"] for group in trainer.optimizer.param_groups} == {0.1}
     (said,) = [line for line in warnings() if "optimizer settings not applied" in line]
     assert "optimizer settings not applied on resume, the checkpoint's continue" in said
-    assert (
-        "weight_decay 0.5 (checkpoint: 0.1)" in said and "momentum 0.8 (checkpoint: 0.95)" in said
-    )
+    # Named as the user set them, not by Muon's parameter-group keys (momentum, ns_steps).
+    kept = set(said.split("continue: ")[1].split("; ")[0].split(", "))
+    assert kept == {
+        "optimizer.weight_decay 0.5 (checkpoint: 0.1)",
+        "optimizer.muon_momentum 0.8 (checkpoint: 0.95)",
+        "optimizer.muon_ns_steps 3 (checkpoint: 5)",
+    }
     trainer.fit()
     trainer.close()
     # Its checkpoints record the rate the schedule kept, so a resume with the run's own config
@@ -608,3 +612,54 @@ def test_a_run_that_saved_nothing_leaves_no_empty_checkpoint_folder(tmp_path):
     gc.collect()
     assert not manager.directory.exists()  # it left an empty checkpoints/ folder
     assert (output / "logs" / "m" / "x.jsonl").is_file() and (output / "logs").is_dir()
+
+
+def test_the_hooks_get_the_config_the_checkpoints_record_without_its_secret(
+    tmp_path, wandb_offline
+):
+    # W&B's run config was empty and TensorBoard had no settings: runs could not be filtered or
+    # compared by a hyperparameter.
+    pytest.importorskip("tensorboard")
+    import torch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    from speedtronic_trainer import WandbHook
+
+    secret = "hf_HOOK_secret_token"
+    config = small_config(
+        tmp_path,
+        optimizer={"lr": 2e-3},
+        distributed={"repo_id": "me/run", "token": secret},
+        logging={"hooks": ["tensorboard", "wandb"]},
+    )
+    trainer, _ = runtime.build_runtime(config)
+    trainer.fit()
+    (wandb_hook,) = [hook for hook in trainer.logger.hooks if isinstance(hook, WandbHook)]
+    logged = dict(wandb_hook.run.config)  # what the run's file records, before it closes
+    trainer.close()
+    runtime.end_run(trainer)
+    recorded = torch.load(tmp_path / "checkpoints" / "step_2.pt", weights_only=True)["config"]
+    assert recorded["optimizer"]["lr"] == 2e-3 and recorded["distributed"]["token"] is None
+    # W&B: the recorded config, as nested sections (filtered as `optimizer.lr`), in its file too.
+    assert {name: logged[name] for name in recorded} == recorded
+    (run_file,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    assert re.search(rb'"name":\s*"adamw",\s*"lr":\s*0\.002,', run_file.read_bytes())
+    # TensorBoard: each setting an hparam (the HParams dashboard), and the YAML as text.
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    (start,) = [
+        data.session_start_info.hparams
+        for data in map(HParamsPluginData.FromString, events.PluginTagToContent("hparams").values())
+        if data.HasField("session_start_info")
+    ]
+    assert start["optimizer.lr"].number_value == 2e-3
+    assert start["model.name"].string_value == "reference_transformer"
+    assert start["optimizer.betas"].string_value == "[0.9, 0.95]"
+    assert "distributed.token" not in start  # unset: null
+    (text,) = events.Tensors("config/text_summary")
+    shown = text.tensor_proto.string_val[0].decode()
+    assert "    optimizer:\n" in shown and "      lr: 0.002\n" in shown
+    # The token is in no file either hook wrote.
+    for path in [*(tmp_path / "wandb").rglob("*"), *(tmp_path / "tensorboard").rglob("*")]:
+        assert not path.is_file() or secret.encode() not in path.read_bytes(), path

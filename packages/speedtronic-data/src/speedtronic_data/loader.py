@@ -136,17 +136,18 @@ class ResumableLoader(DataLoader):
             return self.dataset.path.stat().st_size, "bytes of text"
         return None
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         """Return {"epoch", "batches", "samples"}: the pass in progress, how many of its batches
         were handed out and the samples they held (so a resume at another batch size continues
-        at the same sample), plus "data_size" when the data's size is known (see _data_size) and
-        "world_size" under data parallelism (the position counts this rank's share).
+        at the same sample), plus "data_size" and its "data_unit" when the data's size is known
+        (see _data_size) and "world_size" under data parallelism (the position counts this
+        rank's share).
         """
         samples, size = self.position.samples, self.batch_size
         state = {"epoch": self.position.epoch, "batches": -(-samples // size), "samples": samples}
         known = self._data_size()
         if known is not None:
-            state["data_size"] = known[0]
+            state["data_size"], state["data_unit"] = known
         if self.world_size > 1:
             state["world_size"] = self.world_size
         return state
@@ -186,18 +187,32 @@ class ResumableLoader(DataLoader):
         if "samples" in state:
             samples = read_state(state, "samples", "ResumableLoader")[1]
         known = self._data_size()
-        if known is not None and state.get("data_size", known[0]) != known[0]:
-            warnings.warn(
-                f"the saved data position (epoch {epoch}, {samples} samples in) was taken over "
-                f"{state['data_size']} {known[1]}, but the data now holds {known[0]}: its files "
-                "(or data.block_size) changed since, so training does not continue where it "
-                "stopped; resume on the data it was saved over, or start a new run",
-                stacklevel=2,
-            )
+        if known is not None:
+            # A state saved before data_unit was recorded counts in this loader's unit.
+            saved = (state.get("data_size", known[0]), state.get("data_unit", known[1]))
+            if saved != known:
+                self._warn_data_changed(epoch, samples, saved, known)
         self.position.resume_at(epoch, samples, f"loader state {state!r}")
 
+    @staticmethod
+    def _warn_data_changed(
+        epoch: int, samples: int, saved: tuple[int, str], known: tuple[int, str]
+    ) -> None:
+        """Warn that the data's size (or kind: samples, text) differs from the saved one."""
+        if saved[1] == known[1]:
+            held, why = f"{known[0]}", "its files (or data.block_size) changed since"
+        else:  # e.g. synthetic samples then, a text file now
+            held, why = f"{known[0]} {known[1]}", "the data changed kind since"
+        warnings.warn(
+            f"the saved data position (epoch {epoch}, {samples} samples in) was taken over "
+            f"{saved[0]} {saved[1]}, but the data now holds {held}: {why}, so training does "
+            "not continue where it stopped; resume on the data it was saved over, or start a "
+            "new run",
+            stacklevel=3,
+        )
 
-def loader_state(loader: Any) -> dict[str, int]:
+
+def loader_state(loader: Any) -> dict[str, Any]:
     """Return the resumable position of a ResumableLoader (what build_dataloader returns)."""
     if not isinstance(loader, ResumableLoader):
         raise DataError(

@@ -370,6 +370,7 @@ class ReferenceTransformer(nn.Module):
         # Runs before any submodule loads, also inside a wrapper's load_state_dict.
         if self.config.tie_weights:
             _check_tied_head(state_dict, prefix)
+            _fill_tied_head(state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args)
 
     def set_gradient_checkpointing(self, enabled: bool = True) -> None:
@@ -606,8 +607,19 @@ def _check_tied_head(state_dict: Any, prefix: str) -> None:
         f"the state dict's {prefix}lm_head.weight differs from its {prefix}tok_emb.weight (an "
         "untied model's), but this model ties them (tie_weights=True), so the embedding would be "
         "lost; build the model with tie_weights=False (model.tie_weights: false) to load both, or "
-        "leave out one of the two and pass strict=False to load the other into both"
+        "leave out lm_head.weight to load the embedding into both (or tok_emb.weight, with "
+        "strict=False, to load the head into both)"
     )
+
+
+def _fill_tied_head(state_dict: Any, prefix: str) -> None:
+    """Give a state dict that holds the embedding but no head (another tool's save of a tied
+    model, as transformers writes it) the embedding as its head: tied, the two are one tensor,
+    so strict loading is not refused over the head. The dict is load_state_dict's own copy.
+    """
+    embedding = state_dict.get(prefix + "tok_emb.weight")
+    if embedding is not None and prefix + "lm_head.weight" not in state_dict:
+        state_dict[prefix + "lm_head.weight"] = embedding
 
 
 def _after_load(model: ReferenceTransformer, incompatible_keys: Any) -> None:

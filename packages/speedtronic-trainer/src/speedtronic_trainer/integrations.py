@@ -6,6 +6,8 @@ import numbers
 from pathlib import Path
 from typing import Any
 
+from speedtronic_config.serialize import dump_yaml
+
 
 def _scalars(payload: dict[str, Any]) -> dict[str, float]:
     """Return the numeric entries of a payload; counters and strings are not plotted."""
@@ -22,10 +24,36 @@ def _step(payload: dict[str, Any]) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
+# The scalars the HParams dashboard shows beside each run's settings.
+HPARAM_METRICS = ("train_step/loss", "eval/val_loss")
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Return a nested config as {"section.field": value}."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _hparams(values: dict[str, Any]) -> dict[str, Any]:
+    """Return a config as hparams: numbers, bools and strings as they are, a list as its text
+    (TensorBoard refuses lists); unset (null) fields are left out, blank in the dashboard.
+    """
+    return {
+        name: value if isinstance(value, (bool, int, float, str)) else str(value)
+        for name, value in _flatten(values).items()
+        if value is not None
+    }
+
+
 class HookUnavailable(ImportError):
     """A hook cannot start for a reason the user fixes (its package is not installed, wandb is not
-    logged in), so the CLI reports it as a usage error (exit 2). An ImportError: 2.0 raised one
-    for a missing package.
+    logged in or cannot reach its server), so the CLI reports it as a usage error (exit 2). An
+    ImportError: 2.0 raised one for a missing package.
     """
 
 
@@ -57,6 +85,21 @@ class WandbHook:
                 "WANDB_API_KEY, set WANDB_MODE=offline to log without an account, or remove "
                 "wandb from logging.hooks"
             ) from exc
+        except wandb.errors.CommError as exc:
+            # The server is out of reach (a wrong WANDB_BASE_URL, no network; wandb retried it for
+            # init_timeout seconds) or refused the run. The first line names the server and why.
+            reason = next(iter(str(exc).splitlines()), type(exc).__name__)
+            raise HookUnavailable(
+                f"logging.hooks: wandb could not start a run on its server ({reason}); check "
+                "WANDB_BASE_URL and the network, set WANDB_MODE=offline to log locally (upload "
+                "later with `wandb sync`), or remove wandb from logging.hooks"
+            ) from exc
+
+    def log_config(self, values: dict[str, Any]) -> None:
+        """Set the run's config (nested sections: W&B filters and compares runs by
+        `optimizer.lr`); a resumed run's are replaced, as the resume may have changed some.
+        """
+        self.run.config.update(values, allow_val_change=True)
 
     def on_event(self, event: str, payload: dict[str, Any]) -> None:
         """Log the payload's scalars under `<event>/<name>` at the payload's step, or into the
@@ -105,6 +148,18 @@ class TensorboardHook:
         self._step = step = self._step if step is None else step
         for name, value in _scalars(payload).items():
             self.writer.add_scalar(f"{event}/{name}", value, global_step=step)
+
+    def log_config(self, values: dict[str, Any]) -> None:
+        """Write the config as hparams (the HParams dashboard compares runs by `optimizer.lr`,
+        against their final loss) and as YAML text (the Text dashboard's `config`).
+        """
+        from torch.utils.tensorboard.summary import hparams
+
+        for summary in hparams(_hparams(values), dict.fromkeys(HPARAM_METRICS, 0.0)):
+            self.writer.file_writer.add_summary(summary)
+        # Indented: a Markdown code block, so the YAML keeps its layout.
+        text = "".join(f"    {line}\n" for line in dump_yaml(values).splitlines())
+        self.writer.add_text("config", text, global_step=self._step)
 
     def resumed_at(self, step: int) -> None:
         """Mark a resume from the checkpoint of `step`: TensorBoard then drops the records of the

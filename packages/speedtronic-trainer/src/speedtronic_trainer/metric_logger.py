@@ -191,15 +191,25 @@ class MetricLogger:
         """Tell every hook with a resumed_at(step) method that the run resumed from its
         checkpoint of `step` (TensorBoard then drops an earlier attempt's later steps).
         """
+        self._call_hooks("resumed_at", step)
+
+    def log_config(self, values: dict[str, Any]) -> None:
+        """Give every hook with a log_config(values) method the run's configuration (the
+        secret-free one its checkpoints record): W&B's run config, TensorBoard's hparams.
+        """
+        self._call_hooks("log_config", values)
+
+    def _call_hooks(self, method: str, *args: Any) -> None:
+        """Call `method` on every hook that has it; a failure is counted, never raised."""
         with self._lock:
             for hook in self.hooks:
-                resumed = getattr(hook, "resumed_at", None)
-                if not callable(resumed):
+                call = getattr(hook, method, None)
+                if not callable(call):
                     continue
                 try:
-                    resumed(step)
+                    call(*args)
                 except Exception as exc:  # a metrics sink must never end a training run
-                    self._hook_failed(hook, "resumed_at", exc)
+                    self._hook_failed(hook, method, exc)
 
     def wants_step(self, step: int) -> bool:
         """Return True when a train_step record for `step` is due under every_steps."""

@@ -318,6 +318,7 @@ class Trainer:
         # optimizer.lr/adamw_lr a resume kept from its checkpoint (the schedule's base rates):
         # later checkpoints record them, so their config says what the run trained at.
         self._kept_rates: dict[str, float] = {}
+        self._config_logged = False  # the hooks were given the config (at the first fit)
         self._stage_scheduler: Any | None = None
         self._metrics = StepMetrics(
             unwrap_model(self.model), self.device, self.precision, self.parallel.world_size
@@ -860,6 +861,17 @@ class Trainer:
         values["optimizer"].update(self._kept_rates)
         return values
 
+    def _log_config(self) -> None:
+        """Give the logger's hooks the config this run's checkpoints record (W&B's run config,
+        TensorBoard's hparams), once: at the first fit, after any resume kept its rates.
+        """
+        self._config_logged = True
+        record = self._config_record()
+        # A logger of the caller's own, duck-typed as 2.0 allowed, may not have it.
+        log_config = getattr(self.logger, "log_config", None)
+        if record is not None and callable(log_config):
+            log_config(record)
+
     def _dense_state(self) -> dict[str, Any]:
         if self.parallel.mode == "fsdp":
             return {}
@@ -1016,9 +1028,23 @@ class Trainer:
                 "on from these weights with them, export them (speedtronic export CHECKPOINT DIR "
                 "--format hf) and start a new run with model.init_from: hf:DIR",
                 ", ".join(
-                    f"{key} {now!r} (checkpoint: {was!r})" for key, (now, was) in kept.items()
+                    f"{self._setting_name(key)} {now!r} (checkpoint: {was!r})"
+                    for key, (now, was) in kept.items()
                 ),
             )
+
+    def _setting_name(self, key: str) -> str:
+        """Return the config path a user sets a parameter-group key with, or the key itself where
+        no optimizer field sets it. The hybrid takes Muon's keywords with a `muon_` prefix
+        (`ns_steps` is set by optimizer.muon_ns_steps).
+        """
+        if not self._config_given:
+            return key
+        section = self.config.optimizer
+        for name in (key, f"muon_{key}"):
+            if hasattr(section, name):
+                return f"optimizer.{name}"
+        return key
 
     def _warn_if_horizon_moved(self, state: dict[str, Any]) -> None:
         """Say so when the schedule's horizon differs from the checkpoint's (an unset
@@ -1250,6 +1276,8 @@ class Trainer:
                 idle,
                 skipped_steps=self.skipped_steps,
             )
+        if not self._config_logged:
+            self._log_config()
         if not self._compile_decided:
             self._decide_compile(target - self.step)
         if not unwrap_model(self.model).training:

@@ -10,7 +10,8 @@
 #      FSDP2 saving a DCP checkpoint and resuming from it, then DDP (eager: the compiled path is 3);
 #   5. the Muon benchmark at 12 layers x d_model 768 on the GPU (tools/bench/bench_optim.py);
 #   6. where the 124M step's GPU time goes by kernel family, what the trainer costs over a bare
-#      loop, and what twice the batch, CUDA graphs and a bf16 residual stream change
+#      loop, and what twice the batch, the chunked loss head (model.loss_chunk_size) at the batch
+#      and at twice it, CUDA graphs and a bf16 residual stream change
 #      (profile_gpu.py --variants; max_autotune is left out: minutes). Last, as the longest: it
 #      gets what the budget has left, and writes its JSON after each part it measured.
 # Every step runs under its own time limit, cut to what the budget has left (a step with under
@@ -95,7 +96,7 @@ step ddp 60 "$PYTHON" -m speedtronic train "${parallel[@]}" --set parallel.data_
 step muon 90 "$PYTHON" tools/bench/bench_optim.py --full --device cuda --world 1 --repeats 10 \
   --out "$OUT/optim_cuda.json"
 step gpu-profile 240 "$PYTHON" tools/bench/profile_gpu.py --out "$OUT/gpu_profile.json" \
-  --variants batch_x2 cuda_graphs bf16_residual
+  --variants batch_x2 chunked_loss_batch_x2 chunked_loss cuda_graphs bf16_residual
 
 echo "results in $OUT"
 cat "$OUT/summary.txt"

@@ -47,6 +47,7 @@ DEFAULTS = {
         rope_base=10000.0,
         gradient_checkpointing=False,
         init_from=None,
+        loss_chunk_size=None,
     ),
     DataConfig: dict(
         shard_path=None,
@@ -180,6 +181,8 @@ REJECTED = [
     (ModelConfig, {"init_from": "exports/my-model"}, "model.init_from"),
     (ModelConfig, {"init_from": "hf: "}, "model.init_from"),
     (ModelConfig, {"init_from": 3}, "model.init_from"),
+    (ModelConfig, {"loss_chunk_size": 0}, "model.loss_chunk_size"),
+    (ModelConfig, {"loss_chunk_size": 2.5}, "model.loss_chunk_size"),
     (DataConfig, {"num_tokens": 0}, "data.num_tokens"),
     (DataConfig, {"vocab_size": 0}, "data.vocab_size"),
     (DataConfig, {"block_size": 0}, "data.block_size"),
@@ -333,6 +336,7 @@ ACCEPTED = [
     (RunConfig, {"cpu_allocator": "caching"}),
     (ModelConfig, {"n_head": 4, "n_kv_head": 1, "d_model": 64, "d_ff": 1, "dropout": 0.99}),
     (ModelConfig, {"init_from": "hf:exports/my-model"}),
+    (ModelConfig, {"loss_chunk_size": 1}),
     (
         DataConfig,
         {

@@ -145,6 +145,30 @@ def test_custom_factory_receives_every_field_and_extra_overrides():
     }
 
 
+def test_loss_chunk_size_is_passed_only_when_set():
+    # Unset, a 2.0 factory naming only the 2.0 fields still binds; set, it is refused by name.
+    def fields_of_2_0(
+        vocab_size,
+        block_size,
+        n_layer,
+        n_head,
+        n_kv_head,
+        d_model,
+        d_ff,
+        dropout,
+        tie_weights,
+        rope_base,
+    ):
+        return "built"
+
+    register_model("test_registry_fields", fields_of_2_0)
+    assert build_model(Section(name="test_registry_fields")) == "built"
+    with pytest.raises(ConfigError, match="unexpected keyword argument 'loss_chunk_size'"):
+        build_model({"name": "test_registry_fields", "loss_chunk_size": 64})
+    model = build_model({"vocab_size": 64, "d_model": 16, "n_head": 2, "loss_chunk_size": 64})
+    assert model.config.loss_chunk_size == 64
+
+
 def test_a_factory_that_cannot_take_the_fields_or_returns_none_is_named():
     register_model("test_registry_narrow", lambda vocab_size, block_size: "built")
     with pytest.raises(ConfigError) as caught:

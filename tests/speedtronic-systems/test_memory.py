@@ -51,6 +51,13 @@ def test_estimate_parts_follow_the_settings():
         config(precision="fp32", model={"gradient_checkpointing": True})
     )
     assert recomputed.activations < adamw.activations
+    # The chunked head holds one chunk's logits and their gradient, not every token's.
+    tokens = config().data.micro_batch_size * config().model.max_seq_len
+    logits = 2 * config().model.vocab_size * 4  # fp32 values and gradient, per row
+    chunked = estimate_training_memory(config(precision="fp32", model={"loss_chunk_size": 16}))
+    assert adamw.activations - chunked.activations == (tokens - 16) * logits
+    whole = estimate_training_memory(config(precision="fp32", model={"loss_chunk_size": 10**6}))
+    assert whole.activations == adamw.activations  # a chunk of more rows than the batch holds
     accumulated = estimate_training_memory(config(data={"target_batch_size": 8}))
     assert accumulated.batches == 8 * adamw.batches
     assert adamw.total == sum(

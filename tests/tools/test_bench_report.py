@@ -192,6 +192,35 @@ def test_gpu_profile_runs_on_cpu_with_a_tiny_model(monkeypatch, tmp_path: Path) 
     assert f"| matmul | {families['matmul']:.2f} |" in text
 
 
+def test_gpu_profile_chunked_loss_variants_run_on_cpu(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))
+    import profile_gpu
+
+    out = tmp_path / "gpu_profile.json"
+    args = ["--device", "cpu", "--tiny", "--batch", "2", "--no-compile", "--out", str(out)]
+    # What each forward returned: logits for the plain loop, the loss alone for the variants.
+    returned, bare_loop, models = [], profile_gpu._bare_loop, []
+
+    def recording_bare_loop(trainer, *rest):
+        if not models:
+            models.append(trainer.model)
+            trainer.model.register_forward_hook(lambda _m, _a, out: returned.append(sorted(out)))
+        return bare_loop(trainer, *rest)
+
+    monkeypatch.setattr(profile_gpu, "_bare_loop", recording_bare_loop)
+    variants = ["chunked_loss", "chunked_loss_batch_x2"]
+    assert profile_gpu.main([*args, "--variants", *variants]) == 0
+    payload = json.loads(out.read_text())["variants"]
+    assert [(payload[name]["batch"], payload[name]["loss_chunk_size"]) for name in variants] == [
+        (2, 4096),
+        (4, 4096),
+    ]
+    assert all(payload[name]["ratio"] > 0 for name in variants)
+    # Plain loop and its profile (8 + 30 + 5 steps), then each variant's 38 steps.
+    assert returned == [["logits", "loss"]] * 43 + [["loss"]] * 76
+    assert models[0].config.loss_chunk_size is None  # the plain setting is back
+
+
 @pytest.mark.parametrize(
     ("kernel", "expected"),
     [

@@ -6,8 +6,8 @@ tokens/s set beside bench_gpu's trainer figure shows what the trainer's bookkeep
 profiles five bare steps and sums the GPU kernels' time by family (matrix products, attention,
 Triton-fused elementwise/norm/loss kernels, optimizer, other), the question an MFU gap asks first.
 With --variants it also times the bare loop under settings not yet tried on a GPU (twice the batch,
-CUDA graphs, max-autotune, a bf16 residual stream), each as a ratio to the plain compiled loop
-measured in the same run.
+CUDA graphs, max-autotune, a bf16 residual stream, the chunked loss head of model.loss_chunk_size
+at the batch and at twice it), each as a ratio to the plain compiled loop measured in the same run.
 
 Usage: python tools/bench/profile_gpu.py [--batch 16] [--out PATH] [--variants NAME ...]
        [--tiny --device cpu --no-compile] (a CPU smoke run of this script; CPU time then)
@@ -50,6 +50,9 @@ class Variant(NamedTuple):
     # Autocast keeps the residual stream (embedding output, every residual add, the norms'
     # inputs) in float32: a bf16 one halves the bytes the Triton elementwise/norm kernels move.
     bf16_residual: bool = False
+    # model.loss_chunk_size: the head and loss in row chunks, never the whole (B*T, V) logits,
+    # whose memory is what capped the batch.
+    loss_chunk_size: int | None = None
 
 
 # max-autotune benchmarks kernel choices while compiling: minutes on a GPU.
@@ -58,6 +61,8 @@ VARIANTS = {
     "cuda_graphs": Variant(compile_options={"mode": "reduce-overhead"}),
     "max_autotune": Variant(compile_options={"mode": "max-autotune-no-cudagraphs"}),
     "bf16_residual": Variant(bf16_residual=True),
+    "chunked_loss": Variant(loss_chunk_size=4096),
+    "chunked_loss_batch_x2": Variant(batch_factor=2, loss_chunk_size=4096),
 }
 
 
@@ -225,18 +230,25 @@ def _variant(
         if variant.bf16_residual
         else None
     )
+    # Forward reads it on every call; the plain loop's value comes back after.
+    plain_chunk, model.config.loss_chunk_size = (
+        model.config.loss_chunk_size,
+        variant.loss_chunk_size,
+    )
     try:
         rate = statistics.median(_rates(steps, batch * factor * model_config["max_seq_len"]))
     except Exception as error:  # an untried setting may fail (memory, graphs): keep the rest
         trainer.optimizer.zero_grad(set_to_none=True)  # no half step's gradients carry over
         return {"batch": batch * factor, "error": f"{type(error).__name__}: {error}"}
     finally:
+        model.config.loss_chunk_size = plain_chunk
         if hook is not None:
             hook.remove()
     return {
         "batch": batch * factor,
         "compile_options": options,
         "bf16_residual": variant.bf16_residual,
+        "loss_chunk_size": variant.loss_chunk_size,
         "tokens_per_s": rate,
         "ratio": rate / plain_tokens_per_s,
         "mfu": _mfu(model, trainer.device, rate),

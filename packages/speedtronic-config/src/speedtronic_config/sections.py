@@ -161,7 +161,14 @@ class ModelConfig:
     # match the checkpoint's; even where the shapes still fit (n_head), the weights would mean
     # something else.
     RESUMABLE: ClassVar[frozenset[str]] = frozenset(
-        {"max_seq_len", "rope_base", "dropout", "gradient_checkpointing", "init_from"}
+        {
+            "max_seq_len",
+            "rope_base",
+            "dropout",
+            "gradient_checkpointing",
+            "init_from",
+            "loss_chunk_size",
+        }
     )
     # The reference transformer's built-in names (speedtronic-model registers both): the checks
     # that know its shapes (config, memory estimate) apply to either.
@@ -179,17 +186,29 @@ class ModelConfig:
     rope_base: float = 10000.0
     gradient_checkpointing: bool = False
     init_from: str | None = None
+    # Rows of the final hidden states per chunk of a fused head-and-loss: with labels, the
+    # reference model never holds the (batch * seq, vocab) logits. None: one plain head (2.0).
+    loss_chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         coerce_fields(self, self.SECTION)
         _positive(
-            self, "vocab_size", "max_seq_len", "n_layer", "n_head", "n_kv_head", "d_model", "d_ff"
+            self,
+            "vocab_size",
+            "max_seq_len",
+            "n_layer",
+            "n_head",
+            "n_kv_head",
+            "d_model",
+            "d_ff",
+            "loss_chunk_size",
         )
         _at_most(self, MAX_VOCAB, "vocab_size")
         _at_most(self, MAX_SEQ_LEN, "max_seq_len")
         _at_most(self, MAX_LAYERS, "n_layer")
         _at_most(self, MAX_HEADS, "n_head", "n_kv_head")
         _at_most(self, MAX_WIDTH, "d_model", "d_ff")
+        _at_most(self, MAX_BATCH * MAX_SEQ_LEN, "loss_chunk_size")
         _not_blank(self, "name")
         derive(self, "n_kv_head", self.n_head)
         _check(

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from speedtronic_config import ConfigError, ModelConfig
+from speedtronic_model.fused_loss import chunked_linear_cross_entropy
 from speedtronic_model.registry import factory_keywords
 from speedtronic_systems.loss import causal_lm_loss
 from speedtronic_systems.modes import switch_to_eval
@@ -38,6 +39,7 @@ class GPTConfig:
     tie_weights: bool = _DEFAULTS.tie_weights
     rope_base: float = _DEFAULTS.rope_base
     gradient_checkpointing: bool = _DEFAULTS.gradient_checkpointing
+    loss_chunk_size: int | None = _DEFAULTS.loss_chunk_size
 
     def __post_init__(self) -> None:
         # ModelConfig owns the rules (and their ConfigError paths); take back its resolved values.
@@ -389,8 +391,9 @@ class ReferenceTransformer(nn.Module):
         **_: Any,
     ) -> dict[str, torch.Tensor]:
         """Return {"logits": (B, T, V)} plus "loss" when labels (already shifted, -100 ignored) are
-        given. With kv_cache (a KVCache(block_size)), input_ids continue the tokens it holds: the
-        prompt first, then one token per call, as generate() decodes.
+        given; with labels and config.loss_chunk_size set, {"loss"} alone (the logits are never
+        made whole). With kv_cache (a KVCache(block_size)), input_ids continue the tokens it holds:
+        the prompt first, then one token per call, as generate() decodes.
         """
         T = self._check_inputs(input_ids, labels, attention_mask, kv_cache)
         mask = _attention_mask(attention_mask, T)  # None or (B, 1, T, T)
@@ -399,7 +402,12 @@ class ReferenceTransformer(nn.Module):
             x = block(x, self.rope, mask, kv_cache=kv_cache, layer=layer)
         if kv_cache is not None:
             kv_cache.length += T
-        logits = self.lm_head(self.norm(x))  # (B, T, V)
+        x = self.norm(x)
+        chunk_size = self.config.loss_chunk_size
+        if labels is not None and chunk_size is not None:
+            loss = chunked_linear_cross_entropy(x, self.lm_head.weight, labels, chunk_size)
+            return {"loss": loss}
+        logits = self.lm_head(x)  # (B, T, V)
         if labels is None:
             return {"logits": logits}
         return {"logits": logits, "loss": causal_lm_loss(logits, labels)}

@@ -241,6 +241,8 @@ def build_model(config: Any, **overrides: Any) -> Any:
     """
     section = resolve_section(config, "model")
     kwargs = {keyword: getattr(section, field) for field, keyword in _MODEL_FIELDS}
+    if section.loss_chunk_size is not None:  # opt-in: 2.0 factories without **kwargs still bind
+        kwargs["loss_chunk_size"] = section.loss_chunk_size
     # Other keywords are for custom factories and pass through uninterpreted (2.0 contract).
     kwargs.update(factory_keywords(overrides))
     return registry.build(section.name, **kwargs)

@@ -106,10 +106,14 @@ def estimate_training_memory(config: Any) -> MemoryEstimate:
     checkpointed = model.gradient_checkpointing  # the config keeps it equal to the root flag
     # Saved for backward per token and layer: the block input, norms, q/k/v, attention output and
     # the SwiGLU gate/up/product: about 8 * d_model + 3 * d_ff values (only the block input when
-    # activations are recomputed). The logits and their gradient are fp32 either way.
+    # activations are recomputed). The logits and their gradient are fp32 either way: for every
+    # token, or for one chunk of rows with the chunked head (model.loss_chunk_size).
     per_layer = model.d_model if checkpointed else 8 * model.d_model + 3 * model.d_ff
-    activations = tokens * (
-        model.n_layer * per_layer * act_bytes + 2 * model.vocab_size * FP32_BYTES
+    chunk = model.loss_chunk_size
+    logit_rows = tokens if chunk is None else min(chunk, tokens)
+    activations = (
+        tokens * model.n_layer * per_layer * act_bytes
+        + logit_rows * 2 * model.vocab_size * FP32_BYTES
     )
     # FSDP2 shards them over the ranks (the model is sharded because it does not fit one device).
     sharded = resolve_section(config, "parallel").data_parallel == "fsdp"

@@ -104,6 +104,17 @@ def test_a_scaled_loss_scales_the_gradients():  # gradient accumulation divides 
     torch.testing.assert_close(scaled, grad / 4)
 
 
+def test_a_retained_graph_gives_the_same_gradients_at_each_backward():
+    hidden = torch.randn(6, 8, requires_grad=True)
+    weight = torch.randn(11, 8, requires_grad=True)
+    labels = torch.randint(0, 11, (6,))
+    loss = chunked_linear_cross_entropy(hidden, weight, labels, 4) * 3
+    first = torch.autograd.grad(loss, (hidden, weight), retain_graph=True)
+    second = torch.autograd.grad(loss, (hidden, weight))
+    for a, b in zip(first, second, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_without_labels_the_model_returns_logits_as_before():
     torch.manual_seed(0)
     plain = ReferenceTransformer(**SMALL)

@@ -102,9 +102,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx, grad_loss: torch.Tensor
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
         grad_h, grad_w = ctx.saved_tensors
-        # In place: forward made these for this one backward (once_differentiable)
+        # Not in place: a graph kept by retain_graph=True runs this backward again.
         scaled = [
-            None if grad is None else grad.mul_(grad_loss).to(dtype)
+            None if grad is None else grad.mul(grad_loss).to(dtype)
             for grad, dtype in zip((grad_h, grad_w), ctx.dtypes, strict=True)
         ]
         return scaled[0], scaled[1], None, None

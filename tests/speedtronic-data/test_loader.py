@@ -725,3 +725,53 @@ def test_streamed_text_gives_every_rank_the_same_whole_rounds_of_batches(
     for rank, share in enumerate(shares):
         assert sorted(share) == sorted(batches[rank : rounds * world : world])
     assert rank_share_problem(build_dataloader(data, world_size=world), "training") is None
+
+
+class _Refusing(torch.utils.data.Dataset):
+    """Windows whose third raises `error` (a data fault found mid-epoch)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if index == 2:
+            raise self.error
+        return {"input_ids": torch.zeros(4, dtype=torch.long), "labels": torch.zeros(4).long()}
+
+
+class _TwoArgError(Exception):
+    def __init__(self, what: str, fix: str) -> None:
+        super().__init__(f"{what}; {fix}")
+
+
+def _raised(dataset, workers: int) -> Exception:
+    loader = build_dataloader(section(num_workers=workers, micro_batch_size=2), dataset=dataset)
+    with pytest.raises(Exception) as caught:
+        list(loader)
+    return caught.value
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_an_error_in_a_worker_reads_as_without_workers(tmp_path):
+    # A shard cut short after the dataset checked it: each worker finds it when it maps it.
+    write_shard(tmp_path / "train_000000.bin", np.arange(100) % 64)
+    dataset = TokenShardDataset(str(tmp_path / "train_*.bin"), 8, 64)
+    with open(tmp_path / "train_000000.bin", "r+b") as handle:
+        handle.truncate(1100)
+    alone, in_worker = _raised(dataset, 0), _raised(dataset, 2)
+    assert type(alone) is type(in_worker) is DataError
+    assert str(in_worker) == str(alone) and "header promises 100 tokens" in str(alone)
+    assert "Original Traceback" in str(in_worker.__cause__)  # the worker's, for debugging
+    # any type rebuilt from its message alone, a multi-line message whole
+    error = ValueError("bad window\nsecond line")
+    assert str(_raised(_Refusing(error), 2)) == str(error)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("error", [_TwoArgError("bad", "fix it"), KeyError("input_ids")])
+def test_an_error_that_cannot_be_rebuilt_stays_as_torch_raised_it(error):
+    raised = _raised(_Refusing(error), 2)
+    assert "in DataLoader worker process" in str(raised) and raised.__cause__ is None

@@ -4,6 +4,8 @@ import errno
 import gzip
 import json
 import os
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from speedtronic_data import (
     prepare_shards,
     read_shard_tokens,
     stdlib_corpus,
+    write_shard,
 )
 
 
@@ -164,6 +167,20 @@ def test_rerun_removes_stale_shards_and_custom_tokenizer(tmp_path):
         sorted(tmp_path.glob("train_*.bin")) == second.train_paths and len(second.train_paths) == 1
     )
     assert set(_tokens(second.train_paths)) == {7}
+
+
+def test_shards_prepare_did_not_write_are_refused_never_replaced(tmp_path):
+    # llm.c's shards, or a download of them: no tokenizer_record.json beside them
+    downloaded = {}
+    for name in ("train_000000.bin", "train_000001.bin", "val_000000.bin"):
+        downloaded[name] = write_shard(tmp_path / name, np.arange(1000)).read_bytes()
+    with pytest.raises(DataError, match=r"holds 3 token shards \(train_000000.bin, ...\) that "):
+        prepare_shards([], tmp_path, texts=["word " * 500], progress=None)
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == downloaded
+    # an interrupted prepare's part (marked unfinished) is rebuilt, as before
+    (tmp_path / ".prepare_unfinished").touch()
+    result = prepare_shards([], tmp_path, texts=["word " * 500], progress=None)
+    assert sorted(tmp_path.glob("*.bin")) == result.train_paths + result.val_paths
 
 
 def test_bad_arguments(tmp_path, monkeypatch):
@@ -535,3 +552,35 @@ def test_text_encoded_in_chunks_has_the_ids_of_the_whole_text(
         [tmp_path / "code.py"], tmp_path / "out", tokenizer, 0.0, texts=[text], progress=None
     )
     assert _tokens(result.train_paths) == encode(text) * 2
+
+
+_PREPARE_UNDER_A_FILE_SIZE_LIMIT = """
+import resource, signal, sys
+from speedtronic_data import prepare_shards
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past it fails (EFBIG), as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))
+try:
+    prepare_shards([], sys.argv[1], texts=["word " * 100_000], progress=None)
+except OSError as error:
+    print(error)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs RLIMIT_FSIZE (POSIX)")
+def test_a_shard_that_cannot_be_written_is_named_and_a_rerun_rebuilds(tmp_path):
+    script = tmp_path / "prepare.py"
+    script.write_text(_PREPARE_UNDER_A_FILE_SIZE_LIMIT)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = done.stdout.strip()
+    assert (
+        line.startswith(f"[Errno {errno.EFBIG}] cannot write token shard {out}/")
+        and "\n" not in line
+    )
+    assert "then run prepare again" in line
+    assert not list(out.glob("*.bin")) and not list(out.glob("*.tmp*"))  # nothing half-written
+    result = prepare_shards([], out, texts=["word " * 100_000], progress=None)
+    assert sorted(out.glob("*.bin")) == result.train_paths + result.val_paths

@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -287,3 +290,81 @@ def test_sizes_of_the_wrong_type_are_named(tmp_path):
     for sizes, fragment in (((8.0,), "block_size"), ((8, "256"), "vocab_size")):
         with pytest.raises(DataError, match=f"TokenShardDataset {fragment} must be a positive int"):
             TokenShardDataset(tmp_path / "s.bin", *sizes)
+
+
+# ------------------------------------------------------------------------------------------------
+# many shards: maps hold no file descriptor, and at most MAX_OPEN_SHARDS are open
+
+_READ_ALL_UNDER_A_LOW_FILE_LIMIT = """
+import resource, sys
+import torch
+from speedtronic_config import DataConfig
+from speedtronic_data import build_dataloader
+pattern, workers = sys.argv[1], int(sys.argv[2])
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))  # fewer than the shards
+section = DataConfig(shard_path=pattern, block_size=16, vocab_size=1 << 17, micro_batch_size=8,
+    target_batch_size=8, num_workers=workers, shuffle=True, seed=0, drop_last=False)
+starts = torch.cat([batch["input_ids"][:, 0] for batch in build_dataloader(section)])
+print(sorted(starts.tolist()) == list(range(0, 400 * 256, 256)))  # each shard once
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_more_shards_than_the_open_file_limit_are_read(tmp_path, workers):
+    # Shard i holds i * 256 + 0..16 as uint32, so a window's first token names its shard.
+    for i in range(400):
+        write_shard(tmp_path / f"train_{i:06d}.bin", i * 256 + np.arange(17))
+    script = tmp_path / "read_all.py"
+    script.write_text(_READ_ALL_UNDER_A_LOW_FILE_LIMIT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "train_*.bin"), str(workers)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "True"
+
+
+def _mapped(folder) -> int:
+    """Return how many of this process's memory maps are of files in folder."""
+    with open("/proc/self/maps") as maps:
+        return sum(str(folder) in line for line in maps)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux's /proc")
+def test_at_most_max_open_shards_are_mapped(tmp_path, monkeypatch):
+    for i in range(20):
+        write_shard(tmp_path / f"s{i:02d}.bin", i * 1000 + np.arange(33))  # 4 windows of 8 each
+    monkeypatch.setattr("speedtronic_data.shards.MAX_OPEN_SHARDS", 3)
+    ds = TokenShardDataset(str(tmp_path / "s*.bin"), block_size=8)
+    order = np.random.default_rng(0).permutation(len(ds)).tolist()
+    for begin in range(0, len(order), 5):
+        batch = order[begin : begin + 5]
+        inputs = ds.batch(batch).input_ids
+        expected = [(i // 4) * 1000 + (i % 4) * 8 + np.arange(8) for i in batch]
+        assert np.array_equal(inputs.numpy(), np.stack(expected))
+        assert len(ds._maps) <= 3 and _mapped(tmp_path) <= 3  # evicted maps are unmapped
+    clone = pickle.loads(pickle.dumps(ds))  # into a worker: no maps, the same limit
+    assert len(clone._maps) == 0 and clone._maps.limit == 3
+
+
+def test_a_shard_changed_after_the_dataset_opened_is_named(tmp_path):
+    write_shard(tmp_path / "s0.bin", np.arange(33))
+    write_shard(tmp_path / "s1.bin", np.arange(33))
+    ds = TokenShardDataset(str(tmp_path / "s*.bin"), block_size=8)
+    ds.batch([0])
+    write_shard(tmp_path / "s1.bin", np.arange(17))  # rewritten, with fewer tokens
+    with pytest.raises(DataError, match=r"s1.bin' changed while it was being read: it held 33 "):
+        ds.batch([4])
+    with open(tmp_path / "s1.bin", "r+b") as handle:
+        handle.truncate(HEADER_BYTES + 10)
+    with pytest.raises(DataError, match=r"s1.bin' header promises 17 tokens .* truncated"):
+        ds.batch([5])
+    (tmp_path / "s1.bin").unlink()
+    with pytest.raises(DataError, match=r"s1.bin' does not exist"):
+        ds.batch([6])
+    assert ds.batch([1]).input_ids.tolist() == [list(range(8, 16))]  # the open map reads on

@@ -27,6 +27,7 @@ from speedtronic_data.tokenizer_record import (
     record_for,
     shards_record,
 )
+from speedtronic_data.worker_errors import worker_original
 
 
 class ResumableSampler(Sampler[int]):
@@ -121,9 +122,16 @@ class ResumableLoader(DataLoader):
         iterator = super().__iter__()
         for _ in range(replay):
             next(iterator, None)
-        for batch in iterator:
-            position.samples += self.batch_size
-            yield batch
+        try:
+            for batch in iterator:
+                position.samples += self.batch_size
+                yield batch
+        except Exception as error:
+            original = worker_original(error)
+            if original is None:
+                raise
+            # The worker's error as it would read without workers; its traceback follows it.
+            raise original from error
         position.end_pass(epoch)
 
     def _data_size(self) -> tuple[int, str] | None:

@@ -36,8 +36,10 @@ from speedtronic_data.tokenizer import (
     is_byte_tokenizer,
 )
 from speedtronic_data.tokenizer_record import (
+    RECORD_NAME,
     TokenizerRecord,
     check_tokenizer_copy,
+    is_unfinished,
     mark_unfinished,
     write_record,
 )
@@ -96,9 +98,16 @@ class _ShardWriter:
         # The record is kept until a shard is replaced, so an input refused before that leaves
         # the folder as it was; from then on the folder is marked unfinished until it is written.
         mark_unfinished(self.out_dir)
-        path = write_shard(
-            self.out_dir / f"{self.split}_{len(self.paths):06d}.bin", np.concatenate(self.parts)
-        )
+        path = self.out_dir / f"{self.split}_{len(self.paths):06d}.bin"
+        try:
+            write_shard(path, np.concatenate(self.parts))
+        except OSError as error:  # a full disk or quota, a file size limit: said alone, no path
+            raise OSError(
+                error.errno,
+                f"cannot write token shard {path} ({error.strerror or error}); make room there "
+                "or prepare into another folder, then run prepare again (it rebuilds the shards "
+                "written so far)",
+            ) from error
         self.paths.append(path)
         self.total += self.buffered
         rate = self.total / max(time.perf_counter() - self.started, 1e-9)
@@ -297,6 +306,21 @@ def _sources(text_paths: Iterable[str | Path], texts: Iterable[str], column: str
     return sources
 
 
+def _check_shards_are_ours(out: Path) -> None:
+    """Raise DataError when out holds token shards that no prepare wrote (no record, no unfinished
+    mark: llm.c's, a download), which preparing there would overwrite and delete.
+    """
+    if (out / RECORD_NAME).is_file() or is_unfinished(out):
+        return
+    found = sorted(out.glob("train_*.bin")) + sorted(out.glob("val_*.bin"))
+    if found:
+        raise DataError(
+            f"{str(out)!r} holds {len(found)} token shards ({found[0].name}, ...) that "
+            f"prepare_shards did not write (no {RECORD_NAME}), and preparing there would "
+            "overwrite and delete them; prepare into another folder, or move them out first"
+        )
+
+
 def prepare_shards(
     text_paths: Iterable[str | Path],
     out_dir: str | Path,
@@ -316,7 +340,8 @@ def prepare_shards(
     `datasets` save_to_disk folder (the records' text_column, one document after another). The
     first val_fraction of each source goes to validation (of its bytes, cut at a line break, for
     text; of its rows for records), the rest to training. Every shard is written atomically;
-    shards left from an earlier, longer run are removed. progress(line) gets a line per shard
+    shards left from an earlier, longer run are removed; shards prepare did not write (no record)
+    are refused, never replaced. progress(line) gets a line per shard
     written and, when none came for PROGRESS_SECONDS, one saying how much of the input is read;
     on_progress(done_bytes, total_bytes, tokens) is called after each chunk (totals are estimates
     for Parquet). Arguments are checked before out_dir is created, and a refusal found in the data
@@ -347,6 +372,7 @@ def prepare_shards(
         raise DataError("prepare_shards got no text: pass text files or texts=[...]")
     out = Path(out_dir)
     check_tokenizer_copy(out, tokenizer)  # before any shard replaces the folder's old ones
+    _check_shards_are_ours(out)
     # Bytes that are not UTF-8 or an id past the vocabulary refuse an input only once it is read:
     # the folders made for it go again while they are still empty.
     with new_folders_removed_on_error(out):

@@ -11,11 +11,12 @@ from typing import IO, Any
 
 import numpy as np
 import torch
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided
 from torch.utils.data import Dataset
 
 from speedtronic_config.atomic import atomic_write
 from speedtronic_data.errors import DataError, check_positive_int
+from speedtronic_data.map_cache import MapCache
 from speedtronic_data.position import DataPosition, read_state
 from speedtronic_data.tokenizer_record import check_vocab, shards_record
 
@@ -28,6 +29,9 @@ FORMATS = {
     20240520: (1, np.dtype("<u2")),
     20240801: (7, np.dtype("<u4")),
 }  # magic -> (version, token dtype)
+# Shards a dataset keeps mapped at once: well under vm.max_map_count (65530 by default), yet as
+# many as 800B tokens in 100M-token shards take, so a map is rarely closed and opened again.
+MAX_OPEN_SHARDS = 8192
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,30 @@ def read_shard_tokens(path: str | Path) -> np.ndarray:
     return np.memmap(
         info.path, dtype=info.dtype, mode="r", offset=HEADER_BYTES, shape=(info.num_tokens,)
     )
+
+
+def _map_tokens(shard: ShardInfo) -> np.ndarray:
+    """Return a validated shard's tokens, read-only, through a map that holds no file descriptor
+    (np.memmap keeps one per map: a corpus of over 1000 shards hit the usual limit of 1024 open
+    files); DataError when the file changed since it was validated.
+    """
+    size = HEADER_BYTES + shard.num_tokens * shard.dtype.itemsize
+    try:
+        changed = shard.path.stat().st_size != size  # a stat: reopening is on the read path
+    except OSError:
+        changed = True
+    if changed:
+        now = read_shard_header(shard.path)  # a DataError naming what is wrong with it now
+        raise DataError(
+            f"token shard {str(shard.path)!r} changed while it was being read: it held "
+            f"{shard.num_tokens} tokens, now {now.num_tokens}; prepare new shards into another "
+            "folder, or restart on the rewritten ones"
+        )
+    # Copy-on-write over a read-only open that torch closes once the file is mapped.
+    whole = torch.from_file(str(shard.path), shared=False, size=size, dtype=torch.uint8).numpy()
+    tokens = whole[HEADER_BYTES:].view(shard.dtype)
+    tokens.flags.writeable = False
+    return tokens
 
 
 def write_shard(path: str | Path, tokens: Any) -> Path:
@@ -163,9 +191,11 @@ def resolve_shards(
 
 
 class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
-    """Causal windows of block_size + 1 tokens over llm.c shards, read through numpy memmaps.
+    """Causal windows of block_size + 1 tokens over llm.c shards, read through memory maps.
 
     Window i of a shard starts at token i * block_size; windows never cross shard boundaries.
+    Shards are mapped when first read, at most MAX_OPEN_SHARDS at once (the least recently read
+    is unmapped first), so a corpus of any shard count opens.
     Shuffle it with a sampler (build_dataloader does, seeded) for random windows; iterate in index
     order for sequential ones. A DataLoader asks for a whole batch at once (__getitems__), which is
     one slice or one gather per batch. state_dict()/load_state_dict() are its position in the
@@ -210,7 +240,7 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
         self.position = DataPosition()
         for shard in self.shards:
             _check_shard_vocab(shard, vocab_size)
-        self._maps: list[tuple[np.ndarray, np.ndarray]] | None = None
+        self._maps = MapCache(MAX_OPEN_SHARDS)
 
     @property
     def num_tokens(self) -> int:
@@ -220,34 +250,24 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
-    def __getstate__(self) -> dict[str, Any]:
-        # Memmaps would pickle as full copies; each worker opens its own instead.
-        return {**self.__dict__, "_maps": None}
-
-    def _tokens(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Return each shard's (tokens, windows): the memmapped tokens and a [num_windows,
+    def _open(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
+        """Return a shard's (tokens, windows): its mapped tokens and a [num_windows,
         block_size + 1] view.
         """
-        if self._maps is None:
-            self._maps = [self._open(s) for s in self.shards]
-        return self._maps
-
-    def _open(self, shard: ShardInfo) -> tuple[np.ndarray, np.ndarray]:
-        # Plain ndarray views of the memmap: indexing a np.memmap subclass costs more than the read
-        # itself.
-        tokens = read_shard_tokens(shard.path).view(np.ndarray)
-        width = self.block_size + 1
-        if len(tokens) < width:
-            return tokens, np.zeros((0, width), dtype=tokens.dtype)
+        tokens = _map_tokens(self.shards[shard])
+        count, step = max(0, (len(tokens) - 1) // self.block_size), tokens.itemsize
         # Row i is window i (a strided view, no copy): fancy-indexing rows gathers a batch without
         # index math.
-        return tokens, sliding_window_view(tokens, width)[:: self.block_size]
+        rows = as_strided(
+            tokens, (count, self.block_size + 1), (self.block_size * step, step), writeable=False
+        )
+        return tokens, rows
 
     def _one_shard(self, shard: int, local: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Return (inputs, labels) views of windows `local` of one shard: a slice when they are
         consecutive.
         """
-        (tokens, rows), block, first = self._tokens()[shard], self.block_size, local[0]
+        (tokens, rows), block, first = self._maps.get(shard, self._open), self.block_size, local[0]
         if local == list(range(first, first + len(local))):
             # Consecutive windows overlap by one token: they are one contiguous run, no gather
             # needed.

@@ -1,0 +1,37 @@
+"""An error a DataLoader worker raised, given back as the worker raised it."""
+
+from __future__ import annotations
+
+import re
+
+# torch re-raises a worker's error in the main process as the same type, its message this header
+# and the worker's whole traceback: a one-line report of it named the worker, not the fault.
+_HEADER = re.compile(r"Caught (\w+) in DataLoader worker process \d+\.")
+
+
+def worker_original(error: Exception) -> Exception | None:
+    """Return the error a DataLoader worker raised, rebuilt from torch's copy of it (`error`);
+    None when `error` is no such copy or its type cannot be rebuilt from a message alone.
+    """
+    message = str(error)
+    header = _HEADER.match(message)
+    kind = type(error)
+    # torch raises RuntimeError when the type takes no message, and quotes a KeyError's.
+    if header is None or header.group(1) != kind.__name__ or issubclass(kind, KeyError):
+        return None
+    module = kind.__module__
+    name = (
+        kind.__qualname__ if module in ("builtins", "__main__") else f"{module}.{kind.__qualname__}"
+    )
+    # A traceback ends with "module.Name: message" (traceback.format_exception's last line).
+    marker = f"\n{name}: "
+    at = message.rfind(marker)
+    if at < 0:
+        return None
+    try:
+        return kind(message[at + len(marker) :].rstrip("\n"))
+    except Exception:  # a type whose constructor wants more than the message
+        return None
+
+
+__all__ = ["worker_original"]

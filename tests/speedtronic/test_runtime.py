@@ -641,10 +641,10 @@ def test_the_hooks_get_the_config_the_checkpoints_record_without_its_secret(
     runtime.end_run(trainer)
     recorded = torch.load(tmp_path / "checkpoints" / "step_2.pt", weights_only=True)["config"]
     assert recorded["optimizer"]["lr"] == 2e-3 and recorded["distributed"]["token"] is None
-    # W&B: the recorded config, as nested sections (filtered as `optimizer.lr`), in its file too.
+    # W&B: the recorded config, as nested sections (filtered as `optimizer.lr`). Not read back
+    # from the offline run's file: wandb's service may still be writing it after finish() (once
+    # 8 bytes beside a busy core).
     assert {name: logged[name] for name in recorded} == recorded
-    (run_file,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
-    assert re.search(rb'"name":\s*"adamw",\s*"lr":\s*0\.002,', run_file.read_bytes())
     # TensorBoard: each setting an hparam (the HParams dashboard), and the YAML as text.
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
     events.Reload()

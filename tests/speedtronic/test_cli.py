@@ -1373,11 +1373,16 @@ def test_an_unreachable_wandb_server_is_a_usage_error_in_one_line(tmp_path, caps
         "speedtronic train: logging.hooks: wandb could not start a run on its server ("
     )
     assert f"127.0.0.1:{port}" in line and "connection refused" in line, line
+    # wandb's own last line ("Find logs at: ...") points at its logs of the attempt: they are
+    # kept, and the line says where; nothing else of the refused run is left.
+    (attempt,) = (tmp_path / "run" / "wandb").glob("run-*")
     assert line.endswith(
-        "; check WANDB_BASE_URL and the network, set WANDB_MODE=offline to log locally (upload "
-        "later with `wandb sync`), or remove wandb from logging.hooks"
-    )
-    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before training
+        f"; wandb kept its logs in {attempt / 'logs'}); check WANDB_BASE_URL and the network, set "
+        "WANDB_MODE=offline to log locally (upload later with `wandb sync`), or remove wandb "
+        "from logging.hooks"
+    ), line
+    assert (attempt / "logs" / "debug.log").is_file()
+    assert [path.name for path in (tmp_path / "run").iterdir()] == ["wandb"]
 
 
 def test_a_resumed_run_continues_its_tensorboard_curve_and_wandb_run(

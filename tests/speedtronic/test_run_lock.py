@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import errno
 import fcntl
 import gc
@@ -76,6 +77,16 @@ def test_a_folder_another_process_runs_in_is_refused_until_that_run_ends(tmp_pat
     runtime.build_runtime(config(tmp_path))
 
 
+def test_the_lock_names_its_start_with_the_utc_offset(tmp_path, other_run):
+    # Hosts in other time zones read it: a bare local time misled them by hours.
+    holder = other_run(tmp_path.resolve())
+    held = (tmp_path / LOCK_NAME).read_text()
+    started = re.fullmatch(rf"pid {holder.pid} on .+, since (.+)\n", held).group(1)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[+-]\d\d:\d\d", started), started
+    when = datetime.datetime.fromisoformat(started)
+    assert abs(datetime.datetime.now(datetime.timezone.utc) - when) < datetime.timedelta(hours=1)
+
+
 def test_the_same_process_may_build_twice_and_the_lock_ends_with_its_runs(
     tmp_path, other_run, capsys
 ):
@@ -129,8 +140,12 @@ def test_a_checkpoint_folder_outside_the_output_folder_is_claimed_too(tmp_path, 
         outside.resolve(),
     ]
     other_run(outside.resolve())
+    held = files(outside)
     with pytest.raises(RunFolderBusy, match="shared-checkpoints is in use"):
         runtime.build_runtime(values)
+    # Refused, it removed the output folder it made (and its lock file), nothing of the live run.
+    assert not (tmp_path / "run").exists()
+    assert files(outside) == held
     # The output folder locked before the busy one was let go again.
     runtime.build_runtime(config(tmp_path / "run", checkpoint={"enabled": False}))
 
@@ -146,6 +161,19 @@ def test_a_refused_run_removes_what_it_made_but_never_a_live_runs_lock(tmp_path,
     end(holder)
     outputs.remove()
     assert not (tmp_path / "new").exists()
+
+
+def test_a_run_refused_as_busy_leaves_the_live_runs_new_files(tmp_path, other_run):
+    from speedtronic.preflight import NewOutputs
+
+    folder = tmp_path / "run"
+    values = config(folder, logging={"file": str(folder / "train.log")})
+    outputs = NewOutputs(SpeedtronicConfig.from_dict(values))  # before either run began
+    other_run(folder.resolve())
+    (folder / "train.log").write_text("the live run's log\n")  # made after the snapshot
+    with pytest.raises(RunFolderBusy), outputs.removed_on_error():
+        raise RunFolderBusy("busy")  # refused before this run opened any file of its own
+    assert sorted(path.name for path in folder.iterdir()) == [LOCK_NAME, "train.log"]
 
 
 def train(out, *extra: str, log) -> subprocess.Popen:
@@ -195,7 +223,8 @@ def test_a_second_run_in_a_live_runs_folder_is_refused_and_a_killed_run_blocks_n
         before = files(out)
         busy = (
             rf"speedtronic train: {out} is in use by another run \(pid {first.pid} on "
-            rf"{re.escape(socket.gethostname())}, since \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\); "
+            rf"{re.escape(socket.gethostname())}, since "
+            r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[+-]\d\d:\d\d\); "
             r"stop it or wait for it to end, or give this run its own run\.output_dir"
         )
         assert re.match(busy, refused_line(out, tmp_path / "second.log")), busy

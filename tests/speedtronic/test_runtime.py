@@ -408,6 +408,28 @@ def test_a_changed_batch_or_window_on_resume_is_named_in_one_warning_each(tmp_pa
     assert "does not continue the data exactly where it stopped" in warning
 
 
+def test_num_tokens_is_compared_on_resume_only_where_both_runs_train_on_synthetic_data(tmp_path):
+    log = tmp_path / "train.log"
+    text = tmp_path / "corpus.txt"
+    text.write_text("abcdefgh" * 64)
+
+    def config(**data) -> dict:
+        data = {"micro_batch_size": 2, "target_batch_size": 2, **data}
+        return small_config(tmp_path / "run", data=data, logging={"file": str(log)})
+
+    runtime.train_from_config(config(num_tokens=32))
+    # Text data now: its source is named, not the synthetic data's size (the default 100000).
+    runtime.build_runtime(config(text_path=str(text)), resume=True)[0].close()
+    warnings = [line for line in log.read_text().splitlines() if "WARNING" in line]
+    assert any("data.text_path is" in line for line in warnings), warnings
+    assert not any("data.num_tokens" in line for line in warnings), warnings
+    # Synthetic both times: another size is other samples.
+    log.write_text("")
+    runtime.build_runtime(config(num_tokens=64), resume=True)[0].close()
+    warnings = [line for line in log.read_text().splitlines() if "WARNING" in line]
+    assert any("data.num_tokens is 64 here but 32 in the checkpoint" in x for x in warnings)
+
+
 def test_a_changed_run_seed_on_resume_is_named_in_one_warning(tmp_path):
     log = tmp_path / "train.log"
 

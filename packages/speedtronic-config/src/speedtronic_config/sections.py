@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -325,6 +326,16 @@ class DataConfig:
     def accumulation_steps(self) -> int:
         """Return how many micro-batches make one optimizer step."""
         return self.target_batch_size // self.micro_batch_size
+
+
+def trains_on_synthetic(data: DataConfig | Mapping[str, Any]) -> bool:
+    """Return whether a data section, or the saved form a checkpoint keeps, trains on synthetic.
+
+    That is data.synthetic on and no shard_path, text_path or dataset, which come first.
+    """
+    get = data.get if isinstance(data, Mapping) else lambda name, default: getattr(data, name)
+    sources = ("shard_path", "text_path", "dataset")
+    return bool(get("synthetic", True)) and all(get(name, None) is None for name in sources)
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import os
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,8 @@ class WandbHook:
         except ImportError as exc:
             raise _missing("wandb", "wandb") from exc
         self._wandb = wandb
+        root = settings.get("dir") or os.environ.get("WANDB_DIR") or "."  # where wandb writes
+        earlier = _latest_wandb_run(root)
         try:
             self.run = wandb.init(project=project, **settings)
         except (wandb.errors.UsageError, wandb.errors.AuthenticationError) as exc:
@@ -89,6 +92,10 @@ class WandbHook:
             # The server is out of reach (a wrong WANDB_BASE_URL, no network; wandb retried it for
             # init_timeout seconds) or refused the run. The first line names the server and why.
             reason = next(iter(str(exc).splitlines()), type(exc).__name__)
+            attempt = _latest_wandb_run(root)
+            if attempt is not None and attempt != earlier:
+                # Kept, as wandb's own last line ("Find logs at") points at them at exit.
+                reason += f"; wandb kept its logs in {attempt / 'logs'}"
             raise HookUnavailable(
                 f"logging.hooks: wandb could not start a run on its server ({reason}); check "
                 "WANDB_BASE_URL and the network, set WANDB_MODE=offline to log locally (upload "
@@ -121,12 +128,21 @@ class WandbHook:
         self.run.finish()
 
 
+def _latest_wandb_run(log_dir: str) -> Path | None:
+    """Return the folder of the latest W&B run under log_dir (where wandb's `latest-run` link
+    points), or None when there is none.
+    """
+    link = Path(log_dir) / "wandb" / "latest-run"
+    return link.resolve() if link.is_dir() else None
+
+
 def _earlier_wandb_run(log_dir: str) -> dict[str, str]:
     """Return wandb.init settings that continue the latest W&B run under log_dir, or none when
-    there is none. The id is read from the run's data file (`run-<id>.wandb`) in the folder
-    wandb's `latest-run` link names: the folder's own name may carry a suffix (`-1`).
+    there is none. The id is read from the run's data file (`run-<id>.wandb`) in that run's
+    folder: the folder's own name may carry a suffix (`-1`).
     """
-    runs = sorted((Path(log_dir) / "wandb" / "latest-run").glob("run-*.wandb"))
+    folder = _latest_wandb_run(log_dir)
+    runs = sorted(folder.glob("run-*.wandb")) if folder is not None else []
     return {"id": runs[0].stem.removeprefix("run-"), "resume": "allow"} if runs else {}
 
 

@@ -18,6 +18,7 @@ import torch
 
 from speedtronic_config import ConfigError, SpeedtronicConfig
 from speedtronic_config.errors import describe_ranks, on_every_rank
+from speedtronic_config.sections import trains_on_synthetic
 from speedtronic_config.serialize import plain_data
 from speedtronic_systems.checkpointing import gradient_checkpointing_switch
 from speedtronic_systems.compile_choice import resolve_compile
@@ -1085,8 +1086,11 @@ class Trainer:
         current = self.config.data
         mine = self._rank_state(state)
         exact = mine is not None and self._stream.resumes_exactly(mine.get("data"))
+        synthetic = trains_on_synthetic(saved) and trains_on_synthetic(current)
         for name in DATA_ORDER_FIELDS:
             if name == "micro_batch_size" and exact:
+                continue
+            if name == "num_tokens" and not synthetic:  # the size of synthetic data alone
                 continue
             # Compared as saved: a path object as its string, a Dataset object not at all.
             if name in saved and saved[name] != plain_data(getattr(current, name)):

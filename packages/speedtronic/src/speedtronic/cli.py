@@ -606,8 +606,10 @@ def _warn_synthetic_data(config: Any) -> None:
     """Warn on stderr when the run falls back to synthetic random tokens although validation data
     is set: most likely a training path left out, and the run would learn nothing from it.
     """
+    from speedtronic_config.sections import trains_on_synthetic
+
     data = config.data
-    if data.shard_path or data.text_path or data.dataset is not None or not data.synthetic:
+    if not trains_on_synthetic(data):
         return
     held_out = [
         f"data.{name}" for name in ("val_shard_path", "val_text_path") if getattr(data, name)

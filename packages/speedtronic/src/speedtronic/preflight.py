@@ -164,12 +164,12 @@ class NewOutputs:
             *(folder for setting, folder in folders if setting == "checkpoint.directory")
         )
 
-    def remove(self) -> None:
-        """Remove the files made since the snapshot (a refused run's logs and lock, unless a live
-        run holds that lock), then the folders made since that are left empty; call only when
+    def remove(self, *, files: bool = True) -> None:
+        """Remove what was made since the snapshot: the log files (unless `files` is False), the
+        lock files (unless a live run holds one), then the folders left empty; call only when
         nothing was trained.
         """
-        for path in self.files:
+        for path in self.files if files else ():
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
         for folder in self.locked:
@@ -190,7 +190,10 @@ class NewOutputs:
         try:
             yield
         except RunFolderBusy:
-            raise  # what is there belongs to the live run that holds the folder
+            # Refused before opening its logs: a log file new since the snapshot is the live
+            # run's. Its own folders and the lock of a folder not busy are removed.
+            self.remove(files=False)
+            raise
         except BaseException:
             self.remove()
             raise

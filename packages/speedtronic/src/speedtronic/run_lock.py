@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 import weakref
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -124,7 +124,8 @@ def _lock(folder: Path) -> TextIO | None:
         return None
     handle.seek(0)
     handle.truncate()
-    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    # With its UTC offset: the run refused may be on a host in another time zone.
+    started = datetime.now().astimezone().isoformat(sep=" ", timespec="seconds")
     handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {started}\n")
     handle.flush()
     return handle

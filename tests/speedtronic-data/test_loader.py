@@ -770,6 +770,26 @@ def test_an_error_in_a_worker_reads_as_without_workers(tmp_path):
     assert str(_raised(_Refusing(error), 2)) == str(error)
 
 
+class _RefusingStream(IterableDataset):
+    """A stream whose third item raises a DataError."""
+
+    def __iter__(self):
+        for index in range(8):
+            if index == 2:
+                raise DataError("item 2 is bad")
+            yield torch.tensor([index])
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_an_error_in_a_worker_while_a_resume_replays_batches_reads_as_without_workers():
+    # An iterable dataset resumes by replaying the batches it had given: the error is in those.
+    loader = ResumableLoader(_RefusingStream(), batch_size=1, num_workers=1)
+    loader.load_state_dict({"epoch": 0, "batches": 4, "samples": 4})
+    with pytest.raises(DataError) as caught:
+        list(loader)
+    assert str(caught.value) == "item 2 is bad"
+
+
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")
 @pytest.mark.parametrize("error", [_TwoArgError("bad", "fix it"), KeyError("input_ids")])
 def test_an_error_that_cannot_be_rebuilt_stays_as_torch_raised_it(error):

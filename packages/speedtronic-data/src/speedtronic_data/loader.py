@@ -120,9 +120,9 @@ class ResumableLoader(DataLoader):
         epoch, skip = position.start_pass()
         replay = self._position(epoch, skip)
         iterator = super().__iter__()
-        for _ in range(replay):
-            next(iterator, None)
         try:
+            for _ in range(replay):  # a worker's error here too reads as without workers
+                next(iterator, None)
             for batch in iterator:
                 position.samples += self.batch_size
                 yield batch

@@ -8,6 +8,8 @@ its logits, its loss and its gradients in forward, and only the gradients w.r.t.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 from speedtronic_systems.loss import IGNORE_INDEX
@@ -45,17 +47,23 @@ def _loss_and_grads(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Return (mean loss, d loss/d hidden, d loss/d weight); a gradient not in `needs` is None.
 
-    hidden is (N, d), targets (N,). d hidden is in the matmul dtype; d weight sums the chunks'
-    contributions in at least float32.
+    hidden is (N, d), targets (N,). d hidden is in the matmul dtype (float32 for float16); d weight
+    sums the chunks' contributions in at least float32.
     """
     dtype = _matmul_dtype(hidden, weight)
     exact = torch.promote_types(dtype, torch.float32)  # causal_lm_loss's dtype
     h, w = hidden.to(dtype), weight.to(dtype)
+    # float16 lacks float32's range: gradients already divided by the token count, made before
+    # backward applies the GradScaler's factor, underflow there; their matmuls run in float32.
+    grad_dtype = exact if dtype == torch.float16 else dtype
+    gh, gw = (h, w) if grad_dtype == dtype else (hidden.to(grad_dtype), weight.to(grad_dtype))
+    # Autocast would cast those matmuls back to float16.
+    as_cast = nullcontext() if grad_dtype == dtype else torch.autocast(h.device.type, enabled=False)
     valid = targets != IGNORE_INDEX
     count = valid.sum().clamp_min(1)
     scale = valid / count  # d loss / d row loss: 1/count on kept rows, 0 on ignored ones
     total = torch.zeros((), dtype=exact, device=h.device)
-    grad_h = torch.empty_like(h) if needs[0] else None
+    grad_h = torch.empty(h.shape, dtype=grad_dtype, device=h.device) if needs[0] else None
     grad_w = torch.zeros(w.shape, dtype=exact, device=w.device) if needs[1] else None
     for start in range(0, h.size(0), chunk_size):
         rows = slice(start, start + chunk_size)
@@ -69,13 +77,14 @@ def _loss_and_grads(
         # d loss / d logits = (softmax - one_hot(target)) * scale, each row by its own
         grad = log_probs.exp_()
         grad.scatter_add_(1, picked, torch.full_like(picked, -1, dtype=grad.dtype))
-        grad = grad.mul_(scale[rows, None]).to(dtype)
-        if grad_h is not None:
-            grad_h[rows] = grad @ w
-        if grad_w is not None and grad_w.dtype == dtype:
-            grad_w.addmm_(grad.T, h[rows])
-        elif grad_w is not None:  # summed in float32: a bf16 sum would round every chunk's
-            grad_w += grad.T @ h[rows]
+        grad = grad.mul_(scale[rows, None]).to(grad_dtype)
+        with as_cast:
+            if grad_h is not None:
+                grad_h[rows] = grad @ gw
+            if grad_w is not None and grad_w.dtype == grad_dtype:
+                grad_w.addmm_(grad.T, gh[rows])
+            elif grad_w is not None:  # summed in float32: a bf16 sum would round every chunk's
+                grad_w += grad.T @ gh[rows]
     return total / count, grad_h, grad_w
 
 

@@ -18,7 +18,7 @@ from speedtronic_data import (
     read_shard_tokens,
     write_shard,
 )
-from speedtronic_data.shards import HEADER_BYTES
+from speedtronic_data.shards import HEADER_BYTES, MAX_OPEN_SHARDS, open_shard_limit
 
 
 def test_round_trip_uint16_and_uint32(tmp_path):
@@ -293,7 +293,7 @@ def test_sizes_of_the_wrong_type_are_named(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# many shards: maps hold no file descriptor, and at most MAX_OPEN_SHARDS are open
+# many shards: at most open_shard_limit() maps (each holds a descriptor) are open at once
 
 _READ_ALL_UNDER_A_LOW_FILE_LIMIT = """
 import resource, sys
@@ -301,8 +301,8 @@ import torch
 from speedtronic_config import DataConfig
 from speedtronic_data import build_dataloader
 pattern, workers = sys.argv[1], int(sys.argv[2])
-hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))  # fewer than the shards
+# Fewer than the shards, and no room to raise it: 32 maps at once, in each process.
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
 section = DataConfig(shard_path=pattern, block_size=16, vocab_size=1 << 17, micro_batch_size=8,
     target_batch_size=8, num_workers=workers, shuffle=True, seed=0, drop_last=False)
 starts = torch.cat([batch["input_ids"][:, 0] for batch in build_dataloader(section)])
@@ -329,10 +329,10 @@ def test_more_shards_than_the_open_file_limit_are_read(tmp_path, workers):
     assert done.stdout.strip() == "True"
 
 
-def _mapped(folder) -> int:
-    """Return how many of this process's memory maps are of files in folder."""
+def _mapped(folder) -> list[str]:
+    """Return the permissions of this process's memory maps of files in folder."""
     with open("/proc/self/maps") as maps:
-        return sum(str(folder) in line for line in maps)
+        return [line.split()[1] for line in maps if str(folder) in line]
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux's /proc")
@@ -347,9 +347,32 @@ def test_at_most_max_open_shards_are_mapped(tmp_path, monkeypatch):
         inputs = ds.batch(batch).input_ids
         expected = [(i // 4) * 1000 + (i % 4) * 8 + np.arange(8) for i in batch]
         assert np.array_equal(inputs.numpy(), np.stack(expected))
-        assert len(ds._maps) <= 3 and _mapped(tmp_path) <= 3  # evicted maps are unmapped
+        assert len(ds._maps) <= 3 and len(_mapped(tmp_path)) <= 3  # evicted maps are unmapped
+        # Shared and read-only: a private map would commit each whole shard, which a host that
+        # does not overcommit memory refuses.
+        assert set(_mapped(tmp_path)) == {"r--s"}
     clone = pickle.loads(pickle.dumps(ds))  # into a worker: no maps, the same limit
     assert len(clone._maps) == 0 and clone._maps.limit == 3
+
+
+def test_the_maps_open_at_once_leave_most_of_the_open_file_limit(monkeypatch):
+    import resource
+
+    limits = {}
+    monkeypatch.setattr(resource, "getrlimit", lambda _: limits["now"])
+    monkeypatch.setattr(resource, "setrlimit", lambda _, new: limits.update(now=new))
+    # (soft, hard) before, shards -> maps open at once, (soft, hard) after
+    cases = [
+        ((1024, 1024), 1500, 256, (1024, 1024)),  # no room to raise: a quarter of the limit
+        ((1024, 20000), 1500, 1500, (6000, 20000)),  # raised as far as every shard needs
+        ((1024, 4096), 1500, 1024, (4096, 4096)),  # raised to the hard limit
+        ((1024, 4096), 100, 100, (1024, 4096)),  # enough already: unchanged
+        ((40, 40), 100, 16, (40, 40)),
+        ((1024, resource.RLIM_INFINITY), 10**5, MAX_OPEN_SHARDS, (4 * MAX_OPEN_SHARDS, -1)),
+    ]
+    for before, shards, maps, after in cases:
+        limits["now"] = before
+        assert (min(shards, open_shard_limit(shards)), limits["now"]) == (maps, after), before
 
 
 def test_a_shard_changed_after_the_dataset_opened_is_named(tmp_path):

@@ -10,8 +10,9 @@ from typing import Any
 class MapCache:
     """Opened shards by index, at most `limit` at once; pickles (into a worker) empty.
 
-    Every open map is one of a process's vm.max_map_count (65530 by default) areas, so a corpus
-    of any shard count reads through a window of them instead of holding one per shard.
+    Every open map holds a file descriptor and is one of a process's vm.max_map_count (65530 by
+    default) areas, so a corpus of any shard count reads through a window of them instead of
+    holding one per shard.
     """
 
     def __init__(self, limit: int) -> None:

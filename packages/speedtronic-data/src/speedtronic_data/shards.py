@@ -30,7 +30,8 @@ FORMATS = {
     20240801: (7, np.dtype("<u4")),
 }  # magic -> (version, token dtype)
 # Shards a dataset keeps mapped at once: well under vm.max_map_count (65530 by default), yet as
-# many as 800B tokens in 100M-token shards take, so a map is rarely closed and opened again.
+# many as 800B tokens in 100M-token shards take, so a map is rarely closed and opened again. Each
+# map holds a file descriptor, so a quarter of the open-file limit caps it where that is lower.
 MAX_OPEN_SHARDS = 8192
 
 
@@ -100,10 +101,34 @@ def read_shard_tokens(path: str | Path) -> np.ndarray:
     )
 
 
+def open_shard_limit(shards: int = MAX_OPEN_SHARDS) -> int:
+    """Return how many of `shards` shards a dataset keeps mapped at once: MAX_OPEN_SHARDS, or a
+    quarter of the process's soft open-file limit (at least 16) where that is lower; the rest of
+    the limit stays for the process's other files and datasets. Where the soft limit is too low
+    for every shard, it is first raised toward the hard one, as `ulimit -n` would.
+    """
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        return MAX_OPEN_SHARDS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 4 * min(shards, MAX_OPEN_SHARDS)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if raised > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+                soft = raised
+            except (ValueError, OSError):  # a platform that refuses it: work within the limit
+                pass
+    if soft == resource.RLIM_INFINITY:
+        return MAX_OPEN_SHARDS
+    return min(MAX_OPEN_SHARDS, max(16, soft // 4))
+
+
 def _map_tokens(shard: ShardInfo) -> np.ndarray:
-    """Return a validated shard's tokens, read-only, through a map that holds no file descriptor
-    (np.memmap keeps one per map: a corpus of over 1000 shards hit the usual limit of 1024 open
-    files); DataError when the file changed since it was validated.
+    """Return a validated shard's tokens as a read-only map; DataError when the file changed since
+    it was validated.
     """
     size = HEADER_BYTES + shard.num_tokens * shard.dtype.itemsize
     try:
@@ -117,11 +142,16 @@ def _map_tokens(shard: ShardInfo) -> np.ndarray:
             f"{shard.num_tokens} tokens, now {now.num_tokens}; prepare new shards into another "
             "folder, or restart on the rewritten ones"
         )
-    # Copy-on-write over a read-only open that torch closes once the file is mapped.
-    whole = torch.from_file(str(shard.path), shared=False, size=size, dtype=torch.uint8).numpy()
-    tokens = whole[HEADER_BYTES:].view(shard.dtype)
-    tokens.flags.writeable = False
-    return tokens
+    if shard.num_tokens == 0:
+        return np.zeros(0, dtype=shard.dtype)
+    # Shared and read-only: the page cache's own pages, charged to no process. A private map
+    # (torch.from_file) holds no descriptor but commits the whole file, which a host that does
+    # not overcommit memory refuses. A plain ndarray view: indexing a np.memmap costs more than
+    # the read itself.
+    tokens = np.memmap(
+        shard.path, dtype=shard.dtype, mode="r", offset=HEADER_BYTES, shape=(shard.num_tokens,)
+    )
+    return tokens.view(np.ndarray)
 
 
 def write_shard(path: str | Path, tokens: Any) -> Path:
@@ -194,8 +224,8 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
     """Causal windows of block_size + 1 tokens over llm.c shards, read through memory maps.
 
     Window i of a shard starts at token i * block_size; windows never cross shard boundaries.
-    Shards are mapped when first read, at most MAX_OPEN_SHARDS at once (the least recently read
-    is unmapped first), so a corpus of any shard count opens.
+    Shards are mapped when first read, at most open_shard_limit() at once (the least recently
+    read is unmapped first), so a corpus of any shard count opens.
     Shuffle it with a sampler (build_dataloader does, seeded) for random windows; iterate in index
     order for sequential ones. A DataLoader asks for a whole batch at once (__getitems__), which is
     one slice or one gather per batch. state_dict()/load_state_dict() are its position in the
@@ -240,7 +270,7 @@ class TokenShardDataset(Dataset[dict[str, torch.Tensor]]):
         self.position = DataPosition()
         for shard in self.shards:
             _check_shard_vocab(shard, vocab_size)
-        self._maps = MapCache(MAX_OPEN_SHARDS)
+        self._maps = MapCache(open_shard_limit(len(self.shards)))
 
     @property
     def num_tokens(self) -> int:

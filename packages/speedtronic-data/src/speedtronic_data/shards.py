@@ -93,11 +93,17 @@ def read_shard_header(path: str | Path) -> ShardInfo:
 
 def read_shard_tokens(path: str | Path) -> np.ndarray:
     """Return the shard's tokens as a read-only numpy memmap (uint16 or uint32)."""
-    info = read_shard_header(path)
-    if info.num_tokens == 0:
-        return np.zeros(0, dtype=info.dtype)
+    return _memmap(read_shard_header(path))
+
+
+def _memmap(shard: ShardInfo) -> np.ndarray:
+    """Return a shard's tokens mapped shared and read-only: the page cache's own pages, charged
+    to no process (an empty array for an empty shard, which cannot be mapped).
+    """
+    if shard.num_tokens == 0:
+        return np.zeros(0, dtype=shard.dtype)
     return np.memmap(
-        info.path, dtype=info.dtype, mode="r", offset=HEADER_BYTES, shape=(info.num_tokens,)
+        shard.path, dtype=shard.dtype, mode="r", offset=HEADER_BYTES, shape=(shard.num_tokens,)
     )
 
 
@@ -142,16 +148,10 @@ def _map_tokens(shard: ShardInfo) -> np.ndarray:
             f"{shard.num_tokens} tokens, now {now.num_tokens}; prepare new shards into another "
             "folder, or restart on the rewritten ones"
         )
-    if shard.num_tokens == 0:
-        return np.zeros(0, dtype=shard.dtype)
-    # Shared and read-only: the page cache's own pages, charged to no process. A private map
-    # (torch.from_file) holds no descriptor but commits the whole file, which a host that does
-    # not overcommit memory refuses. A plain ndarray view: indexing a np.memmap costs more than
-    # the read itself.
-    tokens = np.memmap(
-        shard.path, dtype=shard.dtype, mode="r", offset=HEADER_BYTES, shape=(shard.num_tokens,)
-    )
-    return tokens.view(np.ndarray)
+    # Not a private map (torch.from_file), which holds no descriptor but commits the whole file:
+    # a host that does not overcommit memory refuses it. A plain ndarray view: indexing a
+    # np.memmap costs more than the read itself.
+    return _memmap(shard).view(np.ndarray)
 
 
 def write_shard(path: str | Path, tokens: Any) -> Path:

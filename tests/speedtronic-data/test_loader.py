@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import errno
+import multiprocessing
+import os
 import warnings
 from types import SimpleNamespace
 
@@ -765,6 +768,8 @@ def test_an_error_in_a_worker_reads_as_without_workers(tmp_path):
     assert type(alone) is type(in_worker) is DataError
     assert str(in_worker) == str(alone) and "header promises 100 tokens" in str(alone)
     assert "Original Traceback" in str(in_worker.__cause__)  # the worker's, for debugging
+    # the workers are gone while the error lives (not when a garbage collection frees it)
+    assert multiprocessing.active_children() == []
     # any type rebuilt from its message alone, a multi-line message whole
     error = ValueError("bad window\nsecond line")
     assert str(_raised(_Refusing(error), 2)) == str(error)
@@ -788,6 +793,21 @@ def test_an_error_in_a_worker_while_a_resume_replays_batches_reads_as_without_wo
     with pytest.raises(DataError) as caught:
         list(loader)
     assert str(caught.value) == "item 2 is bad"
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_an_os_error_in_a_worker_keeps_its_errno_and_file_names(tmp_path):
+    errors = [
+        FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(tmp_path / "it's.bin")),
+        PermissionError(errno.EACCES, os.strerror(errno.EACCES)),
+        OSError(errno.EXDEV, os.strerror(errno.EXDEV), "a.bin", "b.bin"),  # two names: message only
+        OSError("disk gone"),
+    ]
+    for error in errors:
+        raised = _raised(_Refusing(error), 2)
+        assert type(raised) is type(error) and str(raised) == str(error)
+        assert raised.filename == (None if error.filename2 else error.filename)
+        assert raised.errno == (None if error.filename2 else error.errno)
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import traceback
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,6 +128,11 @@ class ResumableLoader(DataLoader):
                 position.samples += self.batch_size
                 yield batch
         except Exception as error:
+            if self.num_workers:
+                # Shut the workers down now. Left to the garbage collector with this traceback's
+                # frames, torch's queue finalizers ran first and each worker waited out a 5 s join.
+                traceback.clear_frames(error.__traceback__)
+                del iterator
             original = worker_original(error)
             if original is None:
                 raise

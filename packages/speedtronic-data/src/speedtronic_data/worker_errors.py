@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import re
 
 # torch re-raises a worker's error in the main process as the same type, its message this header
 # and the worker's whole traceback: a one-line report of it named the worker, not the fault.
 _HEADER = re.compile(r"Caught (\w+) in DataLoader worker process \d+\.")
+# OSError's message: "[Errno 2] No such file or directory: '/path'" (the file name as repr).
+_OS_ERROR = re.compile(r"\[Errno (\d+)\] (.*?)(?:: (b?['\"].*))?", re.S)
 
 
 def worker_original(error: Exception) -> Exception | None:
@@ -29,9 +32,24 @@ def worker_original(error: Exception) -> Exception | None:
     if at < 0:
         return None
     try:
-        return kind(message[at + len(marker) :].rstrip("\n"))
+        return _rebuild(kind, message[at + len(marker) :].rstrip("\n"))
     except Exception:  # a type whose constructor wants more than the message
         return None
+
+
+def _rebuild(kind: type[Exception], message: str) -> Exception:
+    """Return `kind` built from its message; an OSError with its errno and file name, so that
+    `error.errno` and `error.filename` read as the worker's did.
+    """
+    parts = _OS_ERROR.fullmatch(message) if issubclass(kind, OSError) else None
+    if parts is None:
+        return kind(message)
+    number, reason, filename = parts.groups()
+    try:
+        name = () if filename is None else (ast.literal_eval(filename),)
+    except (ValueError, SyntaxError):  # not one repr ("'a' -> 'b'", a rename's two names)
+        return kind(message)
+    return kind(int(number), reason, *name)
 
 
 __all__ = ["worker_original"]

@@ -29,6 +29,8 @@ DTYPES: dict[str, torch.dtype] = {
 # tools/bench/report.py --check keeps them equal): on a CPU with native BF16, the narrowest model
 # width from which bf16 autocast trained faster than FP32 at every measured width (0.93x at 128,
 # 1.33x at 256, 1.35x at 512 on an AMX Xeon). `precision.mode: auto` picks bf16 from here on.
+# A Zen 4 EPYC (AVX512-BF16, no AMX) gains earlier (1.04x at 128, 1.14x at 192, 1.21x at 256;
+# tools/bench/results/earlier/bf16_zen4.json), so 256 holds on both.
 CPU_BF16_MIN_WIDTH = 256
 
 # Fallback reasons already logged in this process: a run that resolves precision many times

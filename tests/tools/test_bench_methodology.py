@@ -71,6 +71,17 @@ def test_a_rerun_benchmark_keeps_the_commit_each_result_was_measured_at(
     assert run["commits"] == ["aaa1111", "bbb2222"]
 
 
+def test_a_rerun_on_another_machine_keeps_the_tables_machine(bench, monkeypatch, tmp_path) -> None:
+    run_all = bench("run_all")
+    monkeypatch.setattr(run_all, "ensure_corpus", lambda: None)
+    monkeypatch.setattr(run_all.subprocess, "run", lambda *a, **k: SimpleNamespace(returncode=0))
+    monkeypatch.setattr(run_all, "git_commit", lambda: "aaa1111")
+    for cpu in ("Xeon", "EPYC"):
+        monkeypatch.setattr(run_all, "machine_info", lambda cpu=cpu: {"cpu": cpu})
+        assert run_all.main(["--only", "data", "--results", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "run.json").read_text())["machine"] == {"cpu": "Xeon"}
+
+
 @pytest.fixture
 def results(tmp_path):
     """A copy of the committed results to edit."""
@@ -137,3 +148,34 @@ def test_peers_count_speedtronic_close_end_to_end_not_in_steady_state(bench, mon
     assert result["steady_tokens_per_s"] == (60 - bench_peers.WARMUP) * 10 / 1.0
     assert result["end_to_end_tokens_per_s"] == 60 * 10 / 101.0
     assert result["teardown_s"] == 99.0
+
+
+def test_a_row_measured_on_another_cpu_names_it(bench, results) -> None:
+    report = bench("report")
+    loaded = report.load(results)
+    table_cpu = loaded["run"]["machine"]["cpu"]
+    head = {
+        "machine": {"cpu": table_cpu, "cpus": 2},
+        "rows": 4096,
+        "d_model": 768,
+        "vocab": 50257,
+        "rounds": 5,
+        "results": {
+            "fp32 plain": {"ms": 100.0, "time_vs_plain": 1.0, "peak_mib": 2366.0},
+            "fp32 1024": {"ms": 140.0, "time_vs_plain": 1.4, "peak_mib": 758.0},
+            "fp32 4096": {"ms": 110.0, "time_vs_plain": 1.1, "peak_mib": 2000.0},
+            "bf16 plain": {"ms": 80.0, "time_vs_plain": 1.0, "peak_mib": 2435.0},
+            "bf16 1024": {"ms": 93.0, "time_vs_plain": 1.16, "peak_mib": 922.0},
+        },
+    }
+    loaded["loss_head"] = head
+    row = next(r for r in report.table_rows(loaded) if "loss_chunk_size" in r[0])
+    assert "loss_chunk_size` 1024" in row[0] and "4096 rows x 768 -> 50257" in row[0]
+    assert row[2] == (
+        "fp32: peak **758 MiB** instead of 2,366 at **1.40x** the time; "
+        "bf16: peak **922 MiB** instead of 2,435 at **1.16x** the time"
+    )
+    head["machine"] = {"cpu": "AMD EPYC", "cpus": 2}
+    row = next(r for r in report.table_rows(loaded) if "loss_chunk_size" in r[0])
+    assert row[2].endswith(" the time (on AMD EPYC, 2 CPUs)")
+    assert "| fp32 | chunk 4096 | 110.0 | 1.10x | 2,000 |" in report.render_report(loaded)

@@ -33,6 +33,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str] | None]] = {
     "cpu_settings": ([], ["--quick"]),
     "precision": ([], ["--quick"]),
     "data": (["--quick"], ["--quick"]),
+    "loss_head": ([], ["--rows", "1024", "--vocab", "8192", "--chunks", "256", "--rounds", "2"]),
     "convergence": ([], ["--quick"]),
     "diloco": ([], None),  # full mode only with --only diloco: it alone takes about 15 minutes
     "gpu": ([], None),
@@ -91,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": "hatch run bench" + (" --quick" if args.quick else ""),
         "started": earlier.get("started")
         or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_info(),
+        # The table's machine: an --only rerun elsewhere keeps it, and its rows name their own.
+        "machine": earlier.get("machine") or machine_info(),
         "benchmarks": dict(kept),
     }
     commit = git_commit()

@@ -537,7 +537,7 @@ def readme_table(results: Results) -> str:
         TABLE_BEGIN,
         f"Measured by `hatch run bench` ({mode} mode, {run.get('duration_s', 0) / 60:.0f} min; "
         "benchmarks rerun alone with `--only` keep their own start time) on "
-        f"{_machine_line(results)}{load_text} unless a row names another machine or a GPU; every "
+        f"{_machine_line(results)}{load_text}, unless a row names another machine or a GPU; every "
         "ratio compares variants run side by side in "
         "one benchmark's run. Details, start times, sweeps and plots: "
         "[tools/bench/results/report.md](tools/bench/results/report.md).",

@@ -20,16 +20,19 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from speedtronic import runtime
+from speedtronic.run_lock import LOCK_NAME, claim_run_folders
 from speedtronic.train_end import run_failed
+from speedtronic_config import SpeedtronicConfig
 from speedtronic_config.errors import raised_on_every_rank
 from speedtronic_systems.parallel import (
     SINGLE,
     ParallelContext,
     ParallelError,
     check_optimizer_after_wrapping,
+    init_parallel,
     wrap_model,
 )
-from speedtronic_trainer import NonFiniteLossError, Trainer
+from speedtronic_trainer import CheckpointManager, NonFiniteLossError, Trainer
 from speedtronic_trainer.checkpoint_checks import CheckpointError
 
 # The CUDA-marked tests run the same scenarios on GPUs (NCCL through backend auto).
@@ -254,7 +257,8 @@ class Regression(torch.nn.Module):
         self.linear = torch.nn.Linear(4, 1)
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.mse_loss(self.linear(inputs), targets)
+        # Integer targets too: the trainer counts them as token labels (batches_apart).
+        return torch.nn.functional.mse_loss(self.linear(inputs), targets.float())
 
 
 def forward_buffer_sync(trainer) -> list[bool]:
@@ -809,8 +813,105 @@ def link_checkpoint(checkpoint: Path, run_dir: Path) -> None:
         os.symlink(checkpoint, target / checkpoint.name)
 
 
+def scenario_apart(out: Path, mode: str) -> dict:
+    """What each rank raised (or trained to) when its loader alone ran out, failed or gave
+    batches of another kind than its peers', when its fit() alone had another target, no
+    evaluation or no checkpoints, or when rank 0 could not open the run folder's lock file; each
+    followed by the sum of one more collective (1 + 2 = 3 on both ranks unless it met a peer's
+    leftover collective).
+    """
+    # A collective that never meets its peer's raises after 30 s instead of waiting 30 minutes.
+    context = init_parallel({"data_parallel": mode, "timeout_s": 30}, torch.device(DEVICE))
+    seen = {}
+    for name, apart in APART.items():
+        seen[name] = [*fit_apart(context, **apart(context.rank, out / name)), next_sum(context)]
+    seen["lock"] = [*lock_apart(context, out / "lock" / "run"), next_sum(context)]
+    return seen
+
+
+def next_sum(context: ParallelContext) -> float:
+    """Return the sum of the ranks' rank + 1 over one more collective."""
+    return context.all_reduce_sum([context.rank + 1.0])[0]
+
+
+def lock_apart(context: ParallelContext, run: Path) -> list[str]:
+    """What each rank raised when rank 0 (which locks the run folder) could not open its lock
+    file, a folder of that name.
+    """
+    if context.rank == 0:
+        (run / LOCK_NAME).mkdir(parents=True)
+    try:
+        claim_run_folders(SpeedtronicConfig.from_dict({"run": {"output_dir": str(run)}}), context)
+    except OSError as error:
+        return [f"{type(error).__name__}: {error}"]
+    return ["claimed"]
+
+
+def regression_batches(count: int, labels: bool = False) -> list[tuple[torch.Tensor, ...]]:
+    """`count` microbatches of 2 for Regression: float targets, or integer ones (token labels)."""
+    generator = torch.Generator().manual_seed(count)
+    targets = [torch.randint(0, 3, (2, 1), generator=generator) for _ in range(count)]
+    inputs = [torch.randn(2, 4, generator=generator) for _ in range(count)]
+    return [(x, y if labels else y.float()) for x, y in zip(inputs, targets, strict=True)]
+
+
+def failing_at(count: int):
+    """A loader that reads `count` batches and then fails, as an unreadable shard would."""
+    yield from regression_batches(count)
+    raise OSError("injected: shard unreadable")
+
+
+# Each check's fit_apart arguments by rank and folder: only one rank's differ from the defaults.
+APART = {
+    "ran_out": lambda rank, _: {"training": iter(regression_batches(8 if rank == 0 else 3))},
+    "failed": lambda rank, _: {"training": failing_at(2) if rank == 0 else None},
+    "labels": lambda rank, _: {"training": regression_batches(8, labels=rank == 1)},
+    "eval_failed": lambda rank, _: {
+        "validation": failing_at(1) if rank == 1 else regression_batches(4)
+    },
+    "target": lambda rank, _: {"target": 4 + 2 * rank},
+    "evaluation": lambda rank, _: {"validation": regression_batches(4) if rank == 0 else None},
+    "checkpoints": lambda rank, folder: {
+        "manager": CheckpointManager(folder, every_steps=2) if rank == 0 else None
+    },
+}
+
+
+def fit_apart(
+    context: ParallelContext, training=None, validation=None, target: int = 4, manager=None
+) -> list:
+    """Train Regression to `target` (evaluating every 2 steps when given `validation`); return
+    what this rank raised, or its final loss and weights.
+    """
+    torch.manual_seed(3)
+    model = wrap_model(Regression().to(context.device), context, {"data_parallel": context.mode})
+    values = {
+        "data": {"micro_batch_size": 2, "target_batch_size": 4, "eval_every": 2},
+        "precision": "fp32",
+        "checkpoint": {"enabled": False},
+        "logging": {"progress": False},
+    }
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(
+        model,
+        optimizer,
+        regression_batches(8) if training is None else training,
+        device=context.device,
+        config=values,
+        parallel=context,
+        eval_dataloader=validation,
+        checkpoint_manager=manager,
+    )
+    try:
+        loss = trainer.fit(target).final_loss
+    except Exception as error:
+        return [f"{type(error).__name__}: {error}"]
+    return [loss, torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()]
+
+
 SCENARIOS = {
     "train": scenario_train,
+    "apart": scenario_apart,
     "resume": scenario_resume,
     "resume_into_fsdp": scenario_resume_into_fsdp,
 }

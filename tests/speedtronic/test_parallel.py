@@ -365,6 +365,46 @@ def test_one_rank_reads_a_sharded_checkpoint_while_its_peers_wait(trained):
     assert zero["read_alone"] is True and one["read_alone"] is None
 
 
+def test_what_differs_on_one_rank_is_agreed_on_by_every_rank(tmp_path):
+    torchrun(str(WORKER), "apart", str(tmp_path), "ddp")
+    zero, one = ranks(tmp_path, 2)
+    # Each rank's next collective meets its peer's (3.0): a rank that raised alone used to meet
+    # its peer's gradient all-reduce there (a wrong sum), or leave it waiting.
+    assert [seen.pop() for seen in zero.values()] == [3.0] * 8
+    assert [seen.pop() for seen in one.values()] == [3.0] * 8
+    lock = tmp_path / "lock" / "run" / ".speedtronic-run.lock"
+    assert (
+        zero["lock"] == one["lock"] == [f"IsADirectoryError: [Errno 21] Is a directory: '{lock}'"]
+    )
+    failed = "RuntimeError: rank {} could not read its batch from the {}{}"
+    why = " (that rank's error says why); every rank stops with it"
+    assert one["ran_out"][0].startswith("ValueError: the batch iterator is exhausted and ")
+    assert zero["ran_out"] == [failed.format(1, "training data loader, for step 4", why)]
+    assert zero["failed"] == ["OSError: injected: shard unreadable"]
+    assert one["failed"] == [failed.format(0, "training data loader, for step 3", why)]
+    assert one["eval_failed"] == ["OSError: injected: shard unreadable"]
+    evaluation = "eval_dataloader, in the evaluation at step 2"
+    assert zero["eval_failed"] == [failed.format(1, evaluation, why)]
+    # Token labels on rank 1 alone: every rank weighs its microbatches alike, and trains alike.
+    assert zero["labels"] == one["labels"] and len(zero["labels"]) == 2
+    for name, split in [
+        ("step target", "4 on rank 0; 6 on rank 1"),
+        ("evaluation", "every 2 steps on rank 0; none on rank 1"),
+        ("checkpoints", "every 2 steps on rank 0; none on rank 1"),
+    ]:
+        key = name.split()[-1]
+        assert (
+            zero[key]
+            == one[key]
+            == [
+                f"ValueError: the ranks' fit() calls differ in their {name} ({split}): they would "
+                "wait for each other or pair up different collectives; call fit() with the same "
+                "max_steps on every rank, and give every rank its share of the eval_dataloader and "
+                "the same checkpoint_manager (every rank takes part in each evaluation and save)"
+            ]
+        )
+
+
 @pytest.mark.parametrize("world", [1, 4])
 def test_a_checkpoint_resumes_at_another_world_size(trained, tmp_path, world):
     mode, source, _ = trained

@@ -485,24 +485,61 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ step
 
-    def _microbatch_weights(self, microbatches: list[Any]) -> tuple[list[float], int | None]:
-        """Return each microbatch's share of the update over every rank (its share of the step's
-        valid labels when labels exist, else one share of the k microbatches on each of the
-        ranks), and the step's valid labels over every rank (None without labels).
+    def _step_batches(self) -> tuple[list[Any], list[float], int | None]:
+        """Take this rank's microbatches of the step; return them, each one's share of the update
+        over every rank (its share of the step's valid labels when every rank's batches have
+        labels, else one share of the k microbatches on each of the ranks), and the step's valid
+        labels over every rank (None without labels). One collective, before any forward, agrees
+        on the weights and on whether every rank got its batches: a rank whose loader failed (ran
+        out, gave none, could not read) raises on every rank. Alone, it left its peers in the
+        step's collectives, and its own next collective met theirs (a silent wrong sum).
         """
-        counts = [valid_label_count(b) for b in microbatches]
-        if any(c is None for c in counts):
-            return [1.0 / (len(microbatches) * self.parallel.world_size)] * len(microbatches), None
+        microbatches, failure = self._take(
+            lambda: [next(self._stream) for _ in range(self._accumulation)]
+        )
+        counts = [valid_label_count(b) for b in microbatches or []]
+        unlabelled = any(c is None for c in counts)
         # Token-weighted over the whole global batch: the label count summed over all ranks.
-        total = self.parallel.all_reduce_sum([float(sum(counts))])[0]  # type: ignore[arg-type]
+        total, unlabelled_ranks, failed = self.parallel.all_reduce_sum(
+            [float(sum(c or 0 for c in counts)), unlabelled, failure is not None]
+        )
+        if failed:
+            raise self._data_failed(failure, f"training data loader, for step {self.step + 1}")
+        if unlabelled_ranks:  # every rank weighs alike
+            share = 1.0 / (len(counts) * self.parallel.world_size)
+            return microbatches, [share] * len(counts), None
         # With no valid label in the whole step the loss is undefined; NaN weights route it to
         # the non-finite policy.
         weights = [c / total if total else math.nan for c in counts]  # type: ignore[operator]
-        return weights, int(total)
+        return microbatches, weights, int(total)
 
-    def _accumulate(self, microbatches: list[Any]) -> tuple[float, int, int, int | None]:
-        """Run forward/backward over this rank's microbatches; return (its share of the step
-        loss, samples, tokens, the step's valid labels over every rank). Gradients are reduced
+    def _take(self, take: Callable[[], Any]) -> tuple[Any, Exception | None]:
+        """Return (take(), None); under data parallelism (None, the error) when it raised: the
+        caller's next collective tells every rank, and _data_failed raises it.
+        """
+        try:
+            return take(), None
+        except Exception as error:
+            if not self.parallel.active:
+                raise
+            return None, error
+
+    def _data_failed(self, failure: Exception | None, where: str) -> Exception:
+        """Return what each rank raises once the ranks agreed that some rank's loader failed
+        (`where`: which, and when): that rank its own error, every other rank one naming it.
+        """
+        failed = self.parallel.all_gather_object(failure is not None)
+        if failure is not None:
+            return failure
+        ranks = ", ".join(str(rank) for rank, did in enumerate(failed) if did)
+        return RuntimeError(
+            f"rank {ranks} could not read its batch from the {where} (that rank's error says "
+            "why); every rank stops with it"
+        )
+
+    def _accumulate(self, microbatches: list[Any], weights: list[float]) -> tuple[float, int, int]:
+        """Run forward/backward over this rank's microbatches, each at its `weights` share;
+        return (its share of the step loss, samples, tokens). Gradients are reduced
         across ranks on the last microbatch, or on every one where syncs_every_microbatch says so
         (FSDP2's sharded accumulation).
         """
@@ -511,7 +548,6 @@ class Trainer:
         scale = float(self.parallel.world_size)
         step_loss: torch.Tensor | None = None
         samples = tokens = 0
-        weights, labels = self._microbatch_weights(microbatches)
         last = len(microbatches) - 1
         for index, (batch, weight) in enumerate(zip(microbatches, weights, strict=True)):
             n, t = batch_size_and_tokens(batch)
@@ -530,7 +566,7 @@ class Trainer:
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         # Some microbatch always ran: one process skips a label-less one only while another has
         # labels (none anywhere makes the weights NaN, not 0); under data parallelism all run.
-        return float(step_loss), samples, tokens, labels  # type: ignore[arg-type]
+        return float(step_loss), samples, tokens  # type: ignore[arg-type]
 
     def _train_step(self, stop_requested: Callable[[], str | None] = lambda: None) -> StepOutcome:
         """Run one optimizer update; a non-finite loss or gradient norm is not applied. Every
@@ -544,14 +580,14 @@ class Trainer:
             if self._saves_emergency()
             else None
         )
-        microbatches = [next(self._stream) for _ in range(self._accumulation)]
+        microbatches, weights, labels = self._step_batches()
         if not self._labels_checked:
             self._check_labels_shifted(microbatches[0])
         self.optimizer.zero_grad(set_to_none=True)
         if self._stage_scheduler is not None:
             self._stage_scheduler.begin()
         try:
-            loss, samples, tokens, labels = self._accumulate(microbatches)
+            loss, samples, tokens = self._accumulate(microbatches, weights)
         finally:
             if self._stage_scheduler is not None:
                 self._stage_scheduler.finish()
@@ -730,7 +766,8 @@ class Trainer:
     def evaluate(self, max_batches: int | None = None) -> float | None:
         """Return the validation loss (mean over valid labels, or over samples for batches
         without token labels) over up to max_batches eval batches per rank, summed over every
-        rank's batches; every rank stops at the shortest rank's share.
+        rank's batches; every rank stops at the shortest rank's share. Under data parallelism
+        every rank calls it, with the same max_batches (each batch is a collective).
         """
         return self._evaluate(max_batches)[0]
 
@@ -754,17 +791,21 @@ class Trainer:
         read = 0  # batches this evaluation took from the loader
         try:
             for _ in itertools.count() if limit is None else range(limit):
-                batch = next(batches, None)
+                batch, failure = self._take(partial(next, batches, None))
                 received = stop_requested()
                 # The first batch of a model that shifts labels itself is checked as training's
                 # is: with labels equal to its input ids, val_loss would score copying the input.
                 unshifted = read == 0 and not self._labels_to_model and unshifted_labels(batch)
                 # One collective a batch agrees on both ends. A streamed split deals its last
                 # batch to one rank only: a forward there alone would wait on peers already
-                # summing (FSDP2 gathers, DDP buffer broadcasts).
-                ended, terms, interrupts, unshifted = self.parallel.all_reduce_sum(
-                    [batch is None, *_signal_counts(received), unshifted]
+                # summing (FSDP2 gathers, DDP buffer broadcasts). A loader failing on one rank
+                # (see _step_batches) stops every rank.
+                ended, terms, interrupts, unshifted, failed = self.parallel.all_reduce_sum(
+                    [batch is None, *_signal_counts(received), unshifted, failure is not None]
                 )
+                if failed:
+                    where = f"eval_dataloader, in the evaluation at step {self.step}"
+                    raise self._data_failed(failure, where)
                 if unshifted:
                     raise self._unshifted_labels_error(
                         "its val_loss would score copying the input", "eval_dataloader"
@@ -1266,6 +1307,7 @@ class Trainer:
     def fit(self, max_steps: int | None = None) -> TrainResult:
         """Train until the absolute step target; return what was done."""
         target = self._target(max_steps)
+        self._agree_on_plan(target)
         self.emergency_checkpoint = None
         if target == self.step:
             # The same fields as a run's result: a script that reads them must not fail (KeyError)
@@ -1337,6 +1379,38 @@ class Trainer:
             if self.coordinator is not None:
                 self.coordinator.stop()
         return self._result(progress, first, time.perf_counter() - started)
+
+    def _agree_on_plan(self, target: int) -> None:
+        """Raise ValueError on every rank when the ranks' fit() calls would run different
+        collectives: another step target or first step (one rank stops first and saves alone),
+        or an evaluation or checkpoint interval some ranks lack (theirs are collectives the
+        others never join). One all_gather_object per fit().
+        """
+        if not self.parallel.active:
+            return
+        every, manager = self.config.data.eval_every, self.checkpoint_manager
+        evaluates = self.eval_dataloader is not None and every is not None
+        saves = manager is not None and manager.enabled
+        plan = {
+            "step target": target,
+            "first step": self.step,
+            "evaluation": f"every {every} steps" if evaluates else "none",
+            "checkpoints": f"every {manager.every_steps} steps" if saves else "none",
+        }
+        ranks = self.parallel.all_gather_object(plan)
+        for name in plan:
+            split = [seen[name] for seen in ranks]
+            if len(set(split)) == 1:
+                continue
+            raise on_every_rank(
+                ValueError(
+                    f"the ranks' fit() calls differ in their {name} ({describe_ranks(split)}): "
+                    "they would wait for each other or pair up different collectives; call fit() "
+                    "with the same max_steps on every rank, and give every rank its share of the "
+                    "eval_dataloader and the same checkpoint_manager (every rank takes part in "
+                    "each evaluation and save)"
+                )
+            )
 
     def _agreed_stop(self, received: str | None) -> str | None:
         """Return the signal any rank received, on every rank alike (one collective)."""

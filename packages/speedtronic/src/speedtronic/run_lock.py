@@ -87,17 +87,18 @@ class RunLock:
 
 def claim_run_folders(config: SpeedtronicConfig, parallel: Any) -> RunLock:
     """Lock the run's folders on the main rank; every rank raises RunFolderBusy, naming the other
-    run's process, when another process holds one.
+    run's process, when another process holds one, and the main rank's OSError when it cannot
+    open a lock file (one it may not write, a folder of that name).
     """
-    lock, busy = RunLock([]), None
+    lock, refusal = RunLock([]), None
     if parallel.is_main and fcntl is not None:
         try:
             lock = RunLock(run_folders(config))
-        except RunFolderBusy as error:
-            busy = str(error)
-    busy = parallel.broadcast_object(busy)  # one decision for the whole group
-    if busy is not None:
-        raise on_every_rank(RunFolderBusy(busy))
+        except (RunFolderBusy, OSError) as error:
+            refusal = error
+    refusal = parallel.broadcast_object(refusal)  # one decision for the whole group
+    if refusal is not None:
+        raise on_every_rank(refusal)
     return lock
 
 

@@ -179,3 +179,36 @@ def test_a_row_measured_on_another_cpu_names_it(bench, results) -> None:
     row = next(r for r in report.table_rows(loaded) if "loss_chunk_size" in r[0])
     assert row[2].endswith(" the time (on AMD EPYC, 2 CPUs)")
     assert "| fp32 | chunk 4096 | 110.0 | 1.10x | 2,000 |" in report.render_report(loaded)
+
+
+def _chosen(run_all, monkeypatch, tmp_path, *argv: str) -> dict[str, list[str]]:
+    """Return the benchmarks run_all runs for argv, each with its arguments (nothing runs)."""
+    commands: list[list[str]] = []
+
+    def run(command, **kwargs):
+        commands.append(command)
+        return SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(run_all, "ensure_corpus", lambda: None)
+    monkeypatch.setattr(run_all, "git_commit", lambda: "aaa1111")
+    monkeypatch.setattr(run_all.subprocess, "run", run)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # also on a GPU machine
+    assert run_all.main([*argv, "--results", str(tmp_path)]) == 0
+    return {Path(c[1]).stem.removeprefix("bench_"): c[2:] for c in commands if "bench_" in c[1]}
+
+
+def test_the_long_benchmarks_run_only_when_named(bench, monkeypatch, tmp_path) -> None:
+    run_all = bench("run_all")
+    full = _chosen(run_all, monkeypatch, tmp_path)
+    assert "generate" in full and not {"diloco", "parallel", "gpu"} & set(full)
+    quick = _chosen(run_all, monkeypatch, tmp_path, "--quick")
+    assert quick["generate"][:4] == ["--new-tokens", "32", "--rounds", "2"]
+    assert not {"diloco", "parallel"} & set(quick)
+    alone = _chosen(run_all, monkeypatch, tmp_path, "--only", "parallel")
+    assert alone == {"parallel": ["--output", str(tmp_path / "parallel.json")]}
+    assert _chosen(run_all, monkeypatch, tmp_path, "--only", "generate")["generate"] == [
+        "--threads",
+        "1",
+        "--out",
+        str(tmp_path / "generate.json"),
+    ]

@@ -242,3 +242,28 @@ def test_gpu_profile_sorts_kernels_into_families(monkeypatch, kernel, expected) 
     import profile_gpu
 
     assert profile_gpu.family(kernel) == expected
+
+
+def test_parallel_row_is_built_from_the_committed_results(report) -> None:
+    results = report.load(RESULTS)
+    parallel = results["parallel"]
+    row = next(r for r in report.table_rows(results) if r[0].startswith("data parallelism"))
+    ddp = parallel["measured_training"]["ddp_world2"]["median_ratio_to_world1"]
+    assert row[1] == "`python tools/bench/bench_parallel.py`"
+    assert row[2].startswith(f"DDP **{ddp:.2f}x** the tokens/s (")
+    # FSDP with Muon failed at 1,024 ranks: the model costs it with the counts of world 64.
+    assert "FSDP2 0.41 (world 64's counts: it fails at 1,024)" in row[2]
+    # parallel.json records a platform string, no CPU model: the row names its own run's load.
+    assert isinstance(parallel["machine"], str)
+    assert row[2].endswith("(its own run: 2 CPUs at load 16.3-21.4)")
+    assert "| fsdp (world 64's counts: it fails at 256) | 0.02 | 0.73 | 0.00 |" in (
+        report.render_report(results)
+    )
+
+
+def test_the_readme_numbers_of_generate_and_parallel_come_from_the_table(report) -> None:
+    text = (ROOT / "README.md").read_text()
+    prose = text.replace(report.extract_table(text), "")
+    table = report.extract_table(text)
+    assert "`python tools/bench/bench_generate.py`" in table and "3.0-3.6x" not in prose
+    assert "`python tools/bench/bench_parallel.py`" in table and "**1.64x**" not in prose

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from bench_gpu import MODEL_124M, TINY, add_run_arguments, config, cuda_missing
 
+from bench_gpu import MODEL_124M, TINY, add_run_arguments, config, cuda_missing
 from benchlib import RESULTS, machine_info, mfu_text, write_json
 from speedtronic.runtime import build_runtime
 from speedtronic_systems.precision import datasheet_peak_flops

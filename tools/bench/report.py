@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench_parallel import wire_bytes
 from benchlib import RESULTS, ROOT, best_run, mfu_text, rates_text
 from speedtronic_systems.compile_choice import CPU_COMPILE_BREAK_EVEN_STEPS
 from speedtronic_systems.precision import CPU_BF16_MIN_WIDTH
@@ -36,8 +37,10 @@ NAMES = (
     "precision",
     "data",
     "loss_head",
+    "generate",
 )
-OPTIONAL = ("diloco", "gpu", "gpu_profile", "optim_cuda")  # the gpu* ones: tools/gpu_check.sh
+# diloco and parallel: `run_all.py --only NAME`; the gpu* ones: tools/gpu_check.sh.
+OPTIONAL = ("diloco", "parallel", "gpu", "gpu_profile", "optim_cuda")
 
 Results = dict[str, Any]
 
@@ -402,6 +405,26 @@ def _loss_head_row(h: dict[str, Any]) -> tuple[str, str, str]:
     )
 
 
+def _generate_row(g: dict[str, Any]) -> tuple[str, str, str]:
+    parts = []
+    for new, r in g["results"].items():
+        past = f", {r['past_window']} past the window" if r["past_window"] else ""
+        rounds = r["speedup_per_round"]
+        parts.append(
+            f"{new} new tokens{past}: **{_x(r['speedup'])}** the tokens/s (rounds "
+            f"{min(rounds):.2f}-{max(rounds):.2f}; {r['kv_cache_tokens_per_s']:,.0f} against "
+            f"{r['recompute_tokens_per_s']:,.0f})"
+        )
+    m, threads = g["model"], g["machine"]["torch_threads"]
+    return (
+        f"`generate` with the KV cache against recomputing the window: quickstart model "
+        f"({m['n_layer']} layers, d_model {m['d_model']}, window {m['max_seq_len']}), batch 1, "
+        f"{g['prompt_tokens']}-token prompt, {threads} thread{'s' if threads > 1 else ''}",
+        "`python tools/bench/bench_generate.py`",
+        "; ".join(parts) + "; the same tokens",
+    )
+
+
 def _diloco_row(d: dict[str, Any]) -> tuple[str, str, str]:
     comm, loss, lanes = d["communication"], d["loss"], d["lanes"]
     return (
@@ -410,6 +433,61 @@ def _diloco_row(d: dict[str, Any]) -> tuple[str, str, str]:
         f"traffic **{comm['payload_ratio_to_ddp']:.3f}** of DDP; held-out loss "
         f"**{loss['relative_gap_tuned']:+.1%}** vs one process (tuned outer step); lanes "
         f"slowdown {lanes['slowdown']:+.1%}",
+    )
+
+
+def _parallel_load(p: dict[str, Any]) -> str:
+    """The load average range over a parallel run (parallel.json names no CPU model)."""
+    loads = [p["load_1min_start"], p["load_1min_end"]]
+    loads += [load for run in p["measured_training"].values() for load in run["load_1min"]]
+    return f"{min(loads):.1f}-{max(loads):.1f}"
+
+
+def _borrowed(row: dict[str, Any]) -> str:
+    """Return " (world N's counts...)" for a model row costed with another size's collectives."""
+    note = row["counts"]
+    if not note:
+        return ""
+    why = f": it fails at {row['world']:,}" if note["error"] else ": not counted"
+    return f" (world {note['counts_from_world']}'s counts{why})"
+
+
+def _parallel_model(p: dict[str, Any], scheme: str, link: str, world: int) -> str:
+    """The model's efficiency of a scheme at a world size on a link, and whose counts it used."""
+    row = next(r for r in p["model"]["rows"] if (r["scheme"], r["world"]) == (scheme, world))
+    return f"{row[link]['efficiency']:.2f}{_borrowed(row)}"
+
+
+def _parallel_row(p: dict[str, Any]) -> tuple[str, str, str]:
+    runs, counts = p["measured_training"], p["collectives_per_step"]
+    ddp, fsdp = (
+        (
+            run["median_ratio_to_world1"],
+            run["median_cpu_ratio_to_world1"],
+            wire_bytes(counts[run["mode"]]["2"], 2) / 1e6,
+        )
+        for run in (runs["ddp_world2"], runs["fsdp_world2"])
+    )
+    parts = [
+        f"DDP **{_x(ddp[0])}** the tokens/s ({_x(ddp[1])} per CPU-second; {ddp[2]:.1f} MB sent "
+        "per rank per step)",
+        f"FSDP2 **{_x(fsdp[0])}** ({_x(fsdp[1])}; {fsdp[2]:.1f} MB)",
+    ]
+    world = max(r["world"] for r in p["model"]["rows"])
+    model = (
+        f"*model, not a measurement*, at {world:,} ranks: scaling efficiency DDP "
+        f"{_parallel_model(p, 'ddp', 'assumed_datacenter', world)} and FSDP2 "
+        f"{_parallel_model(p, 'fsdp', 'assumed_datacenter', world)} on an assumed datacenter "
+        f"link, DiLoCo (`inner_steps` {p['model']['inner_steps']}) "
+        f"{_parallel_model(p, 'diloco', 'assumed_wan', world)} on an assumed WAN link"
+    )
+    batch = p["global_batch"]
+    return (
+        f"data parallelism, world 2 against one process: main job's model and batch (Muon, "
+        f"{batch['sequences']} x {batch['tokens'] // batch['sequences']} tokens), torchrun, gloo, "
+        f"1 thread per rank, {len(runs['world1']['tokens_per_s'])} rounds",
+        "`python tools/bench/bench_parallel.py`",
+        f"{', '.join(parts)}; {model} (its own run: {p['cpus']} CPUs at load {_parallel_load(p)})",
     )
 
 
@@ -440,7 +518,9 @@ ROW_BUILDERS = (
     ("precision", _precision_row),
     ("data", _data_row),
     ("loss_head", _loss_head_row),
+    ("generate", _generate_row),
     ("diloco", _diloco_row),
+    ("parallel", _parallel_row),
 )
 
 
@@ -450,7 +530,7 @@ PACKAGE_RESULTS = {
     "speedtronic-trainer": ("trainer", "peers"),
     "speedtronic-systems": ("cpu_settings", "precision"),
     "speedtronic-data": ("data",),
-    "speedtronic-model": ("loss_head",),
+    "speedtronic-model": ("loss_head", "generate"),
 }
 
 
@@ -924,6 +1004,67 @@ def _section_loss_head(h: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _section_generate(g: dict[str, Any]) -> list[str]:
+    lines = [
+        "## Generation with the KV cache",
+        "",
+        f"`python tools/bench/bench_generate.py` on {g['machine'].get('cpu', '?')}, "
+        f"{g['machine']['torch_threads']} thread(s): `generate(use_cache=True)` against "
+        f"`use_cache=False` (the window recomputed per token), {g['rounds']} interleaved rounds "
+        "from one seed; both give the same tokens. Past the window the cache recomputes it too.",
+        "",
+        "| new tokens | past the window | recompute tokens/s | KV cache tokens/s | paired median "
+        "| per round |",
+        "|---|---|---|---|---|---|",
+    ]
+    for new, r in g["results"].items():
+        rounds = ", ".join(f"{v:.2f}" for v in r["speedup_per_round"])
+        lines.append(
+            f"| {new} | {r['past_window']} | {r['recompute_tokens_per_s']:,.0f} | "
+            f"{r['kv_cache_tokens_per_s']:,.0f} | {r['speedup']:.2f}x | {rounds} |"
+        )
+    return [*lines, ""]
+
+
+def _section_parallel(p: dict[str, Any]) -> list[str]:
+    lines = [
+        "## Data parallelism",
+        "",
+        f"`python tools/bench/bench_parallel.py`, its own run ({p['seconds'] / 60:.0f} min, "
+        f"{p['cpus']} CPUs at load {_parallel_load(p)}; CPU model not recorded): torchrun, gloo, "
+        "1 thread per rank, interleaved rounds; ratios are paired medians against world 1. Two "
+        "processes on 2 cores get two scheduler shares where one gets one: the wall-clock ratio "
+        "is not a parallel speedup, the CPU-second ratio is the cost of the split and the "
+        "collectives. Bytes: counted on the real program's step.",
+        "",
+        "| config | tokens/s | ratio | tokens per CPU-second | ratio | MB sent per rank per step |",
+        "|---|---|---|---|---|---|",
+    ]
+    counts = p["collectives_per_step"]
+    for name, run in p["measured_training"].items():
+        step = counts.get(run["mode"], {}).get("2")
+        sent = "–" if step is None else f"{wire_bytes(step, 2) / 1e6:.1f}"
+        lines.append(
+            f"| {name} | {run['median_tokens_per_s']:,.0f} | "
+            f"{run['median_ratio_to_world1']:.2f}x | {run['median_tokens_per_cpu_s']:,.0f} | "
+            f"{run['median_cpu_ratio_to_world1']:.2f}x | {sent} |"
+        )
+    model = p["model"]
+    links = list(model["links"])
+    lines += [
+        "",
+        f"{model['label']}: scaling efficiency (compute / step time) from the counted collectives "
+        f"and fitted gloo costs; {model['assumptions']}.",
+        "",
+        "| world | scheme | " + " | ".join(links) + " |",
+        "|---|---|" + "---|" * len(links),
+    ]
+    for row in model["rows"]:
+        cells = " | ".join(f"{row[link]['efficiency']:.2f}" for link in links)
+        lines.append(f"| {row['world']:,} | {row['scheme']}{_borrowed(row)} | {cells} |")
+    return [*lines, ""]
+
+
 SECTION_BUILDERS = (  # report.md's sections after the run's and the convergence ones, in order
     ("peers", _section_peers),
     ("optim", _section_optim),
@@ -932,6 +1073,8 @@ SECTION_BUILDERS = (  # report.md's sections after the run's and the convergence
     ("optim_cuda", _section_optim),
     ("cpu_settings", _section_cpu),
     ("loss_head", _section_loss_head),
+    ("generate", _section_generate),
+    ("parallel", _section_parallel),
 )
 
 

@@ -6,9 +6,10 @@ Usage: python tools/bench/run_all.py [--quick] [--only NAME ...] [--results DIR]
 Full mode (30 minutes on a shared 2-core machine, 22 of them the convergence study) writes
 tools/bench/results/ and regenerates the README's performance table from it; --quick (2-6 minutes:
 smaller sizes, fewer rounds, no DiLoCo, no compile) writes tools/bench/results/quick/ and leaves the
-README alone: it is CI's smoke run of every benchmark, not a measurement to quote. A failing
-benchmark fails the run after the others have run. Benchmarks needing a GPU run only where one is
-present.
+README alone: it is CI's smoke run of every benchmark, not a measurement to quote. DiLoCo (about 15
+minutes) and data parallelism (about 16) run in full mode only when named: `--only diloco`,
+`--only parallel`. A failing benchmark fails the run after the others have run. Benchmarks needing
+a GPU run only where one is present.
 """
 
 from __future__ import annotations
@@ -34,11 +35,14 @@ BENCHMARKS: dict[str, tuple[list[str], list[str] | None]] = {
     "precision": ([], ["--quick"]),
     "data": (["--quick"], ["--quick"]),
     "loss_head": ([], ["--rows", "1024", "--vocab", "8192", "--chunks", "256", "--rounds", "2"]),
+    "generate": (["--threads", "1"], ["--new-tokens", "32", "--rounds", "2", "--threads", "1"]),
     "convergence": ([], ["--quick"]),
-    "diloco": ([], None),  # full mode only with --only diloco: it alone takes about 15 minutes
+    "diloco": ([], None),
+    "parallel": ([], None),
     "gpu": ([], None),
 }
-OUT_FLAG = {"diloco": "--output"}
+ALONE = ("diloco", "parallel")  # full mode only when named with --only: 15 and 16 minutes each
+OUT_FLAG = {"diloco": "--output", "parallel": "--output"}
 
 
 def git_commit() -> str:
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if args.quick and quick is None:
             continue
-        if name == "diloco" and not args.only:
+        if name in ALONE and not args.only:
             continue
         if name == "gpu" and not torch.cuda.is_available():
             print("=== gpu: skipped, no CUDA GPU here")

@@ -750,6 +750,13 @@ class _TwoArgError(Exception):
         super().__init__(f"{what}; {fix}")
 
 
+class _ShardUnreadable(OSError):
+    """A dataset's own OSError, made from one message (an OSError's text, say)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
 def _raised(dataset, workers: int) -> Exception:
     loader = build_dataloader(section(num_workers=workers, micro_batch_size=2), dataset=dataset)
     with pytest.raises(Exception) as caught:
@@ -802,6 +809,8 @@ def test_an_os_error_in_a_worker_keeps_its_errno_and_file_names(tmp_path):
         PermissionError(errno.EACCES, os.strerror(errno.EACCES)),
         OSError(errno.EXDEV, os.strerror(errno.EXDEV), "a.bin", "b.bin"),  # two names: message only
         OSError("disk gone"),
+        # its message reads as an errno's, but its constructor takes the message alone
+        _ShardUnreadable(str(FileNotFoundError(errno.ENOENT, "No such file", "a.bin"))),
     ]
     for error in errors:
         raised = _raised(_Refusing(error), 2)

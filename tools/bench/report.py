@@ -540,23 +540,27 @@ def _rows(results: Results, names: tuple[str, ...]) -> list[tuple[str, str, str]
     for name, build in ROW_BUILDERS:
         if name in names and name in results:
             built = build(results[name])
-            where = _elsewhere(results, results[name])
+            where = _elsewhere(results, name)
             rows.extend(
                 (a, b, c + where) for a, b, c in (built if isinstance(built, list) else [built])
             )
     return rows
 
 
-def _elsewhere(results: Results, result: dict[str, Any]) -> str:
+def _elsewhere(results: Results, name: str) -> str:
     """Return " (on CPU, N CPUs)" for a CPU result measured on another machine than the table's
     (a benchmark rerun alone there with `--only`), else "".
     """
-    table = results.get("run", {}).get("machine") or {}
+    run, result = results.get("run", {}), results[name]
+    table = run.get("machine") or {}
     machine = result.get("machine")
-    cpu = machine.get("cpu") if isinstance(machine, dict) else None  # older results: unnamed
+    if not (isinstance(machine, dict) and machine.get("cpu")):
+        # A result that names no CPU (data's, precision's): where run_all ran it, if recorded.
+        machine = run.get("benchmarks", {}).get(name, {}).get("machine") or {}
+    cpu = machine.get("cpu")
     if _on_cuda(result) or not cpu or cpu == table.get("cpu"):
         return ""
-    return f" (on {machine['cpu']}, {machine.get('cpus', '?')} CPUs)"
+    return f" (on {cpu}, {machine.get('cpus') or '?'} CPUs)"
 
 
 def table_rows(results: Results) -> list[tuple[str, str, str]]:

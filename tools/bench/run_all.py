@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     # --only into the same folder reruns those benchmarks and keeps the others' entries.
     earlier = json.loads(previous.read_text()) if args.only and previous.is_file() else {}
     kept = earlier.get("benchmarks", {})
+    here = machine_info()
     run = {
         "benchmark": "run",
         "mode": "quick" if args.quick else "full",
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         "started": earlier.get("started")
         or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         # The table's machine: an --only rerun elsewhere keeps it, and its rows name their own.
-        "machine": earlier.get("machine") or machine_info(),
+        "machine": earlier.get("machine") or here,
         "benchmarks": dict(kept),
     }
     commit = git_commit()
@@ -113,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         run["benchmarks"][name] = {
             "started": stamp,
             "commit": commit,  # a benchmark rerun with --only later may be at another commit
+            # Where it ran, for results that record no CPU of their own (report's _elsewhere).
+            "machine": {"cpu": here.get("cpu"), "cpus": here.get("cpus")},
             "seconds": time.perf_counter() - begun,
             "returncode": code,
             "loadavg_before": [round(v, 2) for v in before],

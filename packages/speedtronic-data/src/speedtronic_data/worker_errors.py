@@ -42,14 +42,18 @@ def _rebuild(kind: type[Exception], message: str) -> Exception:
     `error.errno` and `error.filename` read as the worker's did.
     """
     parts = _OS_ERROR.fullmatch(message) if issubclass(kind, OSError) else None
-    if parts is None:
-        return kind(message)
-    number, reason, filename = parts.groups()
-    try:
-        name = () if filename is None else (ast.literal_eval(filename),)
-    except (ValueError, SyntaxError):  # not one repr ("'a' -> 'b'", a rename's two names)
-        return kind(message)
-    return kind(int(number), reason, *name)
+    if parts is not None:
+        number, reason, filename = parts.groups()
+        try:
+            name = () if filename is None else (ast.literal_eval(filename),)
+            rebuilt = kind(int(number), reason, *name)
+        # Not one repr ("'a' -> 'b'", a rename's two names), or a subclass whose constructor
+        # takes the message alone (one made from an OSError's text).
+        except (ValueError, SyntaxError, TypeError):
+            rebuilt = None
+        if rebuilt is not None and str(rebuilt) == message:
+            return rebuilt
+    return kind(message)
 
 
 __all__ = ["worker_original"]

@@ -31,6 +31,7 @@ def test_a_plain_run_needs_no_process_group_and_its_collectives_are_identities()
     assert SINGLE.all_reduce_sum([1.5, 2.0]) == [1.5, 2.0] and SINGLE.any(True)
     assert SINGLE.all_gather_object({"a": 1}) == [{"a": 1}] and SINGLE.broadcast_object(3) == 3
     assert SINGLE.is_main and not SINGLE.active and SINGLE.disagreement("fp32") is None
+    assert SINGLE.disagreements({"precision": "fp32", "steps": 4}) == {}
 
 
 def test_several_processes_without_a_data_parallel_mode_are_refused(monkeypatch):

@@ -270,33 +270,42 @@ def forward_buffer_sync(trainer) -> list[bool]:
     return [model.broadcast_buffers for model in wrapped]  # forward_sync_buffers from torch 2.13
 
 
+def regression_trainer(
+    context: ParallelContext, batches, settings: dict, **kwargs
+) -> tuple[Trainer, torch.nn.Module]:
+    """Return a Trainer of SGD (lr 0.1) on a Regression model wrapped for `context`, over
+    `batches`, with `settings` over fp32, no checkpoints and no progress bar (kwargs: Trainer's),
+    and the model.
+    """
+    # DDP wraps a module already on the rank's device (cuda:LOCAL_RANK under NCCL).
+    model = wrap_model(Regression().to(context.device), context, {"data_parallel": context.mode})
+    values = {
+        "precision": "fp32",
+        "checkpoint": {"enabled": False},
+        "logging": {"progress": False},
+        **settings,
+    }
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(
+        model, optimizer, batches, device=context.device, config=values, parallel=context, **kwargs
+    )
+    return trainer, model
+
+
 def own_loss_step(context: ParallelContext = SINGLE) -> dict:
     """Train one SGD step on 8 samples (this rank's share, microbatches of 2) of a model whose
     batches have no token labels; return the step's loss and the weights it ended with.
     """
     torch.manual_seed(3)
     inputs, targets = torch.randn(8, 4), torch.randn(8, 1)
-    # DDP wraps a module already on the rank's device (cuda:LOCAL_RANK under NCCL).
-    model = wrap_model(Regression().to(context.device), context, {"data_parallel": context.mode})
     share = 8 // context.world_size
     first = context.rank * share
     batches = [(inputs[i : i + 2], targets[i : i + 2]) for i in range(first, first + share, 2)]
-    values = {
+    settings = {
         "data": {"micro_batch_size": 2, "target_batch_size": 8},
         "optimizer": {"grad_clip": 1e9},
-        "precision": "fp32",
-        "checkpoint": {"enabled": False},
-        "logging": {"progress": False},
     }
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    trainer = Trainer(
-        model,
-        optimizer,
-        itertools.cycle(batches),
-        device=context.device,
-        config=values,
-        parallel=context,
-    )
+    trainer, model = regression_trainer(context, itertools.cycle(batches), settings)
     result = trainer.fit(1)
     weights = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
     return {"loss": result.final_loss, "weights": weights}
@@ -884,21 +893,10 @@ def fit_apart(
     what this rank raised, or its final loss and weights.
     """
     torch.manual_seed(3)
-    model = wrap_model(Regression().to(context.device), context, {"data_parallel": context.mode})
-    values = {
-        "data": {"micro_batch_size": 2, "target_batch_size": 4, "eval_every": 2},
-        "precision": "fp32",
-        "checkpoint": {"enabled": False},
-        "logging": {"progress": False},
-    }
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    trainer = Trainer(
-        model,
-        optimizer,
+    trainer, model = regression_trainer(
+        context,
         regression_batches(8) if training is None else training,
-        device=context.device,
-        config=values,
-        parallel=context,
+        {"data": {"micro_batch_size": 2, "target_batch_size": 4, "eval_every": 2}},
         eval_dataloader=validation,
         checkpoint_manager=manager,
     )

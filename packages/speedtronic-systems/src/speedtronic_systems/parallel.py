@@ -91,6 +91,14 @@ class ParallelContext:
         values = self.all_gather_object(value)
         return None if len(set(values)) == 1 else describe_ranks(values)
 
+    def disagreements(self, values: dict[str, Any]) -> dict[str, str]:
+        """Return, for each name in `values` whose value differs between ranks, which rank holds
+        which (describe_ranks); one all_gather_object for them all.
+        """
+        gathered = self.all_gather_object(values)
+        splits = {name: [seen[name] for seen in gathered] for name in values}
+        return {name: describe_ranks(s) for name, s in splits.items() if len(set(s)) > 1}
+
     def broadcast_object(self, value: Any, src: int = 0) -> Any:
         """Return rank `src`'s `value` on every rank."""
         if not self.active:

@@ -1397,20 +1397,18 @@ class Trainer:
             "evaluation": f"every {every} steps" if evaluates else "none",
             "checkpoints": f"every {manager.every_steps} steps" if saves else "none",
         }
-        ranks = self.parallel.all_gather_object(plan)
-        for name in plan:
-            split = [seen[name] for seen in ranks]
-            if len(set(split)) == 1:
-                continue
-            raise on_every_rank(
-                ValueError(
-                    f"the ranks' fit() calls differ in their {name} ({describe_ranks(split)}): "
-                    "they would wait for each other or pair up different collectives; call fit() "
-                    "with the same max_steps on every rank, and give every rank its share of the "
-                    "eval_dataloader and the same checkpoint_manager (every rank takes part in "
-                    "each evaluation and save)"
-                )
+        differ = self.parallel.disagreements(plan)
+        if not differ:
+            return
+        name, split = next(iter(differ.items()))  # the first in plan's order
+        raise on_every_rank(
+            ValueError(
+                f"the ranks' fit() calls differ in their {name} ({split}): they would wait for "
+                "each other or pair up different collectives; call fit() with the same max_steps "
+                "on every rank, and give every rank its share of the eval_dataloader and the same "
+                "checkpoint_manager (every rank takes part in each evaluation and save)"
             )
+        )
 
     def _agreed_stop(self, received: str | None) -> str | None:
         """Return the signal any rank received, on every rank alike (one collective)."""

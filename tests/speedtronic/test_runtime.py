@@ -678,6 +678,7 @@ def test_the_hooks_get_the_config_the_checkpoints_record_without_its_secret(
     assert start["optimizer.lr"].number_value == 2e-3
     assert start["model.name"].string_value == "reference_transformer"
     assert start["optimizer.betas"].string_value == "[0.9, 0.95]"
+    assert start["checkpoint.enabled"].string_value == "true"  # was the number 1.0
     assert "distributed.token" not in start  # unset: null
     (text,) = events.Tensors("config/text_summary")
     shown = text.tensor_proto.string_val[0].decode()

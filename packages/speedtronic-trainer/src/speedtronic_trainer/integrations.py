@@ -41,14 +41,17 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _hparams(values: dict[str, Any]) -> dict[str, Any]:
-    """Return a config as hparams: numbers, bools and strings as they are, a list as its text
+    """Return a config as hparams: numbers and strings as they are, a bool as YAML's `true` or
+    `false` (torch's hparams() would write it as the number 1 or 0), a list as its text
     (TensorBoard refuses lists); unset (null) fields are left out, blank in the dashboard.
     """
-    return {
-        name: value if isinstance(value, (bool, int, float, str)) else str(value)
-        for name, value in _flatten(values).items()
-        if value is not None
-    }
+    return {name: _hparam(value) for name, value in _flatten(values).items() if value is not None}
+
+
+def _hparam(value: Any) -> int | float | str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value if isinstance(value, (int, float, str)) else str(value)
 
 
 class HookUnavailable(ImportError):

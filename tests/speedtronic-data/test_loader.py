@@ -807,6 +807,8 @@ def test_an_os_error_in_a_worker_keeps_its_errno_and_file_names(tmp_path):
     errors = [
         FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(tmp_path / "it's.bin")),
         PermissionError(errno.EACCES, os.strerror(errno.EACCES)),
+        FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), tmp_path / "a: b.bin"),  # a Path
+        OSError(errno.EBADF, os.strerror(errno.EBADF), 7),  # a file descriptor
         OSError(errno.EXDEV, os.strerror(errno.EXDEV), "a.bin", "b.bin"),  # two names: message only
         OSError("disk gone"),
         # its message reads as an errno's, but its constructor takes the message alone

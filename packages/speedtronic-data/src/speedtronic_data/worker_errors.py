@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import ast
+import pathlib
 import re
+from pathlib import PurePath
 
 # torch re-raises a worker's error in the main process as the same type, its message this header
 # and the worker's whole traceback: a one-line report of it named the worker, not the fault.
 _HEADER = re.compile(r"Caught (\w+) in DataLoader worker process \d+\.")
-# OSError's message: "[Errno 2] No such file or directory: '/path'" (the file name as repr).
-_OS_ERROR = re.compile(r"\[Errno (\d+)\] (.*?)(?:: (b?['\"].*))?", re.S)
+# OSError's message: "[Errno 2] No such file or directory: '/path'", the file name as its repr:
+# a string's or bytes', a path's (PosixPath('/path')) or a file descriptor's (7).
+_OS_ERROR = re.compile(r"\[Errno (\d+)\] (.*?)(?:: ((?:\w+Path\()?b?['\"].*|\d+))?", re.S)
+_PATH = re.compile(r"(\w+Path)\((.*)\)", re.S)
 
 
 def worker_original(error: Exception) -> Exception | None:
@@ -45,7 +49,7 @@ def _rebuild(kind: type[Exception], message: str) -> Exception:
     if parts is not None:
         number, reason, filename = parts.groups()
         try:
-            name = () if filename is None else (ast.literal_eval(filename),)
+            name = () if filename is None else (_filename(filename),)
             rebuilt = kind(int(number), reason, *name)
         # Not one repr ("'a' -> 'b'", a rename's two names), or a subclass whose constructor
         # takes the message alone (one made from an OSError's text).
@@ -54,6 +58,17 @@ def _rebuild(kind: type[Exception], message: str) -> Exception:
         if rebuilt is not None and str(rebuilt) == message:
             return rebuilt
     return kind(message)
+
+
+def _filename(text: str) -> str | bytes | int | PurePath:
+    """Return the file name whose repr is `text` (ValueError or SyntaxError when it is none)."""
+    path = _PATH.fullmatch(text)
+    if path is None:
+        return ast.literal_eval(text)
+    kind = getattr(pathlib, path.group(1), None)
+    if not (isinstance(kind, type) and issubclass(kind, PurePath)):
+        raise ValueError(f"{path.group(1)} is not a pathlib type")
+    return kind(ast.literal_eval(path.group(2)))
 
 
 __all__ = ["worker_original"]

@@ -197,6 +197,9 @@ def test_muon_accepts_good_arguments_and_steps(kwargs: dict) -> None:
     params[0].grad = torch.randn(4, 4)
     optimizer.step()
     assert torch.isfinite(params[0]).all()
+    params[0].grad = torch.zeros(4, 4)  # a fresh Muon's update is zero: with eps 0 it was 0 / 0
+    Muon(params, **kwargs).step()
+    assert torch.isfinite(params[0]).all()
 
 
 def test_a_mapping_section_builds_what_the_object_does(make_lm) -> None:

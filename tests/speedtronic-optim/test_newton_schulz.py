@@ -95,9 +95,19 @@ def test_scale_invariance() -> None:
 
 
 @pytest.mark.parametrize("method", ["standard", "gram"])
-def test_zero_input_gives_zero(method: str) -> None:
-    out = newton_schulz(torch.zeros(12, 20), method=method, dtype=torch.float32)
+@pytest.mark.parametrize("eps", [1e-7, 0.0])  # eps 0 divided 0 by 0: a NaN update
+def test_zero_input_gives_zero(method: str, eps: float) -> None:
+    out = newton_schulz(torch.zeros(12, 20), method=method, dtype=torch.float32, eps=eps)
     assert torch.isfinite(out).all() and torch.count_nonzero(out) == 0
+    out = newton_schulz(torch.zeros(3, 8, 4), method="standard", dtype=torch.bfloat16, eps=eps)
+    assert torch.isfinite(out).all() and torch.count_nonzero(out) == 0
+
+
+def test_eps_zero_changes_no_bit_of_a_nonzero_input() -> None:
+    g = torch.randn(3, 16, 24, generator=torch.Generator().manual_seed(0))
+    for dtype in (torch.float32, torch.bfloat16):
+        exact = newton_schulz(g, dtype=dtype, eps=0.0)
+        assert torch.equal(exact, newton_schulz(g, dtype=dtype, eps=1e-45))
 
 
 def test_batched_matches_per_matrix() -> None:

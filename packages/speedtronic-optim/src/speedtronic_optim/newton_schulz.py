@@ -233,8 +233,11 @@ def orthogonalize(
             # One matrix runs as 2-D mm/addmm, as torch.optim.Muon's: a CPU bf16 (b)addbmm of
             # batch 1 rounds some tall shapes (2048x768, 1024x512) differently, and is slower.
             x = x[0]
-    # Frobenius norm >= spectral norm, so this puts every singular value in [0, 1].
+    # Frobenius norm >= spectral norm, so this puts every singular value in [0, 1]. eps 0 (which
+    # torch.optim.Muon accepts too) must not make a zero matrix 0 / 0, a NaN update: the smallest
+    # normal number instead adds nothing to a nonzero norm.
     norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)
+    eps = eps or torch.finfo(dtype).tiny
     reuse = not _recorded(matrix)
     # In place on our own copy (one pass, no second copy), never on the caller's tensor.
     x = x.div_(norm + eps) if reuse and dtype != matrix.dtype else x / (norm + eps)

@@ -655,6 +655,22 @@ def test_an_export_over_another_tokenizers_files_removes_those_that_change_its_i
     assert (len(tokenizer), tokenizer.eos_token, tokenizer.pad_token) == (256, None, None)
 
 
+def test_an_export_over_another_models_chat_templates_removes_them(tmp_path, checkpoint):
+    # Left by a Hub download: transformers gave the exported tokenizer that model's chat template,
+    # and pipeline() formatted chats in special tokens this vocabulary lacks.
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "out"
+    (out / "additional_chat_templates").mkdir(parents=True)
+    (out / "chat_template.jinja").write_text("{% for m in messages %}<|im_start|>{% endfor %}")
+    (out / "additional_chat_templates" / "tool_use.jinja").write_text("<|tool|>")
+    export_hf(checkpoint, out)
+    assert not list(out.rglob("*.jinja"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    assert tokenizer.chat_template is None
+    with pytest.raises(ValueError, match="chat_template is not set"):
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+
+
 def test_a_plain_export_over_a_sharded_hf_one_removes_its_shards(tmp_path, checkpoint):
     from speedtronic.artifacts import export_checkpoint
 
@@ -835,6 +851,28 @@ def test_a_speedtronic_export_keeps_a_readme_and_tokenizer_the_user_put_there(tm
     export_checkpoint(checkpoint, out)
     assert (out / "README.md").read_text() == "# my notes\n"
     assert (out / "tokenizer.json").read_text() == "{}\n"
+
+
+def test_an_hf_export_refuses_a_readme_that_is_not_its_model_card(tmp_path, checkpoint, capsys):
+    # It was replaced by the model card: the user's own README.md (a cloned Hub repository's card,
+    # another model's) was lost without a word.
+    from speedtronic.cli import main
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "README.md").write_text("# my model\n\nlicense: mine\n")
+    with pytest.raises(UsageError, match=r"README.md is not a model card an export wrote"):
+        export_hf(checkpoint, out)
+    assert main(["export", str(checkpoint), str(out), "--format", "hf"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert {p.name for p in out.iterdir()} == {"README.md"}
+    assert (out / "README.md").read_text() == "# my model\n\nlicense: mine\n"
+    (out / "README.md").unlink()
+    export_hf(checkpoint, out)
+    card = (out / "README.md").read_text()
+    (out / "README.md").write_text(card + "\nNotes added by hand.\n")  # an edited card is ours
+    export_hf(checkpoint, out)
+    assert (out / "README.md").read_text() == card
 
 
 def test_sample_hands_on_its_text_as_it_is_generated(checkpoint, bpe_json, tmp_path):

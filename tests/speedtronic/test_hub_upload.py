@@ -111,7 +111,12 @@ def test_a_push_deletes_the_weights_and_tokenizer_files_an_earlier_push_left(
     # another tokenizer's files, which transformers would read with the new tokenizer.json
     (whole / "special_tokens_map.json").write_text('{"eos_token": "</s>"}')
     (whole / "added_tokens.json").write_text('{"<extra>": 256}')
+    # and another model's chat templates, which transformers would give the new tokenizer
+    (whole / "chat_template.jinja").write_text("<|im_start|>")
+    (whole / "additional_chat_templates").mkdir()
+    (whole / "additional_chat_templates" / "tool_use.jinja").write_text("<|tool|>")
     push_to_hub(whole, "me/tiny", endpoint=server.url)
+    assert "additional_chat_templates/tool_use.jinja" in server.files("me/tiny")
     sharded = export_hf(checkpoint, tmp_path / "sharded", max_shard_bytes=20_000)
     (sharded / "notes.txt").write_text("mine")
     push_to_hub(sharded, "me/tiny", endpoint=server.url)

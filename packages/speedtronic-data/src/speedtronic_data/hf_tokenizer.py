@@ -22,9 +22,15 @@ from speedtronic_data.tokenizer_record import BYTE_IDS, TOKENIZER_JSON
 # saying which of its added tokens begins or ends a sequence.
 EOS_NAMES = ("</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>")
 BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "<|endoftext|>")
-# Files transformers reads beside tokenizer.json that add tokens or set bos/eos/pad: another
-# tokenizer's, left in the folder, would change the ids of the one written here.
-TOKENIZER_EXTRAS = ("special_tokens_map.json", "added_tokens.json")
+# Files transformers reads beside tokenizer.json that add tokens, set bos/eos/pad or give it chat
+# templates: another tokenizer's, left in the folder, would change the ids of the one written here
+# or format chats in another model's special tokens (a run's tokenizer.json has no template).
+TOKENIZER_EXTRAS = (
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "additional_chat_templates/*.jinja",
+)
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # The files write_hf_tokenizer writes.
 HF_TOKENIZER_FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG)

@@ -547,15 +547,22 @@ def export_hf(
 ) -> Path:
     """Write a checkpoint as a `transformers` Llama folder (config.json, generation_config.json,
     safetensors weights, tokenizer.json, tokenizer_config.json, README.md model card); return it.
+    A README.md in out_dir that is not such a card is refused (UsageError), not replaced.
     """
-    from speedtronic.model_card import write_model_card
+    from speedtronic.model_card import CARD_NAME, is_model_card, write_model_card
     from speedtronic_config.atomic import staged_files
     from speedtronic_data import write_hf_tokenizer
     from speedtronic_model import llama_config, save_llama
     from speedtronic_model.hf_llama import DEFAULT_MAX_SHARD_BYTES
 
-    path = resolve_checkpoint(path)  # the model card looks for the run's metrics beside it
     out_dir = Path(out_dir)
+    readme = out_dir / CARD_NAME
+    if readme.exists() and not is_model_card(readme):  # the user's own, or another model's card
+        raise UsageError(
+            f"{readme} is not a model card an export wrote, and --format hf writes its card "
+            "there: move that README.md out of the folder, or export into another folder"
+        )
+    path = resolve_checkpoint(path)  # the model card looks for the run's metrics beside it
     state = read_checkpoint(path)
     model, config = _model_from_state(state, path)
     llama_config(model)  # a model that does not map fails here, before anything is written

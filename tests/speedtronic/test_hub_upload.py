@@ -115,8 +115,13 @@ def test_a_push_deletes_the_weights_and_tokenizer_files_an_earlier_push_left(
     (whole / "chat_template.jinja").write_text("<|im_start|>")
     (whole / "additional_chat_templates").mkdir()
     (whole / "additional_chat_templates" / "tool_use.jinja").write_text("<|tool|>")
+    # and the staging folder of an export killed half way (kill -9: no cleanup ran)
+    (whole / ".staging.x1y2.tmp").mkdir()
+    (whole / ".staging.x1y2.tmp" / "model.safetensors").write_bytes(b"half written")
     push_to_hub(whole, "me/tiny", endpoint=server.url)
-    assert "additional_chat_templates/tool_use.jinja" in server.files("me/tiny")
+    remote = server.files("me/tiny")
+    assert "additional_chat_templates/tool_use.jinja" in remote
+    assert [name for name in remote if ".staging" in name] == []  # it was uploaded
     sharded = export_hf(checkpoint, tmp_path / "sharded", max_shard_bytes=20_000)
     (sharded / "notes.txt").write_text("mine")
     push_to_hub(sharded, "me/tiny", endpoint=server.url)

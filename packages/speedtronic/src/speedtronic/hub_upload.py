@@ -5,6 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from speedtronic.errors import UsageError, first_line
+from speedtronic_config.atomic import temp_glob
+
+# The hidden temporary files and staging folders of atomic writes (.staging.x1y2.tmp/...).
+LEFTOVERS = temp_glob("*")
 
 
 def check_repo_id(repo_id: str) -> None:
@@ -65,6 +69,9 @@ def push_to_hub(
                 # A model.safetensors left by an earlier push would shadow new shards:
                 # transformers loads it first. Files uploaded in this commit are never deleted.
                 delete_patterns=list(hf_replaced_files()),
+                # What an export or atomic write killed half way left (its staging folder, a
+                # temporary file): never part of the export.
+                ignore_patterns=[LEFTOVERS, f"{LEFTOVERS}/"],
             )
     except Exception as error:  # network, token, server: name where, and that nothing is lost
         raise RuntimeError(

@@ -115,6 +115,9 @@ def test_a_push_deletes_the_weights_and_tokenizer_files_an_earlier_push_left(
     (whole / "chat_template.jinja").write_text("<|im_start|>")
     (whole / "additional_chat_templates").mkdir()
     (whole / "additional_chat_templates" / "tool_use.jinja").write_text("<|tool|>")
+    # a variant the user keeps in a folder of its own (not one of the export's files)
+    (whole / "model_int8").mkdir()
+    (whole / "model_int8" / "model.safetensors").write_bytes(b"int8 weights")
     # and the staging folder of an export killed half way (kill -9: no cleanup ran)
     (whole / ".staging.x1y2.tmp").mkdir()
     (whole / ".staging.x1y2.tmp" / "model.safetensors").write_bytes(b"half written")
@@ -126,6 +129,8 @@ def test_a_push_deletes_the_weights_and_tokenizer_files_an_earlier_push_left(
     (sharded / "notes.txt").write_text("mine")
     push_to_hub(sharded, "me/tiny", endpoint=server.url)
     remote = server.files("me/tiny")
+    # huggingface_hub's delete pattern model*.safetensors matched model_int8/model.safetensors too
+    assert remote.pop("model_int8/model.safetensors") == b"int8 weights"
     assert {k: v for k, v in remote.items() if k != ".gitattributes"} == local_files(sharded)
     assert "model.safetensors" not in remote and "model.safetensors.index.json" in remote
     assert len(server.store.repos[("model", "me/tiny")].commits) == 3  # one commit a push

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import glob
+from fnmatch import fnmatchcase
 from pathlib import Path
+from typing import Any
 
 from speedtronic.errors import UsageError, first_line
 from speedtronic_config.atomic import temp_glob
@@ -45,8 +48,6 @@ def push_to_hub(
     """
     from huggingface_hub import HfApi
 
-    from speedtronic.artifacts import hf_replaced_files
-
     if not folder.is_dir():
         raise UsageError(f"{folder}: no such export folder")
     check_repo_id(repo_id)
@@ -68,7 +69,7 @@ def push_to_hub(
                 commit_message="Upload a Speedtronic export",
                 # A model.safetensors left by an earlier push would shadow new shards:
                 # transformers loads it first. Files uploaded in this commit are never deleted.
-                delete_patterns=list(hf_replaced_files()),
+                delete_patterns=_replaced_remote_files(api, repo_id),
                 # What an export or atomic write killed half way left (its staging folder, a
                 # temporary file): never part of the export.
                 ignore_patterns=[LEFTOVERS, f"{LEFTOVERS}/"],
@@ -85,6 +86,21 @@ def push_to_hub(
             f"drop --private; {kept}"
         )
     return str(url)
+
+
+def _replaced_remote_files(api: Any, repo_id: str) -> list[str]:
+    """Return, as patterns matching only themselves, the repository's files an hf export replaces
+    (hf_replaced_files), each `*` within one folder level: huggingface_hub's `*` crosses folders,
+    so model*.safetensors would also delete the user's model_int8/model.safetensors.
+    """
+    from speedtronic.artifacts import hf_replaced_files
+
+    replaced = hf_replaced_files()
+    return [
+        glob.escape(name)
+        for name in api.list_repo_files(repo_id, repo_type="model")
+        if any(fnmatchcase(name, p) and name.count("/") == p.count("/") for p in replaced)
+    ]
 
 
 __all__ = ["check_repo_id", "push_to_hub"]

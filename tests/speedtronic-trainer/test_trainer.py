@@ -987,6 +987,23 @@ def test_a_transformers_causal_lm_trains_on_the_already_shifted_labels(build):
     assert f"{type(model).__name__} shifts labels itself" in trainer.logger.stream.getvalue()
 
 
+def test_one_process_raises_an_eval_loader_or_checkpoint_folder_error_as_it_is(tmp_path):
+    """What a data-parallel group now agrees on first (parallel_worker's `apart` scenario) is,
+    in one process, the error itself, unchanged: no message names a rank."""
+
+    class Unstartable:
+        def __iter__(self):
+            raise OSError("workers failed to start")
+
+    with pytest.raises(OSError, match="^workers failed to start$"):
+        make_trainer(eval_dataloader=Unstartable()).evaluate()
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    trainer = make_trainer(checkpoint_manager=CheckpointManager(tmp_path / "loop"))
+    with pytest.raises(OSError, match="Too many levels of symbolic links") as raised:
+        trainer.resume_latest()
+    assert type(raised.value) is OSError
+
+
 def test_a_one_shot_eval_iterator_is_refused_once_exhausted():
     """A generator gave its batches to the first evaluation only: later ones reported nothing and
     fit() returned the first evaluation's val_loss as the final one."""

@@ -566,10 +566,10 @@ def init_tokenizer_apart(out: Path, mode: str) -> list | None:
 def refused_apart(out: Path, mode: str) -> dict[str, list]:
     """Return [error type, error, marked as raised on every rank, run folder left behind] of
     build_runtime when one rank alone meets something it refuses (each node reads its own
-    files): rank 1's run folder blocked by a file, rank 1's copy of the data missing or shorter,
-    rank 1's init_from folder without its weights, and rank 0 (the one that logs) without
-    tensorboard for logging.hooks. Every rank must refuse, not one while the others wait for it
-    (or, for the shorter copy, train on overlapping shares).
+    files): rank 1's run folder blocked by a file or a symlink loop, rank 1's copy of the data
+    missing or shorter, rank 1's init_from folder without its weights, and rank 0 (the one that
+    logs) without tensorboard for logging.hooks. Every rank must refuse, not one while the others
+    wait for it (or, for the shorter copy, train on overlapping shares).
     """
     from speedtronic_data import write_shard
     from speedtronic_model import build_model
@@ -580,6 +580,8 @@ def refused_apart(out: Path, mode: str) -> dict[str, list]:
     blocked = node / "blocked"
     blocked.parent.mkdir(parents=True)
     blocked.write_text("a file where rank 1's run folder goes")
+    if rank == 1:
+        symlink_loop(node / "loop")
     export = node / "export"
     save_llama(build_model(config(out, mode)["model"]), export)
     shard = node / "train_000000.bin"
@@ -591,6 +593,7 @@ def refused_apart(out: Path, mode: str) -> dict[str, list]:
     write_shard(copy, torch.arange(300 if rank else 400) % 64)
     cases = {
         "output_dir": {"run": {"output_dir": str(blocked / "run" if rank else node / "run")}},
+        "output_loop": {"run": {"output_dir": str(node / ("loop" if rank else "run"))}},
         "data": {"data": {"shard_path": str(shard)}},
         "data_size": {"data": {"shard_path": str(copy)}},
         "init_from": {"model": {"init_from": f"hf:{export}"}},
@@ -835,6 +838,9 @@ def scenario_apart(out: Path, mode: str) -> dict:
     for name, apart in APART.items():
         seen[name] = [*fit_apart(context, **apart(context.rank, out / name)), next_sum(context)]
     seen["lock"] = [*lock_apart(context, out / "lock" / "run"), next_sum(context)]
+    seen["lock_loop"] = [*lock_apart(context, out / "lock_loop" / "run", loop=True)]
+    seen["lock_loop"].append(next_sum(context))
+    seen["resume"] = [*resume_apart_loop(context, out / "resume"), next_sum(context)]
     return seen
 
 
@@ -843,17 +849,43 @@ def next_sum(context: ParallelContext) -> float:
     return context.all_reduce_sum([context.rank + 1.0])[0]
 
 
-def lock_apart(context: ParallelContext, run: Path) -> list[str]:
+def lock_apart(context: ParallelContext, run: Path, loop: bool = False) -> list[str]:
     """What each rank raised when rank 0 (which locks the run folder) could not open its lock
-    file, a folder of that name.
+    file, a folder of that name, or (`loop`) could not resolve the folder, a symlink loop.
     """
-    if context.rank == 0:
+    if context.rank == 0 and loop:
+        symlink_loop(run)
+    elif context.rank == 0:
         (run / LOCK_NAME).mkdir(parents=True)
     try:
         claim_run_folders(SpeedtronicConfig.from_dict({"run": {"output_dir": str(run)}}), context)
-    except OSError as error:
+    except (OSError, RuntimeError) as error:  # a loop: RuntimeError before Python 3.13
         return [f"{type(error).__name__}: {error}"]
     return ["claimed"]
+
+
+def symlink_loop(path: Path) -> None:
+    """Make `path` a symlink loop (through path.loop), which no one can list or resolve."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(path.with_suffix(".loop"), path)
+    os.symlink(path, path.with_suffix(".loop"))
+
+
+def resume_apart_loop(context: ParallelContext, folder: Path) -> list[str]:
+    """What each rank raised when resume_latest() found no checkpoint on rank 0's node and
+    could not list the checkpoint folder on rank 1's (a symlink loop).
+    """
+    checkpoints = folder / f"node{context.rank}" / "checkpoints"
+    if context.rank == 1:
+        symlink_loop(checkpoints)
+    shares = {"data": {"micro_batch_size": 2, "target_batch_size": 4}}
+    manager = CheckpointManager(checkpoints)
+    trainer, _ = regression_trainer(context, [], shares, checkpoint_manager=manager)
+    try:
+        trainer.resume_latest()
+    except Exception as error:
+        return [f"{type(error).__name__}: {error}"]
+    return ["resumed"]
 
 
 def regression_batches(count: int, labels: bool = False) -> list[tuple[torch.Tensor, ...]]:
@@ -870,6 +902,13 @@ def failing_at(count: int):
     raise OSError("injected: shard unreadable")
 
 
+class Unstartable:
+    """An eval loader whose iteration cannot start, as a DataLoader whose workers fail to."""
+
+    def __iter__(self):
+        raise OSError("injected: workers failed to start")
+
+
 # Each check's fit_apart arguments by rank and folder: only one rank's differ from the defaults.
 APART = {
     "ran_out": lambda rank, _: {"training": iter(regression_batches(8 if rank == 0 else 3))},
@@ -879,6 +918,10 @@ APART = {
         "validation": failing_at(1) if rank == 1 else regression_batches(4)
     },
     "target": lambda rank, _: {"target": 4 + 2 * rank},
+    "invalid_target": lambda rank, _: {"target": 0 if rank == 1 else 4},
+    "eval_iter": lambda rank, _: {
+        "validation": Unstartable() if rank == 1 else regression_batches(4)
+    },
     "evaluation": lambda rank, _: {"validation": regression_batches(4) if rank == 0 else None},
     "checkpoints": lambda rank, folder: {
         "manager": CheckpointManager(folder, every_steps=2) if rank == 0 else None

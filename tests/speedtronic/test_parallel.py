@@ -17,6 +17,9 @@ import pytest
 import torch
 
 from speedtronic import runtime
+from speedtronic.run_lock import claim_run_folders
+from speedtronic_config import SpeedtronicConfig
+from speedtronic_systems.parallel import SINGLE
 
 WORKER = Path(__file__).with_name("parallel_worker.py")
 sys.path.insert(0, str(WORKER.parent))
@@ -300,6 +303,12 @@ def test_what_one_rank_alone_refuses_at_startup_is_refused_on_every_rank(trained
             f"run.output_dir: on rank 1, cannot write to {node1 / 'blocked' / 'run'} ("
             f"{node1 / 'blocked'} is a file, not a folder); choose a writable folder",
         ),
+        # Resolving rank 1's folder, before the startup checks: rank 1 alone raised there.
+        "output_loop": (
+            ("RuntimeError", f"on rank 1, Symlink loop from '{node1 / 'loop'}'")
+            if sys.version_info < (3, 13)  # then Path.resolve ignores loops; the probe refuses
+            else ("ConfigError", f"run.output_dir: on rank 1, cannot write to {node1 / 'loop'}")
+        ),
         "data": (
             "DataError",
             f"on rank 1, data.shard_path = '{node1 / 'train_000000.bin'}' matches no files; ",
@@ -370,8 +379,8 @@ def test_what_differs_on_one_rank_is_agreed_on_by_every_rank(tmp_path):
     zero, one = ranks(tmp_path, 2)
     # Each rank's next collective meets its peer's (3.0): a rank that raised alone used to meet
     # its peer's gradient all-reduce there (a wrong sum), or leave it waiting.
-    assert [seen.pop() for seen in zero.values()] == [3.0] * 8
-    assert [seen.pop() for seen in one.values()] == [3.0] * 8
+    assert [seen.pop() for seen in zero.values()] == [3.0] * 12
+    assert [seen.pop() for seen in one.values()] == [3.0] * 12
     lock = tmp_path / "lock" / "run" / ".speedtronic-run.lock"
     assert (
         zero["lock"] == one["lock"] == [f"IsADirectoryError: [Errno 21] Is a directory: '{lock}'"]
@@ -385,14 +394,33 @@ def test_what_differs_on_one_rank_is_agreed_on_by_every_rank(tmp_path):
     assert one["eval_failed"] == ["OSError: injected: shard unreadable"]
     evaluation = "eval_dataloader, in the evaluation at step 2"
     assert zero["eval_failed"] == [failed.format(1, evaluation, why)]
+    # Rank 1's eval loader could not start (its iter() raised): not rank 1 alone.
+    assert one["eval_iter"] == ["OSError: injected: workers failed to start"]
+    assert zero["eval_iter"] == [failed.format(1, evaluation, why)]
+    # Rank 0 could not resolve the run folder (a symlink loop): every rank raises what one
+    # process raises there (RuntimeError before Python 3.13), not rank 0 alone.
+    loop = SpeedtronicConfig.from_dict({"run": {"output_dir": str(tmp_path / "lock_loop" / "run")}})
+    with pytest.raises((OSError, RuntimeError)) as alone:
+        claim_run_folders(loop, SINGLE)
+    assert zero["lock_loop"] == one["lock_loop"] == [f"{alone.typename}: {alone.value}"]
+    # Rank 1's node could not list its checkpoint folder: every rank refuses the resume.
+    for rank, seen in enumerate((zero, one)):
+        folder = tmp_path / "resume" / f"node{rank}" / "checkpoints"
+        assert seen["resume"] == [
+            "CheckpointError: the ranks found different checkpoints to resume (none on rank 0; "
+            "an unreadable folder (Too many levels of symbolic links) on rank 1); every node "
+            f"must see the same checkpoint folder {folder}: put it on a filesystem all nodes "
+            "share, or copy it to each node"
+        ]
     # Token labels on rank 1 alone: every rank weighs its microbatches alike, and trains alike.
     assert zero["labels"] == one["labels"] and len(zero["labels"]) == 2
-    for name, split in [
-        ("step target", "4 on rank 0; 6 on rank 1"),
-        ("evaluation", "every 2 steps on rank 0; none on rank 1"),
-        ("checkpoints", "every 2 steps on rank 0; none on rank 1"),
+    refused = "invalid (max_steps must be a positive absolute step target, got 0) on rank 1"
+    for key, name, split in [
+        ("target", "step target", "4 on rank 0; 6 on rank 1"),
+        ("invalid_target", "step target", f"4 on rank 0; {refused}"),  # not raised alone
+        ("evaluation", "evaluation", "every 2 steps on rank 0; none on rank 1"),
+        ("checkpoints", "checkpoints", "every 2 steps on rank 0; none on rank 1"),
     ]:
-        key = name.split()[-1]
         assert (
             zero[key]
             == one[key]

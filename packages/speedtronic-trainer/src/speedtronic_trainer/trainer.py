@@ -787,11 +787,14 @@ class Trainer:
         restore_modes = switch_to_eval(self.model)  # each module gets its own mode back
         total = weight = 0.0
         stop = None
-        batches = iter(self.eval_dataloader)
-        read = 0  # batches this evaluation took from the loader
+        # A loader that cannot start (workers failing to) on one rank stops every rank at the
+        # first batch's collective, as a batch it cannot read does.
+        batches, failure = self._take(partial(iter, self.eval_dataloader))
+        batch, read = None, 0  # read: batches this evaluation took from the loader
         try:
             for _ in itertools.count() if limit is None else range(limit):
-                batch, failure = self._take(partial(next, batches, None))
+                if failure is None:
+                    batch, failure = self._take(partial(next, batches, None))
                 received = stop_requested()
                 # The first batch of a model that shifts labels itself is checked as training's
                 # is: with labels equal to its input ids, val_loss would score copying the input.
@@ -1230,15 +1233,19 @@ class Trainer:
         """
         if self.checkpoint_manager is None:
             raise ValueError("resume_latest() needs a checkpoint_manager")
-        error: CheckpointError | None = None
+        error: Exception | None = None
         try:
             state = self.checkpoint_manager.load_latest(warn=self.logger.warning)
         except CheckpointError as exc:  # agreed on first: the other ranks must not wait for us
-            state, error = None, exc
-        found = "none" if state is None else Path(state["checkpoint_path"]).name
-        self._agree_on_checkpoint(
-            "no loadable checkpoint" if error else found, self.checkpoint_manager.directory
-        )
+            state, error, found = None, exc, "no loadable checkpoint"
+        except OSError as exc:  # a folder this node cannot list (permissions, a symlink loop)
+            if not self.parallel.active:
+                raise
+            reason = exc.strerror or type(exc).__name__
+            state, error, found = None, exc, f"an unreadable folder ({reason})"
+        if error is None:
+            found = "none" if state is None else Path(state["checkpoint_path"]).name
+        self._agree_on_checkpoint(found, self.checkpoint_manager.directory)
         if error is not None:
             raise error
         if state is not None:
@@ -1306,8 +1313,7 @@ class Trainer:
 
     def fit(self, max_steps: int | None = None) -> TrainResult:
         """Train until the absolute step target; return what was done."""
-        target = self._target(max_steps)
-        self._agree_on_plan(target)
+        target = self._agree_on_plan(max_steps)
         self.emergency_checkpoint = None
         if target == self.step:
             # The same fields as a run's result: a script that reads them must not fail (KeyError)
@@ -1380,26 +1386,34 @@ class Trainer:
                 self.coordinator.stop()
         return self._result(progress, first, time.perf_counter() - started)
 
-    def _agree_on_plan(self, target: int) -> None:
-        """Raise ValueError on every rank when the ranks' fit() calls would run different
-        collectives: another step target or first step (one rank stops first and saves alone),
-        or an evaluation or checkpoint interval some ranks lack (theirs are collectives the
-        others never join). One all_gather_object per fit().
+    def _agree_on_plan(self, max_steps: int | None) -> int:
+        """Return fit()'s step target; raise ValueError on every rank when the ranks' fit() calls
+        would run different collectives: another step target or first step (one rank stops first
+        and saves alone), a target one rank refuses, or an evaluation or checkpoint interval some
+        ranks lack (theirs are collectives the others never join). One all_gather_object per
+        fit().
         """
         if not self.parallel.active:
-            return
+            return self._target(max_steps)
+        try:
+            target, refused = self._target(max_steps), None
+        except ValueError as error:
+            target, refused = None, error
         every, manager = self.config.data.eval_every, self.checkpoint_manager
         evaluates = self.eval_dataloader is not None and every is not None
         saves = manager is not None and manager.enabled
         plan = {
-            "step target": target,
+            # A refused target is agreed on as its reason: alone, that rank left its peers here.
+            "step target": target if refused is None else f"invalid ({refused})",
             "first step": self.step,
             "evaluation": f"every {every} steps" if evaluates else "none",
             "checkpoints": f"every {manager.every_steps} steps" if saves else "none",
         }
         differ = self.parallel.disagreements(plan)
+        if refused is not None and not differ:  # every rank refused the same target
+            raise on_every_rank(refused)
         if not differ:
-            return
+            return target
         name, split = next(iter(differ.items()))  # the first in plan's order
         raise on_every_rank(
             ValueError(

@@ -88,13 +88,15 @@ class RunLock:
 def claim_run_folders(config: SpeedtronicConfig, parallel: Any) -> RunLock:
     """Lock the run's folders on the main rank; every rank raises RunFolderBusy, naming the other
     run's process, when another process holds one, and the main rank's OSError when it cannot
-    open a lock file (one it may not write, a folder of that name).
+    open a lock file (one it may not write, a folder of that name) or its RuntimeError when it
+    cannot resolve a folder (a symlink loop).
     """
     lock, refusal = RunLock([]), None
     if parallel.is_main and fcntl is not None:
         try:
             lock = RunLock(run_folders(config))
-        except (RunFolderBusy, OSError) as error:
+        # RuntimeError: RunFolderBusy, and Path.resolve's symlink loop (OSError from Python 3.13).
+        except (RuntimeError, OSError) as error:
             refusal = error
     refusal = parallel.broadcast_object(refusal)  # one decision for the whole group
     if refusal is not None:

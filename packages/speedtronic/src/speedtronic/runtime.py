@@ -169,8 +169,13 @@ def build_runtime(
     check_training_memory(config, resolved, parallel)
     check_init_tokenizer(config, parallel.all_gather_object)  # every rank refuses, or none
     # A run refused from here on (a folder, the data, a checkpoint) leaves no new folder behind.
-    outputs = NewOutputs(config)
-    parallel.barrier()  # every rank sees the folders as new, whichever rank makes them first
+    refusal = None
+    try:
+        outputs = NewOutputs(config)
+    except (OSError, RuntimeError) as error:  # a folder it cannot resolve (a symlink loop)
+        refusal = error
+    # As a barrier too: every rank sees the folders as new, whichever rank makes them first.
+    refuse_together(refusal, parallel.all_gather_object)
     with outputs.removed_on_error():
         # A bad folder fails now, not at the first checkpoint; on any rank, every rank refuses.
         check_output_paths(config, parallel.all_gather_object)

@@ -98,7 +98,7 @@ def test_missing_file_names_the_path(tmp_path):
 
 
 def test_directory_and_non_utf8_files(tmp_path):
-    with pytest.raises(ConfigError, match="is a directory"):
+    with pytest.raises(ConfigError, match="is a directory, not a config file; pass a YAML or"):
         SpeedtronicConfig.from_yaml(tmp_path)
     binary = tmp_path / "bin.yaml"
     binary.write_bytes(b"name: \xff\xfe\n")

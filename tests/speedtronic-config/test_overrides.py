@@ -85,7 +85,7 @@ def test_scheduler_follows_an_overridden_step_target():
         ("modle.n_layer=3", r"^modle: unknown key; did you mean model\?"),
         ("n_layer=3", r"^n_layer: unknown key; did you mean model.n_layer\?$"),
         ("model.lr=1", r"^model.lr: unknown key; did you mean optimizer.lr\?$"),
-        ("model.n_layer.x=3", r"model.n_layer is not a mapping"),
+        ("model.n_layer.x=3", r"model.n_layer is not a mapping; set it whole: model.n_layer=VALUE"),
         ("max_steps.x=3", r"max_steps is not a mapping"),
         ("compile.on=1", r"^compile.on: unknown key"),
         ("model.n_layer", r"override must look like section.key=value"),

@@ -420,6 +420,15 @@ def test_a_raised_micro_batch_alone_says_which_setting_to_raise_with_it():
     )
 
 
+def test_an_empty_checkpoint_folder_name_says_how_to_get_the_default():
+    with pytest.raises(ConfigError) as caught:
+        CheckpointConfig(directory=" ")
+    assert str(caught.value) == (
+        "checkpoint.directory: must not be empty (got ' '); remove the key to use the default, "
+        "checkpoints"
+    )
+
+
 def test_quoted_booleans_are_read_as_booleans_in_sections():
     assert CheckpointConfig(enabled="false").enabled is False
     assert DistributedConfig(async_delta_upload="False").async_delta_upload is False

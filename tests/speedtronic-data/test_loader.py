@@ -3,6 +3,7 @@ from __future__ import annotations
 import errno
 import multiprocessing
 import os
+import sys
 import warnings
 from types import SimpleNamespace
 
@@ -158,6 +159,33 @@ def test_dataset_setting_loads_saved_datasets_and_shard_globs(tmp_path, shards):
     torch.save({"not": "a dataset"}, tmp_path / "dict.pt")
     with pytest.raises(DataError, match="holds a dict, not a torch Dataset"):
         build_dataloader(section(dataset=str(tmp_path / "dict.pt"), trust_pickle=True))
+
+
+def test_a_dataset_file_torch_save_did_not_write_names_the_fix(tmp_path):
+    # A text file given as data.dataset: was a bare UnpicklingError, exit 1.
+    (tmp_path / "corpus.txt").write_text("hello world\n" * 100)
+    with pytest.raises(DataError, match=r"corpus.txt' is not one torch.save wrote \(.*; save the"):
+        build_dataloader(section(dataset=str(tmp_path / "corpus.txt"), trust_pickle=True))
+
+
+def test_a_dataset_whose_class_cannot_be_imported_names_the_fix(tmp_path, monkeypatch):
+    # Saved from a module this process cannot import (a script's own class): was a bare
+    # ModuleNotFoundError, exit 1.
+    (tmp_path / "my_datasets.py").write_text(
+        "import torch\n"
+        "class Rows(torch.utils.data.Dataset):\n"
+        "    def __len__(self):\n        return 1\n"
+        "    def __getitem__(self, i):\n        return torch.zeros(9, dtype=torch.long)\n"
+    )
+    with monkeypatch.context() as patch:
+        patch.syspath_prepend(str(tmp_path))
+        import my_datasets
+
+        torch.save(my_datasets.Rows(), tmp_path / "rows.pt")
+    del sys.modules["my_datasets"]
+    (tmp_path / "my_datasets.py").unlink()
+    with pytest.raises(DataError, match=r"rows.pt' holds a class this process cannot import \("):
+        build_dataloader(section(dataset=str(tmp_path / "rows.pt"), trust_pickle=True))
 
 
 def test_a_dataset_object_that_is_no_dataset_names_the_setting():

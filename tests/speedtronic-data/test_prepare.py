@@ -567,10 +567,15 @@ except OSError as error:
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="needs RLIMIT_FSIZE (POSIX)")
-def test_a_shard_that_cannot_be_written_is_named_and_a_rerun_rebuilds(tmp_path):
+@pytest.mark.parametrize("earlier", [False, True], ids=["new-folder", "earlier-shards"])
+def test_a_shard_that_cannot_be_written_is_named_and_a_rerun_rebuilds(tmp_path, earlier):
+    from speedtronic_data.tokenizer_record import is_unfinished
+
     script = tmp_path / "prepare.py"
     script.write_text(_PREPARE_UNDER_A_FILE_SIZE_LIMIT)
     out = tmp_path / "out"
+    if earlier:  # a finished run's shards, which the failing run starts replacing
+        prepare_shards([], out, texts=["word " * 1000], progress=None)
     done = subprocess.run(
         [sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120
     )
@@ -581,6 +586,9 @@ def test_a_shard_that_cannot_be_written_is_named_and_a_rerun_rebuilds(tmp_path):
         and "\n" not in line
     )
     assert "then run prepare again" in line
-    assert not list(out.glob("*.bin")) and not list(out.glob("*.tmp*"))  # nothing half-written
+    if earlier:  # the earlier shards stay marked, so training refuses them until a rerun
+        assert is_unfinished(out) and list(out.glob("train_*.bin"))
+    else:  # no shard landed: the folder it made goes, not left holding its unfinished mark
+        assert not out.exists()
     result = prepare_shards([], out, texts=["word " * 100_000], progress=None)
     assert sorted(out.glob("*.bin")) == result.train_paths + result.val_paths

@@ -38,6 +38,22 @@ def test_parquet(tmp_path):
         open_records(path)
 
 
+def test_a_json_array_is_refused_as_no_json_lines(tmp_path):
+    # It said "no 'text' field (has list); name the text field with --text-column".
+    path = tmp_path / "docs.json"
+    path.write_text(json.dumps([{"text": "a"}, {"text": "b"}]) + "\n")
+    with pytest.raises(DataError, match=r"docs.json:1: a JSON list, not an object; .*one object"):
+        list(open_records(path).texts())
+
+
+def test_a_file_that_is_no_parquet_is_refused_naming_the_fix(tmp_path):
+    pytest.importorskip("pyarrow")
+    path = tmp_path / "docs.parquet"
+    path.write_bytes(b"PAR1 not really")
+    with pytest.raises(DataError, match=r"not a readable Parquet file \(.*\); write it again"):
+        open_records(path)
+
+
 def test_datasets_save_to_disk_folder(tmp_path):
     datasets = pytest.importorskip("datasets")
     pytest.importorskip("pyarrow")

@@ -72,8 +72,11 @@ def test_json_tokenizer_bad_inputs(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         JsonTokenizer.from_file(tmp_path / "missing.json")
     (tmp_path / "t.json").write_text('{"not": "a tokenizer"}')
-    with pytest.raises(DataError, match="is not a tokenizers tokenizer.json"):
+    with pytest.raises(DataError, match=r"is not a tokenizers tokenizer.json \(.*\); pass the"):
         JsonTokenizer.from_file(tmp_path / "t.json")
+    (tmp_path / "gz.json").write_bytes(b"\x1f\x8b\x08 gzip")  # was a bare UnicodeDecodeError
+    with pytest.raises(DataError, match=r"gz.json is not a .*\(not UTF-8 text at byte 1\); pass"):
+        JsonTokenizer.from_file(tmp_path / "gz.json")
 
 
 def test_missing_tokenizers_names_the_extra(tmp_path, monkeypatch):

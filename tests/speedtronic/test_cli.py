@@ -617,8 +617,10 @@ def test_an_empty_push_to_hub_repo_is_refused(tmp_path, monkeypatch, capsys, arg
 @pytest.mark.parametrize(
     "args, fragment",
     [
-        (["missing.txt"], "missing.txt: no such file or folder"),
+        (["missing.txt"], "missing.txt: no such file or folder; check the path"),
         (["--tokenizer", "gone.json"], "--tokenizer gone.json: no such file"),
+        # was exit 1 with a bare UnicodeDecodeError
+        (["--tokenizer", "binary.txt"], "binary.txt is not a tokenizers tokenizer.json (not UTF-8"),
         (["empty.txt"], "'empty.txt' is empty"),
         (["binary.txt"], "not valid UTF-8"),
         # 5% of 12 bytes is no byte: train shards alone, which `train` then could not validate on
@@ -1010,6 +1012,38 @@ def test_synthetic_training_data_beside_real_validation_data_is_warned_of(tmp_pa
     assert (
         "speedtronic train: warning: training on synthetic random tokens although "
         "data.val_shard_path is set; set data.shard_path" in capsys.readouterr().err
+    )
+
+
+def test_an_evaluation_interval_without_validation_data_is_warned_of(tmp_path, capsys):
+    # It evaluated nothing, silently: the run ended with no validation loss.
+    from speedtronic.cli import main
+
+    config = tiny_config(tmp_path)
+    missing = tmp_path / "train_*.bin"  # fails the run right after the warning, before training
+    args = ["train", str(config), "--set", f"data.shard_path={missing}"]
+    assert main([*args, "--set", "data.eval_every=2"]) == 2
+    assert (
+        "speedtronic train: warning: data.eval_every is 2 but no validation data is set, so "
+        "nothing is evaluated; set data.val_shard_path" in capsys.readouterr().err
+    )
+    with_data = [*args, "--set", "data.eval_every=2", "--set", f"data.val_shard_path={missing}"]
+    assert main(with_data) == 2
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_training_sources_set_beside_the_one_used_are_warned_of(tmp_path, capsys):
+    # The loader takes shard_path, then text_path, then dataset: the others were ignored silently.
+    from speedtronic.cli import main
+
+    config = tiny_config(tmp_path)
+    missing = tmp_path / "train_*.bin"  # fails the run right after the warning, before training
+    (tmp_path / "corpus.txt").write_text("text\n")
+    args = ["--set", f"data.shard_path={missing}", "--set", f"data.text_path={tmp_path}/corpus.txt"]
+    assert main(["train", str(config), *args]) == 2
+    assert (
+        "speedtronic train: warning: training on data.shard_path alone; data.text_path is set too, "
+        "and ignored" in capsys.readouterr().err
     )
 
 

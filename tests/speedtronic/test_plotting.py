@@ -57,6 +57,11 @@ def test_lines_that_are_not_records_are_usage_errors(tmp_path, content, fragment
         list(iter_metrics(path))
 
 
+def test_a_missing_source_names_what_to_pass(tmp_path):
+    with pytest.raises(UsageError, match="gone: no such file or directory; pass a run directory"):
+        plot_metrics(tmp_path / "gone")
+
+
 def test_a_binary_file_is_a_usage_error(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_bytes(bytes(range(256)))

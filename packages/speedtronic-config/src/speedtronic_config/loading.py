@@ -241,7 +241,11 @@ def read_file(path: str | os.PathLike[str]) -> Any:
         raise ConfigError(str(file), "config file not found", allowed="check the path")
     try:
         if file.is_dir():
-            raise ConfigError(str(file), "is a directory, not a config file")
+            raise ConfigError(
+                str(file),
+                "is a directory, not a config file",
+                allowed="pass a YAML or JSON file, e.g. configs/quickstart.yaml",
+            )
         with file.open("rb") as handle:  # at most one byte past the limit, from a pipe too
             data = handle.read(MAX_FILE_BYTES + 1)
     except OSError as error:

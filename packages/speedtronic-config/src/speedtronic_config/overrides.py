@@ -114,7 +114,10 @@ def _target(tree: dict[str, Any], parts: list[str]) -> tuple[str, str | None]:
     nested = root in SECTIONS or root in SECTION_ALIASES or root == "compile"
     depth = 2 if nested else 1
     if len(parts) > depth:
-        raise ConfigError(".".join(parts), f"{'.'.join(parts[:depth])} is not a mapping")
+        field = ".".join(parts[:depth])
+        raise ConfigError(
+            ".".join(parts), f"{field} is not a mapping", allowed=f"set it whole: {field}=VALUE"
+        )
     if len(parts) == 1:
         if root in OPTIMIZER_ROOT_FIELDS:
             # Written into the section, so it replaces the field in either place the file sets it

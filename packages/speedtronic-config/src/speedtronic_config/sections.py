@@ -328,14 +328,19 @@ class DataConfig:
         return self.target_batch_size // self.micro_batch_size
 
 
+# The data section's training sources, in the order the loader takes the first one set.
+TRAINING_SOURCES = ("shard_path", "text_path", "dataset")
+
+
 def trains_on_synthetic(data: DataConfig | Mapping[str, Any]) -> bool:
     """Return whether a data section, or the saved form a checkpoint keeps, trains on synthetic.
 
     That is data.synthetic on and no shard_path, text_path or dataset, which come first.
     """
     get = data.get if isinstance(data, Mapping) else lambda name, default: getattr(data, name)
-    sources = ("shard_path", "text_path", "dataset")
-    return bool(get("synthetic", True)) and all(get(name, None) is None for name in sources)
+    return bool(get("synthetic", True)) and all(
+        get(name, None) is None for name in TRAINING_SOURCES
+    )
 
 
 @dataclass
@@ -492,6 +497,7 @@ class CheckpointConfig:
             "checkpoint.directory",
             "must not be empty",
             self.directory,
+            "remove the key to use the default, checkpoints",
         )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -290,7 +291,19 @@ def _config_dataset(
             "shards (data.shard_path)"
         )
     # A Dataset object cannot be loaded weights-only; the user vouched for this file.
-    loaded = torch.load(path, weights_only=False)
+    try:
+        loaded = torch.load(path, weights_only=False)
+    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError) as error:
+        raise DataError(
+            f"data.dataset file {str(path)!r} is not one torch.save wrote "
+            f"({type(error).__name__}: {error}); save the Dataset with torch.save(dataset, path), "
+            "or set data.text_path for a text file"
+        ) from None
+    except (AttributeError, ImportError) as error:  # its class lives in a script not run here
+        raise DataError(
+            f"data.dataset file {str(path)!r} holds a class this process cannot import ({error}); "
+            "define it in a module on the Python path, and save the Dataset again"
+        ) from None
     if not isinstance(loaded, (Dataset, IterableDataset)):
         raise DataError(
             f"data.dataset file {str(path)!r} holds a {type(loaded).__name__}, not a torch Dataset"

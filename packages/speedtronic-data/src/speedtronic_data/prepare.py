@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import numbers
@@ -37,6 +38,7 @@ from speedtronic_data.tokenizer import (
 )
 from speedtronic_data.tokenizer_record import (
     RECORD_NAME,
+    UNFINISHED_NAME,
     TokenizerRecord,
     check_tokenizer_copy,
     is_unfinished,
@@ -306,13 +308,34 @@ def _sources(text_paths: Iterable[str | Path], texts: Iterable[str], column: str
     return sources
 
 
+def _shards_in(out: Path) -> list[Path]:
+    """Return the token shards in out, train shards first."""
+    return sorted(out.glob("train_*.bin")) + sorted(out.glob("val_*.bin"))
+
+
+@contextlib.contextmanager
+def _mark_kept_only_with_shards(out: Path) -> Iterator[None]:
+    """Yield; when the body raises and out holds no shard, remove its unfinished mark: a run
+    stopped before its first shard landed (Ctrl-C, a full disk) has nothing to finish, and a
+    folder it made would be left holding the mark alone.
+    """
+    try:
+        yield
+    except BaseException:
+        # out may be no folder at all (a file on its path): the error raised is the one to tell.
+        with contextlib.suppress(OSError):
+            if not _shards_in(out):
+                (out / UNFINISHED_NAME).unlink(missing_ok=True)
+        raise
+
+
 def _check_shards_are_ours(out: Path) -> None:
     """Raise DataError when out holds token shards that no prepare wrote (no record, no unfinished
     mark: llm.c's, a download), which preparing there would overwrite and delete.
     """
     if (out / RECORD_NAME).is_file() or is_unfinished(out):
         return
-    found = sorted(out.glob("train_*.bin")) + sorted(out.glob("val_*.bin"))
+    found = _shards_in(out)
     if found:
         raise DataError(
             f"{str(out)!r} holds {len(found)} token shards ({found[0].name}, ...) that "
@@ -375,7 +398,7 @@ def prepare_shards(
     _check_shards_are_ours(out)
     # Bytes that are not UTF-8 or an id past the vocabulary refuse an input only once it is read:
     # the folders made for it go again while they are still empty.
-    with new_folders_removed_on_error(out):
+    with new_folders_removed_on_error(out), _mark_kept_only_with_shards(out):
         try:
             probe_folder(out)  # before tokenizing: an unwritable out_dir fails now, not an hour in
         except OSError as error:

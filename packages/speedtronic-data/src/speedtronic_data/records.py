@@ -109,10 +109,14 @@ def _jsonl_rows(path: Path, column: str) -> Iterator[tuple[str | None, int]]:
                     f"{path}:{number}: not a JSON object ({error}); a {path.suffix} file is read "
                     "as JSON Lines, one object per line"
                 ) from None
-            if not isinstance(row, dict) or column not in row:
-                keys = ", ".join(row) if isinstance(row, dict) else type(row).__name__
+            if not isinstance(row, dict):  # a JSON array of objects: --text-column cannot help
                 raise DataError(
-                    f"{path}:{number}: no {column!r} field (has {keys}); "
+                    f"{path}:{number}: a JSON {type(row).__name__}, not an object; a "
+                    f"{path.suffix} file is read as JSON Lines: write one object per line"
+                )
+            if column not in row:
+                raise DataError(
+                    f"{path}:{number}: no {column!r} field (has {', '.join(row)}); "
                     "name the text field with --text-column"
                 )
             value = row[column]
@@ -135,7 +139,10 @@ def _parquet(path: Path, column: str) -> RecordSource:
     try:
         meta = pa.parquet.ParquetFile(path).metadata
     except (OSError, pa.ArrowException) as error:
-        raise DataError(f"{path} is not a readable Parquet file: {error}") from None
+        raise DataError(
+            f"{path} is not a readable Parquet file ({str(error).rstrip('.')}); write it again, "
+            "or pass its text as a .txt or .jsonl file"
+        ) from None
     names = [meta.schema.column(i).name for i in range(meta.num_columns)]
     _check_column(path, column, names)
     index = names.index(column)

@@ -11,6 +11,9 @@ import numpy as np
 
 from speedtronic_data.errors import DataError, check_positive_int
 
+# How to fix a file given as a tokenizer.json that is not one.
+_FIX = "pass the file Tokenizer.save() wrote, or the folder holding it"
+
 
 class CharTokenizer:
     """A deterministic byte-level tokenizer: UTF-8 bytes are the ids (0-255)."""
@@ -63,7 +66,9 @@ class JsonTokenizer:
         try:
             self.tokenizer = import_tokenizers().Tokenizer.from_str(text)
         except Exception as error:  # tokenizers raises plain Exception on malformed JSON
-            raise DataError(f"{name} is not a tokenizers tokenizer.json: {error}") from None
+            raise DataError(
+                f"{name} is not a tokenizers tokenizer.json ({error}); {_FIX}"
+            ) from None
         self.text, self.name = text, name
         vocab = self.tokenizer.get_vocab(with_added_tokens=True)
         self.vocab_size = max(vocab.values()) + 1 if vocab else 0
@@ -74,7 +79,18 @@ class JsonTokenizer:
         path = Path(path)
         if not path.is_file():
             raise DataError(f"tokenizer file {str(path)!r} does not exist; pass a tokenizer.json")
-        return cls(path.read_text(encoding="utf-8"), str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:  # a binary file: was a bare error, exit 1
+            raise DataError(
+                f"{path} is not a tokenizers tokenizer.json (not UTF-8 text at byte "
+                f"{error.start}); {_FIX}"
+            ) from None
+        except OSError as error:
+            raise DataError(
+                f"cannot read tokenizer file {str(path)!r} ({error.strerror or error}); {_FIX}"
+            ) from None
+        return cls(text, str(path))
 
     def encode(self, text: str) -> list[int]:
         """Return the ids of text, without the special tokens a post-processor would add."""

@@ -496,6 +496,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise
     if announce:
         _warn_synthetic_data(config)
+        _warn_nothing_to_evaluate(config)
+        _warn_unused_sources(config)
     _import_torch()
     from speedtronic.runtime import build_runtime, end_run
 
@@ -618,6 +620,36 @@ def _warn_synthetic_data(config: Any) -> None:
         print(
             f"speedtronic train: warning: training on synthetic random tokens although "
             f"{held_out[0]} is set; set data.shard_path (or data.text_path)",
+            file=sys.stderr,
+        )
+
+
+def _warn_nothing_to_evaluate(config: Any) -> None:
+    """Warn on stderr when data.eval_every is set without validation data: no evaluation would
+    run, and the run would end without the validation loss it was set up to report.
+    """
+    data = config.data
+    if data.eval_every is not None and not (data.val_shard_path or data.val_text_path):
+        print(
+            f"speedtronic train: warning: data.eval_every is {data.eval_every} but no validation "
+            "data is set, so nothing is evaluated; set data.val_shard_path (or "
+            "data.val_text_path), or data.eval_every=null",
+            file=sys.stderr,
+        )
+
+
+def _warn_unused_sources(config: Any) -> None:
+    """Warn on stderr when several training sources are set: the loader takes the first (as in
+    2.0) and ignored the others silently.
+    """
+    from speedtronic_config.sections import TRAINING_SOURCES
+
+    given = [f"data.{name}" for name in TRAINING_SOURCES if getattr(config.data, name) is not None]
+    if len(given) > 1:
+        print(
+            f"speedtronic train: warning: training on {given[0]} alone; "
+            f"{' and '.join(given[1:])} {'is' if len(given) == 2 else 'are'} set too, and "
+            "ignored: remove what you do not mean to train on",
             file=sys.stderr,
         )
 

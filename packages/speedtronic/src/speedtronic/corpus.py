@@ -61,7 +61,10 @@ def tokenizer_file(choice: str | Path) -> Path:
     if path.is_dir():
         if (path / "tokenizer.json").is_file():
             return path / "tokenizer.json"
-        raise UsageError(f"--tokenizer {choice}: a folder without a tokenizer.json")
+        raise UsageError(
+            f"--tokenizer {choice}: a folder without a tokenizer.json; pass a tokenizer.json or "
+            "the folder holding one (an export, a Hub snapshot)"
+        )
     if not path.is_file():
         raise UsageError(f"--tokenizer {choice}: no such file; pass a tokenizer.json or its folder")
     return path
@@ -118,7 +121,7 @@ def prepare_corpus(
         if (problem := not_a_file(item)) is not None:
             raise UsageError(f"{item} {problem}")
         if not item.exists():
-            raise UsageError(f"{item}: no such file or folder")
+            raise UsageError(f"{item}: no such file or folder; check the path")
     inline = [] if inputs else [stdlib_corpus(stdlib_bytes)]
     bar = _Progress(progress)
     try:

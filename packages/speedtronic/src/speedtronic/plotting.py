@@ -156,7 +156,9 @@ def find_metrics_file(source: Path) -> Path:
         # The shallowest: a run folder's own file, not one in a subfolder that sorts first.
         return min(candidates, key=lambda path: (len(path.parts), path))
     if not source.exists():
-        raise UsageError(f"{source}: no such file or directory")
+        raise UsageError(
+            f"{source}: no such file or directory; pass a run directory or its metrics.jsonl"
+        )
     return source
 
 

@@ -481,3 +481,15 @@ def test_every_choice_field_folds_case(cls, name, value):
     assert getattr(cls(**{name: value.capitalize()}), name) == value
     with pytest.raises(ConfigError, match=rf"{cls.SECTION}\.{name}: .*choose one of .*{value}"):
         cls(**{name: "nonsense"})
+    # A near miss names the choice it misses first (it listed them all, the reader left to spot it).
+    with pytest.raises(ConfigError, match=rf"did you mean {value}\? choose one of .*{value}"):
+        cls(**{name: value[:-1] + "x" if len(value) > 4 else value + "x"})
+
+
+def test_an_unknown_hook_names_the_closest():
+    with pytest.raises(ConfigError) as caught:
+        LoggingConfig(hooks=["tensorbord"])
+    assert str(caught.value).endswith("did you mean tensorboard? choose from tensorboard, wandb")
+    with pytest.raises(ConfigError) as caught:
+        LoggingConfig(hooks=["mlflow"])
+    assert str(caught.value).endswith("; choose from tensorboard, wandb")

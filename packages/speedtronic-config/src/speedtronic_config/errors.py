@@ -85,6 +85,16 @@ def unknown_key(path: str, key: Any, valid: Iterable[str]) -> ConfigError:
     return ConfigError(where, "unknown key", allowed=hint)
 
 
+def choices_hint(value: Any, choices: Iterable[str], verb: str = "choose one of") -> str:
+    """Return how to fix a value that is not one of `choices`: the closest choice first, when one
+    is close (`did you mean master? choose one of single, master, worker`), then all of them.
+    """
+    names = list(choices)
+    close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
+    every = f"{verb} {', '.join(names)}"
+    return f"did you mean {close[0]}? {every}" if close else every
+
+
 def on_every_rank(error: _Error) -> _Error:
     """Mark `error` as raised alike on every rank of a data-parallel group (decided after the
     ranks agreed, or from what they all read) and return it: rank 0 reports it for the group.

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from speedtronic_config.coerce import coerce, coerce_fields
-from speedtronic_config.errors import ConfigError
+from speedtronic_config.errors import ConfigError, choices_hint
 
 DEFAULT_SCHEDULE_HORIZON = 1000
 HOOK_NAMES = ("tensorboard", "wandb")
@@ -89,7 +89,7 @@ def check_choice(
         path or f"{section.SECTION}.{name}",
         "unsupported value",
         value,
-        f"choose one of {', '.join(choices)}",
+        choices_hint(value, choices),
     )
 
 
@@ -525,7 +525,7 @@ class LoggingConfig:
                 f"logging.hooks[{index}]",
                 "unknown hook",
                 hook,
-                f"choose from {', '.join(HOOK_NAMES)}",
+                choices_hint(hook, HOOK_NAMES, "choose from"),
             )
         _check(
             len(set(self.hooks)) == len(self.hooks),

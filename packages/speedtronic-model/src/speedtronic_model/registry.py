@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import logging
@@ -10,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from speedtronic_config import ConfigError, ModelConfig, resolve_section
+from speedtronic_config.errors import choices_hint
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -99,17 +99,15 @@ class ModelRegistry:
         try:
             return self._factories[name]
         except KeyError:
-            names = self.names()
-            close = difflib.get_close_matches(name, names, n=1) if isinstance(name, str) else []
+            names = self.names() or ("(none)",)
             plugin = (
                 f", or as an entry point in group {ENTRY_POINT_GROUP!r}" if self._plugins else ""
             )
             raise ConfigError(
                 "model.name",
                 f"unknown model {name!r}",
-                allowed=(f"did you mean {close[0]}? " if close else "")
-                + f"registered models: {', '.join(names) or '(none)'}. Register a factory with "
-                f"register_model({name!r}, factory){plugin}",
+                allowed=choices_hint(name, names, "registered models:")
+                + f". Register a factory with register_model({name!r}, factory){plugin}",
             ) from None
 
     def names(self) -> tuple[str, ...]:

@@ -995,8 +995,10 @@ def test_one_process_raises_an_eval_loader_or_checkpoint_folder_error_as_it_is(t
         def __iter__(self):
             raise OSError("workers failed to start")
 
+    trainer = make_trainer(eval_dataloader=Unstartable())
     with pytest.raises(OSError, match="^workers failed to start$"):
-        make_trainer(eval_dataloader=Unstartable()).evaluate()
+        trainer.evaluate()
+    assert trainer.model.training  # was left in eval mode: a caller training on lost dropout
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
     trainer = make_trainer(checkpoint_manager=CheckpointManager(tmp_path / "loop"))
     with pytest.raises(OSError, match="Too many levels of symbolic links") as raised:

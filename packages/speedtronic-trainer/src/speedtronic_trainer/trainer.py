@@ -787,11 +787,12 @@ class Trainer:
         restore_modes = switch_to_eval(self.model)  # each module gets its own mode back
         total = weight = 0.0
         stop = None
-        # A loader that cannot start (workers failing to) on one rank stops every rank at the
-        # first batch's collective, as a batch it cannot read does.
-        batches, failure = self._take(partial(iter, self.eval_dataloader))
         batch, read = None, 0  # read: batches this evaluation took from the loader
         try:
+            # A loader that cannot start (workers failing to) on one rank stops every rank at the
+            # first batch's collective, as a batch it cannot read does; in one process it raises
+            # here, and the model gets its modes back.
+            batches, failure = self._take(partial(iter, self.eval_dataloader))
             for _ in itertools.count() if limit is None else range(limit):
                 if failure is None:
                     batch, failure = self._take(partial(next, batches, None))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import pathlib
 import re
-from pathlib import PurePath
 
 # torch re-raises a worker's error in the main process as the same type, its message this header
 # and the worker's whole traceback: a one-line report of it named the worker, not the fault.
@@ -60,13 +59,13 @@ def _rebuild(kind: type[Exception], message: str) -> Exception:
     return kind(message)
 
 
-def _filename(text: str) -> str | bytes | int | PurePath:
+def _filename(text: str) -> str | bytes | int | pathlib.PurePath:
     """Return the file name whose repr is `text` (ValueError or SyntaxError when it is none)."""
     path = _PATH.fullmatch(text)
     if path is None:
         return ast.literal_eval(text)
     kind = getattr(pathlib, path.group(1), None)
-    if not (isinstance(kind, type) and issubclass(kind, PurePath)):
+    if not (isinstance(kind, type) and issubclass(kind, pathlib.PurePath)):
         raise ValueError(f"{path.group(1)} is not a pathlib type")
     return kind(ast.literal_eval(path.group(2)))
 

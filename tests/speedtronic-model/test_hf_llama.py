@@ -135,6 +135,28 @@ def test_a_new_export_replaces_stale_weights(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("model*")) == [WEIGHTS_NAME]
 
 
+@pytest.mark.parametrize("shard", [None, 20_000])
+def test_a_save_that_fails_midway_leaves_no_config_json(tmp_path, monkeypatch, shard):
+    # config.json marks a loadable folder: beside missing or older weights it would mislead
+    import speedtronic_model.hf_llama as hf_llama
+
+    kwargs = {} if shard is None else {"max_shard_bytes": shard}
+    save_llama(model(), tmp_path, **kwargs)
+    real = hf_llama.atomic_write_bytes
+    written = []
+
+    def fail_on_the_last_weights(path, data):
+        written.append(path)
+        if len(written) == (1 if shard is None else 2):
+            raise OSError(28, "No space left on device")
+        return real(path, data)
+
+    monkeypatch.setattr(hf_llama, "atomic_write_bytes", fail_on_the_last_weights)
+    with pytest.raises(OSError, match="No space"):
+        save_llama(model(seed=1), tmp_path, **kwargs)
+    assert not (tmp_path / "config.json").exists()
+
+
 def test_tied_export_stores_the_shared_matrix_once(tmp_path):
     from safetensors import safe_open
 

@@ -179,8 +179,10 @@ def save_llama(
     eos_token_id: int | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
 ) -> list[Path]:
-    """Write config.json, generation_config.json and the safetensors weights (sharded with an
-    index above max_shard_bytes) that `LlamaForCausalLM.from_pretrained` loads; return the paths.
+    """Write the safetensors weights (sharded with an index above max_shard_bytes),
+    generation_config.json and config.json that `LlamaForCausalLM.from_pretrained` loads; return
+    the paths. config.json comes last (an earlier one goes first): a save that fails midway leaves
+    no folder that looks loadable.
     """
     from safetensors.torch import save
 
@@ -191,8 +193,8 @@ def save_llama(
     out.mkdir(parents=True, exist_ok=True)
     config = llama_config(model, bos_token_id=bos_token_id, eos_token_id=eos_token_id)
     generation = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "pad_token_id": None}
-    written = [_write_json(out / "config.json", config)]
-    written.append(_write_json(out / GENERATION_CONFIG_NAME, generation))
+    (out / "config.json").unlink(missing_ok=True)
+    written = []
     tensors = llama_state_dict(model)
     groups = _shards(tensors, max_shard_bytes)
     names = (
@@ -213,6 +215,8 @@ def save_llama(
     for stale in (path for pattern in WEIGHT_FILES for path in out.glob(pattern)):
         if stale not in written:
             stale.unlink()
+    written.append(_write_json(out / GENERATION_CONFIG_NAME, generation))
+    written.append(_write_json(out / "config.json", config))
     return written
 
 

@@ -152,6 +152,41 @@ def test_docs_have_snippets_each_check_reads():
     assert len(_doc_commands()) >= 20
 
 
+def _name_lists() -> list[tuple[str, set[str], set[str]]]:
+    """Return (file:line, backticked names, names of its whole table) of each paragraph and table
+    row of the docs and package READMEs (a paragraph is its own table).
+    """
+    found = []
+    for path in [*DOCS, *READMES]:
+        line = 1
+        for block in path.read_text(encoding="utf-8").split("\n\n"):
+            rows = block.splitlines() if block.lstrip().startswith("|") else [block]
+            table = set(re.findall(r"`([\w.]+)`", block))
+            for offset, row in enumerate(rows):
+                names = set(re.findall(r"`([\w.]+)`", row))
+                found.append((f"{path.relative_to(ROOT)}:{line + offset}", names, table))
+            line += block.count("\n") + 2
+    return found
+
+
+def test_docs_that_list_a_set_of_names_list_all_of_it():
+    # A list written out by hand goes stale when the set grows: the config sections lacked
+    # `parallel`, and the model settings a resume may change lacked `loss_chunk_size` in two pages.
+    from speedtronic_config.normalize import SECTIONS
+    from speedtronic_config.sections import ModelConfig
+
+    sets = {"the config sections": set(SECTIONS), "ModelConfig.RESUMABLE": ModelConfig.RESUMABLE}
+    wrong = []
+    for where, names, table in _name_lists():
+        for label, members in sets.items():
+            named = names & members
+            # Most of a set named at once is a list of it; a table row may leave a member to
+            # another row of its table.
+            if len(named) >= max(4, len(members) - 3) and not members <= table:
+                wrong.append(f"{where}: lists {label} without {sorted(members - named)}")
+    assert wrong == []
+
+
 def _reference_tables() -> dict[str, dict[str, str]]:
     """Return {heading: {key: default}} from docs/configuration.md's tables: a row names its keys
     in the first cell (`a`, `b` or `a` / `b`) and their defaults in the third, one per key or one

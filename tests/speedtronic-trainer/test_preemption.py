@@ -251,3 +251,37 @@ def test_a_signal_during_the_last_evaluation_still_saves_the_last_step(tmp_path)
     assert result.checkpoint == tmp_path / "step_4.pt"
     assert evaluation.dealt == 8
     assert events.values("eval", "step") == [3]
+
+
+def test_a_resume_runs_the_evaluation_a_signal_cut_short_and_trains_on_as_if_never_stopped(
+    tmp_path,
+):
+    # The stopped run's checkpoint is of an evaluation step whose val_loss was never logged: the
+    # uninterrupted run's curve has it, so the resumed one must too, with its random draws
+    # (dropout here) left where the checkpoint had them.
+    def trainer(folder, hook, evaluation):
+        torch.manual_seed(0)
+        model = TinyLM(dropout=0.5)
+        return Trainer(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            make_loader(),
+            device="cpu",
+            config=make_config(data={"eval_every": 2, "eval_steps": None}),
+            logger=MetricLogger(stream=io.StringIO(), hooks=[hook]),
+            checkpoint_manager=CheckpointManager(folder, every_steps=1000),
+            eval_dataloader=evaluation,
+        )
+
+    whole, first, resumed = RecordingHook(), RecordingHook(), RecordingHook()
+    trainer(tmp_path / "a", whole.on_event, make_loader(TokenDataset(n=12))).fit(5)
+    stopped = trainer(tmp_path / "b", first.on_event, SignallingEval(signal.SIGTERM, at=2)).fit(5)
+    assert stopped.stopped_by == "SIGTERM" and stopped.checkpoint == tmp_path / "b" / "step_2.pt"
+    torch.manual_seed(99)  # a new process would not share the first run's random state
+    again = trainer(tmp_path / "b", resumed.on_event, make_loader(TokenDataset(n=12)))
+    assert again.resume_latest()
+    again.fit(5)
+    assert first.values("eval", "step") == [] and resumed.values("eval", "step") == [2, 4, 5]
+    assert resumed.values("eval", "val_loss") == whole.values("eval", "val_loss")
+    losses = first.values("train_step", "loss") + resumed.values("train_step", "loss")
+    assert losses == whole.values("train_step", "loss")

@@ -167,6 +167,14 @@ def test_a_signal_during_evaluation_on_one_rank_stops_every_rank_at_that_step(tr
     assert zero["eval_stop"] == one["eval_stop"] == stopped  # of 6 batches a rank
 
 
+def test_a_resume_runs_the_evaluation_a_signal_cut_short_on_every_rank(trained):
+    _, out, _ = trained
+    lines = (out / "eval_stop" / "run" / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    # Step 2's pass, cut short before the stop, is run by the resume before step 3.
+    assert [r["step"] for r in records if r["event"] == "eval"] == [2, 3]
+
+
 def test_a_checkpoint_rank_zero_fails_to_write_fails_on_every_rank(trained):
     _, _, (zero, one) = trained
     assert [e.split(" (")[0] for e in zero["failed_saves"]] == [

@@ -320,6 +320,9 @@ class Trainer:
         # later checkpoints record them, so their config says what the run trained at.
         self._kept_rates: dict[str, float] = {}
         self._config_logged = False  # the hooks were given the config (at the first fit)
+        # A signal cut this step's interval evaluation short: the next fit() runs it first, as
+        # the run that never stopped did (a resume reads it from the checkpoint).
+        self._evaluation_due = False
         self._stage_scheduler: Any | None = None
         self._metrics = StepMetrics(
             unwrap_model(self.model), self.device, self.precision, self.parallel.world_size
@@ -887,6 +890,7 @@ class Trainer:
             "rng": capture_rng_state(),
             "data": self._stream.state_dict(),
             "log_interval": self._metrics.state_dict(),
+            "evaluation_due": self._evaluation_due,
             # Secrets never reach a checkpoint; a trainer without a config saves none.
             "config": self._config_record(),
             # What the weights belong to: config.model.name describes only models built from it.
@@ -1012,6 +1016,7 @@ class Trainer:
         self.tokens = int(state.get("tokens", 0))
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self._metrics.load_state_dict(state.get("log_interval"))
+        self._evaluation_due = bool(state.get("evaluation_due", False))
         self._restore_rank_state(state)
         if state.get("checkpoint_path") is not None:
             self.last_checkpoint = Path(state["checkpoint_path"])
@@ -1371,6 +1376,8 @@ class Trainer:
                     if getattr(self.coordinator, "reset_after_start", False):
                         self._reset_inner_optimizer()
                     progress.stopped_by = self._agreed_stop(stop.received)
+                if self._evaluation_due and progress.stopped_by is None:
+                    progress.stopped_by = self._run_due_evaluation(progress, stop)
                 while self.step < target and progress.stopped_by is None:
                     outcome = self._run_step(progress, bar, lambda: stop.received)
                     progress.stopped_by = self._stop_reason(stop.received, outcome)
@@ -1386,6 +1393,19 @@ class Trainer:
             if self.coordinator is not None:
                 self.coordinator.stop()
         return self._result(progress, first, time.perf_counter() - started)
+
+    def _run_due_evaluation(self, progress: _FitProgress, stop: StopSignal) -> str | None:
+        """Run the evaluation a signal cut short at this step; return the signal that cuts it
+        short again. The random state is put back: the stopped run's checkpoint holds the state
+        its cut evaluation left, which this one would move again (a DataLoader draws a seed each
+        pass).
+        """
+        rng = capture_rng_state()
+        val_loss, stopped_by = self._evaluate_now(lambda: stop.received)
+        restore_rng_state(rng)
+        progress.val_loss = val_loss
+        self._evaluation_due = stopped_by is not None
+        return stopped_by
 
     def _agree_on_plan(self, max_steps: int | None) -> int:
         """Return fit()'s step target; raise ValueError on every rank when the ranks' fit() calls
@@ -1460,6 +1480,7 @@ class Trainer:
         progress.val_loss = evaluated if evaluated is not None else progress.val_loss
         if stop is not None:  # every rank stops now, not after another step
             outcome = replace(outcome, stop=stop)
+            self._evaluation_due = True  # before the checkpoints of this step are written
         written = self._checkpoint()
         if written is not None:
             progress.checkpoint, progress.checkpoint_step = written, self.step

@@ -297,6 +297,30 @@ def test_a_429_on_a_delta_upload_and_a_503_on_its_download_back_off_with_a_warni
     assert caplog.text.count("(attempt 1/6), retrying in 0.50s") == 2
 
 
+def test_an_outage_is_one_warning_and_one_when_the_hub_answers_again(hub, server, caplog):
+    """A node logged every failed attempt and every request given up on (and huggingface_hub's
+    own retries besides): about a hundred warnings from one worker in a 45-second outage.
+    """
+    server.faults.add("503", path="/revision/", times=20)  # three heads give up, a fourth lands
+    with caplog.at_level(logging.DEBUG):
+        for _ in range(3):
+            with pytest.raises(HubUnavailable, match="head on org/run failed 6 times"):
+                hub.head()
+        assert hub.outage.active
+        hub.write_json("a.json", 1)  # an upload that never failed does not end the outage
+        assert hub.outage.active
+        hub.head()  # two more failures, then the head that ends it
+        assert "a.json" in hub.list_files()
+    assert not hub.outage.active and not server.faults.script
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 2, warned
+    assert warned[0].startswith("org/run is not answering (head failed (attempt 1/6)")
+    assert warned[1].startswith("org/run answers again after")
+    assert warned[1].endswith("(20 failed requests, retried)")
+    # Every failed attempt is still there for whoever asks for DEBUG.
+    assert sum("head failed (attempt" in r.getMessage() for r in caplog.records) == 17
+
+
 @pytest.mark.parametrize("status", ["429", "503"])
 def test_a_server_that_says_when_to_retry_is_waited_for_up_to_retry_max(server, tmp_path, status):
     sleeps = []
@@ -313,6 +337,31 @@ def test_a_server_that_says_when_to_retry_is_waited_for_up_to_retry_max(server, 
     client.write_json("a.json", 1)
     assert client.read_json("a.json") == 1
     assert sleeps == [7.0, 1.0, 30.0]  # the server's wait, else the backoff; never past retry_max
+
+
+@pytest.mark.parametrize("path", ["/tree/", "/preupload/", "/resolve/"])
+def test_huggingface_hubs_own_retries_do_not_outwait_retry_max(server, tmp_path, path):
+    """huggingface_hub retries a 429/5xx of a tree listing, a preupload or a file's metadata
+    itself, waiting as long as Retry-After says, past retry_max, five times an attempt.
+    """
+    sleeps = []
+    client = HubClient(
+        "org/run",
+        transport=HfApiTransport("org/run", endpoint=server.url, cache_dir=tmp_path),
+        retry_initial=0.5,
+        retry_max=2.0,
+        sleeper=sleeps.append,
+    )
+    client.create_repo()
+    client.write_json("a.json", 1)
+    server.faults.add("429", path=path, retry_after=5)
+    server.faults.add("503", path=path)
+    if path == "/preupload/":
+        client.write_json("b.json", 2)
+    else:
+        assert "a.json" in client.list_files() and client.read_json("a.json") == 1
+    # Both faults reached HubClient: huggingface_hub slept 6 s, then 1 s, and retried unseen.
+    assert sleeps == [2.0, 1.0] and not server.faults.script
 
 
 def test_a_node_without_a_token_is_refused_not_told_the_repository_is_missing(tmp_path):

@@ -34,7 +34,7 @@ def test_import_and_the_test_server_stay_light():
 
 
 @pytest.mark.parametrize(
-    "module", ["diloco", "group", "hub", "identity", "outer", "tensors", "transport"]
+    "module", ["diloco", "group", "hub", "identity", "outage", "outer", "tensors", "transport"]
 )
 def test_every_module_declares_its_public_names(module):
     from importlib import import_module

@@ -32,6 +32,7 @@ from speedtronic_diloco.hub import (
     HubError,
     HubRefused,
     build_hub_client,
+    failure_level,
     running_here,
 )
 from speedtronic_diloco.identity import resolve_identity
@@ -611,8 +612,12 @@ class DumbDiLoCoCoordinator:
 
     def _count_skip(self, step: int) -> None:
         self.counters["uploads_skipped"] += 1
-        self.logger.warning(
-            "upload lane full at local step %d: delta skipped; the next one is cumulative", step
+        # The lane is full because the Hub is slow or down; during an announced outage that is
+        # every boundary's news, not a warning each.
+        self.logger.log(
+            logging.INFO if self.hub is not None and self.hub.outage.active else logging.WARNING,
+            "upload lane full at local step %d: delta skipped; the next one is cumulative",
+            step,
         )
         self._emit_event("diloco/upload_skipped", {"local_step": step})
 
@@ -636,8 +641,11 @@ class DumbDiLoCoCoordinator:
             # A HubError, or not (a full or vanished shared folder raises OSError): raised here, it
             # would end the upload lane with this job in no retry list and no checkpoint. It is
             # kept and re-sent like any failed upload.
-            self.logger.warning(
-                "delta upload for local step %d failed: %s", job.step, _failure(exc)
+            self.logger.log(
+                failure_level(exc),
+                "delta upload for local step %d failed, re-sent later: %s",
+                job.step,
+                _failure(exc),
             )
             if isinstance(exc, HubRefused):
                 self._fatal = exc
@@ -708,7 +716,9 @@ class DumbDiLoCoCoordinator:
         except Exception as exc:
             # A HubError, or not (an OSError of a shared folder): raised here, it would end the
             # poll lane, and no global would be installed again.
-            self.logger.warning("global poll failed, training continues: %s", _failure(exc))
+            self.logger.log(
+                failure_level(exc), "global poll failed, training continues: %s", _failure(exc)
+            )
             return None
 
     def _claim(self) -> None:

@@ -27,6 +27,7 @@ import torch
 
 from speedtronic_config import ConfigError, resolve_section
 from speedtronic_config.atomic import atomic_write_bytes
+from speedtronic_diloco.outage import OutageLog
 from speedtronic_diloco.tensors import (
     DeltaRef,
     delta_path,
@@ -81,6 +82,13 @@ class HubCorrupt(HubError):
 
 class HubUnavailable(HubError):
     """A Hub operation kept failing transiently until the retry budget ran out."""
+
+
+def failure_level(exc: BaseException) -> int:
+    """Return the level to log a failed network step at: INFO for HubUnavailable, whose outage
+    its HubClient announced in one warning (OutageLog), else WARNING.
+    """
+    return logging.INFO if isinstance(exc, HubUnavailable) else logging.WARNING
 
 
 @dataclass(frozen=True)
@@ -238,6 +246,7 @@ class HubClient:
         )
         self.sleeper = sleeper
         self.logger = logger or LOGGER
+        self.outage = OutageLog(repo_id, self.logger)
 
     def __repr__(self) -> str:  # the token lives only inside the transport's HTTP client
         return f"HubClient({self.repo_id!r}, transport={self.transport!r})"
@@ -257,26 +266,28 @@ class HubClient:
         delay = self.retry_initial
         for attempt in range(1, self.retry_attempts + 1):
             try:
-                return callback()
+                result = callback()
             except TransportError as exc:
-                if not exc.transient:
+                if not exc.transient:  # an answer, if a refusal: the Hub is up
+                    self.outage.answered(operation)
                     raise
                 if attempt == self.retry_attempts:
+                    self.outage.failed(operation, f"{operation} gave up: {exc}")
                     raise HubUnavailable(
                         f"{operation} on {self.repo_id} failed {attempt} times; last error: {exc}"
                     ) from None
                 # Retried sooner, a rate-limited node spends its attempts inside the limit's window.
                 wait = min(max(delay, exc.retry_after or 0.0), self.retry_max)
-                self.logger.warning(
-                    "%s failed (attempt %d/%d), retrying in %.2fs: %s",
+                self.outage.failed(
                     operation,
-                    attempt,
-                    self.retry_attempts,
-                    wait,
-                    exc,
+                    f"{operation} failed (attempt {attempt}/{self.retry_attempts}), retrying in "
+                    f"{wait:.2f}s: {exc}",
                 )
                 self.sleeper(wait)
                 delay = min(delay * 2, self.retry_max)
+            else:
+                self.outage.answered(operation)
+                return result
         raise AssertionError("unreachable")
 
     def _call(self, operation: str, callback: Callable[[], Any]) -> Any:
@@ -707,5 +718,6 @@ __all__ = [
     "HubUnavailable",
     "build_hub_client",
     "check_repo_path",
+    "failure_level",
     "running_here",
 ]

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from speedtronic_config.atomic import atomic_write_bytes
-from speedtronic_diloco.hub import HubClient, HubCorrupt, HubError
+from speedtronic_diloco.hub import HubClient, HubCorrupt, HubError, failure_level
 from speedtronic_diloco.tensors import (
     DeltaRef,
     average_deltas,
@@ -155,6 +155,7 @@ class MasterOuterLoop:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._warned_identical: set[frozenset[str]] = set()
+        self._resumed = False  # its state file was loaded
         self.counters = {
             "rounds": 0,
             "applied": 0,
@@ -219,6 +220,7 @@ class MasterOuterLoop:
             momentum=momentum,
             published_step=int(header["published_step"]),
         )
+        self._resumed = True
         self.logger.info(
             "master resumed local outer state at outer step %d", self._state.outer_step
         )
@@ -315,8 +317,11 @@ class MasterOuterLoop:
         for ref, (delta, reason) in self._fetch_deltas(pending, outer_step, revision):
             # Transient: the delta stays unprocessed and is retried next round.
             if isinstance(reason, HubError):
-                self.logger.warning(
-                    "could not download %s, retrying next round: %s", ref.path, reason
+                self.logger.log(
+                    failure_level(reason),
+                    "could not download %s, retrying next round: %s",
+                    ref.path,
+                    reason,
                 )
                 continue
             if delta is None:
@@ -405,8 +410,11 @@ class MasterOuterLoop:
                 self.counters["publish_failures"] += 1
                 with self._lock:
                     self._state.last_error = str(exc)
-                self.logger.warning(
-                    "publishing outer step %d failed, retrying next round: %s", step, exc
+                self.logger.log(
+                    failure_level(exc),
+                    "publishing outer step %d failed, retrying next round: %s",
+                    step,
+                    exc,
                 )
                 return False
             with self._lock:
@@ -421,8 +429,11 @@ class MasterOuterLoop:
             return True
 
     def recover(self) -> None:
-        """Reconcile local state with the Hub at startup: adopt a newer global, or publish ours."""
+        """Reconcile local state with the Hub at startup: adopt a newer global, or publish ours;
+        then say which in a `diloco/master_start` event.
+        """
         metadata = self.hub.global_metadata()
+        source = "local" if self._resumed else "new"
         # The published version at this master's own step is not its own when this state never
         # published (its disk lost, or a new node id, at outer step 0): the nodes trained from
         # the published model, so it is adopted, not replaced by this process's initialization.
@@ -437,10 +448,23 @@ class MasterOuterLoop:
                 reset_momentum=True,
                 processed=self.hub.read_manifest(metadata).get("processed", []),
             )
+            source = "published"
         elif metadata is not None and metadata.outer_step == self.outer_step:
             with self._lock:
                 self._state.published_step = max(self._state.published_step, metadata.outer_step)
-        self._publish_pending()
+        # A restarted master logged its outer state at INFO only, which the CLI does not show: a
+        # master killed between saving a round and publishing it said nothing of either.
+        republish = self._resumed and self._state.published_step < self.outer_step
+        published = self._publish_pending()
+        self._emit(
+            "diloco/master_start",
+            {
+                "outer_step": self.outer_step,
+                "source": source,
+                "republished": republish and published,
+                "ledger": len(self.processed_filenames),
+            },
+        )
 
     def adopt_global_state(
         self,
@@ -492,8 +516,11 @@ class MasterOuterLoop:
                 # The Hub still unreachable after the client's retries (an outage): expected, and
                 # retried next round. A traceback a round buried the log for as long as it lasted.
                 self._state.last_error = str(exc)
-                self.logger.warning(
-                    "outer round failed, retrying in %.0fs: %s", self.poll_interval, exc
+                self.logger.log(
+                    failure_level(exc),
+                    "outer round failed, retrying in %.0fs: %s",
+                    self.poll_interval,
+                    exc,
                 )
             except Exception as exc:  # the outer loop must survive anything a round throws
                 self._state.last_error = str(exc)

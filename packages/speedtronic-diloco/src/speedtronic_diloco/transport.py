@@ -11,9 +11,11 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
+import threading
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -154,9 +156,32 @@ def _classify_http(exc: Exception) -> TransportError:
 HTTP_TIMEOUT_S = 60.0
 
 
+# Set while a thread is inside HfApiTransport._call, a DiLoCo request.
+_IN_CALL = threading.local()
+# The statuses huggingface_hub retries on its own for some requests (tree listings, preuploads,
+# file metadata), sleeping as long as a Retry-After says, unbounded, up to 5 times per attempt.
+_HF_RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class HubBusy(Exception):
+    """A retryable answer inside a DiLoCo request, raised before huggingface_hub retries it."""
+
+    def __init__(self, response: Any) -> None:
+        super().__init__(f"{response.status_code} for url '{response.request.url}'")
+        self.response = response
+
+
+def _no_hf_retries(response: Any) -> None:
+    # HubClient retries with its own bounds (retry_max, retry_attempts); huggingface_hub's retry
+    # under it waited out any Retry-After (an hour's rate-limit window, say) past retry_max, and
+    # multiplied each attempt into six requests. Other requests of the process keep theirs.
+    if getattr(_IN_CALL, "active", False) and response.status_code in _HF_RETRIED_STATUSES:
+        raise HubBusy(response)
+
+
 def bound_hub_http_timeouts(seconds: float = HTTP_TIMEOUT_S) -> bool:
-    """Make huggingface_hub's shared HTTP client time out stalled requests, unless the user set a
-    factory.
+    """Make huggingface_hub's shared HTTP client time out stalled requests, and leave the retry of
+    a DiLoCo request's 429/5xx to HubClient, unless the user set a factory.
     """
     try:
         from huggingface_hub.utils import _http
@@ -177,10 +202,30 @@ def bound_hub_http_timeouts(seconds: float = HTTP_TIMEOUT_S) -> bool:
     def bounded_client() -> Any:
         client = default()
         client.event_hooks["request"].append(bound)
+        client.event_hooks["response"].append(_no_hf_retries)
         return client
 
     _http.set_client_factory(bounded_client)
     return True
+
+
+# huggingface_hub retries some requests itself and warns at every try; inside a transport call
+# HubClient retries and reports the failure (once an outage: OutageLog), so those lines only
+# repeated it, a few per request, for as long as an outage lasted.
+_HF_RETRY_LOGGER = "huggingface_hub.utils._http"
+
+
+class _QuietInsideCalls(logging.Filter):
+    """Drop huggingface_hub's retry lines logged by a thread inside HfApiTransport._call."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(_IN_CALL, "active", False)
+
+
+def _quiet_hf_retries() -> None:
+    logger = logging.getLogger(_HF_RETRY_LOGGER)
+    if not any(isinstance(f, _QuietInsideCalls) for f in logger.filters):
+        logger.addFilter(_QuietInsideCalls())
 
 
 class HfApiTransport:
@@ -202,6 +247,7 @@ class HfApiTransport:
 
             bound_hub_http_timeouts()
             api = HfApi(endpoint=endpoint, token=token)
+        _quiet_hf_retries()
         self.api = api
         self.repo_id = repo_id
         self._token = token
@@ -211,10 +257,13 @@ class HfApiTransport:
         return f"HfApiTransport({self.repo_id!r}, endpoint={getattr(self.api, 'endpoint', None)!r})"
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        _IN_CALL.active = True
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
             raise _classify_http(exc) from None
+        finally:
+            _IN_CALL.active = False
 
     def create_repo(self, *, private: bool) -> None:
         self._call(
@@ -495,6 +544,7 @@ __all__ = [
     "Corrupt",
     "FilesystemTransport",
     "HfApiTransport",
+    "HubBusy",
     "NotFound",
     "Refused",
     "StaleParent",

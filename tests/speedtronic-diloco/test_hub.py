@@ -321,17 +321,23 @@ def test_an_outage_is_one_warning_and_one_when_the_hub_answers_again(hub, server
     assert sum("head failed (attempt" in r.getMessage() for r in caplog.records) == 17
 
 
-@pytest.mark.parametrize("status", ["429", "503"])
-def test_a_server_that_says_when_to_retry_is_waited_for_up_to_retry_max(server, tmp_path, status):
-    sleeps = []
+def recorded_http_client(server, tmp_path, sleeps, *, retry_max):
+    """A HubClient over HTTP to the loopback server, its repository created, recording its waits."""
     client = HubClient(
         "org/run",
         transport=HfApiTransport("org/run", endpoint=server.url, cache_dir=tmp_path),
         retry_initial=0.5,
-        retry_max=30.0,
+        retry_max=retry_max,
         sleeper=sleeps.append,
     )
     client.create_repo()
+    return client
+
+
+@pytest.mark.parametrize("status", ["429", "503"])
+def test_a_server_that_says_when_to_retry_is_waited_for_up_to_retry_max(server, tmp_path, status):
+    sleeps = []
+    client = recorded_http_client(server, tmp_path, sleeps, retry_max=30.0)
     for seconds in (7, 0, 3600):  # a rate-limit window, a plain retry, one longer than retry_max
         server.faults.add(status, method="POST", path="/commit/", retry_after=seconds)
     client.write_json("a.json", 1)
@@ -345,14 +351,7 @@ def test_huggingface_hubs_own_retries_do_not_outwait_retry_max(server, tmp_path,
     itself, waiting as long as Retry-After says, past retry_max, five times an attempt.
     """
     sleeps = []
-    client = HubClient(
-        "org/run",
-        transport=HfApiTransport("org/run", endpoint=server.url, cache_dir=tmp_path),
-        retry_initial=0.5,
-        retry_max=2.0,
-        sleeper=sleeps.append,
-    )
-    client.create_repo()
+    client = recorded_http_client(server, tmp_path, sleeps, retry_max=2.0)
     client.write_json("a.json", 1)
     server.faults.add("429", path=path, retry_after=5)
     server.faults.add("503", path=path)

@@ -1127,3 +1127,26 @@ def test_a_node_whose_data_has_another_tokenizer_refuses_the_global_model(server
     assert joined.last_global_step == 0
     for coordinator in (joined, master):
         coordinator.stop()
+
+
+def test_a_worker_whose_outer_settings_differ_from_the_masters_says_the_masters_are_used(
+    server, tmp_path, caplog
+):
+    # Only the master applies the outer step: a worker's own outer_lr was ignored without a word.
+    master = node(server, tmp_path, "master")[0]
+    master.start()
+    assert master.hub.global_metadata().outer == {"outer_lr": 0.7, "outer_momentum": 0.9}
+    with caplog.at_level("WARNING"):
+        same = node(server, tmp_path, "w1")[0]
+        same.start()
+        assert not [r for r in caplog.records if "outer" in r.getMessage()]
+        other = node(server, tmp_path, "w2", outer_lr=0.3)[0]
+        other.start()
+        other._fetch_global_candidate()  # a later poll of the same master warns no more
+    (record,) = [r for r in caplog.records if "outer" in r.getMessage()]
+    assert record.getMessage() == (
+        "this node's outer_lr differs from the master's (outer_lr 0.3 here, 0.7 there): only the "
+        "master applies the outer step, so the master's is used; set it on the master to change it"
+    )
+    for coordinator in (other, same, master):
+        coordinator.stop()

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import socket
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -27,7 +28,7 @@ from speedtronic_diloco.hub import (
 )
 from speedtronic_diloco.tensors import delta_path, from_safetensors_bytes
 from speedtronic_diloco.testing.hub_server import HubServer
-from speedtronic_diloco.transport import FilesystemTransport, HfApiTransport
+from speedtronic_diloco.transport import FilesystemTransport, HfApiTransport, TransportError
 
 
 @pytest.fixture(params=["hub", "filesystem"])
@@ -361,6 +362,38 @@ def test_huggingface_hubs_own_retries_do_not_outwait_retry_max(server, tmp_path,
         assert "a.json" in client.list_files() and client.read_json("a.json") == 1
     # Both faults reached HubClient: huggingface_hub slept 6 s, then 1 s, and retried unseen.
     assert sleeps == [2.0, 1.0] and not server.faults.script
+
+
+def test_huggingface_hubs_own_retries_of_a_dropped_connection_are_left_to_hubclient(
+    server, tmp_path
+):
+    """huggingface_hub retried a connection error (refused, dropped) of a preupload itself, five
+    times an attempt, sleeping up to 23 s past retry_max.
+    """
+    sleeps = []
+    client = recorded_http_client(server, tmp_path, sleeps, retry_max=2.0)
+    client.write_json("a.json", 1)
+    server.faults.add("drop", method="POST", path="/preupload/")
+    client.write_json("b.json", 2)
+    # The drop reached HubClient, whose backoff retried it; huggingface_hub did not.
+    assert sleeps == [0.5] and not server.faults.script
+
+
+@pytest.mark.parametrize("operation", ["read", "commit"])
+def test_a_refused_connection_costs_hubclients_backoff_not_huggingface_hubs(tmp_path, operation):
+    # Two attempts with retry_initial 0.01 took 46.6 s: 23 s of huggingface_hub's retries each.
+    port = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{port.getsockname()[1]}"
+    port.close()  # nothing listens there: every connection is refused
+    transport = HfApiTransport("org/run", endpoint=url, cache_dir=tmp_path)
+    started = time.monotonic()
+    with pytest.raises(TransportError) as error:
+        if operation == "read":
+            transport.read("a.json", "main")
+        else:
+            transport.commit({"a.json": b"1"}, [], message="m")
+    # At most huggingface_hub's first 1 s wait before its retry is stopped.
+    assert error.value.transient and time.monotonic() - started < 10
 
 
 def test_a_node_without_a_token_is_refused_not_told_the_repository_is_missing(tmp_path):

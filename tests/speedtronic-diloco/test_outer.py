@@ -491,3 +491,45 @@ def test_nodes_with_identical_pseudo_gradients_are_named_once(tmp_path, caplog):
         "batches; give each node its own data.seed (or data.shard_path)"
     ]
     assert loop.counters["applied"] == 6  # warned, still applied as 2.0 did
+
+
+def test_a_resumed_master_continues_its_total_counters(tmp_path):
+    """total_* counters in diloco/outer_round restarted at 0 after a resume (total_rounds=1 after
+    two rounds), so a plotted total jumped back.
+    """
+    events = []
+    kwargs = {"outer_lr": 1.0, "outer_momentum": 0.0, "events": lambda e, p: events.append(p)}
+    state = {"w": torch.zeros(2)}
+    hub, loop = _master(tmp_path, state, **kwargs)
+    loop.recover()
+    hub.upload_delta({"w": torch.ones(2)}, node_id="a", local_step=1, base_outer_step=0)
+    hub.upload_delta({"w": torch.ones(3)}, node_id="b", local_step=1, base_outer_step=0)
+    assert loop.sync_once() == 1
+    loop = MasterOuterLoop(hub, state, node_state_dir=tmp_path / "master", **kwargs)
+    loop.recover()
+    hub.upload_delta({"w": torch.ones(2)}, node_id="a", local_step=2, base_outer_step=1)
+    assert loop.sync_once() == 2
+    totals = {k: v for k, v in events[-1].items() if k.startswith("total_")}
+    assert totals == {
+        "total_rounds": 2,
+        "total_applied": 2,
+        "total_skipped_stale": 0,
+        "total_skipped_invalid": 1,
+        "total_publish_failures": 0,
+    }
+
+
+def test_a_master_resumed_with_other_outer_settings_says_which_it_uses(tmp_path, caplog):
+    state = {"w": torch.zeros(2)}
+    hub, loop = _master(tmp_path, state, outer_lr=0.7, outer_momentum=0.9)
+    loop.recover()
+    with caplog.at_level(logging.WARNING, logger="speedtronic_diloco.outer"):
+        MasterOuterLoop(hub, state, node_state_dir=tmp_path / "master", outer_lr=0.7)
+        assert not caplog.records
+        MasterOuterLoop(
+            hub, state, node_state_dir=tmp_path / "master", outer_lr=0.5, outer_momentum=0.0
+        )
+    (record,) = caplog.records
+    assert "outer_lr 0.7 -> 0.5" in record.getMessage()
+    assert "outer_momentum 0.9 -> 0" in record.getMessage()
+    assert "using 0.5 and 0" in record.getMessage()

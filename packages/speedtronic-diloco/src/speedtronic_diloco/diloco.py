@@ -166,6 +166,7 @@ class DumbDiLoCoCoordinator:
         self._session = uuid.uuid4().hex
         self._claimed = False
         self._resumed = False  # DiLoCo state came from a checkpoint (checked at start)
+        self._warned_outer: Mapping[str, float] | None = None  # the master's, last warned of
         # From note_checkpoint: (the run's checkpoint folder, its checkpoint this process did not
         # resume from or None); None while unknown.
         self._checkpoints: tuple[Path, Path | None] | None = None
@@ -706,6 +707,8 @@ class DumbDiLoCoCoordinator:
             known = max(
                 self._last_global_step, self._candidate.outer_step if self._candidate else -1
             )
+            if metadata is not None:
+                self._warn_outer_settings(metadata.outer)
             if metadata is None or metadata.outer_step <= known:
                 return None
             state = self.hub.download_global_state(metadata)
@@ -720,6 +723,23 @@ class DumbDiLoCoCoordinator:
                 failure_level(exc), "global poll failed, training continues: %s", _failure(exc)
             )
             return None
+
+    def _warn_outer_settings(self, theirs: Mapping[str, float] | None) -> None:
+        """Warn once per master setting when this node's outer_lr or outer_momentum differs from
+        the master's: only the master applies them, so a worker's were ignored without a word.
+        """
+        if theirs is None or theirs == self._warned_outer:
+            return
+        ours = {k: float(getattr(self.settings, k)) for k in ("outer_lr", "outer_momentum")}
+        changed = [k for k in ours if k in theirs and float(theirs[k]) != ours[k]]
+        if changed:
+            self._warned_outer = dict(theirs)
+            self.logger.warning(
+                "this node's %s differs from the master's (%s): only the master applies the "
+                "outer step, so the master's is used; set it on the master to change it",
+                " and ".join(changed),
+                ", ".join(f"{k} {ours[k]:g} here, {float(theirs[k]):g} there" for k in changed),
+            )
 
     def _claim(self) -> None:
         """Claim this node id in the repository, once per process: a resumed node takes it over,

@@ -103,6 +103,8 @@ class GlobalMetadata:
     revision: str | None = None
     # The tokenizer the master's data was tokenized with (its recorded identity), when known.
     tokenizer: Mapping[str, Any] | None = None
+    # The master's outer_lr and outer_momentum (only it applies them), when it published them.
+    outer: Mapping[str, float] | None = None
 
     @classmethod
     def from_dict(cls, value: Mapping[str, Any], *, revision: str | None = None) -> GlobalMetadata:
@@ -116,6 +118,7 @@ class GlobalMetadata:
                 publish_id=value.get("publish_id"),
                 revision=revision,
                 tokenizer=value["tokenizer"] if isinstance(value.get("tokenizer"), dict) else None,
+                outer=value["outer"] if isinstance(value.get("outer"), dict) else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             # repr, not dict(value): the value may be JSON that is no object at all ([1], null).
@@ -130,7 +133,9 @@ class GlobalMetadata:
             "sha256": self.sha256,
             "publish_id": self.publish_id,
         }
-        return value if self.tokenizer is None else {**value, "tokenizer": dict(self.tokenizer)}
+        # Optional keys are left out when unknown; nodes that predate them ignore them.
+        optional = {"tokenizer": self.tokenizer, "outer": self.outer}
+        return {**value, **{k: dict(v) for k, v in optional.items() if v is not None}}
 
 
 def check_repo_path(path: str) -> str:
@@ -491,10 +496,12 @@ class HubClient:
         metadata_extra: dict[str, str] | None = None,
         consumed: list[str] | tuple = (),
         tokenizer: Mapping[str, Any] | None = None,
+        outer: Mapping[str, float] | None = None,
     ) -> GlobalMetadata:
         """Publish model, step_count.json and manifest in one compare-and-swap commit; delete
         consumed deltas. `tokenizer` (the identity of the tokenizer of the master's data) goes
-        into step_count.json, so nodes trained on other token ids refuse the model.
+        into step_count.json, so nodes trained on other token ids refuse the model; so does
+        `outer` (the master's outer_lr and outer_momentum), so a node set otherwise says so.
         """
         del work_dir  # 2.0 staged files on disk; contents now travel from memory
         model = to_safetensors_bytes(
@@ -507,6 +514,7 @@ class HubClient:
             hashlib.sha256(model).hexdigest(),
             uuid.uuid4().hex,
             tokenizer=tokenizer,
+            outer=outer,
         )
         manifest = {
             "outer_step": outer_step,

@@ -179,6 +179,11 @@ class MasterOuterLoop:
         return self.state_path
 
     @property
+    def outer_settings(self) -> dict[str, float]:
+        """Return the outer_lr and outer_momentum this master applies (published with the model)."""
+        return {"outer_lr": self.optimizer.lr, "outer_momentum": self.optimizer.momentum}
+
+    @property
     def outer_step(self) -> int:
         """Return the current outer step."""
         return self._state.outer_step
@@ -213,6 +218,10 @@ class MasterOuterLoop:
                 "distributed.repo_id), delete it or point distributed.state_dir elsewhere"
             )
         self.optimizer.load_state_dict(momentum)
+        self._warn_changed_settings(header)
+        # Totals span the master's whole run, not one process: a resumed one restarting them at 0
+        # made a plotted total jump back. States written before they were saved start at 0.
+        self.counters.update({k: int(v) for k, v in header.get("counters", {}).items()})
         self._state = OuterState(
             global_state=global_state,
             outer_step=int(header["outer_step"]),
@@ -225,6 +234,22 @@ class MasterOuterLoop:
             "master resumed local outer state at outer step %d", self._state.outer_step
         )
 
+    def _warn_changed_settings(self, header: Mapping[str, Any]) -> None:
+        """Warn when this master resumes with an outer_lr or outer_momentum other than its saved
+        state's: the new values apply from the next round, which a changed config did silently.
+        """
+        saved = {k: header.get(k) for k in ("outer_lr", "outer_momentum")}
+        now = self.outer_settings
+        changed = [k for k in now if saved[k] is not None and float(saved[k]) != now[k]]
+        if changed:
+            self.logger.warning(
+                "master resumed with other outer settings than its saved state %s: %s; using %s "
+                "from the next round",
+                self.state_path,
+                ", ".join(f"{k} {saved[k]:g} -> {now[k]:g}" for k in changed),
+                " and ".join(f"{now[k]:g}" for k in changed),
+            )
+
     def _save_local_state(self) -> None:
         """Persist global state, momentum and ledger together, atomically (caller holds the
         lock).
@@ -235,6 +260,8 @@ class MasterOuterLoop:
             "outer_step": self._state.outer_step,
             "processed": self._state.processed_deltas,
             "published_step": self._state.published_step,
+            "counters": self.counters,
+            **self.outer_settings,
         }
         atomic_write_bytes(
             self.state_path, to_safetensors_bytes(tensors, metadata={"outer": json.dumps(header)})
@@ -345,9 +372,9 @@ class MasterOuterLoop:
                 self._state.outer_step += 1
             self._state.processed_deltas.update({p: "applied" for p in report.applied})
             self._state.processed_deltas.update(report.skipped)
-            self._save_local_state()
             report.outer_step = self._state.outer_step
-        self._count(report)
+            self._count(report)  # before the save, which keeps the totals
+            self._save_local_state()
         if chains:
             report.published = self._publish_pending()
         # This round's counts, then the running totals under total_* (a plain **counters would
@@ -402,7 +429,11 @@ class MasterOuterLoop:
                 if self.check_owner is not None:
                     self.check_owner()
                 self.hub.publish_global(
-                    state, outer_step=step, consumed=sorted(ledger), tokenizer=self.tokenizer
+                    state,
+                    outer_step=step,
+                    consumed=sorted(ledger),
+                    tokenizer=self.tokenizer,
+                    outer=self.outer_settings,
                 )
             # A shared folder's OSError (full, remounted read-only) too: raised, it ended the round
             # unreported (no event, no count) and logged a traceback every round.

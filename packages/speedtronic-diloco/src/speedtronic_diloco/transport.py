@@ -171,12 +171,43 @@ class HubBusy(Exception):
         self.response = response
 
 
+class HubNoAnswer(Exception):
+    """A DiLoCo request sent again after a try got no answer, by huggingface_hub's own retry.
+
+    Raised to stop that retry of a network error, so that HubClient retries it within its bounds.
+    """
+
+    def __init__(self, request: Any) -> None:
+        super().__init__(
+            f"no answer from {request.method} {request.url} (connection failed or timed out)"
+        )
+
+
+def _request_key(request: Any) -> tuple[str, str]:
+    return request.method, str(request.url)
+
+
 def _no_hf_retries(response: Any) -> None:
     # HubClient retries with its own bounds (retry_max, retry_attempts); huggingface_hub's retry
     # under it waited out any Retry-After (an hour's rate-limit window, say) past retry_max, and
     # multiplied each attempt into six requests. Other requests of the process keep theirs.
-    if getattr(_IN_CALL, "active", False) and response.status_code in _HF_RETRIED_STATUSES:
+    if not getattr(_IN_CALL, "active", False):
+        return
+    _IN_CALL.unanswered.discard(_request_key(response.request))
+    if response.status_code in _HF_RETRIED_STATUSES:
         raise HubBusy(response)
+
+
+def _no_hf_reconnects(request: Any) -> None:
+    # httpx sends a request once, so one sent again in a DiLoCo call while its last try got no
+    # answer is huggingface_hub's retry of a network error (connection refused, a timeout): it
+    # slept 1+2+4+8+8 s over five of them per HubClient attempt, 23 s past retry_max each.
+    if not getattr(_IN_CALL, "active", False):
+        return
+    key = _request_key(request)
+    if key in _IN_CALL.unanswered:
+        raise HubNoAnswer(request)
+    _IN_CALL.unanswered.add(key)
 
 
 def bound_hub_http_timeouts(seconds: float = HTTP_TIMEOUT_S) -> bool:
@@ -201,7 +232,7 @@ def bound_hub_http_timeouts(seconds: float = HTTP_TIMEOUT_S) -> bool:
 
     def bounded_client() -> Any:
         client = default()
-        client.event_hooks["request"].append(bound)
+        client.event_hooks["request"].extend([bound, _no_hf_reconnects])
         client.event_hooks["response"].append(_no_hf_retries)
         return client
 
@@ -258,6 +289,7 @@ class HfApiTransport:
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         _IN_CALL.active = True
+        _IN_CALL.unanswered = set()  # (method, url) of this call's requests not answered yet
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
@@ -545,6 +577,7 @@ __all__ = [
     "FilesystemTransport",
     "HfApiTransport",
     "HubBusy",
+    "HubNoAnswer",
     "NotFound",
     "Refused",
     "StaleParent",

@@ -953,11 +953,38 @@ def fit_apart(
     return [loss, torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()]
 
 
+def process_resources() -> dict:
+    """What a run left in this process: a process group, threads, open files."""
+    return {
+        "group": torch.distributed.is_initialized(),
+        "threads": len(os.listdir("/proc/self/task")),
+        "fds": len(os.listdir("/proc/self/fd")),
+    }
+
+
+def scenario_sweep(out: Path, mode: str) -> dict:
+    """Call train_from_config 3 times in this process, as a sweep does (the second run stops on
+    a non-finite loss); return what each left behind, and what was there before the first.
+    """
+    seen = {"before": process_resources(), "runs": []}
+    for run in range(3):
+        optimizer = {"lr": 1e30} if run == 1 else {}  # a non-finite loss stops the run
+        values = config(out / str(run), mode, optimizer=optimizer, parallel={"timeout_s": 30})
+        try:
+            runtime.train_from_config(values)
+            outcome = "trained"
+        except Exception as error:
+            outcome = type(error).__name__
+        seen["runs"].append({"outcome": outcome, **process_resources()})
+    return seen
+
+
 SCENARIOS = {
     "train": scenario_train,
     "apart": scenario_apart,
     "resume": scenario_resume,
     "resume_into_fsdp": scenario_resume_into_fsdp,
+    "sweep": scenario_sweep,
 }
 
 
@@ -967,9 +994,11 @@ def main() -> None:
     seen = SCENARIOS[scenario](out, mode)
     rank = int(os.environ["RANK"])
     (out / f"rank{rank}.json").write_text(json.dumps(seen))
-    # Leave together: a rank that exits first can abort a peer still in its last gloo operation.
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    if torch.distributed.is_initialized():  # a sweep's runs have left their groups
+        # Leave together: a rank that exits first can abort a peer still in its last gloo
+        # operation.
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

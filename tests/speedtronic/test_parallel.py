@@ -382,6 +382,20 @@ def test_one_rank_reads_a_sharded_checkpoint_while_its_peers_wait(trained):
     assert zero["read_alone"] is True and one["read_alone"] is None
 
 
+def test_a_sweep_of_runs_in_one_process_leaves_no_group_threads_or_files_behind(tmp_path):
+    # Each run joins a new process group: the second used to read the first's gloo addresses
+    # from torchrun's store (a connection refused, or a hang).
+    torchrun(str(WORKER), "sweep", str(tmp_path), "ddp")
+    for seen in ranks(tmp_path, 2):
+        before = seen["before"]
+        assert [run.pop("outcome") for run in seen["runs"]] == [
+            "trained",
+            "NonFiniteLossError",
+            "trained",
+        ]
+        assert seen["runs"] == [before] * 3
+
+
 def test_what_differs_on_one_rank_is_agreed_on_by_every_rank(tmp_path):
     torchrun(str(WORKER), "apart", str(tmp_path), "ddp")
     zero, one = ranks(tmp_path, 2)

@@ -186,7 +186,7 @@ def init_parallel(section: Any, device: torch.device) -> ParallelContext:
             backend=resolve_backend(section.backend, device),
             timeout=timeout,
             device_id=device if device.type == "cuda" else None,
-            **_restart_store(timeout),
+            **_fresh_store(timeout),
         )
     return ParallelContext(
         section.data_parallel, dist.get_rank(), dist.get_world_size(), local_rank, device
@@ -216,20 +216,29 @@ def elastic_restarts() -> tuple[int, int]:
     return int(made), int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
 
 
-def _restart_store(timeout: datetime.timedelta) -> dict[str, Any]:
-    """Return init_process_group's store arguments for a worker torchrun restarted, else {}.
+# How many process groups this process has joined: a sweep (train_from_config in a loop) joins
+# one per run, the same count on every rank.
+_groups_joined = 0
+
+
+def _fresh_store(timeout: datetime.timedelta) -> dict[str, Any]:
+    """Return init_process_group's store arguments for a group a worker torchrun restarted, or
+    a later group of the same worker, else {}.
 
     torchrun's c10d rendezvous keeps one store for every restart round, and workers join it
-    without a per-attempt prefix, so a restarted group would read the dead workers' gloo
-    addresses (a connection refused or a hang). A prefix per attempt keeps each round apart.
+    without a per-attempt or per-group prefix, so a restarted group, or the next run's group in
+    a sweep, would read the earlier group's gloo addresses (a connection refused or a hang). A
+    prefix per attempt and per group keeps each apart.
     """
-    if elastic_restarts()[0] == 0:
+    global _groups_joined
+    group, _groups_joined = _groups_joined, _groups_joined + 1
+    if elastic_restarts()[0] == 0 and group == 0:
         return {}
     store = agent_store(timeout)
     if store is None:
         return {}
     return {
-        "store": store,
+        "store": dist.PrefixStore(f"group_{group}", store) if group else store,
         "rank": int(os.environ["RANK"]),
         "world_size": int(os.environ["WORLD_SIZE"]),
     }

@@ -10,7 +10,7 @@ import torch
 from speedtronic_diloco.hub import HubClient, HubUnavailable
 from speedtronic_diloco.outer import DOWNLOAD_THREADS, MasterOuterLoop, NesterovOuterOptimizer
 from speedtronic_diloco.tensors import delta_path, to_safetensors_bytes
-from speedtronic_diloco.transport import FilesystemTransport
+from speedtronic_diloco.transport import FilesystemTransport, TransportError
 
 
 @pytest.mark.parametrize("lr,momentum", [(0.7, 0.9), (0.3, 0.0), (1.0, 0.5)])
@@ -268,11 +268,11 @@ def test_failed_publish_is_resent_before_the_next_round(tmp_path):
     loop.recover()
     hub.upload_delta({"w": torch.ones(2)}, node_id="a", local_step=1, base_outer_step=0)
     original = hub.transport.commit
-    hub.transport.commit = lambda *a, **k: (_ for _ in ()).throw(
-        __import__("speedtronic_diloco.transport", fromlist=["x"]).TransportError(
-            "down", transient=True
-        )
-    )
+
+    def down(*args, **kwargs):
+        raise TransportError("down", transient=True)
+
+    hub.transport.commit = down
     assert loop.sync_once() == 1
     assert hub.global_metadata().outer_step == 0 and loop.counters["publish_failures"] == 1
     hub.transport.commit = original
@@ -295,11 +295,11 @@ def test_a_restarted_master_says_where_its_state_came_from_and_publishes_what_it
     assert events == [("diloco/master_start", start)]
     hub.upload_delta({"w": torch.ones(2)}, node_id="a", local_step=1, base_outer_step=0)
     original = hub.transport.commit
-    hub.transport.commit = lambda *a, **k: (_ for _ in ()).throw(
-        __import__("speedtronic_diloco.transport", fromlist=["x"]).TransportError(
-            "down", transient=True
-        )
-    )
+
+    def down(*args, **kwargs):
+        raise TransportError("down", transient=True)
+
+    hub.transport.commit = down
     assert loop.sync_once() == 1 and hub.global_metadata().outer_step == 0  # saved, unpublished
     hub.transport.commit = original
     MasterOuterLoop(hub, state, node_state_dir=tmp_path / "master", **kwargs).recover()

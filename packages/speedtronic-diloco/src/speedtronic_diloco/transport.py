@@ -156,7 +156,8 @@ def _classify_http(exc: Exception) -> TransportError:
 HTTP_TIMEOUT_S = 60.0
 
 
-# Set while a thread is inside HfApiTransport._call, a DiLoCo request.
+# While a thread is inside HfApiTransport._call (a DiLoCo request), `unanswered` holds the
+# (method, url) of that call's requests not answered yet; None or unset outside a call.
 _IN_CALL = threading.local()
 # The statuses huggingface_hub retries on its own for some requests (tree listings, preuploads,
 # file metadata), sleeping as long as a Retry-After says, unbounded, up to 5 times per attempt.
@@ -191,9 +192,10 @@ def _no_hf_retries(response: Any) -> None:
     # HubClient retries with its own bounds (retry_max, retry_attempts); huggingface_hub's retry
     # under it waited out any Retry-After (an hour's rate-limit window, say) past retry_max, and
     # multiplied each attempt into six requests. Other requests of the process keep theirs.
-    if not getattr(_IN_CALL, "active", False):
+    unanswered = getattr(_IN_CALL, "unanswered", None)
+    if unanswered is None:
         return
-    _IN_CALL.unanswered.discard(_request_key(response.request))
+    unanswered.discard(_request_key(response.request))
     if response.status_code in _HF_RETRIED_STATUSES:
         raise HubBusy(response)
 
@@ -202,12 +204,13 @@ def _no_hf_reconnects(request: Any) -> None:
     # httpx sends a request once, so one sent again in a DiLoCo call while its last try got no
     # answer is huggingface_hub's retry of a network error (connection refused, a timeout): it
     # slept 1+2+4+8+8 s over five of them per HubClient attempt, 23 s past retry_max each.
-    if not getattr(_IN_CALL, "active", False):
+    unanswered = getattr(_IN_CALL, "unanswered", None)
+    if unanswered is None:
         return
     key = _request_key(request)
-    if key in _IN_CALL.unanswered:
+    if key in unanswered:
         raise HubNoAnswer(request)
-    _IN_CALL.unanswered.add(key)
+    unanswered.add(key)
 
 
 def bound_hub_http_timeouts(seconds: float = HTTP_TIMEOUT_S) -> bool:
@@ -250,7 +253,7 @@ class _QuietInsideCalls(logging.Filter):
     """Drop huggingface_hub's retry lines logged by a thread inside HfApiTransport._call."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not getattr(_IN_CALL, "active", False)
+        return getattr(_IN_CALL, "unanswered", None) is None
 
 
 def _quiet_hf_retries() -> None:
@@ -288,14 +291,13 @@ class HfApiTransport:
         return f"HfApiTransport({self.repo_id!r}, endpoint={getattr(self.api, 'endpoint', None)!r})"
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        _IN_CALL.active = True
-        _IN_CALL.unanswered = set()  # (method, url) of this call's requests not answered yet
+        _IN_CALL.unanswered = set()
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
             raise _classify_http(exc) from None
         finally:
-            _IN_CALL.active = False
+            _IN_CALL.unanswered = None
 
     def create_repo(self, *, private: bool) -> None:
         self._call(

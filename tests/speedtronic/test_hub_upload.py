@@ -153,3 +153,36 @@ def test_private_refuses_a_public_repository_before_uploading(tmp_path, server, 
     push_to_hub(folder, "me/private", private=True, endpoint=server.url)  # a new one: private
     assert server.store.repos[("model", "me/private")].private
     push_to_hub(folder, "me/private", private=True, endpoint=server.url)  # and it stays usable
+
+
+def test_a_push_refuses_to_replace_the_repositorys_own_readme(tmp_path, server, checkpoint):
+    # upload_folder replaced a README.md the user wrote on the Hub with the export's model card.
+    api = HfApi(endpoint=server.url)
+    api.create_repo("me/own")
+    theirs = b"# My model\n\nNotes I wrote on the Hub.\n"
+    api.upload_file(path_or_fileobj=theirs, path_in_repo="README.md", repo_id="me/own")
+    out = export_hf(checkpoint, tmp_path / "hf", repo_id="me/own")
+    commits = len(server.store.repos[("model", "me/own")].commits)
+    with pytest.raises(UsageError) as refused:
+        push_to_hub(out, "me/own", endpoint=server.url)
+    message = str(refused.value)
+    assert message.startswith("me/own on ") and "\n" not in message
+    assert "has a README.md that is not a model card an export wrote" in message
+    assert f"the export in {out} is complete" in message
+    assert server.files("me/own")["README.md"] == theirs
+    assert len(server.store.repos[("model", "me/own")].commits) == commits  # nothing uploaded
+    # the way out the message names: without the folder's card, their README stays
+    (out / "README.md").unlink()
+    push_to_hub(out, "me/own", endpoint=server.url)
+    remote = server.files("me/own")
+    assert (
+        remote["README.md"] == theirs
+        and remote["config.json"] == (out / "config.json").read_bytes()
+    )
+    # a card an earlier push wrote (edited on the Hub or not) is the export's own: replaced
+    card = export_hf(checkpoint, tmp_path / "again", repo_id="me/own") / "README.md"
+    api.upload_file(path_or_fileobj=card, path_in_repo="README.md", repo_id="me/own")
+    edited = card.read_bytes() + b"\nA line I added.\n"
+    api.upload_file(path_or_fileobj=edited, path_in_repo="README.md", repo_id="me/own")
+    push_to_hub(card.parent, "me/own", endpoint=server.url)
+    assert server.files("me/own")["README.md"] == card.read_bytes()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import tempfile
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,10 @@ def push_to_hub(
 ) -> str:
     """Create the model repository if needed and upload every file of folder as one commit;
     return the repository URL. Weight files, tokenizer extras and a loss curve an earlier push
-    left that folder lacks are deleted in that commit, as export deletes them locally. With
-    private, an existing public repository is refused (UsageError) before anything is uploaded.
+    left that folder lacks are deleted in that commit, as export deletes them locally. Refused
+    (UsageError) before anything is uploaded: with private, an existing public repository; a
+    README.md of the repository's own (not a model card an export wrote) that the folder's card
+    would replace.
 
     The token is huggingface_hub's own: HF_TOKEN, else the `hf auth login` cache. Speedtronic
     never reads, prints or stores it. `endpoint` (default: HF_ENDPOINT, else huggingface.co)
@@ -58,10 +61,9 @@ def push_to_hub(
     )
     try:
         url = api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
-        # create_repo leaves an existing repository's visibility as it is: asked for private,
-        # the weights would be published.
-        refused = private and api.repo_info(repo_id, repo_type="model").private is not True
-        if not refused:
+        remote = api.list_repo_files(repo_id, repo_type="model")
+        refusal = _refusal(api, repo_id, folder, private=private, remote=remote, kept=kept)
+        if refusal is None:
             api.upload_folder(
                 folder_path=str(folder),
                 repo_id=repo_id,
@@ -69,7 +71,7 @@ def push_to_hub(
                 commit_message="Upload a Speedtronic export",
                 # A model.safetensors left by an earlier push would shadow new shards:
                 # transformers loads it first. Files uploaded in this commit are never deleted.
-                delete_patterns=_replaced_remote_files(api, repo_id),
+                delete_patterns=_replaced_remote_files(remote),
                 # What an export or atomic write killed half way left (its staging folder, a
                 # temporary file): never part of the export.
                 ignore_patterns=[LEFTOVERS, f"{LEFTOVERS}/"],
@@ -79,16 +81,40 @@ def push_to_hub(
             f"pushing to {repo_id} on {api.endpoint} failed ({type(error).__name__}: "
             f"{first_line(error)}); {kept}"
         ) from error
-    if refused:
-        raise UsageError(
-            f"--private: {repo_id} is public on {api.endpoint} and --private does not change an "
-            f"existing repository, so nothing was uploaded; make it private in its settings or "
-            f"drop --private; {kept}"
-        )
+    if refusal is not None:
+        raise UsageError(refusal)
     return str(url)
 
 
-def _replaced_remote_files(api: Any, repo_id: str) -> list[str]:
+def _refusal(
+    api: Any, repo_id: str, folder: Path, *, private: bool, remote: list[str], kept: str
+) -> str | None:
+    """Return why the push must not upload (what was wrong, how to fix it), or None."""
+    from speedtronic.model_card import CARD_NAME, is_model_card
+
+    # create_repo leaves an existing repository's visibility as it is: asked for private, the
+    # weights would be published.
+    if private and api.repo_info(repo_id, repo_type="model").private is not True:
+        return (
+            f"--private: {repo_id} is public on {api.endpoint} and --private does not change an "
+            "existing repository, so nothing was uploaded; make it private in its settings or "
+            f"drop --private; {kept}"
+        )
+    if CARD_NAME in remote and (folder / CARD_NAME).is_file():
+        with tempfile.TemporaryDirectory() as scratch:
+            theirs = api.hf_hub_download(repo_id, CARD_NAME, repo_type="model", local_dir=scratch)
+            if not is_model_card(Path(theirs)):  # the user's own, as export refuses locally
+                return (
+                    f"{repo_id} on {api.endpoint} has a README.md that is not a model card an "
+                    "export wrote, and the push would replace it, so nothing was uploaded; the "
+                    f"export in {folder} is complete: rename or delete that README.md in the "
+                    "repository and rerun the export with --push-to-hub, or keep it: delete "
+                    f"{folder / CARD_NAME} and run `hf upload {repo_id} {folder}`"
+                )
+    return None
+
+
+def _replaced_remote_files(remote: list[str]) -> list[str]:
     """Return, as patterns matching only themselves, the repository's files an hf export replaces
     (hf_replaced_files), each `*` within one folder level: huggingface_hub's `*` crosses folders,
     so model*.safetensors would also delete the user's model_int8/model.safetensors.
@@ -98,7 +124,7 @@ def _replaced_remote_files(api: Any, repo_id: str) -> list[str]:
     replaced = hf_replaced_files()
     return [
         glob.escape(name)
-        for name in api.list_repo_files(repo_id, repo_type="model")
+        for name in remote
         if any(fnmatchcase(name, p) and name.count("/") == p.count("/") for p in replaced)
     ]
 

@@ -251,6 +251,30 @@ def test_a_signal_during_the_last_evaluation_still_saves_the_last_step(tmp_path)
     assert result.checkpoint == tmp_path / "step_4.pt"
     assert evaluation.dealt == 8
     assert events.values("eval", "step") == [3]
+    assert "val_loss" not in result.metrics  # step 3's: not of the weights saved at step 4
+
+
+@pytest.mark.parametrize("during", ["evaluation", "step"])
+def test_a_stopped_run_reports_no_val_loss_of_weights_it_no_longer_has(tmp_path, during):
+    # fit_end (and TrainResult.metrics) gave step 2's val_loss beside `step` 4 or 3, as if the
+    # weights the run ended with had scored it; the model card read it so ("at step 4").
+    events = RecordingHook()
+
+    def stop_in_step_3(event, payload):
+        events.on_event(event, payload)
+        if during == "step" and event == "train_step" and payload["step"] == 3:
+            signal.raise_signal(signal.SIGTERM)
+
+    # Six batches a pass: the 8th is the second of step 4's pass.
+    evaluation = SignallingEval(signal.SIGTERM, at=8 if during == "evaluation" else 0)
+    config = make_config(data={"eval_every": 2, "eval_steps": None})
+    trainer = signalled_trainer(tmp_path, stop_in_step_3, config, eval_dataloader=evaluation)
+    result = trainer.fit(1_000)
+    assert result.stopped_by == "SIGTERM" and result.steps == (4 if during == "evaluation" else 3)
+    assert events.values("eval", "step") == [2]  # its val_loss stays in its own record
+    assert "val_loss" not in result.metrics
+    assert events.values("fit_end", "step") == [result.steps]
+    assert events.values("fit_end", "val_loss") == []
 
 
 def test_a_resume_runs_the_evaluation_a_signal_cut_short_and_trains_on_as_if_never_stopped(

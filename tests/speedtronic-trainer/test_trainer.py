@@ -929,6 +929,29 @@ def test_validation_loss_every_eval_every_steps():
     assert trainer.evaluate(max_batches=4) != pytest.approx(one_batch, rel=1e-6)
 
 
+@pytest.mark.parametrize("eval_every", [None, 2])
+def test_validation_data_without_eval_every_is_said_once_to_go_unevaluated(eval_every):
+    # A validation set with no data.eval_every was never evaluated, not even as fit() ends: the
+    # run reported no val_loss and said nothing.
+    stream = io.StringIO()
+    trainer = make_trainer(
+        eval_dataloader=make_loader(TokenDataset(n=4)),
+        sections={"data": {"eval_every": eval_every}},
+        logger=MetricLogger(stream=stream, hooks=[RecordingHook()]),
+    )
+    trainer.fit(3)
+    trainer.fit(5)
+    warned = stream.getvalue().count("data.eval_every is not set")
+    evaluated = hook_of(trainer).values("eval", "step")
+    if eval_every is None:
+        assert warned == 1 and evaluated == [] and "val_loss" not in trainer.fit(6).metrics
+    else:
+        assert warned == 0 and evaluated == [2, 3, 4, 5]
+    quiet = io.StringIO()  # no validation set: nothing to say
+    make_trainer(logger=MetricLogger(stream=quiet)).fit(1)
+    assert "eval_every" not in quiet.getvalue()
+
+
 def test_validation_loss_without_token_labels_weighs_an_uneven_last_batch_by_its_size():
     # Float targets (regression) have no label count: each batch counted once, so a last batch
     # of 1 sample weighed as much as one of 2 and the validation loss was not the split's mean.
@@ -1004,6 +1027,26 @@ def test_one_process_raises_an_eval_loader_or_checkpoint_folder_error_as_it_is(t
     with pytest.raises(OSError, match="Too many levels of symbolic links") as raised:
         trainer.resume_latest()
     assert type(raised.value) is OSError
+
+
+def test_an_evaluation_of_no_batch_starts_no_loader():
+    """evaluate(max_batches=0) started the loader (a DataLoader's workers) for nothing: in one
+    process its failure raised, while under data parallelism the failing rank dropped it."""
+
+    class Unstartable:
+        tried = 0
+
+        def __iter__(self):
+            self.tried += 1
+            raise OSError("workers failed to start")
+
+    loader = Unstartable()
+    trainer = make_trainer(eval_dataloader=loader)
+    assert trainer.evaluate(max_batches=0) is None and loader.tried == 0
+    for wrong in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=r"^evaluate\(max_batches=.*\) takes None"):
+            trainer.evaluate(max_batches=wrong)
+    assert loader.tried == 0
 
 
 def test_a_one_shot_eval_iterator_is_refused_once_exhausted():

@@ -844,6 +844,7 @@ def scenario_apart(out: Path, mode: str) -> dict:
     seen["lock_loop"] = [*lock_apart(context, out / "lock_loop" / "run", loop=True)]
     seen["lock_loop"].append(next_sum(context))
     seen["resume"] = [*resume_apart_loop(context, out / "resume"), next_sum(context)]
+    seen["evaluate_none"] = [*evaluate_none_apart(context), next_sum(context)]
     return seen
 
 
@@ -906,10 +907,29 @@ def failing_at(count: int):
 
 
 class Unstartable:
-    """An eval loader whose iteration cannot start, as a DataLoader whose workers fail to."""
+    """An eval loader whose iteration cannot start, as a DataLoader whose workers fail to;
+    `tried` counts the attempts.
+    """
+
+    tried = 0
 
     def __iter__(self):
+        self.tried += 1
         raise OSError("injected: workers failed to start")
+
+
+def evaluate_none_apart(context: ParallelContext) -> list:
+    """What each rank's evaluate(max_batches=0) returned when rank 1's eval loader cannot start,
+    and how often that loader was iterated (an evaluation of no batch starts no loader).
+    """
+    loader = Unstartable() if context.rank == 1 else regression_batches(4)
+    shares = {"data": {"micro_batch_size": 2, "target_batch_size": 4}}
+    trainer, _ = regression_trainer(context, [], shares, eval_dataloader=loader)
+    try:
+        seen = [trainer.evaluate(max_batches=0)]
+    except Exception as error:
+        seen = [f"{type(error).__name__}: {error}"]
+    return [*seen, getattr(loader, "tried", 0)]
 
 
 # Each check's fit_apart arguments by rank and folder: only one rank's differ from the defaults.

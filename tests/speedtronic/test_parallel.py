@@ -401,8 +401,8 @@ def test_what_differs_on_one_rank_is_agreed_on_by_every_rank(tmp_path):
     zero, one = ranks(tmp_path, 2)
     # Each rank's next collective meets its peer's (3.0): a rank that raised alone used to meet
     # its peer's gradient all-reduce there (a wrong sum), or leave it waiting.
-    assert [seen.pop() for seen in zero.values()] == [3.0] * 12
-    assert [seen.pop() for seen in one.values()] == [3.0] * 12
+    assert [seen.pop() for seen in zero.values()] == [3.0] * 13
+    assert [seen.pop() for seen in one.values()] == [3.0] * 13
     lock = tmp_path / "lock" / "run" / ".speedtronic-run.lock"
     assert (
         zero["lock"] == one["lock"] == [f"IsADirectoryError: [Errno 21] Is a directory: '{lock}'"]
@@ -419,6 +419,8 @@ def test_what_differs_on_one_rank_is_agreed_on_by_every_rank(tmp_path):
     # Rank 1's eval loader could not start (its iter() raised): not rank 1 alone.
     assert one["eval_iter"] == ["OSError: injected: workers failed to start"]
     assert zero["eval_iter"] == [failed.format(1, evaluation, why)]
+    # An evaluation of no batch starts no loader: every rank returns None, as one process does.
+    assert zero["evaluate_none"] == one["evaluate_none"] == [None, 0]
     # Rank 0 could not resolve the run folder (a symlink loop): every rank raises what one
     # process raises there (RuntimeError before Python 3.13), not rank 0 alone.
     loop = SpeedtronicConfig.from_dict({"run": {"output_dir": str(tmp_path / "lock_loop" / "run")}})

@@ -174,10 +174,16 @@ class _FitProgress:
 
     final_loss: float | None = None
     val_loss: float | None = None
+    val_step: int | None = None  # the step whose weights val_loss scored
     checkpoint: Path | None = None
     checkpoint_step: int | None = None  # the step `checkpoint` holds
     stopped_by: str | None = None
     consecutive_skips: int = 0
+
+    def evaluated(self, val_loss: float | None, step: int) -> None:
+        """Keep the loss of a completed evaluation at `step` (None: cut short, or no batch)."""
+        if val_loss is not None:
+            self.val_loss, self.val_step = val_loss, step
 
 
 def _same_setting(first: Any, second: Any) -> bool:
@@ -770,8 +776,15 @@ class Trainer:
         """Return the validation loss (mean over valid labels, or over samples for batches
         without token labels) over up to max_batches eval batches per rank, summed over every
         rank's batches; every rank stops at the shortest rank's share. Under data parallelism
-        every rank calls it, with the same max_batches (each batch is a collective).
+        every rank calls it, with the same max_batches (each batch is a collective). None: the
+        config's data.eval_steps; 0 reads no batch (the loader is not started) and returns None.
         """
+        count = isinstance(max_batches, int) and not isinstance(max_batches, bool)
+        if max_batches is not None and not (count and max_batches >= 0):
+            raise ValueError(
+                f"evaluate(max_batches={max_batches!r}) takes None (data.eval_steps batches) or "
+                "a whole number of batches >= 0"
+            )
         return self._evaluate(max_batches)[0]
 
     @torch.no_grad()
@@ -784,9 +797,12 @@ class Trainer:
         then every rank ends the window at once (a scheduler's grace period may not outlast a
         whole validation pass, and a partial window's loss compares with no other).
         """
-        if self.eval_dataloader is None:
-            return None, None
         limit = max_batches if max_batches is not None else self.config.data.eval_steps
+        # No batch to read: iter() would start a DataLoader's workers for nothing, and no batch
+        # collective would tell the peers of a rank whose workers failed to start (it raised in
+        # one process, and was dropped under data parallelism).
+        if self.eval_dataloader is None or limit == 0:
+            return None, None
         restore_modes = switch_to_eval(self.model)  # each module gets its own mode back
         total = weight = 0.0
         stop = None
@@ -921,6 +937,17 @@ class Trainer:
         log_config = getattr(self.logger, "log_config", None)
         if record is not None and callable(log_config):
             log_config(record)
+
+    def _warn_if_never_evaluated(self) -> None:
+        """Say that a validation set goes unevaluated without data.eval_every: fit() evaluates
+        neither on an interval nor after its last step, and the run reports no val_loss.
+        """
+        if self.eval_dataloader is not None and self.config.data.eval_every is None:
+            self.logger.warning(
+                "data.eval_every is not set: fit() never evaluates the eval_dataloader "
+                "(data.val_shard_path or data.val_text_path), not even after its last step, and "
+                "reports no val_loss; set data.eval_every to evaluate every N steps and at the end"
+            )
 
     def _dense_state(self) -> dict[str, Any]:
         if self.parallel.mode == "fsdp":
@@ -1334,8 +1361,9 @@ class Trainer:
                 idle,
                 skipped_steps=self.skipped_steps,
             )
-        if not self._config_logged:
+        if not self._config_logged:  # the first fit
             self._log_config()
+            self._warn_if_never_evaluated()
         if not self._compile_decided:
             self._decide_compile(target - self.step)
         if not unwrap_model(self.model).training:
@@ -1403,7 +1431,7 @@ class Trainer:
         rng = capture_rng_state()
         val_loss, stopped_by = self._evaluate_now(lambda: stop.received)
         restore_rng_state(rng)
-        progress.val_loss = val_loss
+        progress.evaluated(val_loss, self.step)
         self._evaluation_due = stopped_by is not None
         return stopped_by
 
@@ -1477,7 +1505,7 @@ class Trainer:
         tokens_per_s = outcome.tokens / outcome.seconds if outcome.seconds > 0 else 0.0
         bar.update(self.step, outcome.loss, tokens_per_s)
         evaluated, stop = self._maybe_evaluate(stop_requested)
-        progress.val_loss = evaluated if evaluated is not None else progress.val_loss
+        progress.evaluated(evaluated, self.step)
         if stop is not None:  # every rank stops now, not after another step
             outcome = replace(outcome, stop=stop)
             self._evaluation_due = True  # before the checkpoints of this step are written
@@ -1578,7 +1606,7 @@ class Trainer:
         if progress.stopped_by is None and last_evaluation and self.step % every:
             # The run's summary reports the validation loss of the weights it ends with.
             val_loss, progress.stopped_by = self._evaluate_now(stop_requested)
-            progress.val_loss = val_loss if val_loss is not None else progress.val_loss
+            progress.evaluated(val_loss, self.step)
         if progress.stopped_by is not None:
             if not written_now:
                 progress.checkpoint = self._checkpoint(force=True) or progress.checkpoint
@@ -1596,7 +1624,9 @@ class Trainer:
             "tokens_per_s": (self.tokens - first_tokens) * per_s,
             "samples_per_s": (self.samples - first_samples) * per_s,
         }
-        if progress.val_loss is not None:
+        # Only the loss of the weights the run ends with: a signal that stopped it before (or
+        # during) their evaluation leaves an earlier one, which its own `eval` record keeps.
+        if progress.val_loss is not None and progress.val_step == self.step:
             metrics["val_loss"] = progress.val_loss
         self.logger.emit(
             "fit_end",

@@ -14,8 +14,10 @@ from speedtronic_optim import (
     Muon,
     build_lr_scheduler,
     build_optimizer,
+    fast_work_dtype,
     lr_lambda,
     make_adamw,
+    route_parameters,
 )
 
 
@@ -72,6 +74,50 @@ def test_muon_rejects_a_module_for_its_parameters(make_lm) -> None:
     _check_raises(TypeError, "Muon params: expected an iterable of parameters", lambda: Muon(model))
     blocks = model.blocks  # an iterable of modules
     _check_raises(TypeError, "parameter 0 of the group is a Block", lambda: Muon(list(blocks)))
+
+
+@pytest.mark.parametrize(
+    "build, fragment",
+    [
+        (lambda: Muon(None), "Muon params: expected an iterable of parameters or param groups, "),
+        (lambda: HybridOptimizer(_matrices(), 3), "HybridOptimizer adamw_params: expected an "),
+        (lambda: make_adamw(None), "make_adamw params: expected an iterable of parameters or "),
+        (lambda: Muon({"params": _matrices()}), "got a dict; pass [group]"),
+    ],
+)
+def test_params_that_are_not_an_iterable_of_them_are_refused(build, fragment: str) -> None:
+    # torch.optim says "'NoneType' object is not iterable", or for a dict that its key "params"
+    # is not a tensor.
+    _check_raises(TypeError, fragment, build)
+
+
+@pytest.mark.parametrize(
+    "group, error, fragment",
+    [
+        (
+            _matrices,
+            TypeError,
+            "Muon param group 1: expected a dict with a 'params' key, got a list",
+        ),
+        (lambda: _matrices()[0], TypeError, "expected a dict with a 'params' key, got a Parameter"),
+        (lambda: {"lr": 0.1}, ValueError, "Muon param group 1 has no 'params'"),
+    ],
+)
+def test_muon_refuses_a_param_group_that_is_not_one(group, error, fragment: str) -> None:
+    # It indexed the group first: "list indices must be integers", "too many indices for tensor
+    # of dimension 2", KeyError('params').
+    optimizer = Muon(_matrices())
+    _check_raises(error, fragment, lambda: optimizer.add_param_group(group()))
+    assert len(optimizer.param_groups) == 1
+
+
+def test_muon_refuses_a_list_mixing_groups_and_tensors() -> None:
+    # torch.optim hands each item to add_param_group as a group: the tensor was indexed.
+    _check_raises(
+        TypeError,
+        "Muon param group 1: expected a dict",
+        lambda: Muon([{"params": _matrices()}, *_matrices()]),
+    )
 
 
 @pytest.mark.parametrize(
@@ -222,3 +268,22 @@ def test_edges_of_the_schedule_ranges_are_accepted() -> None:
     )
     assert lr_lambda(section)(0) == 1.0
     assert lr_lambda(SimpleNamespace(name="cosine", min_lr_ratio=0.0))(0) > 0
+
+
+@pytest.mark.parametrize(
+    "build, fragment",
+    [
+        (lambda: route_parameters(_matrices()), "route_parameters model: expected a torch.nn"),
+        (lambda: build_lr_scheduler(None, "cosine"), "build_lr_scheduler optimizer: expected a"),
+    ],
+)
+def test_a_model_or_optimizer_of_another_kind_is_refused(build, fragment: str) -> None:
+    # They failed inside: "'list' object has no attribute 'named_modules'", "'NoneType' object
+    # has no attribute 'param_groups'" (in torch's LambdaLR).
+    _check_raises(TypeError, fragment, build)
+
+
+def test_fast_work_dtype_takes_a_device_name_as_torch_does() -> None:
+    # "'str' object has no attribute 'type'".
+    assert fast_work_dtype("cpu") == fast_work_dtype(torch.device("cpu"))
+    assert fast_work_dtype("cuda:0") == torch.bfloat16  # named, not opened

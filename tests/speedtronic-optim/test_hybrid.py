@@ -240,3 +240,15 @@ def test_a_state_from_another_model_is_refused_before_either_branch_loads() -> N
         other.muon.state_dict()["state"][0]["momentum_buffer"],
         before["muon"]["state"][0]["momentum_buffer"],
     )
+
+
+def test_a_sparse_gradient_is_refused_before_either_branch_steps() -> None:
+    # AdamW refused it after Muon had stepped: a caller retrying stepped Muon twice.
+    matrix = torch.nn.Parameter(torch.ones(4, 3))
+    embedding = torch.nn.Embedding(5, 3, sparse=True)
+    optimizer = HybridOptimizer([matrix], list(embedding.parameters()), weight_decay=0.1)
+    matrix.grad = torch.randn(4, 3)
+    embedding(torch.tensor([1])).sum().backward()
+    with pytest.raises(RuntimeError, match=r"^HybridOptimizer does not support sparse gradients"):
+        optimizer.step()
+    assert torch.equal(matrix, torch.ones(4, 3)) and not optimizer.state[matrix]

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from speedtronic_optim import Muon
+from speedtronic_optim import HybridOptimizer, Muon
 from speedtronic_optim.muon import adjusted_lr
 
 
@@ -496,3 +496,48 @@ def test_named_parameters_are_taken_and_sets_refused_as_in_torch_optim() -> None
         Muon(model.named_parameters())
     with pytest.raises(TypeError, match="ordered collections"):
         Muon([{"params": {model[0].weight}}])
+
+
+def _loaded_state(saved) -> None:
+    """Load `saved` into a fresh Muon; assert it raised one line and changed nothing."""
+    optimizer = Muon([torch.nn.Parameter(torch.randn(4, 6))])
+    fresh = copy.deepcopy(optimizer.state_dict())
+    try:
+        optimizer.load_state_dict(saved)
+    finally:
+        assert optimizer.state_dict() == fresh  # nothing was loaded
+
+
+def test_a_state_that_is_not_a_muon_state_dict_is_refused() -> None:
+    # torch.optim raised KeyError('param_groups') for a HybridOptimizer's state and
+    # "'NoneType' object has no attribute 'copy'" for None.
+    hybrid = HybridOptimizer(
+        [torch.nn.Parameter(torch.randn(4, 6))], [torch.nn.Parameter(torch.zeros(6))]
+    )
+    with pytest.raises(ValueError, match=r"got keys \['adamw', 'muon'\].*state_dict\(\)\['muon'\]"):
+        _loaded_state(hybrid.state_dict())
+    with pytest.raises(TypeError, match="Muon.load_state_dict: expected a state dict, got None"):
+        _loaded_state(None)
+
+
+def test_a_state_saved_by_another_optimizer_is_refused() -> None:
+    # An AdamW state loaded: its groups lack Muon's options, which took this Muon's defaults, so
+    # its lr and weight decay went on with a zero momentum and AdamW's moments in the state.
+    param = torch.nn.Parameter(torch.randn(4, 6))
+    adamw = torch.optim.AdamW([param])
+    param.grad = torch.randn(4, 6)
+    adamw.step()
+    with pytest.raises(
+        ValueError, match="group 0 of the state has no momentum, nesterov, ns_steps"
+    ):
+        _loaded_state(adamw.state_dict())
+
+
+def test_a_pre_hook_may_turn_a_saved_state_into_a_muon_one() -> None:
+    # The layout is checked after the caller's load_state_dict pre hooks, as torch reads it.
+    optimizer = Muon([torch.nn.Parameter(torch.randn(4, 6))], lr=0.5)
+    wrapped = {"muon": copy.deepcopy(optimizer.state_dict())}
+    wrapped["muon"]["param_groups"][0]["lr"] = 0.25
+    optimizer.register_load_state_dict_pre_hook(lambda _, saved: saved["muon"])
+    optimizer.load_state_dict(wrapped)
+    assert optimizer.param_groups[0]["lr"] == 0.25

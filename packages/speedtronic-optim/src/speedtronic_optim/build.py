@@ -10,7 +10,7 @@ from torch.optim import Optimizer
 
 from speedtronic_optim.adamw import make_adamw
 from speedtronic_optim.cautious import CautiousOptimizer
-from speedtronic_optim.checks import as_section, check_arguments
+from speedtronic_optim.checks import as_section, check_arguments, check_model
 from speedtronic_optim.hybrid import HybridOptimizer
 from speedtronic_optim.routing import route_parameters
 
@@ -59,11 +59,7 @@ def build_optimizer(
     is a DDP or FSDP2 replica in `process_group` (default: the world), so Newton–Schulz is split
     over its ranks.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(
-            f"build_optimizer model: expected a torch.nn.Module, got {type(model).__name__}; "
-            "pass the model (routing needs its modules), or build make_adamw/Muon from parameters"
-        )
+    check_model("build_optimizer model", model)
     section = as_section(optimizer_section, "optimizer section", _SECTION_FIELDS)
     name = getattr(section, "name", None)
     if name not in ("adamw", "muon"):

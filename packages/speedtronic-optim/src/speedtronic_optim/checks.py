@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -87,20 +87,32 @@ def check_dtype(where: str, value: Any) -> None:
 
 
 def check_parameters(where: str, value: Any) -> None:
-    """Raise when a module or a single tensor is passed where an iterable of parameters is
-    wanted.
+    """Raise when a module, a single tensor or group, or no iterable at all is passed where an
+    iterable of parameters is wanted.
     """
+    expected = f"{where}: expected an iterable of parameters or param groups"
+    if isinstance(value, Mapping):  # iterating it would take its keys ("params") for parameters
+        raise TypeError(f"{expected}, got a dict; pass [group]")
     if isinstance(value, torch.Tensor):  # iterating it would take each row for a parameter
         raise TypeError(
-            f"{where}: expected an iterable of parameters or param groups, got a single tensor "
-            f"of shape {tuple(value.shape)}; pass [tensor]"
+            f"{expected}, got a single tensor of shape {tuple(value.shape)}; pass [tensor]"
         )
     # A ParameterList iterates over its parameters, as torch.optim takes it; other modules not.
     if isinstance(value, nn.Module) and not isinstance(value, nn.ParameterList):
         raise TypeError(
-            f"{where}: expected an iterable of parameters or param groups, got a "
-            f"{type(value).__name__} module; pass its .parameters() "
+            f"{expected}, got a {type(value).__name__} module; pass its .parameters() "
             "(or route_parameters(model).muon for Muon)"
+        )
+    if not isinstance(value, Iterable):
+        raise TypeError(f"{expected}, got {show_value(value)}; pass model.parameters() or a list")
+
+
+def check_model(where: str, value: Any) -> None:
+    """Raise unless ``value`` is a module: routing reads its modules' kinds and names."""
+    if not isinstance(value, nn.Module):
+        raise TypeError(
+            f"{where}: expected a torch.nn.Module, got {type(value).__name__}; pass the model "
+            "(routing needs its modules), or build make_adamw/Muon from parameters"
         )
 
 

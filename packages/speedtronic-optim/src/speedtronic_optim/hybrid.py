@@ -25,7 +25,7 @@ from speedtronic_optim.facade import (
     hooked_state_dict,
     init_facade,
 )
-from speedtronic_optim.muon import ADJUST_LR, Muon
+from speedtronic_optim.muon import ADJUST_LR, Muon, check_dense
 from speedtronic_optim.saved_state import check_loadable
 
 
@@ -192,6 +192,8 @@ class HybridOptimizer(Optimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Evaluate ``closure`` once, then step Muon and AdamW; returns the closure's loss."""
         loss = evaluate_closure(closure)
+        # Both branches first: AdamW refused a sparse gradient after Muon had stepped.
+        check_dense("HybridOptimizer", self.param_groups)
         for child in self.children.values():
             child.step()
         return loss

@@ -31,11 +31,14 @@ from speedtronic_optim.newton_schulz import (
     post_polar_normalize,
     work_dtype,
 )
-from speedtronic_optim.saved_state import check_state_shapes
+from speedtronic_optim.saved_state import check_layout, check_state_dict, check_state_shapes
 
 ADJUST_LR = ("original", "match_rms_adamw", "none")
 # torch.optim.Muon's adjust_lr_fn values (None is its "original") as this Muon's adjust_lr.
 _TORCH_ADJUST_LR = {None: "original", "original": "original", "match_rms_adamw": "match_rms_adamw"}
+# Group options every Muon state holds, speedtronic's since 2.0 and torch.optim.Muon's; newer ones
+# a state may lack take the loading optimizer's values.
+_SAVED = ("lr", "momentum", "nesterov", "ns_steps", "weight_decay", "eps")
 # Group options checked like the constructor's arguments, so a per-group value fails when the
 # group is added (constructor or add_param_group), not at step() or silently inside it.
 _CHECKED = (
@@ -209,13 +212,29 @@ class Muon(Optimizer):
         """Load a saved state; each group keeps its own ``transposed``: it describes how this
         optimizer's parameters are stored, which a state saved before it existed cannot know.
         """
+        check_state_dict("Muon.load_state_dict", state_dict)
         layouts = [group["transposed"] for group in self.param_groups]
-        super().load_state_dict(state_dict)
+        # Checked as torch reads it: after the caller's pre hooks, which may convert the state.
+        check = self.register_load_state_dict_pre_hook(
+            lambda _, saved: check_layout("Muon.load_state_dict", saved, _SAVED)
+        )
+        try:
+            super().load_state_dict(state_dict)
+        finally:
+            check.remove()
         for group, transposed in zip(self.param_groups, layouts, strict=True):
             group["transposed"] = transposed
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group after checking every parameter is a 2-D matrix."""
+        owner = f"Muon param group {len(self.param_groups)}"
+        if not isinstance(param_group, dict):
+            raise TypeError(
+                f"{owner}: expected a dict with a 'params' key, got a "
+                f"{type(param_group).__name__}; pass {{'params': [...], ...}}"
+            )
+        if "params" not in param_group:
+            raise ValueError(f"{owner} has no 'params': pass {{'params': [...], ...}}")
         params = param_group["params"]
         # A set stays one for torch to refuse (its order changes between runs).
         params = [params] if isinstance(params, torch.Tensor) else params
@@ -250,7 +269,7 @@ class Muon(Optimizer):
                 )
         options = {key: value for key, value in param_group.items() if key != "params"}
         # With the defaults: a group's ns_method must suit the ns_dtype it inherits, and back.
-        _check_options(f"Muon param group {len(self.param_groups)}", {**self.defaults, **options})
+        _check_options(owner, {**self.defaults, **options})
         super().add_param_group({**param_group, "params": params})
         init_sharded_state(self.state, self.param_groups[-1]["params"])
 
@@ -267,7 +286,7 @@ class Muon(Optimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Take one Muon step; returns the closure's loss (closure called once) or None."""
         loss = evaluate_closure(closure)
-        _check_dense(self.param_groups)
+        check_dense("Muon", self.param_groups)
         for group in self.param_groups:
             params = [param for param in group["params"] if param.grad is not None]
             split = work_split(params, self.distributed, self.process_group)
@@ -431,12 +450,11 @@ def _same_shape_batches(params: list[torch.Tensor], group: dict[str, Any]) -> li
     return batches
 
 
-def _check_dense(groups: list[dict[str, Any]]) -> None:
+def check_dense(owner: str, groups: list[dict[str, Any]]) -> None:
     """Raise before any group changes when a gradient is sparse."""
     for param in (param for group in groups for param in group["params"]):
         if param.grad is not None and param.grad.is_sparse:
             raise RuntimeError(
-                "Muon does not support sparse gradients (parameter of shape "
-                f"{tuple(param.shape)}); "
-                "use dense gradients, e.g. nn.Embedding(sparse=False), or route it to AdamW"
+                f"{owner} does not support sparse gradients (parameter of shape "
+                f"{tuple(param.shape)}); use dense gradients, e.g. nn.Embedding(sparse=False)"
             )

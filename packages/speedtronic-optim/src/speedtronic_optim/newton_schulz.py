@@ -67,9 +67,9 @@ def _cpu_has_bf16() -> bool:
     return any(getattr(cpu, name, lambda: False)() for name in probes)
 
 
-def fast_work_dtype(device: torch.device) -> torch.dtype:
+def fast_work_dtype(device: torch.device | str) -> torch.dtype:
     """Return bf16 where BF16 matmuls are fast (accelerators, AVX512-BF16/AMX CPUs), else fp32."""
-    if device.type != "cpu":
+    if torch.device(device).type != "cpu":
         return torch.bfloat16
     # Without BF16 instructions torch emulates BF16 matmuls: measured 30x slower than float32 here.
     return torch.bfloat16 if _cpu_has_bf16() else torch.float32

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from speedtronic_optim.checks import check_model
+
 ROLE_ATTRIBUTE = "_speedtronic_optimizer_role"
 ROLES = ("muon", "adamw")
 _HEAD_NAMES = ("lm_head", "head", "output", "embed", "wte", "wpe", "classifier", "unembed")
@@ -79,6 +81,7 @@ def route_parameters(model: nn.Module) -> ParameterRouting:
     always sends it to AdamW). ``module._speedtronic_optimizer_role = "muon" | "adamw"`` overrides
     (a "muon" module's ``bias`` stays on AdamW).
     """
+    check_model("route_parameters model", model)
     routing = ParameterRouting()
     roles: dict[int, str] = {}
     flipped: set[int] = set()  # ids of weights stored (in, out)

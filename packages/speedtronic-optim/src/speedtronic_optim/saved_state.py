@@ -2,10 +2,40 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.optim import Optimizer
+
+from speedtronic_optim.checks import show_value
+
+
+def check_state_dict(owner: str, saved: Any) -> None:
+    """Raise unless ``saved`` is a mapping, as torch.optim's load_state_dict needs one."""
+    if not isinstance(saved, Mapping):
+        raise TypeError(f"{owner}: expected a state dict, got {show_value(saved)}")
+
+
+def check_layout(owner: str, saved: Mapping[str, Any], options: Sequence[str]) -> None:
+    """Raise unless ``saved`` has torch.optim's keys and every saved group has ``options``: a
+    state saved by another optimizer otherwise fails inside torch (``KeyError``) or, where the
+    loading optimizer fills in missing options, loads silently with none of its own.
+    """
+    if not {"state", "param_groups"} <= set(saved):
+        hint = "; a HybridOptimizer's: load its state_dict()['muon']" if "muon" in saved else ""
+        raise ValueError(
+            f"{owner}: expected a torch.optim state dict (keys 'param_groups' and 'state'), got "
+            f"keys {sorted(saved, key=str)}{hint}"
+        )
+    for index, group in enumerate(saved["param_groups"]):
+        missing = [name for name in options if name not in group]
+        if missing:
+            raise ValueError(
+                f"{owner}: group {index} of the state has no {', '.join(missing)}: another "
+                f"optimizer saved it (its options: {show_value(sorted(set(group) - {'params'}))}); "
+                "load it into the optimizer that saved it, or start this one fresh"
+            )
 
 
 def check_state_shapes(owner: str, groups: list[dict[str, Any]], state: dict[Any, Any]) -> None:

@@ -103,4 +103,9 @@ def lr_lambda(scheduler_section: Any) -> Callable[[int], float]:
 
 def build_lr_scheduler(optimizer: Optimizer, scheduler_section: Any) -> LambdaLR:
     """Return a LambdaLR for a section (name, warmup_steps, max_steps, min_lr_ratio, ...)."""
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(
+            "build_lr_scheduler optimizer: expected a torch.optim.Optimizer, got "
+            f"{type(optimizer).__name__}; pass the optimizer the schedule drives"
+        )
     return LambdaLR(optimizer, lr_lambda(scheduler_section))

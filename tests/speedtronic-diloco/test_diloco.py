@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import socket
@@ -389,6 +390,83 @@ def test_a_resumed_node_sends_its_work_since_the_last_boundary_before_installing
     again.start()
     assert again.last_global_step == 2 and delta_path("w1", 6, 1) not in again.hub.list_files()
     again.stop()
+    master.stop()
+
+
+@pytest.mark.parametrize("published", [True, False], ids=["round_between", "no_round_between"])
+def test_a_node_resumed_from_before_a_delta_it_sent_sends_that_work_once(
+    server, tmp_path, published
+):
+    """A node sends its step-4 delta, then dies before its next checkpoint, and resumes from its
+    step-2 one: it trains steps 3-4 again. Where the master published a round meanwhile, the
+    resumed node sent steps 1-2 again at start and steps 3-4 again at step 4 (under the new base),
+    so the master applied that work twice.
+    """
+    master, _, _ = node(server, tmp_path, "master")
+    master.start()
+    worker, net, opt = node(server, tmp_path, "w1")
+    worker.start()
+    train(worker, net, opt, 2, seed=1)
+    checkpoint = worker.state_dict()
+    model_state = {k: v.clone() for k, v in net.state_dict().items()}
+    optimizer_state = copy.deepcopy(opt.state_dict())
+    first = record_weights(worker)
+    train(worker, net, opt, 2, seed=2)  # the step-4 delta leaves; then the process dies
+    assert delta_path("w1", 4, 0) in worker.hub.list_files()
+    if published:
+        assert master.master.sync_once() == 1
+    resumed, net2, opt2 = node(server, tmp_path, "w1")
+    net2.load_state_dict(model_state)
+    opt2.load_state_dict(optimizer_state)
+    resumed.prepare_state(checkpoint)
+    events = []
+    resumed.events = lambda event, payload: events.append((event, payload))
+    resumed.start()
+    if resumed.reset_after_start:
+        opt2.state.clear()
+    again = record_weights(resumed)
+    train(resumed, net2, opt2, 2, seed=2)  # steps 3-4 again, on the same batches
+    # Nothing of steps 1-4 leaves again: the step-4 delta in the repository holds them.
+    assert [p for p in resumed.hub.delta_paths() if "/w1/" in p] == (
+        [] if published else [delta_path("w1", 4, 0)]
+    )
+    assert not [e for e, _ in events if e.startswith("diloco/upload")]
+    assert torch.equal(again[4], first[4])  # the replay is the first run's steps
+    assert master.master.sync_once() == 1 and master.master.counters["applied"] == 1
+    one_round = resumed.hub.download_global_state()
+    assert resumed.last_global_step == int(published)
+    if published:  # installed at step 4, as the first process would have at its next boundary
+        assert torch.equal(net2.weight.detach(), one_round["weight"])
+    # The work after it leaves as usual, and counts.
+    weights = record_weights(resumed)
+    train(resumed, net2, opt2, 4, seed=3)
+    sent = from_safetensors_bytes(resumed.hub.read_bytes(delta_path("w1", 8, int(published))))
+    start = one_round["weight"] if published else first[4]
+    assert torch.allclose(sent["weight"], start - weights[8], atol=1e-6)
+    assert master.master.sync_once() == 2 and master.master.counters["applied"] == 2
+    resumed.stop()
+    worker.stop()
+    master.stop()
+
+
+def test_a_resumed_node_that_cannot_list_its_deltas_says_so_and_trains_on(server, tmp_path, caplog):
+    master, _, _ = node(server, tmp_path, "master")
+    master.start()
+    worker, net, opt = node(server, tmp_path, "w1")
+    worker.start()
+    train(worker, net, opt, 4, seed=1)
+    resumed, _, _ = node(server, tmp_path, "w1")
+    resumed.prepare_state(worker.state_dict())
+
+    def unreachable(node_id):
+        raise HubError("list_files on org/run failed 5 times; last error: 503")
+
+    resumed.hub.last_delta_step = unreachable
+    resumed.start()
+    assert "could not list this node's deltas in org/run, so steps trained again" in caplog.text
+    assert resumed.last_global_step == 0
+    resumed.stop()
+    worker.stop()
     master.stop()
 
 

@@ -166,6 +166,9 @@ class DumbDiLoCoCoordinator:
         self._session = uuid.uuid4().hex
         self._claimed = False
         self._resumed = False  # DiLoCo state came from a checkpoint (checked at start)
+        # A resumed node's highest local step with a delta in the repository: an earlier process
+        # sent it after the checkpoint, then died. Its boundaries up to it send nothing again.
+        self._sent_through = -1
         self._warned_outer: Mapping[str, float] | None = None  # the master's, last warned of
         # From note_checkpoint: (the run's checkpoint folder, its checkpoint this process did not
         # resume from or None); None while unknown.
@@ -243,8 +246,14 @@ class DumbDiLoCoCoordinator:
             candidate = self._first_global()
         else:
             # resumed: a restart begins from the latest global version it can read (docs/diloco.md)
+            self._sent_through = self._last_sent_step()
             candidate = self._take_candidate() or self._fetch_global_candidate()
-            if candidate is not None:
+            if candidate is not None and self._sent_through > self._local_step:
+                # The checkpoint's work left in that later delta: the node trains its steps again
+                # as the earlier process did, and installs the global at its next boundary.
+                self._stage(candidate)
+                candidate = None
+            elif candidate is not None:
                 self._keep_local_work(read_state)
         if candidate is not None or self._last_global_step >= 0:
             self._claim_at_start()  # the repository exists; before any step, so none is lost
@@ -313,6 +322,31 @@ class DumbDiLoCoCoordinator:
             f"would take that process's names (deltas/{node}/step-N-...), overwriting them or "
             f"being mistaken for them; {fix} (deleting nodes/{node}.json would let them collide)"
         )
+
+    def _last_sent_step(self) -> int:
+        """Return the highest local step of this node's deltas in the repository; say so when it
+        is past the checkpoint (-1 when it cannot be read: the steps trained again are sent again).
+        """
+        try:
+            sent = self.hub.last_delta_step(self.identity.node_id)
+        except HubRefused:
+            raise  # no retry helps: the node stops with the fix
+        except Exception as exc:  # a HubError, or a shared folder's OSError
+            self.logger.warning(
+                "could not list this node's deltas in %s, so steps trained again after the "
+                "checkpoint are sent again: %s",
+                self.hub.repo_id,
+                _failure(exc),
+            )
+            return -1
+        if sent > self._local_step:
+            self.logger.info(
+                "resumed at local step %d, but an earlier process sent deltas through step %d: "
+                "those steps are trained again and not sent again",
+                self._local_step,
+                sent,
+            )
+        return sent
 
     def _keep_local_work(self, read_state: StateReader) -> None:
         """Before a resumed node installs a newer global over its checkpointed model, queue the
@@ -566,6 +600,11 @@ class DumbDiLoCoCoordinator:
                 "local step %d: no global model installed yet, so no delta is sent", step
             )
             return False
+        if step <= self._sent_through:
+            # An earlier process sent this boundary's delta, then died before a checkpoint: its
+            # steps count already. Sent again under a newer base, the master applied them twice.
+            self._baseline = read_state()
+            return True  # left (from that process): the inner optimizer resets as it did there
         if (
             self._uploads is not None
             and self.settings.delta_upload_overflow == "skip"

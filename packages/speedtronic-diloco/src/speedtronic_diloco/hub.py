@@ -653,10 +653,30 @@ class HubClient:
         pid = _made_here(claim)
         if pid is None or _alive(pid) is not False:  # an unknown one may run: never taken
             return False
+        return not self._node_deltas(node_id, revision)
+
+    def _node_deltas(self, node_id: str, revision: str) -> list[DeltaRef]:
+        """Return node_id's deltas at revision: those at deltas/ and those the master consumed
+        (listed in the manifest once it deleted them).
+        """
         listed = self._retry("list_files", lambda: self.transport.list_files(revision))
         manifest = self.read_json(GLOBAL_MANIFEST, default={}, revision=revision)
         refs = map(parse_delta_ref, [*listed, *manifest.get("processed", [])])
-        return not any(ref is not None and ref.node_id == node_id for ref in refs)
+        return [ref for ref in refs if ref is not None and ref.node_id == node_id]
+
+    def last_delta_step(self, node_id: str) -> int:
+        """Return the highest local step of node_id's deltas in the repository, waiting or
+        consumed; -1 when it has none (or there is no repository yet).
+        """
+
+        def read() -> int:
+            try:
+                head = self._head()
+            except NotFound:
+                return -1
+            return max((ref.local_step for ref in self._node_deltas(node_id, head)), default=-1)
+
+        return self._call(f"list the deltas of node {node_id!r}", read)
 
     def node_session(self, node_id: str) -> str | None:
         """Return the session that last claimed node_id, or None when none did."""

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 import torch
+from proc_testkit import process_ended, torchrun_workers
 
 from speedtronic.errors import signal_exit_code
 
@@ -60,39 +61,12 @@ def _kill_leftover_nodes():
     while _LIVE:
         process = _LIVE.pop()
         if process.poll() is None:
-            for pid in ranks(process.pid).values():  # torchrun's workers run in their own sessions
+            # torchrun's workers run in their own sessions
+            for pid in torchrun_workers(process.pid).values():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             process.kill()
             process.wait(30)
-
-
-def ranks(launcher: int) -> dict[int, int]:
-    """Return {rank: pid} of the worker processes a torchrun launcher started (none for a plain
-    node).
-    """
-    try:
-        children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
-    except FileNotFoundError:
-        return {}
-    found = {}
-    for pid in map(int, children):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except FileNotFoundError:  # exited meanwhile
-            continue
-        rank = next((e.split(b"=")[1] for e in environ if e.startswith(b"RANK=")), None)
-        if rank is not None:
-            found[int(rank)] = pid
-    return found
-
-
-def gone(pid: int) -> bool:
-    """Return whether process pid has exited (a zombie its parent has not reaped yet counts)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
-    except FileNotFoundError:
-        return True
 
 
 # -- the corpus and the server -------------------------------------------------------------------
@@ -674,10 +648,10 @@ def test_a_two_rank_master_node_with_faults_and_a_killed_rank_resumes_exactly_on
             "the master node to pass its second checkpoint and apply a delta",
             nodes=cluster.all,
         )
-        group = ranks(master.process.pid)
+        group = torchrun_workers(master.process.pid)
         assert sorted(group) == [0, 1], group
         os.kill(group[0], signal.SIGKILL)
-        _wait_for(lambda: gone(group[0]), "the killed rank 0 to die", nodes=cluster.all)
+        _wait_for(lambda: process_ended(group[0]), "the killed rank 0 to die", nodes=cluster.all)
         # The restarted ranks need seconds to import torch and rendezvous: nothing they write is
         # in this snapshot.
         ledger, since, published = cluster.ledger(), len(master.events()), cluster.published_step()
@@ -686,7 +660,7 @@ def test_a_two_rank_master_node_with_faults_and_a_killed_rank_resumes_exactly_on
             "torchrun to restart the master node and the node to train again",
             nodes=cluster.all,
         )
-        restarted = ranks(master.process.pid)
+        restarted = torchrun_workers(master.process.pid)
         assert sorted(restarted) == [0, 1] and not set(restarted.values()) & set(group.values())
         # After the restart the worker must still send deltas and install newer globals.
         finish(cluster, since={"worker-1": len(cluster.nodes["worker-1"].events())})

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_testkit import process_ended, torchrun_workers
 
 from speedtronic.cli import main
 from speedtronic.errors import PEER_FAILED
@@ -115,18 +116,6 @@ def latest_step(out: Path) -> int:
         return json.loads((out / "checkpoints" / "latest").read_text())["step"]
     except (FileNotFoundError, ValueError):
         return 0
-
-
-def workers(agent: int) -> dict[int, int]:
-    """Return {rank: pid} of the worker processes a torchrun agent started."""
-    children = Path(f"/proc/{agent}/task/{agent}/children").read_text().split()
-    found = {}
-    for pid in map(int, children):
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        rank = next((e.split(b"=")[1] for e in environ if e.startswith(b"RANK=")), None)
-        if rank is not None:
-            found[int(rank)] = pid
-    return found
 
 
 def test_launcher_arguments_go_to_torchrun_and_never_to_the_workers():
@@ -683,7 +672,7 @@ def test_sigterm_stops_every_rank_at_the_same_step_and_exits_143(tmp_path, targe
     out = tmp_path / "run"
     run = train(out, "--nproc-per-node", "2", "--max-steps", "100000")
     wait_for(lambda: last_step(out) >= 3, "step 3", run)
-    ranks = workers(run.pid)
+    ranks = torchrun_workers(run.pid)
     # One rank: the others learn it at the step. The launcher: torchrun passes it to every rank.
     os.kill(ranks[1] if target == "one rank" else run.pid, signal.SIGTERM)
     if target == "every process":  # a scheduler's stop (scancel, pkill): each worker hears it
@@ -772,7 +761,7 @@ def test_max_restarts_resumes_the_workers_from_the_last_checkpoint(tmp_path, kil
         "--set", "checkpoint.every_steps=5",
     )  # fmt: skip
     wait_for(lambda: latest_step(out) >= 10, "a committed step-10 checkpoint", run)
-    os.kill(workers(run.pid)[1], kill)  # a worker dies: torchrun restarts the group
+    os.kill(torchrun_workers(run.pid)[1], kill)  # a worker dies: torchrun restarts the group
     log = out.with_suffix(".log")
     wait_for(lambda: "resumed at step" in log.read_text(), "the restarted workers' resume", run)
     resumed = int(log.read_text().split("resumed at step ")[1].split()[0])
@@ -812,7 +801,7 @@ def test_a_restart_of_a_fresh_run_beside_an_earlier_runs_checkpoints_starts_fres
     )  # fmt: skip
     try:
         wait_for(lambda: last_step(out) >= 3, "step 3 of the fresh run", run)
-        os.kill(workers(run.pid)[1], signal.SIGKILL)  # before this run's first checkpoint
+        os.kill(torchrun_workers(run.pid)[1], signal.SIGKILL)  # before this run's first checkpoint
         log = out.with_suffix(".log")
         # torchrun's line on the first worker it finds dead (-9, or 1 from its peer), before the
         # restart
@@ -974,8 +963,8 @@ def test_sigterm_before_the_first_step_says_nothing_was_saved(tmp_path, target, 
     log = out.with_suffix(".log")
     # As soon as rank 1 exists: it is still importing torch, far from its training loop. The
     # launcher passes its signal on to both workers.
-    wait_for(lambda: 1 in workers(run.pid), "rank 1's process", run, timeout=60)
-    started = workers(run.pid)
+    wait_for(lambda: 1 in torchrun_workers(run.pid), "rank 1's process", run, timeout=60)
+    started = torchrun_workers(run.pid)
     os.kill(started[1] if target == "rank 1" else run.pid, signal.SIGTERM)
     assert wait_all([run], [log], timeout=120) == [143], tails([log])
     said = [line for line in log.read_text().splitlines() if line.startswith("speedtronic train:")]
@@ -989,14 +978,6 @@ def test_sigterm_before_the_first_step_says_nothing_was_saved(tmp_path, target, 
     # after the launcher ended: waited for apart from it (CI saw rank 0 still ending then).
     for rank, pid in started.items():
         wait_for(lambda pid=pid: process_ended(pid), f"rank {rank}'s end", None, timeout=60)
-
-
-def process_ended(pid: int) -> bool:
-    """Return whether process `pid` has exited (a zombie no one reaped counts)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 # A launcher that starts a worker (through the wrapper command in argv[3:], if any), waits until

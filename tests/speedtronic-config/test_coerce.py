@@ -3,6 +3,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+import yaml
 
 from speedtronic_config.coerce import coerce, coerce_fields
 from speedtronic_config.errors import ConfigError
@@ -65,9 +66,31 @@ def test_optional_allows_null_and_required_does_not():
     assert str(caught.value) == "x: must not be null (got None); give it a value, or remove the key"
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # `name: no` showed "(got False)", a value the user never wrote, and no reason why.
+        (
+            "no",
+            "run.name: expected a string, not a boolean (got False); quote it: YAML 1.1 reads a "
+            "bare yes, no, on, off, true or false as a boolean",
+        ),
+        (
+            "2024-01-01",
+            "run.name: expected a string, not a date (got datetime.date(2024, 1, 1)); quote it: "
+            "YAML reads a bare 2024-01-01 as a date",
+        ),
+    ],
+)
+def test_a_string_field_names_what_yaml_read_instead(text, message):
+    with pytest.raises(ConfigError) as caught:
+        coerce(yaml.safe_load(text), "str", "run.name")
+    assert str(caught.value) == message
+
+
 def test_strings_lists_and_pairs():
     assert coerce("a", "str", "s") == "a"
-    with pytest.raises(ConfigError, match="expected a string.*quote the value in YAML"):
+    with pytest.raises(ConfigError, match="s: expected a string, not a number.*quote the value"):
         coerce(12, "str", "s")
     with pytest.raises(
         ConfigError, match=r"s: expected one string, not a list \(got \['a/\*'"

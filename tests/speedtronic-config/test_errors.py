@@ -73,3 +73,16 @@ def test_ranks_that_disagree_are_described_by_value_in_order_of_appearance():
         "bf16 on rank 0, 2; fp32 on rank 1; None on rank 3"
     )
     assert describe_ranks(["step_3.pt"]) == "step_3.pt on rank 0"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        # A key in the wrong case listed every valid key (`RUN` is nothing like `run` to difflib).
+        ({"RUN": {}}, "RUN: unknown key; did you mean run?"),
+        ({"model": {"N_LAYER": 2}}, "model.N_LAYER: unknown key; did you mean n_layer?"),
+    ],
+)
+def test_a_suggestion_ignores_case(values, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        SpeedtronicConfig.from_dict(values)

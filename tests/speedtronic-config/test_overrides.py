@@ -67,9 +67,21 @@ def test_nested_run_override_beats_a_top_level_alias():
     assert SpeedtronicConfig.from_dict(result).run.max_steps == 7
 
 
-def test_distributed_override_writes_into_an_existing_alias():
-    result = apply_overrides({"hub": {"repo_id": "o/r"}}, ["distributed.inner_steps=5"])
-    assert result == {"hub": {"repo_id": "o/r", "inner_steps": 5}}
+@pytest.mark.parametrize(
+    ("raw", "overrides", "written"),
+    [
+        ({"hub": {"repo_id": "o/r"}}, ["distributed.inner_steps=5"], "hub"),
+        # Each of these was refused: `hub: conflicts with distributed`, a spelling the user
+        # never wrote twice.
+        ({"hub": {"repo_id": "o/r"}}, ["distributed={inner_steps: 5}"], "hub"),
+        ({"distributed": {"repo_id": "o/r"}}, ["hub.inner_steps=5"], "distributed"),
+        ({"diloco": {"repo_id": "o/r"}}, ["hub={inner_steps: 5}"], "diloco"),
+        ({}, ["distributed.repo_id=o/r", "diloco.inner_steps=5"], "distributed"),
+    ],
+)
+def test_a_distributed_override_writes_into_the_spelling_the_config_uses(raw, overrides, written):
+    result = apply_overrides(raw, overrides)
+    assert result == {written: {"repo_id": "o/r", "inner_steps": 5}}
     assert SpeedtronicConfig.from_dict(result).distributed.inner_steps == 5
 
 
@@ -118,6 +130,30 @@ def test_a_malformed_value_is_one_line_naming_where(value):
     message = str(caught.value)
     assert "\n" not in message
     assert message.startswith("run.name: value is not valid YAML at line 1, column ")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # The fix named run.name whatever the key, and followed a fix the problem already gave.
+        (
+            "data.text_path=a: b: c",
+            "data.text_path: value is not valid YAML at line 1, column 5: mapping values are not "
+            "allowed here (got 'a: b: c'); quote a string value, e.g. --set "
+            "'data.text_path=\"TEXT\"'",
+        ),
+        (
+            "run.seed=010",
+            "run.seed: value is not valid YAML at line 1, column 1: an integer with a leading 0 is "
+            "octal in YAML 1.1 (010 is 8); write it without the leading zeros, or quote it if it "
+            "is text (got '010')",
+        ),
+    ],
+)
+def test_a_malformed_value_names_one_fix_for_its_own_key(text, message):
+    with pytest.raises(ConfigError) as caught:
+        apply_overrides({}, [text])
+    assert str(caught.value) == message
 
 
 @pytest.mark.parametrize("text", ["data.shard_path=", "data.shard_path=  "])
@@ -226,6 +262,10 @@ def test_a_value_nested_too_deeply_is_one_config_error(depth):
         "a: b",
         "null",
         "runs/a #1/metrics.jsonl",  # quoted: a bare ` #` is refused as a comment
+        # PyYAML wrote a NEL raw in a quoted string and read it back as a space (a
+        # --cuda-overlay's run.output_dir, and the metrics path made from it).
+        "runs/a\x85b",
+        ["x\x85", 3],
         3,
         1e-8,
         None,

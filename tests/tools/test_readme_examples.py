@@ -187,13 +187,13 @@ def test_docs_that_list_a_set_of_names_list_all_of_it():
     assert wrong == []
 
 
-def _reference_tables() -> dict[str, dict[str, str]]:
-    """Return {heading: {key: default}} from docs/configuration.md's tables: a row names its keys
-    in the first cell (`a`, `b` or `a` / `b`) and their defaults in the third, one per key or one
-    for all.
+def _reference_tables() -> dict[str, dict[str, tuple[str, str]]]:
+    """Return {heading: {key: (default, rule)}} from docs/configuration.md's tables: a row names
+    its keys in the first cell (`a`, `b` or `a` / `b`), their defaults in the third, one per key or
+    one for all, and their rule in the fourth.
     """
     text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
-    tables: dict[str, dict[str, str]] = {}
+    tables: dict[str, dict[str, tuple[str, str]]] = {}
     for part in re.split(r"^## ", text, flags=re.MULTILINE)[1:]:
         heading, body = part.split("\n", 1)
         rows = tables.setdefault(heading.split()[0], {})
@@ -202,9 +202,39 @@ def _reference_tables() -> dict[str, dict[str, str]]:
             if not line.startswith("| `") or len(cells) < 3:
                 continue
             keys, defaults = re.findall(r"`([^`]+)`", cells[0]), re.findall(r"`([^`]+)`", cells[2])
+            rule = cells[3] if len(cells) > 3 else ""
             for index, key in enumerate(keys):
-                rows[key] = defaults[index if len(defaults) == len(keys) else 0] if defaults else ""
+                default = defaults[index if len(defaults) == len(keys) else 0] if defaults else ""
+                rows[key] = (default, rule)
     return tables
+
+
+# A rule cell that opens with a range: `> 0`, `≥ 1`, `[0, 1)`, `(0, 1]`, `in [0, 2**32)`.
+_BOUND = re.compile(r"(?:in )?(?P<op>[>≥]) ?(?P<at>[\d.]+)")
+_INTERVAL = re.compile(r"(?:in )?(?P<lo_in>[\[(])(?P<lo>[\d.]+), (?P<hi>[\d.*]+)(?P<hi_in>[\])])")
+# What a field's bounds are checked alongside, where another field limits it.
+_RANGE_CONTEXT = {
+    "model": {"n_head": 1, "n_kv_head": 1},  # d_model must divide by n_head
+    "optimizer": {"name": "muon"},  # adamw_lr needs muon
+    "distributed": {"retry_initial": 1e-9},  # retry_max must be at least retry_initial
+}
+
+
+def _range_probes(rule: str, integer: bool) -> list[tuple[float, bool]]:
+    """Return (value, documented as valid) at the edges of the range a rule cell opens with."""
+    step = 1 if integer else 1e-6
+    if match := _BOUND.match(rule):
+        at = float(match["at"])
+        return [(at, match["op"] == "≥"), (at - step, False), (at + step, True)]
+    if match := _INTERVAL.match(rule):
+        low, high = float(match["lo"]), float(eval(match["hi"]))  # noqa: S307 - a doc's 2**32
+        return [
+            (low, match["lo_in"] == "["),
+            (low - step, False),
+            (high, match["hi_in"] == "]"),
+            (high + step, False),
+        ]
+    return []
 
 
 def test_configuration_reference_lists_every_key_with_its_default():
@@ -212,7 +242,7 @@ def test_configuration_reference_lists_every_key_with_its_default():
 
     import yaml
 
-    from speedtronic_config import SpeedtronicConfig
+    from speedtronic_config import ConfigError, SpeedtronicConfig
     from speedtronic_config.normalize import ROOT_FLAGS, SECTIONS
 
     def value(text: str):
@@ -235,8 +265,24 @@ def test_configuration_reference_lists_every_key_with_its_default():
             where = f"{name}.{spec.name}"
             if spec.name not in rows:
                 wrong.append(f"{where}: not documented (default {default!r})")
-            elif value(rows[spec.name]) != default:
-                wrong.append(f"{where}: documented {rows[spec.name]}, is {default!r}")
+                continue
+            documented, rule = rows[spec.name]
+            if value(documented) != default:
+                wrong.append(f"{where}: documented {documented}, is {default!r}")
+            integer = str(spec.type).startswith("int")
+            for probe, valid in _range_probes(rule, integer) if name != "Root" else []:
+                probe = int(probe) if integer else probe
+                values = {name: {**_RANGE_CONTEXT.get(name, {}), spec.name: probe}}
+                try:
+                    SpeedtronicConfig.from_dict(values)
+                    accepted = True
+                except ConfigError:
+                    accepted = False
+                if accepted != valid:
+                    verb = "accepts" if accepted else "refuses"
+                    wrong.append(
+                        f"{where}: documented {rule.split(';')[0]!r}, the code {verb} {probe}"
+                    )
         if name != "Root":
             known = {spec.name for spec in specs}
             wrong += [f"{name}.{key}: documented, no such field" for key in rows.keys() - known]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import math
 from dataclasses import fields
 from typing import Any
@@ -69,11 +70,28 @@ def _str(value: Any, path: str) -> str:
         kind = "a mapping" if isinstance(value, dict) else "a list"
         raise ConfigError(path, f"expected one string, not {kind}", value=value)
     if not isinstance(value, str):
-        raise ConfigError(path, "expected a string", value=value, allowed="quote the value in YAML")
+        kind, why = _yaml_reading(value)
+        raise ConfigError(path, f"expected a string, not {kind}", value=value, allowed=why)
     # No name, path, device or token may hold one: the OS refuses it in paths, often much later.
     if "\x00" in value:
         raise ConfigError(path, "must not contain a NUL character", value=value)
     return value
+
+
+def _yaml_reading(value: Any) -> tuple[str, str]:
+    """Return what YAML read a bare value as, and why quoting it gives the text: the value shown
+    (False for `no`) is not what the user wrote.
+    """
+    if isinstance(value, bool):
+        return (
+            "a boolean",
+            "quote it: YAML 1.1 reads a bare yes, no, on, off, true or false as a boolean",
+        )
+    if isinstance(value, datetime.date):  # a datetime is one too
+        return "a date", "quote it: YAML reads a bare 2024-01-01 as a date"
+    if isinstance(value, (int, float)):
+        return "a number", "quote the value in YAML"
+    return type(value).__name__, "quote the value in YAML"
 
 
 def _str_list(value: Any, path: str) -> list[str]:

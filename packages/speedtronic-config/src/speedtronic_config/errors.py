@@ -80,8 +80,8 @@ def unknown_key(path: str, key: Any, valid: Iterable[str]) -> ConfigError:
     """Return the error for an unknown mapping key, suggesting the closest valid name."""
     names = sorted(valid)
     where = f"{path}.{key}" if path else str(key)
-    close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
-    hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(names)}"
+    close = _closest(key, names)
+    hint = f"did you mean {close}?" if close else f"valid keys: {', '.join(names)}"
     return ConfigError(where, "unknown key", allowed=hint)
 
 
@@ -90,9 +90,18 @@ def choices_hint(value: Any, choices: Iterable[str], verb: str = "choose one of"
     is close (`did you mean master? choose one of single, master, worker`), then all of them.
     """
     names = list(choices)
-    close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
+    close = _closest(value, names)
     every = f"{verb} {', '.join(names)}"
-    return f"did you mean {close[0]}? {every}" if close else every
+    return f"did you mean {close}? {every}" if close else every
+
+
+def _closest(word: Any, names: Iterable[str]) -> str | None:
+    """Return the name closest to `word` ignoring case (difflib finds nothing alike in `RUN` and
+    `run`), or None when none is close.
+    """
+    lowered = {name.lower(): name for name in names}
+    close = difflib.get_close_matches(str(word).lower(), list(lowered), n=1, cutoff=0.6)
+    return lowered[close[0]] if close else None
 
 
 def on_every_rank(error: _Error) -> _Error:

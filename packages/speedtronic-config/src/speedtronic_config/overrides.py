@@ -26,6 +26,8 @@ from speedtronic_config.secrets import is_secret_path
 
 # A scalar given for these sections is their shorthand field (optimizer=muon, precision=bf16).
 SHORTHAND_FIELD = {"optimizer": "name", "precision": "mode", "compile": "enabled"}
+# One section's three spellings: distributed: and its 2.0 aliases.
+_DISTRIBUTED_NAMES = ("distributed", *SECTION_ALIASES)
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
@@ -50,12 +52,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = parse_value(raw, key.strip())
     except yaml.YAMLError as error:
-        raise ConfigError(
-            key.strip(),
-            describe_yaml_error(error, "value is not valid YAML", raw),
-            value=raw,
-            allowed="quote a string value, e.g. --set 'run.name=\"a: b\"'",
-        ) from None
+        problem = describe_yaml_error(error, "value is not valid YAML", raw)
+        # The loader's own refusals (octal, base 60, a bad date) already say when to quote.
+        fix = (
+            None
+            if "quote it" in problem
+            else f"quote a string value, e.g. --set '{key.strip()}=\"TEXT\"'"
+        )
+        raise ConfigError(key.strip(), problem, value=raw, allowed=fix) from None
     if _has_comment(raw):
         # YAML drops the rest of the line: `corpus #2.txt` was read as `corpus`, and `#2.txt` as
         # null, which falls back to the default as an empty value would.
@@ -102,7 +106,11 @@ def override_value(value: Any) -> str:
     and escapes a character outside the BMP (an emoji in a path) as a surrogate pair, which PyYAML
     reads back as two lone surrogates that no file name can hold.
     """
-    text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, width=float("inf"))
+    options = {"default_flow_style": True, "allow_unicode": True, "width": float("inf")}
+    text = yaml.safe_dump(value, **options)
+    if "\x85" in text:
+        # PyYAML writes a NEL raw in a quoted string and reads it back as a space: escape it.
+        text = yaml.safe_dump(value, default_style='"', **options)
     return text.removesuffix("\n...\n").rstrip("\n")
 
 
@@ -118,6 +126,10 @@ def _target(tree: dict[str, Any], parts: list[str]) -> tuple[str, str | None]:
         raise ConfigError(
             ".".join(parts), f"{field} is not a mapping", allowed=f"set it whole: {field}=VALUE"
         )
+    if root in _DISTRIBUTED_NAMES:
+        # Write into the spelling the config already uses (distributed:, hub: or diloco:), so the
+        # override never conflicts with the section it changes.
+        root = next((name for name in _DISTRIBUTED_NAMES if name in tree), root)
     if len(parts) == 1:
         if root in OPTIMIZER_ROOT_FIELDS:
             # Written into the section, so it replaces the field in either place the file sets it
@@ -128,10 +140,7 @@ def _target(tree: dict[str, Any], parts: list[str]) -> tuple[str, str | None]:
         if parts[1] != "enabled":
             raise unknown_compile_key(parts[1])
     elif parts[1] not in (valid := field_names(SECTIONS.get(root, SECTIONS["distributed"]))):
-        raise unknown_field(root, parts[1], valid)
-    if root == "distributed" and "distributed" not in tree:
-        # Write into a hub:/diloco: alias the file already uses, so the two never conflict.
-        root = next((alias for alias in SECTION_ALIASES if alias in tree), root)
+        raise unknown_field(parts[0], parts[1], valid)  # as written, not the spelling used
     return root, parts[1]
 
 

@@ -449,6 +449,9 @@ def test_a_tiny_positive_temperature_samples_the_likeliest_tokens(temperature):
         (dict(max_new_tokens=1, top_k=0), "top_k"),
         (dict(max_new_tokens=1, top_k=True), "top_k"),  # a bool is no count
         (dict(max_new_tokens=True), "max_new_tokens"),
+        # Compared with 0 these failed as a bare TypeError naming no argument, or sampled at 1.
+        (dict(max_new_tokens=1, temperature="0.8"), "temperature must be a number >= 0"),
+        (dict(max_new_tokens=1, temperature=True), "temperature must be a number >= 0"),
     ],
 )
 def test_generate_rejects_bad_arguments(kwargs, message):
@@ -470,6 +473,25 @@ def test_generate_rejects_a_prompt_id_outside_the_vocabulary(bad):
     prompt[1, 2] = bad
     with pytest.raises(ValueError, match=f"token id {bad}, outside the model's vocab_size 97"):
         small().generate(prompt, 2)
+
+
+@pytest.mark.parametrize("bad", [97, -1])
+def test_forward_rejects_a_token_id_outside_the_vocabulary_on_the_cpu(bad):
+    # The embedding failed as a bare IndexError ("index out of range in self").
+    ids = tokens(2, 4)
+    ids[0, 1] = bad
+    with pytest.raises(ValueError, match=f"token id {bad}, outside the model's vocab_size 97"):
+        small()(ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.uint8])
+def test_forward_and_generate_reject_input_ids_that_are_not_integers(dtype):
+    # The embedding failed on them as "Expected tensor for argument #1 'indices'" after
+    # generate had range-checked the floats.
+    ids = tokens(1, 4).to(dtype)
+    for call in (lambda: small()(ids), lambda: small().generate(ids, 2)):
+        with pytest.raises(ValueError, match=f"input_ids must hold integer token ids, got {dtype}"):
+            call()
 
 
 def test_generate_keeps_the_prompt_dtype():
@@ -616,7 +638,7 @@ def test_kv_cache_forward_gives_the_full_forward_logits():
     "call, message",
     [
         (lambda m, c: m(tokens(2, 4), kv_cache=KVCache(8)), "pass KVCache\\(model.config"),
-        (lambda m, c: m(tokens(2, 4), labels=tokens(2, 4), kv_cache=c), "neither labels"),
+        (lambda m, c: m(tokens(2, 4), labels=tokens(2, 4), kv_cache=c), "pass no labels"),
         (lambda m, c: (m(tokens(2, 4), kv_cache=c), m(tokens(2, 2), kv_cache=c)), "one more"),
     ],
 )
@@ -653,3 +675,54 @@ def test_top_k_keeps_the_tokens_tied_with_the_kth_as_transformers_does():
     theirs = set(torch.nonzero(warped[0].isfinite()).flatten().tolist())
     ours = set(_sample(logits, 1.0, 2, torch.Generator().manual_seed(0)).flatten().tolist())
     assert ours == theirs == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_generate_a_left_padded_batch_gives_each_prompt_alone(use_cache):
+    # transformers' generate(input_ids, attention_mask=) of a tokenizer's padded batch: generate
+    # had no attention_mask, so a shorter prompt's pads were read as tokens (or a TypeError).
+    model = small()
+    with torch.no_grad():  # at init the next token barely depends on the context: make it matter
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.mul_(10)
+    short, long = tokens(1, 3, seed=2), tokens(1, 6, seed=3)
+    padded = torch.cat((torch.cat((torch.zeros(1, 3, dtype=torch.long), short), 1), long))
+    mask = torch.ones_like(padded)
+    mask[0, :3] = 0
+    alone = model.generate(short, 14, temperature=0.0)[0]
+    assert not torch.equal(model.generate(padded, 14, temperature=0.0)[0, 3:], alone)  # pads read
+    # 14 new tokens: both rows slide past block_size 16 (alone, the short one a step later).
+    out = model.generate(padded, 14, temperature=0.0, attention_mask=mask, use_cache=use_cache)
+    assert torch.equal(out[0, 3:], alone)
+    assert torch.equal(out[1], model.generate(long, 14, temperature=0.0)[0])
+
+
+def test_kv_cache_forward_with_a_padding_mask_gives_the_full_forward_logits():
+    model = small().eval()
+    ids, mask = tokens(2, 10), torch.ones(2, 10, dtype=torch.long)
+    mask[0, :4] = 0
+    full = model(ids, attention_mask=mask)["logits"]
+    cache = KVCache(16)
+    steps = [model(ids[:, :6], attention_mask=mask[:, :6], kv_cache=cache)["logits"]]
+    steps += [
+        model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], kv_cache=cache)["logits"]
+        for t in range(6, 10)
+    ]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full)
+    with pytest.raises(ValueError, match=r"attention_mask shape \(2, 1\) != \(2, 11\)"):
+        model(ids[:, :1], attention_mask=mask[:, :1], kv_cache=cache)
+
+
+@pytest.mark.parametrize(
+    "mask, message",
+    [
+        (torch.tensor([[1, 1, 0], [1, 1, 1]]), "attention_mask must pad on the left"),
+        (torch.tensor([[0, 0, 0], [1, 1, 1]]), "attention_mask must pad on the left"),
+        (torch.ones(2, 2, dtype=torch.long), r"attention_mask shape \(2, 2\) != input_ids"),
+    ],
+)
+def test_generate_rejects_a_mask_it_cannot_continue(mask, message):
+    # A right-padded row would continue after its pads; an all-padding row is an empty prompt.
+    with pytest.raises(ValueError, match=message):
+        small().generate(tokens(2, 3), 2, attention_mask=mask)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
+import numbers
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -393,10 +394,11 @@ class ReferenceTransformer(nn.Module):
         """Return {"logits": (B, T, V)} plus "loss" when labels (already shifted, -100 ignored) are
         given; with labels and config.loss_chunk_size set, {"loss"} alone (the logits are never
         made whole). With kv_cache (a KVCache(block_size)), input_ids continue the tokens it holds:
-        the prompt first, then one token per call, as generate() decodes.
+        the prompt first, then one token per call, as generate() decodes; an attention_mask then
+        covers the cached tokens too, (B, cached + T), as transformers passes it.
         """
         T = self._check_inputs(input_ids, labels, attention_mask, kv_cache)
-        mask = _attention_mask(attention_mask, T)  # None or (B, 1, T, T)
+        mask = _attention_mask(attention_mask, T)  # None or (B, 1, T, cached + T)
         x = self.drop(self.tok_emb(input_ids))  # (B, T, C)
         for layer, block in enumerate(self.blocks):
             x = block(x, self.rope, mask, kv_cache=kv_cache, layer=layer)
@@ -423,6 +425,7 @@ class ReferenceTransformer(nn.Module):
             raise ValueError(
                 f"input_ids must be (batch, sequence), got shape {tuple(input_ids.shape)}"
             )
+        _check_token_ids(input_ids, self.config.vocab_size, values=_cheap_to_read(input_ids))
         T = input_ids.size(1)
         if T > self.config.block_size:
             raise ValueError(
@@ -430,34 +433,29 @@ class ReferenceTransformer(nn.Module):
                 "crop the input or raise model.max_seq_len"
             )
         if kv_cache is not None:
-            self._check_cache(kv_cache, T, labels, attention_mask)
+            self._check_cache(kv_cache, T, labels)
         if labels is not None and labels.shape != input_ids.shape:
             raise ValueError(
                 f"labels shape {tuple(labels.shape)} != input_ids shape {tuple(input_ids.shape)}; "
                 "labels must be "
                 "already shifted, one next-token label per input position (-100 to ignore)"
             )
-        if attention_mask is not None and attention_mask.shape != input_ids.shape:
+        expected = (input_ids.size(0), T + (kv_cache.length if kv_cache is not None else 0))
+        if attention_mask is not None and attention_mask.shape != expected:
             raise ValueError(
-                f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
-                f"{tuple(input_ids.shape)}"
+                f"attention_mask shape {tuple(attention_mask.shape)} != {expected}, input_ids' "
+                "(batch, sequence) plus the tokens kv_cache holds"
             )
         return T
 
-    def _check_cache(
-        self,
-        kv_cache: KVCache,
-        T: int,
-        labels: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-    ) -> None:
+    def _check_cache(self, kv_cache: KVCache, T: int, labels: torch.Tensor | None) -> None:
         if kv_cache.max_len != self.config.block_size:
             raise ValueError(
                 f"kv_cache holds {kv_cache.max_len} tokens but block_size is "
                 f"{self.config.block_size}; pass KVCache(model.config.block_size)"
             )
-        if labels is not None or attention_mask is not None:
-            raise ValueError("kv_cache is for decoding: pass neither labels nor attention_mask")
+        if labels is not None:
+            raise ValueError("kv_cache is for decoding: pass no labels")
         if kv_cache.length and T != 1:
             raise ValueError(
                 f"a kv_cache that holds tokens takes one more per call, got {T}; start a new "
@@ -505,6 +503,7 @@ class ReferenceTransformer(nn.Module):
         eos_token_id: int | None = None,
         use_cache: bool = True,
         streamer: Any = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Return input_ids (B, T) extended by max_new_tokens sampled ids, in its dtype and on its
         device; temperature 0 is greedy. With eos_token_id, a row ends at that id (later ids are
@@ -514,6 +513,9 @@ class ReferenceTransformer(nn.Module):
         past it every token recomputes the window, as use_cache=False always does. A streamer
         (transformers' TextStreamer, or any object with put(ids) and end()) is put the prompt,
         then each step's (B,) ids, on the CPU, and ended after the last: one host sync a token.
+        attention_mask (B, T), 0 for padding, batches prompts of different lengths padded on the
+        left (a tokenizer's padding_side="left"): each row's tokens are those of its prompt
+        alone (rotary positions are relative, so the pads' offset changes nothing).
         """
         if input_ids.dim() != 2 or input_ids.size(1) == 0:
             # Else cropping the context fails as a bare IndexError ("too many indices").
@@ -527,8 +529,12 @@ class ReferenceTransformer(nn.Module):
             or max_new_tokens < 0
         ):
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+            temperature = math.nan  # refused below, as a NaN is: "1" or True is no temperature
         if not temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {temperature!r}")
+            raise ValueError(
+                f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}"
+            )
         if top_k is not None and (
             isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
         ):
@@ -543,15 +549,10 @@ class ReferenceTransformer(nn.Module):
                 f"eos_token_id must be None or an id below {vocab} (model.vocab_size), got "
                 f"{eos_token_id!r}"
             )
-        # Checked once: the embedding fails on such an id as a bare IndexError on the CPU and as a
-        # device-side assert, which leaves the CUDA context unusable, on a GPU.
-        low, high = (int(v) for v in torch.aminmax(input_ids)) if input_ids.numel() else (0, 0)
-        if low < 0 or high >= vocab:
-            raise ValueError(
-                f"input_ids hold token id {low if low < 0 else high}, outside the model's "
-                f"vocab_size {vocab} (ids 0 to {vocab - 1}); encode the prompt with the tokenizer "
-                "the model was trained with"
-            )
+        # Checked once on any device: on a GPU forward leaves it to the embedding's device-side
+        # assert, which leaves the CUDA context unusable.
+        _check_token_ids(input_ids, vocab)
+        mask = _prompt_mask(attention_mask, input_ids)  # None or (B, T) bool
         # Sampling should never see dropout; each module gets its own mode back after.
         restore_modes = switch_to_eval(self)
         finished = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
@@ -567,12 +568,16 @@ class ReferenceTransformer(nn.Module):
                     # The tokens the cache has not seen: the prompt, then the last sampled one.
                     # A subclass's forward that drops kv_cache leaves it empty, so it is given
                     # the whole sequence every time, as without a cache.
-                    logits = self(input_ids[:, cache.length :], kv_cache=cache)["logits"]
+                    ids, keep, options = input_ids[:, cache.length :], mask, {"kv_cache": cache}
                 else:
                     # Once the window slides every position's hidden state changes (earlier
                     # layers no longer see the dropped token): a cache would not give these
                     # logits, so the latest block_size tokens are recomputed.
-                    logits = self(input_ids[:, -block_size:])["logits"]
+                    ids, options = input_ids[:, -block_size:], {}
+                    keep = None if mask is None else mask[:, -block_size:]
+                if keep is not None:  # else not passed: a subclass's forward need not take it
+                    options["attention_mask"] = keep
+                logits = self(ids, **options)["logits"]
                 logits = logits[:, -1, :].float()  # (B, V)
                 next_ids = _sample(logits, temperature, top_k, generator)
                 if eos_token_id is not None:  # a finished row repeats eos, as transformers pads
@@ -580,6 +585,8 @@ class ReferenceTransformer(nn.Module):
                     finished |= next_ids[:, 0] == eos_token_id
                 # cat would promote an int32 prompt to the sampled int64: keep the caller's dtype
                 input_ids = torch.cat((input_ids, next_ids.to(input_ids.dtype)), dim=1)
+                if mask is not None:  # the sampled token is a real one
+                    mask = F.pad(mask, (0, 1), value=True)
                 if streamer is not None:
                     streamer.put(input_ids[:, -1].cpu())
                 # One host sync per token, only with eos_token_id; an empty batch runs to the end.
@@ -642,6 +649,57 @@ def _after_load(model: ReferenceTransformer, incompatible_keys: Any) -> None:
         model.rope.to_empty(device=weight.device)
 
 
+def _cheap_to_read(ids: torch.Tensor) -> bool:
+    """Return whether forward reads ids' values to check them: on the CPU, where that is one pass
+    over the ids, but not on an accelerator (a host sync per step) nor while compiling (a graph
+    break); there the embedding's own error stands.
+    """
+    return ids.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def _check_token_ids(ids: torch.Tensor, vocab: int, *, values: bool = True) -> None:
+    """Raise ValueError when ids are not integers or (with values) hold an id outside the
+    vocabulary: the embedding fails on either with an error that names neither.
+    """
+    if ids.dtype not in (torch.long, torch.int32):  # what the embedding takes
+        raise ValueError(
+            f"input_ids must hold integer token ids, got {ids.dtype}; pass them as torch.long or "
+            "torch.int32"
+        )
+    if not values or not ids.numel():
+        return
+    low, high = (int(v) for v in torch.aminmax(ids))
+    if low < 0 or high >= vocab:
+        raise ValueError(
+            f"input_ids hold token id {low if low < 0 else high}, outside the model's vocab_size "
+            f"{vocab} (ids 0 to {vocab - 1}); encode them with the tokenizer the model was "
+            "trained with"
+        )
+
+
+def _prompt_mask(attention_mask: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:
+    """Return generate's attention_mask as bool, or None where it masks nothing; raise ValueError
+    for one generate cannot continue: another shape, or a row not padded on the left only (it
+    would continue after its pads; an all-padding row is no prompt). It reads the mask once.
+    """
+    if attention_mask is None:
+        return None
+    if attention_mask.shape != ids.shape:
+        raise ValueError(
+            f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
+            f"{tuple(ids.shape)}"
+        )
+    keep = attention_mask.to(torch.bool)
+    if not ids.numel():
+        return None
+    if bool((keep[:, :-1] > keep[:, 1:]).any() | ~keep[:, -1].all()):
+        raise ValueError(
+            "attention_mask must pad on the left, each row 0s then at least one 1: pad the "
+            "prompts on the left (transformers: tokenizer.padding_side = 'left')"
+        )
+    return None if bool(keep.all()) else keep
+
+
 def _takes_keyword(function: Any, name: str) -> bool:
     """Return whether function accepts the keyword argument name (by name or through **kwargs)."""
     parameters = inspect.signature(function).parameters.values()
@@ -675,18 +733,22 @@ def _sample(
 # eagerly (a deliberate graph break, without dynamo's multi-line warning on every compiled run).
 @torch.compiler.disable
 def _attention_mask(attention_mask: torch.Tensor | None, T: int) -> torch.Tensor | None:
-    """Return None (plain causal) or a (B, 1, T, T) bool mask: causal and the key is not padding."""
+    """Return None (plain causal) or a (B, 1, T, S) bool mask for the last T of the mask's S
+    tokens (S - T of them cached): causal and the key is not padding.
+    """
     if attention_mask is None:
         return None
-    keep = attention_mask.to(torch.bool)  # (B, T), True = real token
+    keep = attention_mask.to(torch.bool)  # (B, S), True = real token
     # The loader emits an all-True mask; dropping it keeps SDPA on its fused causal kernels.
     if bool(keep.all()):
         return None
-    causal = torch.ones(T, T, dtype=torch.bool, device=keep.device).tril()  # (T, T)
-    mask = causal & keep[:, None, None, :]  # (B, 1, T, T)
+    S = keep.size(1)
+    keys = torch.arange(S, device=keep.device)
+    queries = torch.arange(S - T, S, device=keep.device)[:, None]  # (T, 1) positions
+    mask = (keys <= queries) & keep[:, None, None, :]  # (B, 1, T, S)
     # A query whose visible keys are all padding (left padding) would softmax over nothing and
     # give NaN; letting it see itself keeps it finite. Its label should be -100 anyway.
-    return mask | torch.eye(T, dtype=torch.bool, device=keep.device)
+    return mask | (keys == queries)
 
 
 __all__ = [

@@ -36,7 +36,7 @@ from speedtronic_diloco.hub import (
     running_here,
 )
 from speedtronic_diloco.identity import resolve_identity
-from speedtronic_diloco.outer import MasterOuterLoop
+from speedtronic_diloco.outer import OUTER_SETTINGS, MasterOuterLoop
 from speedtronic_diloco.tensors import compute_pseudo_gradient, cpu_state_dict
 from speedtronic_systems.parallel import SINGLE, ParallelContext
 
@@ -769,7 +769,7 @@ class DumbDiLoCoCoordinator:
         """
         if theirs is None or theirs == self._warned_outer:
             return
-        ours = {k: float(getattr(self.settings, k)) for k in ("outer_lr", "outer_momentum")}
+        ours = {k: float(getattr(self.settings, k)) for k in OUTER_SETTINGS}
         changed = [k for k in ours if k in theirs and float(theirs[k]) != ours[k]]
         if changed:
             self._warned_outer = dict(theirs)

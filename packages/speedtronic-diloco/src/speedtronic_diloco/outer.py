@@ -32,6 +32,8 @@ LOGGER = logging.getLogger("speedtronic_diloco.outer")
 _HEADER_ALLOWANCE = 1 << 20
 # Deltas a master round downloads concurrently (and at most holds in memory at once).
 DOWNLOAD_THREADS = 8
+# The settings of the outer step, which only the master applies (published with its model).
+OUTER_SETTINGS = ("outer_lr", "outer_momentum")
 EventSink = Callable[[str, dict[str, Any]], None]
 
 
@@ -238,7 +240,7 @@ class MasterOuterLoop:
         """Warn when this master resumes with an outer_lr or outer_momentum other than its saved
         state's: the new values apply from the next round, which a changed config did silently.
         """
-        saved = {k: header.get(k) for k in ("outer_lr", "outer_momentum")}
+        saved = {k: header.get(k) for k in OUTER_SETTINGS}
         now = self.outer_settings
         changed = [k for k in now if saved[k] is not None and float(saved[k]) != now[k]]
         if changed:
@@ -619,6 +621,7 @@ class MasterOuterLoop:
 
 
 __all__ = [
+    "OUTER_SETTINGS",
     "MasterOuterLoop",
     "NesterovOuterOptimizer",
     "OuterState",

@@ -141,3 +141,41 @@ def test_a_string_for_a_list_names_the_list_form():
     assert str(caught.value) == (
         "logging.hooks: expected a list of strings (got 'tensorboard'); e.g. [a, b], or [] for none"
     )
+
+
+@pytest.mark.parametrize(
+    "raw, annotation, message",
+    [
+        # PyYAML reads these (no dot) as text: 1e-400 was "must be positive (got 0.0)" and 1e30
+        # "must be at most 65,536 (got 1000000000000000019884624838656)" in the section.
+        (
+            "1e-400",
+            "float",
+            "x: below the smallest float (about 5e-324), reads as 0 (got '1e-400'); write 0 or a "
+            "larger number",
+        ),
+        (
+            "1e30",
+            "int",
+            "x: is past the range of an integer setting (got '1e30'); every integer setting is "
+            "below 2**53",
+        ),
+        (
+            -1e30,
+            "int",
+            "x: is past the range of an integer setting (got -1e+30); every integer setting is "
+            "below 2**53",
+        ),
+    ],
+)
+def test_a_number_past_its_range_is_shown_as_written(raw, annotation, message):
+    with pytest.raises(ConfigError) as caught:
+        coerce(raw, annotation, "x")
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    "raw, expected", [("32", 32), (" 32 ", 32), ("1e1", 10), ("32.0", 32), ("auto", "auto")]
+)
+def test_int_or_str_reads_integral_text_as_the_integer(raw, expected):
+    assert coerce(raw, "int | str", "a") == expected

@@ -86,3 +86,14 @@ def test_ranks_that_disagree_are_described_by_value_in_order_of_appearance():
 def test_a_suggestion_ignores_case(values, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         SpeedtronicConfig.from_dict(values)
+
+
+def test_a_boolean_key_is_named_as_one_with_the_fix():
+    # `yes: 3` in the model section read "model.True: unknown key; valid keys: ...": a key the
+    # user never wrote, and no reason why.
+    with pytest.raises(ConfigError) as caught:
+        SpeedtronicConfig.from_dict({"model": {True: 3}})
+    assert str(caught.value).startswith(
+        "model.True: unknown key, a boolean: YAML 1.1 reads a bare yes, no, on, off, true or false "
+        "as a boolean; quote the key, or give the setting's name: valid keys: d_ff"
+    )

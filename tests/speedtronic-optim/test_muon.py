@@ -12,6 +12,11 @@ import torch
 from speedtronic_optim import HybridOptimizer, Muon
 from speedtronic_optim.muon import adjusted_lr
 
+# The reference these tests compare with; Muon itself does not use it.
+needs_torch_muon = pytest.mark.skipif(
+    not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon (the reference) is not in this torch"
+)
+
 
 def _run(optimizer_factory, shape: tuple[int, int], steps: int = 4) -> torch.Tensor:
     torch.manual_seed(10)
@@ -26,6 +31,7 @@ def _run(optimizer_factory, shape: tuple[int, int], steps: int = 4) -> torch.Ten
     return param.detach()
 
 
+@needs_torch_muon
 @pytest.mark.parametrize("shape", [(48, 20), (20, 48), (32, 32)])
 @pytest.mark.parametrize("nesterov", [True, False])
 @pytest.mark.parametrize("adjust", ["original", "match_rms_adamw"])
@@ -45,6 +51,7 @@ def test_matches_torch_muon(shape: tuple[int, int], nesterov: bool, adjust: str)
     torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=0)
 
 
+@needs_torch_muon
 @pytest.mark.parametrize("shape", [(64, 20), (20, 64)])
 def test_gram_path_tracks_torch_muon(shape: tuple[int, int]) -> None:
     settings = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, ns_steps=5)
@@ -88,6 +95,7 @@ def test_16_bit_weight_decay_is_torch_muons(dtype: torch.dtype, lr) -> None:
     torch.testing.assert_close(param.detach(), expected, atol=0, rtol=0)
 
 
+@needs_torch_muon
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_parameters_take_torch_muons_steps_bit_for_bit(dtype: torch.dtype) -> None:
     # bf16: 300 such steps left the weights at half the norm torch.optim.Muon's had. fp16: the
@@ -106,6 +114,7 @@ def test_parameters_take_torch_muons_steps_bit_for_bit(dtype: torch.dtype) -> No
     torch.testing.assert_close(params[0], params[1], atol=0, rtol=0)
 
 
+@needs_torch_muon
 def test_a_matrix_alone_in_its_shape_takes_torch_muons_step_bit_for_bit() -> None:
     # Stepped as a batch of one, this tall shape's bf16 baddbmm rounded unlike torch's addmm.
     torch.manual_seed(11)
@@ -229,6 +238,7 @@ def _torch_muon_state(adjust_lr_fn: str | None) -> tuple[dict, torch.Tensor]:
     return copy.deepcopy(theirs.state_dict()), param
 
 
+@needs_torch_muon
 @pytest.mark.parametrize(
     "adjust_lr_fn, ours", [(None, "match_rms_adamw"), ("match_rms_adamw", "original")]
 )
@@ -250,6 +260,7 @@ def test_a_torch_muon_state_loads_with_its_lr_rule(adjust_lr_fn, ours: str) -> N
     assert "adjust_lr_fn" not in group and group["weight_decay"] == 0.1  # torch's saved value
 
 
+@needs_torch_muon
 @pytest.mark.parametrize(
     "edit, fragment",
     [
@@ -318,6 +329,7 @@ def test_auto_work_dtype_tracks_bf16_support(monkeypatch) -> None:
     assert fast_work_dtype(torch.device("cpu")) == torch.bfloat16
 
 
+@needs_torch_muon
 def test_float32_work_dtype_tracks_torch_muon() -> None:
     settings = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, ns_steps=5)
     theirs = _run(lambda p: torch.optim.Muon(p, **settings), (40, 24))
@@ -496,6 +508,17 @@ def test_named_parameters_are_taken_and_sets_refused_as_in_torch_optim() -> None
         Muon(model.named_parameters())
     with pytest.raises(TypeError, match="ordered collections"):
         Muon([{"params": {model[0].weight}}])
+
+
+def test_named_and_unnamed_parameters_are_not_mixed() -> None:
+    # torch.optim refuses a mix from torch 2.6; torch 2.4 and 2.5 took no names at all.
+    first, second = torch.nn.Parameter(torch.randn(4, 6)), torch.nn.Parameter(torch.randn(6, 3))
+    with pytest.raises(ValueError, match="group 0: 1 of 2 parameters are .* or none"):
+        Muon([("a", first), second])
+    with pytest.raises(ValueError, match="group 1 names its parameters but an earlier group"):
+        Muon([{"params": [first]}, {"params": [("b", second)]}])
+    with pytest.raises(ValueError, match="group 1 does not name its parameters but an earlier"):
+        Muon([{"params": [("a", first)]}, {"params": [second]}])
 
 
 def _loaded_state(saved) -> None:

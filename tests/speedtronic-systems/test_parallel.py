@@ -5,6 +5,8 @@ Real multi-process runs (DDP, FSDP2 under torchrun) are tests/speedtronic/test_p
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -23,6 +25,10 @@ from speedtronic_systems.parallel import (
     unwrap_model,
     worker_device,
     wrap_model,
+)
+
+needs_fsdp_torch = pytest.mark.skipif(
+    torch.__version__ < (2, 7), reason="fsdp needs torch>=2.7 (its refusal is tested below)"
 )
 
 
@@ -91,6 +97,7 @@ def test_a_target_batch_that_splits_is_accepted():
     check_batch_split(3, 3, 1)  # one process: anything the config accepts
 
 
+@needs_fsdp_torch
 def test_fsdp_needs_blocks_to_shard():
     class Flat(nn.Module):
         def __init__(self) -> None:
@@ -111,6 +118,17 @@ def test_fsdp_needs_blocks_to_shard():
     assert len(transformer_blocks(stack)) == 2
 
 
+@pytest.mark.parametrize("version", ["2.4.1+cu121", "2.6.0"])
+def test_fsdp_on_a_torch_older_than_2_7_is_refused_in_one_line(monkeypatch, version):
+    # torch 2.4 and 2.5 failed at wrapping with "cannot import name 'MixedPrecisionPolicy'".
+    monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion(version))
+    message = f"is fsdp, which needs torch>=2.7 .*this is torch {re.escape(version)}"
+    with pytest.raises(ConfigError, match=message):
+        init_parallel({"data_parallel": "fsdp"}, torch.device("cpu"))
+    with pytest.raises(ConfigError, match=message):
+        wrap_model(nn.Linear(2, 2), ParallelContext("fsdp", 0, 2), {"data_parallel": "fsdp"})
+
+
 def test_a_plain_model_is_left_alone():
     model = nn.Linear(3, 3)
     assert wrap_model(model, SINGLE, None) is model and unwrap_model(model) is model
@@ -120,6 +138,7 @@ def test_a_plain_model_is_left_alone():
     assert total_norm(torch.tensor(2.5)) == 2.5
 
 
+@needs_fsdp_torch
 def test_fsdp_wraps_a_model_whose_state_dict_holds_extra_state():
     # wrap_model gives every rank rank 0's weights; a module's get_extra_state() entry (any
     # object, as TransformerEngine layers keep) is no weight to broadcast. An in-process fake

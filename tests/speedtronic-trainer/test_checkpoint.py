@@ -16,6 +16,12 @@ from speedtronic_trainer import (
     restore_rng_state,
 )
 
+# Sharded checkpoints come from fsdp runs (torch>=2.7); these tests write one in one process with
+# dcp.save(no_dist=True), also new in 2.7.
+needs_sharded_torch = pytest.mark.skipif(
+    torch.__version__ < (2, 7), reason="writes a sharded checkpoint with torch>=2.7's dcp.save"
+)
+
 
 def state(step: int) -> dict:
     return {"step": step, "weights": torch.full((3,), float(step))}
@@ -354,6 +360,7 @@ def test_restore_rng_ignores_missing_state():
     assert torch.equal(before, torch.get_rng_state())
 
 
+@needs_sharded_torch
 def test_a_sharded_checkpoint_loads_alone_without_dcps_single_process_warning(tmp_path):
     import warnings
 
@@ -388,6 +395,7 @@ def _sharded(manager: CheckpointManager, step: int, model: torch.nn.Module) -> P
     return path
 
 
+@needs_sharded_torch
 def test_a_sharded_checkpoint_replaces_one_of_its_step_only_once_complete(tmp_path):
     manager = CheckpointManager(tmp_path, keep_last=None)
     first = _sharded(manager, 2, torch.nn.Linear(30, 20))
@@ -409,6 +417,7 @@ def test_a_sharded_checkpoint_replaces_one_of_its_step_only_once_complete(tmp_pa
     assert (second / "__0_0.distcp").read_bytes() != old_shards["__0_0.distcp"]
 
 
+@needs_sharded_torch
 @pytest.mark.parametrize("damage", ["truncated", "missing"])
 def test_a_damaged_sharded_checkpoint_falls_back_to_an_older_one(tmp_path, damage):
     manager = CheckpointManager(tmp_path, keep_last=None)
@@ -425,6 +434,7 @@ def test_a_damaged_sharded_checkpoint_falls_back_to_an_older_one(tmp_path, damag
     assert expected in warnings[0] and "trying an older checkpoint" in warnings[0]
 
 
+@needs_sharded_torch
 def test_a_sharded_checkpoint_dcp_cannot_read_fails_in_one_line(tmp_path):
     from speedtronic_trainer.sharded import load_sharded
 

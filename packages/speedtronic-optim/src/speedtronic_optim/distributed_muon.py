@@ -27,10 +27,25 @@ Orthogonalize = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 Apply = Callable[[list[torch.Tensor], list[torch.Tensor], torch.Size], None]
 
 
+def _dtensor_type() -> type | None:
+    """Return torch's DTensor class, or None where torch has no distributed support."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        try:  # torch 2.4 kept DTensor here only
+            from torch.distributed._tensor import DTensor
+        except ImportError:
+            return None
+    return DTensor
+
+
+_DTENSOR = _dtensor_type()
+
+
 def is_sharded(tensor: torch.Tensor) -> bool:
     """Return True for a DTensor (an FSDP2 parameter); False for a plain tensor."""
-    # Duck-typed: DTensor moved from torch.distributed._tensor (torch 2.4) to .tensor.
-    return hasattr(tensor, "device_mesh") and callable(getattr(tensor, "to_local", None))
+    # isinstance, not hasattr: torch 2.4's compiler cannot trace hasattr on a tensor.
+    return _DTENSOR is not None and isinstance(tensor, _DTENSOR)
 
 
 @dataclass(frozen=True)

@@ -225,6 +225,28 @@ class Muon(Optimizer):
         for group, transposed in zip(self.param_groups, layouts, strict=True):
             group["transposed"] = transposed
 
+    def _split_names(
+        self, owner: str, param_group: dict[str, Any], params: list[Any]
+    ) -> tuple[dict[str, Any], list[torch.Tensor]]:
+        """Return the group with ``param_names`` and its bare tensors, as torch.optim records
+        (name, parameter) pairs; done here because torch.optim only takes them from torch 2.6.
+        """
+        names = [item[0] for item in params if isinstance(item, tuple)]
+        if names and len(names) != len(params):
+            raise ValueError(
+                f"{owner}: {len(names)} of {len(params)} parameters are (name, parameter) pairs; "
+                "name every parameter of a group (named_parameters()) or none"
+            )
+        named = bool(names) or "param_names" in param_group
+        if any(("param_names" in group) != named for group in self.param_groups):
+            raise ValueError(
+                f"{owner} {'names' if named else 'does not name'} its parameters but an earlier "
+                "group does the opposite; name the parameters of every group or of none"
+            )
+        if not names:
+            return param_group, params
+        return {**param_group, "param_names": names}, [item[1] for item in params]
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group after checking every parameter is a 2-D matrix."""
         owner = f"Muon param group {len(self.param_groups)}"
@@ -270,6 +292,8 @@ class Muon(Optimizer):
         options = {key: value for key, value in param_group.items() if key != "params"}
         # With the defaults: a group's ns_method must suit the ns_dtype it inherits, and back.
         _check_options(owner, {**self.defaults, **options})
+        if not isinstance(params, set):
+            param_group, params = self._split_names(owner, param_group, params)
         super().add_param_group({**param_group, "params": params})
         init_sharded_state(self.state, self.param_groups[-1]["params"])
 
@@ -432,7 +456,9 @@ def _same_shape_batches(params: list[torch.Tensor], group: dict[str, Any]) -> li
         # torch.stack refuses plain tensors mixed with DTensors (a partly FSDP2-wrapped model).
         layout = (param.device_mesh, tuple(param.placements)) if is_sharded(param) else None
         key = (tuple(param.shape), param.dtype, param.device, layout)
-        groups.setdefault(key, []).append(index)
+        if key not in groups:  # not setdefault: torch 2.4 cannot compile dict.setdefault
+            groups[key] = []
+        groups[key].append(index)
     batches = []
     for indices in groups.values():
         first = params[indices[0]]

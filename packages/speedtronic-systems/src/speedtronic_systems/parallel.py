@@ -29,6 +29,22 @@ from speedtronic_config.errors import describe_ranks, on_every_rank
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Module containers whose children FSDP2 shards one by one (the transformer blocks).
 _BLOCK_CONTAINERS = ("blocks", "layers", "h")
+# fsdp needs torch.distributed.fsdp's public fully_shard (2.6) and, to shard a single-file
+# checkpoint's optimizer state, distribute_tensor(src_data_rank=) (2.7).
+FSDP_MIN_TORCH = (2, 7)
+
+
+def check_fsdp_torch() -> None:
+    """Raise ConfigError when this torch is older than data_parallel fsdp needs."""
+    if torch.__version__ < FSDP_MIN_TORCH:
+        raise on_every_rank(
+            ConfigError(
+                "parallel.data_parallel",
+                f"is fsdp, which needs torch>=2.7 (FSDP2's public fully_shard); this is torch "
+                f"{torch.__version__}",
+                allowed="upgrade torch, or set parallel.data_parallel: ddp",
+            )
+        )
 
 
 class ParallelError(RuntimeError):
@@ -168,6 +184,8 @@ def init_parallel(section: Any, device: torch.device) -> ParallelContext:
     check_world_size(section, launched_world_size())
     if section.data_parallel == "none":
         return SINGLE
+    if section.data_parallel == "fsdp":
+        check_fsdp_torch()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = worker_device(device, local_rank)
     if device.type == "cuda":
@@ -331,6 +349,7 @@ def wrap_model(model: nn.Module, context: ParallelContext, section: Any) -> nn.M
         return nn.parallel.DistributedDataParallel(model, device_ids=ids, **_buffer_options(model))
     if context.mode != "fsdp":
         return model
+    check_fsdp_torch()
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

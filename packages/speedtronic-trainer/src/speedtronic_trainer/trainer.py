@@ -687,10 +687,7 @@ class Trainer:
         # A sparse gradient (an nn.Embedding(sparse=True) under SGD) has no norm kernel; its
         # stored values are what could be inf/NaN.
         grads = [p.grad._values() if p.grad.is_sparse else p.grad for p in params]
-        get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6
-        if get_total_norm is not None:
-            return total_norm(get_total_norm(grads))
-        return total_norm(torch.nn.utils.clip_grad_norm_(params, math.inf))  # scales by 1.0
+        return total_norm(torch.nn.utils.get_total_norm(grads))
 
     def _handle_nonfinite(self, outcome: StepOutcome, consecutive: int) -> None:
         """Apply run.nonfinite_loss to a step that was not applied: raise, or record the skip."""

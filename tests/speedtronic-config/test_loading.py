@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -419,3 +420,22 @@ def test_an_underflowing_weight_decay_is_no_longer_read_as_0(tmp_path):
     path.write_text("optimizer:\n  weight_decay: 1.0e-400\n")
     with pytest.raises(ConfigError, match="at line 2, column 17: a number below the smallest"):
         SpeedtronicConfig.load(path)
+
+
+@pytest.mark.parametrize(
+    "number, problem",
+    [
+        ("1e-400", "a number below the smallest float (about 5e-324), reads as 0; write 0 or"),
+        ("-1.5E+400", "a number past the float range (about 1.8e308), reads as infinity; write"),
+    ],
+)
+def test_a_json_float_past_the_float_range_is_refused_as_a_yaml_one_is(number, problem):
+    # json.loads read them as 0.0 and -inf: weight_decay took 0, and lr said "(got -inf)".
+    text = '{"optimizer": {"weight_decay": ' + number + "}}"
+    with pytest.raises(ConfigError, match=f"^run.json: invalid JSON: {re.escape(problem)}"):
+        parse_text(text, "run.json", as_json=True)
+    assert parse_text('{"a": 0.0, "b": 1e-300, "c": 0e5}', "ok", as_json=True) == {
+        "a": 0.0,
+        "b": 1e-300,
+        "c": 0.0,
+    }

@@ -145,7 +145,9 @@ def parse_text(text: str, source: str, *, as_json: bool = False) -> Any:
 
 def _parse_json(text: str, source: str) -> Any:
     try:
-        return json.loads(text, object_pairs_hook=_unique_pairs)
+        return json.loads(text, object_pairs_hook=_unique_pairs, parse_float=_json_float)
+    except _PastFloatRange as error:
+        raise ConfigError(source, f"invalid JSON: {error.args[0]}") from None
     except json.JSONDecodeError as error:
         raise ConfigError(
             source, f"invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
@@ -167,6 +169,22 @@ def parse_value(text: str, source: str) -> Any:
         lambda: yaml.load(text, Loader=_UniqueKeyLoader),  # noqa: S506 - a SafeLoader subclass
         source,
     )
+
+
+class _PastFloatRange(Exception):
+    """A JSON number reads as infinity or, nonzero, as 0 (the reason is the exception's text)."""
+
+
+def _json_float(text: str) -> float:
+    """Return the float of a JSON number; _PastFloatRange where it is past the float range, as
+    the YAML loader refuses one: a field would show (or take) the 0.0 or inf it reads as.
+    """
+    number = float(text)
+    if math.isinf(number):
+        raise _PastFloatRange(f"a number {OVERFLOW}; write a smaller number")
+    if underflows(text, number):
+        raise _PastFloatRange(f"a number {UNDERFLOW}; write 0 or a larger number")
+    return number
 
 
 class _DuplicateKey(Exception):

@@ -845,6 +845,7 @@ def scenario_apart(out: Path, mode: str) -> dict:
     seen["lock_loop"].append(next_sum(context))
     seen["resume"] = [*resume_apart_loop(context, out / "resume"), next_sum(context)]
     seen["evaluate_none"] = [*evaluate_none_apart(context), next_sum(context)]
+    seen["evaluate_counts"] = [*evaluate_counts_apart(context), next_sum(context)]
     return seen
 
 
@@ -930,6 +931,18 @@ def evaluate_none_apart(context: ParallelContext) -> list:
     except Exception as error:
         seen = [f"{type(error).__name__}: {error}"]
     return [*seen, getattr(loader, "tried", 0)]
+
+
+def evaluate_counts_apart(context: ParallelContext) -> list:
+    """What each rank's evaluate raised when rank 0 asked for 2 batches and rank 1 for none
+    (rank 1 returned None at once, leaving rank 0 waiting at its first batch's collective).
+    """
+    shares = {"data": {"micro_batch_size": 2, "target_batch_size": 4}}
+    trainer, _ = regression_trainer(context, [], shares, eval_dataloader=regression_batches(4))
+    try:
+        return [trainer.evaluate(max_batches=2 if context.rank == 0 else 0)]
+    except ValueError as error:
+        return [f"ValueError: {error}"]
 
 
 # Each check's fit_apart arguments by rank and folder: only one rank's differ from the defaults.

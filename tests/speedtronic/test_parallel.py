@@ -401,8 +401,8 @@ def test_what_differs_on_one_rank_is_agreed_on_by_every_rank(tmp_path):
     zero, one = ranks(tmp_path, 2)
     # Each rank's next collective meets its peer's (3.0): a rank that raised alone used to meet
     # its peer's gradient all-reduce there (a wrong sum), or leave it waiting.
-    assert [seen.pop() for seen in zero.values()] == [3.0] * 13
-    assert [seen.pop() for seen in one.values()] == [3.0] * 13
+    assert [seen.pop() for seen in zero.values()] == [3.0] * 14
+    assert [seen.pop() for seen in one.values()] == [3.0] * 14
     lock = tmp_path / "lock" / "run" / ".speedtronic-run.lock"
     assert (
         zero["lock"] == one["lock"] == [f"IsADirectoryError: [Errno 21] Is a directory: '{lock}'"]
@@ -421,6 +421,15 @@ def test_what_differs_on_one_rank_is_agreed_on_by_every_rank(tmp_path):
     assert zero["eval_iter"] == [failed.format(1, evaluation, why)]
     # An evaluation of no batch starts no loader: every rank returns None, as one process does.
     assert zero["evaluate_none"] == one["evaluate_none"] == [None, 0]
+    # Asked for different counts of eval batches, every rank refuses, naming them.
+    assert (
+        zero["evaluate_counts"]
+        == one["evaluate_counts"]
+        == [
+            "ValueError: evaluate(max_batches=...) differs between the ranks (2 on rank 0; 0 on "
+            "rank 1); call it with the same max_batches on every rank: each batch is a collective"
+        ]
+    )
     # Rank 0 could not resolve the run folder (a symlink loop): every rank raises what one
     # process raises there (RuntimeError before Python 3.13), not rank 0 alone.
     loop = SpeedtronicConfig.from_dict({"run": {"output_dir": str(tmp_path / "lock_loop" / "run")}})

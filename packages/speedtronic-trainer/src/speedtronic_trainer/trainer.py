@@ -776,6 +776,17 @@ class Trainer:
         every rank calls it, with the same max_batches (each batch is a collective). None: the
         config's data.eval_steps; 0 reads no batch (the loader is not started) and returns None.
         """
+        # Compared first: ranks reading different counts would wait on each other's batch
+        # collectives (one reading none returns at once), and a bad value refused on one rank
+        # alone would leave the others waiting. One all_gather_object a call, not per batch.
+        split = self.parallel.disagreement(repr(max_batches))
+        if split is not None:
+            raise on_every_rank(
+                ValueError(
+                    f"evaluate(max_batches=...) differs between the ranks ({split}); call it with "
+                    "the same max_batches on every rank: each batch is a collective"
+                )
+            )
         count = isinstance(max_batches, int) and not isinstance(max_batches, bool)
         if max_batches is not None and not (count and max_batches >= 0):
             raise ValueError(

@@ -108,6 +108,27 @@ def record_weights(coordinator):
     return weights
 
 
+def snapshot(coordinator, net, opt):
+    """Return what a checkpoint keeps of a node now: its DiLoCo state, model and optimizer."""
+    model_state = {k: v.clone() for k, v in net.state_dict().items()}
+    return coordinator.state_dict(), model_state, copy.deepcopy(opt.state_dict())
+
+
+def resume(server, tmp_path, name, saved):
+    """Start node `name` again from `saved` (a snapshot); return it, its model and optimizer, and
+    the (event, payload) list it records from its start.
+    """
+    checkpoint, model_state, optimizer_state = saved
+    resumed, net, opt = node(server, tmp_path, name)
+    net.load_state_dict(model_state)
+    opt.load_state_dict(optimizer_state)
+    resumed.prepare_state(checkpoint)
+    events = []
+    resumed.events = lambda event, payload: events.append((event, payload))
+    resumed.start()
+    return resumed, net, opt, events
+
+
 def train(coordinator, net, opt, steps, seed):
     gen = torch.Generator().manual_seed(seed)
     resets = []
@@ -407,21 +428,13 @@ def test_a_node_resumed_from_before_a_delta_it_sent_sends_that_work_once(
     worker, net, opt = node(server, tmp_path, "w1")
     worker.start()
     train(worker, net, opt, 2, seed=1)
-    checkpoint = worker.state_dict()
-    model_state = {k: v.clone() for k, v in net.state_dict().items()}
-    optimizer_state = copy.deepcopy(opt.state_dict())
+    saved = snapshot(worker, net, opt)
     first = record_weights(worker)
     train(worker, net, opt, 2, seed=2)  # the step-4 delta leaves; then the process dies
     assert delta_path("w1", 4, 0) in worker.hub.list_files()
     if published:
         assert master.master.sync_once() == 1
-    resumed, net2, opt2 = node(server, tmp_path, "w1")
-    net2.load_state_dict(model_state)
-    opt2.load_state_dict(optimizer_state)
-    resumed.prepare_state(checkpoint)
-    events = []
-    resumed.events = lambda event, payload: events.append((event, payload))
-    resumed.start()
+    resumed, net2, opt2, events = resume(server, tmp_path, "w1", saved)
     if resumed.reset_after_start:
         opt2.state.clear()
     again = record_weights(resumed)
@@ -472,19 +485,11 @@ def test_a_resumed_node_sends_exactly_its_deltas_missing_from_the_repository(
         if begin == 2:  # the step-4 upload, then its re-send at step 8
             server.faults.add("503", method="POST", path="/commit/", times=failures)
         if begin == checkpoint_at:
-            checkpoint = worker.state_dict()
-            model_state = {k: v.clone() for k, v in net.state_dict().items()}
-            optimizer_state = copy.deepcopy(opt.state_dict())
+            saved = snapshot(worker, net, opt)
         train(worker, net, opt, 2, seed=10 + begin)
     assert worker.counters["upload_failures"] == failures
     missing = failures == 2
-    resumed, net2, opt2 = node(server, tmp_path, "w1")
-    net2.load_state_dict(model_state)
-    opt2.load_state_dict(optimizer_state)
-    resumed.prepare_state(checkpoint)
-    events = []
-    resumed.events = lambda event, payload: events.append((event, payload))
-    resumed.start()
+    resumed, net2, opt2, events = resume(server, tmp_path, "w1", saved)
     for begin in range(checkpoint_at, 8, 2):  # the same batches again
         train(resumed, net2, opt2, 2, seed=10 + begin)
     # Steps 1-4 leave once, as the earlier process computed them; steps 5-8 do not leave again.
@@ -514,20 +519,12 @@ def test_a_node_resumed_several_boundaries_back_installs_the_global_at_the_last_
     worker, net, opt = node(server, tmp_path, "w1")
     worker.start()
     train(worker, net, opt, 2, seed=1)
-    checkpoint = worker.state_dict()
-    model_state = {k: v.clone() for k, v in net.state_dict().items()}
-    optimizer_state = copy.deepcopy(opt.state_dict())
+    saved = snapshot(worker, net, opt)
     for seed in (2, 3):  # steps 3-4 and 5-8; a round follows each boundary
         train(worker, net, opt, 2 if seed == 2 else 4, seed=seed)
         assert master.master.sync_once() == seed - 1
     assert master.master.counters["applied"] == 2
-    resumed, net2, opt2 = node(server, tmp_path, "w1")
-    net2.load_state_dict(model_state)
-    opt2.load_state_dict(optimizer_state)
-    resumed.prepare_state(checkpoint)
-    events = []
-    resumed.events = lambda event, payload: events.append((event, payload))
-    resumed.start()
+    resumed, net2, opt2, events = resume(server, tmp_path, "w1", saved)
     assert resumed.last_global_step == 0
     train(resumed, net2, opt2, 2, seed=2)
     assert resumed.last_global_step == 0  # step 4 sent already: replayed, not installed over

@@ -12,14 +12,28 @@ from speedtronic_config.errors import YAML_BOOLEANS, ConfigError
 
 # Every integer setting's bound is below this: a float past it is no longer an exact integer.
 INT_LIMIT = 2**53
-UNDERFLOW = "below the smallest float (about 5e-324), reads as 0"
-OVERFLOW = "past the float range (about 1.8e308), reads as infinity"
+_UNDERFLOW = "below the smallest float (about 5e-324), reads as 0"
 
 
-def underflows(text: str, number: float) -> bool:
+def _underflows(text: str, number: float) -> bool:
     """Return whether numeric ``text`` names a nonzero number that reads as ``number`` 0.0."""
     mantissa = re.split("[eE]", text)[0]
     return number == 0 and any(digit in mantissa for digit in "123456789")
+
+
+def past_float_range(text: str, number: float) -> str | None:
+    """Return why a number written as ``text`` cannot be read as the ``number`` it reads as,
+    with the fix: past the float range (infinity, unless written as one) or nonzero below it (0).
+    None for a number in range. The YAML and JSON loaders refuse such numbers where written.
+    """
+    if math.isinf(number) and "inf" not in text.lower():
+        return (
+            "a number past the float range (about 1.8e308), reads as infinity; write a smaller "
+            "number"
+        )
+    if _underflows(text, number):
+        return f"a number {_UNDERFLOW}; write 0 or a larger number"
+    return None
 
 
 def _bool(value: Any, path: str) -> bool:
@@ -78,8 +92,8 @@ def _float(value: Any, path: str) -> float:
             number = float(value.strip())
         except ValueError:
             number = None
-        if number is not None and underflows(value, number):  # else "must be positive (got 0.0)"
-            raise ConfigError(path, UNDERFLOW, value=value, allowed="write 0 or a larger number")
+        if number is not None and _underflows(value, number):  # else "must be positive (got 0.0)"
+            raise ConfigError(path, _UNDERFLOW, value=value, allowed="write 0 or a larger number")
     if number is None or not math.isfinite(number):
         raise ConfigError(path, "expected a finite number", value=value)
     return number

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import re
 import sys
@@ -14,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from speedtronic_config.coerce import OVERFLOW, UNDERFLOW, underflows
+from speedtronic_config.coerce import past_float_range
 from speedtronic_config.errors import ConfigError
 
 
@@ -83,11 +82,8 @@ def _float(loader: _UniqueKeyLoader, node: yaml.ScalarNode) -> float:
     """
     _refuse_base_60(node)
     number = loader.construct_yaml_float(node)
-    if math.isinf(number) and "inf" not in node.value.lower():
-        problem = f"a number {OVERFLOW}; write a smaller number"
-    elif underflows(node.value, number):
-        problem = f"a number {UNDERFLOW}; write 0 or a larger number"
-    else:
+    problem = past_float_range(node.value, number)
+    if problem is None:
         return number
     # The value itself is never quoted (it may be a secret): the mark shows where it is.
     raise yaml.constructor.ConstructorError(
@@ -180,10 +176,9 @@ def _json_float(text: str) -> float:
     the YAML loader refuses one: a field would show (or take) the 0.0 or inf it reads as.
     """
     number = float(text)
-    if math.isinf(number):
-        raise _PastFloatRange(f"a number {OVERFLOW}; write a smaller number")
-    if underflows(text, number):
-        raise _PastFloatRange(f"a number {UNDERFLOW}; write 0 or a larger number")
+    problem = past_float_range(text, number)
+    if problem is not None:
+        raise _PastFloatRange(problem)
     return number
 
 

@@ -475,18 +475,26 @@ def test_a_signalled_launcher_whose_workers_were_outside_their_loops_says_what_w
     def signalled(_):  # in the loop, which installs no handler: no note, no checkpoint yet
         raise SignalException("Process 1 got signal: 15", signal.SIGTERM)
 
-    monkeypatch.setattr("torch.distributed.run.run", signalled)
+    def signalled_in_a_timed_call(_):  # torch's metrics.api.prof, signalled before `start` is set
+        try:
+            signalled(_)
+            start = 0.0
+        finally:
+            del start  # as prof reads its unset `start`: UnboundLocalError over the signal
+
     fresh = [
         "--set",
         f"run.output_dir={tmp_path / 'fresh'}",
         "--set",
         "checkpoint.save_on_signal=false",
     ]
-    assert main([*argv, *fresh]) == 143
-    assert capfd.readouterr().err == (
-        "speedtronic train: stopped by SIGTERM (checkpoint.save_on_signal: false); no checkpoint "
-        "of this run was written\n"
-    )
+    for launch in (signalled, signalled_in_a_timed_call):
+        monkeypatch.setattr("torch.distributed.run.run", launch)
+        assert main([*argv, *fresh]) == 143
+        assert capfd.readouterr().err == (
+            "speedtronic train: stopped by SIGTERM (checkpoint.save_on_signal: false); no "
+            "checkpoint of this run was written\n"
+        )
 
 
 @pytest.fixture

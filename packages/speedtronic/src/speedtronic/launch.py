@@ -285,7 +285,14 @@ def launch(args: argparse.Namespace, argv: Sequence[str], config: Any) -> int:
         # Each worker also learns the launcher's pid, to stop itself if the launcher is gone.
         workers_env = {RECORDS_ENV: records, LAUNCHER_ENV: str(os.getpid())}
         with _quiet_agent_lines(agent_lines), _worker_env(workers_env):
-            run(parse_args(torchrun_arguments(args, argv, grace_s)))
+            try:
+                run(parse_args(torchrun_arguments(args, argv, grace_s)))
+            except UnboundLocalError as masked:
+                # torch's elastic metrics wrapper (metrics.api.prof) reads `start` in a finally: a
+                # signal landing before it is set raises this over the SignalException.
+                if isinstance(masked.__context__, SignalException):
+                    raise masked.__context__ from None
+                raise
     except SignalException as stop:  # the launcher was signalled; torchrun passed it on
         name = signal.Signals(stop.sigval).name
         if agent_lines.killed:
